@@ -1,0 +1,267 @@
+"""``toolq batch``: run a JSONL file of conversations on the fleet, resumably."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shlex
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from openai import OpenAIError
+from rich.console import Console
+
+from api.batch import (
+    BatchItem,
+    InputScan,
+    OutputBusyError,
+    ResultLog,
+    batch_key,
+    batch_run_id,
+    run_item,
+    run_items,
+    scan_input,
+)
+from api.dispatch import Dispatcher
+from api.fleet import NoWorkersError, load_fleet
+from api.llm import ChatModel, ModelError
+from api.local import LocalStackError, fleet_for
+from api.logs import configure_logging
+from api.progress import (
+    BatchOutcome,
+    BatchStats,
+    ProgressDisplay,
+    progress_display,
+    summary_lines,
+)
+from worker.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+#: Bad input lines printed one by one; past this only their count (the summary has it too).
+BAD_LINES_SHOWN = 100
+
+EXIT_OK, EXIT_FAILURES, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def run_batch_command(
+    input_path: Path,
+    output: Path,
+    *,
+    concurrency: int,
+    model: str | None,
+    err: Console,
+) -> int:
+    """Run every line of ``input_path`` not yet in ``output``; the exit code of ``toolq batch``."""
+    settings = get_settings()
+    configure_logging(settings)
+    if concurrency < 1:
+        return _usage_error(err, f"--concurrency must be at least 1, not {concurrency}")
+    if not input_path.is_file():
+        return _usage_error(err, f"input file not found: {input_path}")
+    if output.exists() and output.resolve() == input_path.resolve():
+        return _usage_error(err, "the output file must not be the input file")
+    try:
+        chat_model = ChatModel.from_env(settings)
+    except (ModelError, OpenAIError) as exc:
+        return _usage_error(err, f"no model API configured: {exc}")
+    try:
+        results = ResultLog.open(output)
+    except (OSError, OutputBusyError) as exc:
+        return _usage_error(err, f"cannot use {output} for results: {_reason(exc)}")
+    with results:
+        _report_output(results, err)
+        try:
+            scan = scan_input(input_path, results.done)
+        except OSError as exc:
+            return _usage_error(err, f"cannot read {input_path}: {_reason(exc)}")
+        _report_bad_lines(scan, err)
+        stats = BatchStats(total=len(scan.pending))
+        run = _BatchRun(scan, results, stats, chat_model, model, concurrency, err)
+        resume = _resume_command(input_path, output, concurrency, model)
+        broken: BaseException | None = None
+        interrupted = False
+        try:
+            if scan.pending:
+                with fleet_for(settings) as fleet_settings:
+                    interrupted = asyncio.run(run.execute(fleet_settings))
+        except KeyboardInterrupt:  # before the batch's own signal handling was in place
+            interrupted = True
+        except (NoWorkersError, LocalStackError, OSError, ValueError) as exc:
+            err.print(f"Error: {_reason(exc)}", markup=False, soft_wrap=True)
+            broken = exc
+        finally:
+            stats.stop()
+    stopped = interrupted or broken is not None
+    _print_summary(err, stats, scan, output, resume=resume, interrupted=stopped)
+    if broken is not None:
+        return EXIT_FAILURES
+    if interrupted:
+        return EXIT_INTERRUPTED
+    failures = stats.failed + scan.already_failed + len(scan.bad_lines)
+    return EXIT_FAILURES if failures else EXIT_OK
+
+
+@dataclass
+class _BatchRun:
+    """The asynchronous part of a batch: one dispatcher, fleet and model for every item."""
+
+    scan: InputScan
+    results: ResultLog
+    stats: BatchStats
+    chat_model: ChatModel
+    default_model: str | None
+    concurrency: int
+    err: Console
+
+    async def execute(self, settings: Settings) -> bool:
+        """Run the pending items; True when a signal stopped the batch."""
+        fleet = load_fleet(settings.redis_url).require_tools()
+        key = batch_key(self.results.path)
+        display = progress_display(self.stats, self.err)
+
+        async with Dispatcher(settings) as dispatcher, self.chat_model:
+
+            async def runner(item: BatchItem) -> dict[str, Any]:
+                return await run_item(
+                    item,
+                    model=self.chat_model,
+                    dispatcher=dispatcher,
+                    fleet=fleet,
+                    settings=settings,
+                    run_id=batch_run_id(key, item.id),
+                    default_model=self.default_model,
+                )
+
+            def on_result(record: dict[str, Any]) -> None:
+                self.results.append(record)
+                self.stats.add(record)
+                display.update()
+
+            work = asyncio.create_task(
+                run_items(
+                    self.scan.items(),
+                    # More workers than items would only wait for nothing.
+                    concurrency=min(self.concurrency, len(self.scan.pending)),
+                    runner=runner,
+                    on_result=on_result,
+                ),
+                name="batch",
+            )
+            with _signals_cancel(work, self.err, display) as stopped:
+                self.stats.begin()
+                display.start()
+                try:
+                    await work
+                except asyncio.CancelledError:
+                    if not stopped.by:
+                        raise
+                finally:
+                    self.stats.stop()
+                    await display.stop()
+            return bool(stopped.by)
+
+
+@dataclass
+class _Stop:
+    by: str | None = None
+
+
+@contextlib.contextmanager
+def _signals_cancel(
+    work: asyncio.Task[None], err: Console, display: ProgressDisplay
+) -> Iterator[_Stop]:
+    """SIGINT and SIGTERM cancel ``work``: conversations in flight stop, finished ones stay."""
+    loop = asyncio.get_running_loop()
+    stop = _Stop()
+
+    def on_signal(signum: signal.Signals) -> None:
+        if stop.by is not None:
+            err.print("Still stopping: waiting for the cancelled conversations to unwind.")
+            return
+        stop.by = signum.name
+        err.print(
+            f"{signum.name}: stopping; conversations in flight are cancelled, finished ones are "
+            "saved.",
+            markup=False,
+            soft_wrap=True,
+        )
+        work.cancel()
+
+    handled = (signal.SIGINT, signal.SIGTERM)
+    for signum in handled:
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        yield stop
+    finally:
+        for signum in handled:
+            loop.remove_signal_handler(signum)
+
+
+def _report_output(results: ResultLog, err: Console) -> None:
+    if results.truncated_bytes:
+        err.print(
+            f"{results.path}: removed an unfinished last line ({results.truncated_bytes} bytes) "
+            "left by an interrupted run.",
+            markup=False,
+            soft_wrap=True,
+        )
+    if results.unreadable_lines:
+        numbers = ", ".join(map(str, results.unreadable_lines[:10]))
+        err.print(
+            f"{results.path}: ignoring {len(results.unreadable_lines)} lines that are not "
+            f"results (lines {numbers}); their items will run again.",
+            markup=False,
+            soft_wrap=True,
+        )
+
+
+def _report_bad_lines(scan: InputScan, err: Console) -> None:
+    for bad in scan.bad_lines[:BAD_LINES_SHOWN]:
+        err.print(f"{scan.path}:{bad.number}: skipped: {bad.reason}", markup=False, soft_wrap=True)
+    hidden = len(scan.bad_lines) - BAD_LINES_SHOWN
+    if hidden > 0:
+        err.print(f"{scan.path}: ... and {hidden} more bad lines skipped.", markup=False)
+
+
+def _print_summary(
+    err: Console,
+    stats: BatchStats,
+    scan: InputScan,
+    output: Path,
+    *,
+    resume: str,
+    interrupted: bool,
+) -> None:
+    outcome = BatchOutcome(
+        output=str(output),
+        bad_lines=len(scan.bad_lines),
+        already_done=scan.already_done,
+        already_failed=scan.already_failed,
+        interrupted=interrupted,
+        resume_command=resume,
+    )
+    for line in summary_lines(stats, outcome):
+        err.print(line, markup=False, soft_wrap=True)
+
+
+def _resume_command(input_path: Path, output: Path, concurrency: int, model: str | None) -> str:
+    argv = ["toolq", "batch", str(input_path), "-o", str(output), "--concurrency", str(concurrency)]
+    if model:
+        argv += ["--model", model]
+    return shlex.join(argv)
+
+
+def _usage_error(err: Console, message: str) -> int:
+    err.print(f"Error: {message}", markup=False, soft_wrap=True)
+    return EXIT_USAGE
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc)

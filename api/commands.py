@@ -1,0 +1,175 @@
+"""What the run, demo, tools and status commands do, apart from parsing their options."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from openai import AsyncOpenAI, OpenAIError
+from rich.console import Console
+from rich.table import Table
+
+from api.agent import Agent, AgentOptions
+from api.events import (
+    AgentEvent,
+    FinalAnswer,
+    TextDelta,
+    TextDiscarded,
+    ToolCallFinished,
+    ToolCallStarted,
+)
+from api.fleet import NoWorkersError, calls_in_flight, load_fleet, queue_depths
+from api.llm import ChatModel, ModelError
+from api.local import LocalStackError, fleet_for
+from worker.app import POOLS
+from worker.settings import Settings, get_settings
+
+DEMO_SCRIPT = Path(__file__).parent / "scripts" / "demo.json"
+DEMO_PROMPT = (
+    "Write a short note about toolq to notes.txt, read it back, find where it mentions Celery, "
+    "list the text files, count its bytes in the sandbox, and tell me the weather in Paris."
+)
+DEMO_PLUGINS = ["worker.tools.weather"]
+
+
+def run_conversation(
+    prompt: str,
+    *,
+    model: str | None,
+    system: str | None,
+    enable: list[str],
+    max_turns: int | None,
+    stream: bool,
+    as_json: bool,
+    console: Console,
+    err: Console,
+) -> int:
+    settings = get_settings()
+    options: dict[str, Any] = {"model": model, "enable": enable}
+    if system is not None:
+        options["system_prompt"] = system
+    if max_turns is not None:
+        options["max_turns"] = max_turns
+    try:
+        client = ChatModel.from_env(settings)
+    except OpenAIError as exc:
+        err.print(f"[red]No model API configured:[/red] {exc}\nTry [bold]toolq demo[/bold].")
+        return 2
+    try:
+        with fleet_for(settings) as fleet_settings:
+            transcript = asyncio.run(
+                _converse(client, AgentOptions(**options), fleet_settings, prompt, stream, console)
+            )
+    except (ModelError, NoWorkersError, LocalStackError, ValueError) as exc:
+        err.print(f"[red]Error:[/red] {exc}")
+        return 1
+    if as_json:
+        console.print_json(json.dumps(transcript))
+    elif not stream:
+        console.print(transcript["answer"])
+    return 0
+
+
+def run_demo(*, console: Console, err: Console) -> int:
+    from api.scripted import Script, ScriptedServer
+
+    settings = get_settings()
+    console.print("[bold]toolq demo[/bold]: a scripted model, real workers, real tools.")
+    if settings.local_mode:
+        console.print("Starting a local stack (Redis + a tools and a sandbox worker)...")
+    try:
+        with (
+            ScriptedServer(Script.load(DEMO_SCRIPT)) as server,
+            fleet_for(settings, plugins=DEMO_PLUGINS) as fleet_settings,
+        ):
+            client = AsyncOpenAI(base_url=server.base_url, api_key="scripted", max_retries=0)
+            options = AgentOptions(model="scripted", enable=["run_bash"])
+            transcript = asyncio.run(
+                _converse(client, options, fleet_settings, DEMO_PROMPT, True, console)
+            )
+    except (ModelError, NoWorkersError, LocalStackError, ValueError) as exc:
+        err.print(f"[red]Error:[/red] {exc}")
+        return 1
+    calls = transcript["tool_calls"]
+    failed = sum(1 for c in calls if c["is_error"])
+    console.print(
+        f"\n[bold]{len(calls)} tool calls[/bold] ({failed} failed) in "
+        f"{transcript['usage']['total_tokens']} tokens, run {transcript['run_id']}."
+    )
+    return 1 if failed else 0
+
+
+async def _converse(
+    client: AsyncOpenAI | ChatModel,
+    options: AgentOptions,
+    settings: Settings,
+    prompt: str,
+    stream: bool,
+    console: Console,
+) -> dict[str, Any]:
+    async with Agent(client, options, settings=settings) as agent:
+        answer = ""
+        if stream:
+            async for event in agent.stream_chat(prompt):
+                render_event(event, console)
+                if isinstance(event, FinalAnswer):
+                    answer = event.text
+        else:
+            answer = await agent.chat(prompt)
+        return {"answer": answer, **agent.transcript()}
+
+
+def render_event(event: AgentEvent, console: Console) -> None:
+    if isinstance(event, TextDelta):
+        console.print(event.text, end="", markup=False)
+    elif isinstance(event, TextDiscarded):
+        console.print(f"\n[yellow](stream interrupted: {event.reason}; retrying)[/yellow]")
+    elif isinstance(event, ToolCallStarted):
+        console.print(f"\n[cyan]→ {event.name}[/cyan] {event.arguments}", markup=True)
+    elif isinstance(event, ToolCallFinished):
+        mark = "[red]✗[/red]" if event.is_error else "[green]✓[/green]"
+        first_line = event.output.strip().splitlines()[0] if event.output.strip() else ""
+        console.print(
+            f"{mark} {event.name} in {event.duration_ms:.1f} ms on {event.worker or '?'}: "
+            f"[dim]{first_line[:100]}[/dim]"
+        )
+    elif isinstance(event, FinalAnswer):
+        console.print()
+
+
+def show_tools(*, console: Console) -> int:
+    settings = get_settings()
+    with fleet_for(settings) as fleet_settings:
+        fleet = load_fleet(fleet_settings.redis_url)
+    table = Table("tool", "pool", "on by default", "live workers", "delivery")
+    for spec in fleet.tools.values():
+        table.add_row(
+            spec.name,
+            spec.pool,
+            "yes" if spec.enabled_by_default else "no",
+            str(len(fleet.workers.get(spec.pool, []))),
+            "re-run if interrupted" if spec.idempotent else "at most once",
+        )
+    console.print(table)
+    if not fleet.tools:
+        console.print("No worker has published its tools yet.")
+        return 1
+    return 0
+
+
+def show_status(*, console: Console) -> int:
+    settings = get_settings()
+    if settings.local_mode:
+        console.print("No broker configured (TOOLQ_BROKER_URL): nothing is running to report on.")
+        return 1
+    fleet = load_fleet(settings.redis_url)
+    depths = queue_depths(settings)
+    in_flight = calls_in_flight(settings)
+    table = Table("pool", "queued", "live workers")
+    for pool in POOLS:
+        table.add_row(pool, str(depths.get(pool, "?")), str(len(fleet.workers.get(pool, []))))
+    console.print(table)
+    console.print(f"calls in flight: {in_flight}")
+    return 0

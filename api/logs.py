@@ -1,0 +1,162 @@
+"""Structured logs: JSON lines off a terminal, readable text on one, with run and call ids.
+
+The ids come from context variables set with ``log_context``; asyncio tasks copy the context
+they are created in, so every task a conversation starts logs under its run_id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sys
+from collections.abc import Iterator
+from contextvars import ContextVar, Token
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+from worker.settings import Settings, get_settings
+
+_run_id: ContextVar[str | None] = ContextVar("toolq_run_id", default=None)
+_tool_call_id: ContextVar[str | None] = ContextVar("toolq_tool_call_id", default=None)
+
+#: Fields a record carries from ``log_context`` (or from ``extra=``), in output order.
+CONTEXT_FIELDS = ("run_id", "tool_call_id")
+
+#: Libraries that log every request at INFO: a batch of a thousand conversations would drown
+#: its own messages in theirs.
+CHATTY_LOGGERS = ("httpx", "httpx2", "httpcore", "openai")
+
+# The attributes every LogRecord has; anything else on a record came from ``extra=``.
+_STANDARD_ATTRIBUTES = frozenset(
+    logging.LogRecord("", 0, "", 0, "", None, None).__dict__.keys()
+    | {"message", "asctime", "taskName", *CONTEXT_FIELDS}
+)
+
+
+@contextlib.contextmanager
+def log_context(*, run_id: str | None = None, tool_call_id: str | None = None) -> Iterator[None]:
+    """Log lines inside carry these ids; ``None`` keeps whatever the enclosing context set."""
+    tokens: list[tuple[ContextVar[str | None], Token[str | None]]] = []
+    for variable, value in ((_run_id, run_id), (_tool_call_id, tool_call_id)):
+        if value is not None:
+            tokens.append((variable, variable.set(value)))
+    try:
+        yield
+    finally:
+        for variable, token in reversed(tokens):
+            variable.reset(token)
+
+
+def current_context() -> dict[str, str]:
+    """The ids set by the enclosing ``log_context`` blocks."""
+    values = {"run_id": _run_id.get(), "tool_call_id": _tool_call_id.get()}
+    return {name: value for name, value in values.items() if value is not None}
+
+
+class ContextFilter(logging.Filter):
+    """Stamps each record with the current ids, unless the caller passed them in ``extra``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for name, value in current_context().items():
+            if getattr(record, name, None) is None:
+                setattr(record, name, value)
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: timestamp, level, logger, message, ids, extras, exception."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "timestamp": datetime.fromtimestamp(record.created, UTC).isoformat(
+                timespec="milliseconds"
+            ),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for name in CONTEXT_FIELDS:
+            value = getattr(record, name, None)
+            if value is not None:
+                entry[name] = value
+        for name, value in record.__dict__.items():
+            if name not in _STANDARD_ATTRIBUTES and not name.startswith("_"):
+                entry[name] = value
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            entry["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """``12:00:01.123 WARNING api.batch: message [run_id=...]`` for people at a terminal."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "%(asctime)s.%(msecs)03d %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S"
+        )
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        ids = [
+            f"{name}={value}"
+            for name in CONTEXT_FIELDS
+            if (value := getattr(record, name, None)) is not None
+        ]
+        if not ids:
+            return text
+        first, newline, rest = text.partition("\n")
+        return f"{first} [{' '.join(ids)}]{newline}{rest}"
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to ``sys.stderr`` as it is at each record: a progress bar that redirects stderr
+    (rich does) then prints log lines above itself instead of through itself."""
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _: TextIO) -> None:
+        pass
+
+
+_HANDLER_MARK = "_toolq_handler"
+
+
+def wants_json(settings: Settings, stream: TextIO) -> bool:
+    if settings.log_format != "auto":
+        return settings.log_format == "json"
+    return not (hasattr(stream, "isatty") and stream.isatty())
+
+
+def configure_logging(settings: Settings | None = None, *, stream: TextIO | None = None) -> None:
+    """Send the root logger's records to stderr (or ``stream``) in the format that suits it.
+
+    TOOLQ_LOG_FORMAT (auto, json, text) and TOOLQ_LOG_LEVEL choose; calling again replaces the
+    handler this installed rather than adding a second one.
+    """
+    settings = settings or get_settings()
+    handler: logging.Handler = (
+        logging.StreamHandler(stream) if stream is not None else _StderrHandler()
+    )
+    as_json = wants_json(settings, stream if stream is not None else sys.stderr)
+    handler.setFormatter(JsonFormatter() if as_json else TextFormatter())
+    handler.addFilter(ContextFilter())
+    setattr(handler, _HANDLER_MARK, True)
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, _HANDLER_MARK, False)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    try:
+        root.setLevel(settings.log_level.upper())
+    except ValueError:
+        root.setLevel(logging.INFO)
+        logging.getLogger(__name__).warning(
+            "TOOLQ_LOG_LEVEL=%s is not a logging level; using INFO", settings.log_level
+        )
+    for name in CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(max(logging.WARNING, root.level))

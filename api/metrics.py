@@ -1,0 +1,140 @@
+"""Prometheus metrics of an orchestrator process: tool calls, their latency, queues and runs.
+
+Every ``ApiMetrics`` has its own ``CollectorRegistry``, so two apps in one process (tests, an API
+and a batch) never share or double-register series.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from functools import lru_cache
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from api.events import AgentEvent, ToolCallFinished, ToolCallStarted
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+#: From a no-op on a warm worker (milliseconds) to a long shell command (minutes).
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class ApiMetrics:
+    """The series one process exposes on ``/metrics``."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.tool_calls = Counter(
+            "toolq_tool_calls",
+            "Tool calls answered, by tool and outcome (ok, or the error kind).",
+            ["tool", "outcome"],
+            registry=self.registry,
+        )
+        self.tool_call_seconds = Histogram(
+            "toolq_tool_call_seconds",
+            "Time a tool call ran, as its executor measured it.",
+            ["tool"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.tool_calls_in_flight = Gauge(
+            "toolq_tool_calls_in_flight",
+            "Tool calls sent by this process and not answered yet.",
+            registry=self.registry,
+        )
+        self.queue_depth = Gauge(
+            "toolq_queue_depth",
+            "Calls waiting in each pool's queue, read from the broker at scrape time.",
+            ["pool"],
+            registry=self.registry,
+        )
+        self.runs = Counter(
+            "toolq_runs",
+            "Runs that ended, by final status.",
+            ["status"],
+            registry=self.registry,
+        )
+        self.batch_items = Counter(
+            "toolq_batch_items",
+            "Batch items that ended, by outcome (ok or error).",
+            ["outcome"],
+            registry=self.registry,
+        )
+
+    def record_event(self, event: AgentEvent) -> None:
+        """An ``Agent.observers`` entry: counts calls, their outcome and latency."""
+        if isinstance(event, ToolCallStarted):
+            self.tool_calls_in_flight.inc()
+        elif isinstance(event, ToolCallFinished):
+            self.tool_calls_in_flight.dec()
+            outcome = (event.error_kind or "error") if event.is_error else "ok"
+            self.tool_calls.labels(tool=event.name, outcome=outcome).inc()
+            self.tool_call_seconds.labels(tool=event.name).observe(event.duration_ms / 1000)
+
+    def record_tool_calls(self, calls: Iterable[Mapping[str, Any]]) -> None:
+        """Count calls after the fact, from a transcript's ``tool_calls`` (batch items)."""
+        for call in calls:
+            outcome = (call.get("error_kind") or "error") if call.get("is_error") else "ok"
+            self.tool_calls.labels(tool=call["name"], outcome=outcome).inc()
+            seconds = float(call.get("duration_ms") or 0) / 1000
+            self.tool_call_seconds.labels(tool=call["name"]).observe(seconds)
+
+    def observer(self) -> RunObserver:
+        """An observer for one conversation that can give back the calls it left in flight."""
+        return RunObserver(self)
+
+    def record_run(self, status: str) -> None:
+        self.runs.labels(status=status).inc()
+
+    def record_batch_item(self, ok: bool) -> None:
+        self.batch_items.labels(outcome="ok" if ok else "error").inc()
+
+    def set_queue_depths(self, depths: Mapping[str, int] | None) -> None:
+        """The broker's answer at scrape time; ``None`` (unreachable) shows no stale numbers."""
+        self.queue_depth.clear()
+        for pool, depth in (depths or {}).items():
+            self.queue_depth.labels(pool=pool).set(depth)
+
+    def render(self) -> bytes:
+        """The exposition text for a scrape."""
+        return bytes(generate_latest(self.registry))
+
+
+class RunObserver:
+    """Feeds one conversation's events to the metrics; ``close()`` settles calls cut short.
+
+    A cancelled conversation never sees the answers of its calls in flight, so without this the
+    in-flight gauge would keep counting them forever.
+    """
+
+    def __init__(self, metrics: ApiMetrics) -> None:
+        self._metrics = metrics
+        self._open = 0
+
+    @property
+    def calls_open(self) -> int:
+        return self._open
+
+    def __call__(self, event: AgentEvent) -> None:
+        if isinstance(event, ToolCallStarted):
+            self._open += 1
+        elif isinstance(event, ToolCallFinished):
+            self._open -= 1
+        self._metrics.record_event(event)
+
+    def close(self) -> None:
+        if self._open > 0:
+            self._metrics.tool_calls_in_flight.dec(self._open)
+        self._open = 0
+
+
+@lru_cache(maxsize=1)
+def default_metrics() -> ApiMetrics:
+    """The metrics of a process that is not an API server, such as ``toolq batch``."""
+    return ApiMetrics()
+
+
+def record_event(event: AgentEvent, metrics: ApiMetrics | None = None) -> None:
+    """Count one agent event into ``metrics`` (default: this process's ``default_metrics()``)."""
+    (metrics or default_metrics()).record_event(event)

@@ -1,0 +1,349 @@
+"""Executes runs and batches inside the API process and records their progress in Redis.
+
+Every run is an asyncio task driving an ``Agent``; all of them share one ``Dispatcher`` (one reply
+reader for every call in flight), one ``ChatModel`` and a briefly cached view of the fleet.
+Cancellation requests reach the replica that executes a run through a Redis pub/sub channel,
+with a periodic look at the runs' cancel flags for messages missed while disconnected.
+
+A task is cancelled again and again until it says it is winding down: on Python 3.11 a
+cancellation that arrives just as an ``asyncio.wait_for`` completes is lost, and redis-py awaits
+through ``wait_for`` on every command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncGenerator, Callable, Sequence
+from typing import Any, Protocol, cast
+
+from redis.exceptions import RedisError
+
+from api.agent import Agent, AgentOptions
+from api.batch import BatchItem, batch_run_id, run_item, run_items
+from api.dispatch import Dispatcher
+from api.events import AgentEvent, FinalAnswer, ToolCallFinished, ToolCallStarted, event_to_dict
+from api.fleet import Fleet, load_fleet
+from api.llm import ChatModel, ModelError
+from api.logs import log_context
+from api.metrics import ApiMetrics, RunObserver
+from api.state import CANCEL_CHANNEL, ApiStore, BatchStatus, RunStatus
+from worker.settings import Settings
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN_ERROR = "the API server shut down before this ended; start it again"
+CANCELLED_ERROR = "cancelled on request"
+#: How long a view of the fleet (tools, live workers) is reused.
+FLEET_TTL_S = 2.0
+#: How long a shutting-down replica gives its runs to record that they were stopped.
+CLOSE_TIMEOUT_S = 10.0
+#: Attempts to record a run's end when Redis is briefly unreachable.
+FINISH_ATTEMPTS = 5
+#: How often a task that has not yet taken its cancellation is cancelled again.
+RECANCEL_S = 0.05
+
+
+class Executor(Protocol):
+    """What the HTTP routes need from whatever executes runs and batches."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def fleet(self) -> Fleet: ...
+
+    def submit_run(self, run_id: str, prompt: str, options: AgentOptions) -> None: ...
+
+    def submit_batch(
+        self,
+        batch_id: str,
+        items: Sequence[BatchItem],
+        concurrency: int,
+        default_model: str | None = None,
+    ) -> None: ...
+
+
+ExecutorFactory = Callable[[ApiStore, ApiMetrics, str], Executor]
+
+
+class AgentExecutor:
+    """Runs conversations on the fleet; owns (and closes) the dispatcher and the model client."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: ApiStore,
+        metrics: ApiMetrics,
+        model: ChatModel,
+        *,
+        replica: str,
+        dispatcher: Dispatcher | None = None,
+        fleet_loader: Callable[[str], Fleet] = load_fleet,
+        cancel_poll_s: float = 2.0,
+    ) -> None:
+        self._settings = settings
+        self._store = store
+        self._metrics = metrics
+        self._model = model
+        self._replica = replica
+        self._dispatcher = dispatcher or Dispatcher(settings)
+        self._load_fleet = fleet_loader
+        self._cancel_poll_s = cancel_poll_s
+        self._runs: dict[str, asyncio.Task[None]] = {}
+        self._batches: dict[str, asyncio.Task[None]] = {}
+        self._cancel_requested: set[str] = set()
+        #: Runs and batches that took their cancellation and are recording their end.
+        self._winding_down: set[str] = set()
+        self._stoppers: set[asyncio.Task[None]] = set()
+        self._closing = False
+        self._watcher: asyncio.Task[None] | None = None
+        self._fleet: Fleet | None = None
+        self._fleet_loaded_at = 0.0
+        self._fleet_lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        await self._dispatcher.start()
+        self._watcher = asyncio.create_task(self._watch_cancels(), name="toolq-cancels")
+
+    async def close(self) -> None:
+        """Stop every run and batch of this replica (recorded as failed), then the clients."""
+        self._closing = True
+        work = [*self._runs.items(), *self._batches.items()]
+        if self._watcher is not None:
+            work.append(("cancel watcher", self._watcher))
+        await asyncio.gather(*(self._stop(key, task) for key, task in work))
+        await self._dispatcher.close()
+        await self._model.aclose()
+
+    async def fleet(self) -> Fleet:
+        async with self._fleet_lock:
+            stale = time.monotonic() - self._fleet_loaded_at > FLEET_TTL_S
+            if self._fleet is None or stale:
+                self._fleet = await asyncio.to_thread(self._load_fleet, self._settings.redis_url)
+                self._fleet_loaded_at = time.monotonic()
+            return self._fleet
+
+    @property
+    def running(self) -> int:
+        return len(self._runs)
+
+    # -- runs ----------------------------------------------------------------------------------
+
+    def submit_run(self, run_id: str, prompt: str, options: AgentOptions) -> None:
+        task = asyncio.create_task(self._execute_run(run_id, prompt, options), name=run_id)
+        self._runs[run_id] = task
+        task.add_done_callback(lambda _: self._runs.pop(run_id, None))
+
+    async def _execute_run(self, run_id: str, prompt: str, options: AgentOptions) -> None:
+        observer = self._metrics.observer()
+        agent: Agent | None = None
+        with log_context(run_id=run_id):
+            try:
+                if not await self._store.mark_running(run_id):
+                    return  # cancelled before it started
+                if await self._store.cancels_requested([run_id]):
+                    await self._finish(run_id, "cancelled", None, error=CANCELLED_ERROR)
+                    return
+                agent = Agent(
+                    self._model,
+                    options,
+                    dispatcher=self._dispatcher,
+                    fleet=await self.fleet(),
+                    settings=self._settings,
+                )
+                agent.observers.append(observer)
+                answer = await self._converse(run_id, agent, prompt, observer)
+                await self._finish(
+                    run_id, "succeeded", agent, answer=answer, stop_reason=agent.stop_reason
+                )
+            except asyncio.CancelledError:
+                self._winding_down.add(run_id)
+                if self._closing and run_id not in self._cancel_requested:
+                    await self._finish(run_id, "failed", agent, error=SHUTDOWN_ERROR)
+                else:
+                    await self._finish(run_id, "cancelled", agent, error=CANCELLED_ERROR)
+            except ModelError as exc:
+                await self._finish(run_id, "failed", agent, error=f"the model API failed: {exc}")
+            except Exception as exc:
+                log.exception("run %s failed", run_id)
+                await self._finish(run_id, "failed", agent, error=f"{type(exc).__name__}: {exc}")
+            finally:
+                observer.close()
+                self._cancel_requested.discard(run_id)
+                self._winding_down.discard(run_id)
+                if agent is not None:
+                    await agent.close()
+
+    async def _converse(
+        self, run_id: str, agent: Agent, prompt: str, observer: RunObserver
+    ) -> str | None:
+        """Stream the conversation into the run's events.
+
+        The transcript is saved each time a round of tool calls begins, so that a reader of a
+        run in progress sees the calls made so far.
+        """
+        answer: str | None = None
+        in_round = False
+        stream = cast(AsyncGenerator[AgentEvent, None], agent.stream_chat(prompt))
+        async with contextlib.aclosing(stream) as events:
+            async for event in events:
+                if isinstance(event, ToolCallStarted) and not in_round:
+                    in_round = True
+                    await self._store.save_transcript(run_id, agent.transcript())
+                elif isinstance(event, ToolCallFinished) and observer.calls_open == 0:
+                    in_round = False
+                await self._store.add_event(run_id, event_to_dict(event))
+                if isinstance(event, FinalAnswer):
+                    answer = event.text
+        return answer
+
+    async def _finish(
+        self,
+        run_id: str,
+        status: RunStatus,
+        agent: Agent | None,
+        *,
+        error: str | None = None,
+        answer: str | None = None,
+        stop_reason: str | None = None,
+    ) -> None:
+        transcript = agent.transcript() if agent is not None else None
+        for attempt in range(1, FINISH_ATTEMPTS + 1):
+            try:
+                ended = await self._store.finish_run(
+                    run_id,
+                    status,
+                    error=error,
+                    answer=answer,
+                    stop_reason=stop_reason,
+                    transcript=transcript,
+                )
+            except (RedisError, OSError) as exc:
+                if attempt == FINISH_ATTEMPTS:
+                    log.error("could not record the end of run %s: %s", run_id, exc)
+                    return
+                await asyncio.sleep(0.2 * 2**attempt)
+            else:
+                if ended:
+                    self._metrics.record_run(status)
+                return
+
+    # -- batches -------------------------------------------------------------------------------
+
+    def submit_batch(
+        self,
+        batch_id: str,
+        items: Sequence[BatchItem],
+        concurrency: int,
+        default_model: str | None = None,
+    ) -> None:
+        task = asyncio.create_task(
+            self._execute_batch(batch_id, items, concurrency, default_model), name=batch_id
+        )
+        self._batches[batch_id] = task
+        task.add_done_callback(lambda _: self._batches.pop(batch_id, None))
+
+    async def _execute_batch(
+        self,
+        batch_id: str,
+        items: Sequence[BatchItem],
+        concurrency: int,
+        default_model: str | None,
+    ) -> None:
+        key = batch_id.removeprefix("batch-")[:8]
+
+        async def run_one(item: BatchItem) -> dict[str, Any]:
+            await self._store.batch_item_started(batch_id)
+            return await run_item(
+                item,
+                model=self._model,
+                dispatcher=self._dispatcher,
+                fleet=await self.fleet(),
+                settings=self._settings,
+                run_id=batch_run_id(key, item.id),
+                default_model=default_model,
+            )
+
+        async def record(result: dict[str, Any]) -> None:
+            await self._store.add_batch_result(batch_id, result)
+            self._metrics.record_tool_calls(result.get("tool_calls") or [])
+            self._metrics.record_batch_item(result.get("status") == "ok")
+
+        status: BatchStatus = "succeeded"
+        error: str | None = None
+        try:
+            if not await self._store.mark_batch_running(batch_id):
+                return
+            await run_items(
+                items,
+                concurrency=max(1, min(concurrency, len(items))),
+                runner=run_one,
+                on_result=record,
+            )
+        except asyncio.CancelledError:
+            self._winding_down.add(batch_id)
+            status, error = "failed", SHUTDOWN_ERROR
+        except Exception as exc:
+            log.exception("batch %s failed", batch_id)
+            status, error = "failed", f"{type(exc).__name__}: {exc}"
+        try:
+            await self._store.finish_batch(batch_id, status, error=error)
+        except (RedisError, OSError) as exc:
+            log.error("could not record the end of batch %s: %s", batch_id, exc)
+        finally:
+            self._winding_down.discard(batch_id)
+
+    # -- cancellation --------------------------------------------------------------------------
+
+    async def _stop(self, key: str, task: asyncio.Task[None]) -> None:
+        """Cancel ``task`` until it takes it, then give it time to record how it ended."""
+        deadline = time.monotonic() + CLOSE_TIMEOUT_S
+        while not task.done() and key not in self._winding_down:
+            if time.monotonic() > deadline:
+                log.error("%s did not stop in %.0f s", key, CLOSE_TIMEOUT_S)
+                return
+            task.cancel()
+            await asyncio.wait([task], timeout=RECANCEL_S)
+        await asyncio.wait([task], timeout=max(deadline - time.monotonic(), 0.01))
+
+    def _cancel_here(self, run_id: str) -> None:
+        task = self._runs.get(run_id)
+        if task is None or task.done() or run_id in self._cancel_requested:
+            return
+        log.info("cancelling run %s on request", run_id)
+        self._cancel_requested.add(run_id)
+        stopper = asyncio.create_task(self._stop(run_id, task), name=f"cancel-{run_id}")
+        self._stoppers.add(stopper)
+        stopper.add_done_callback(self._stoppers.discard)
+
+    async def _watch_cancels(self) -> None:
+        delay = 0.1
+        while not self._closing:
+            try:
+                async with self._store.redis.pubsub() as pubsub:
+                    await pubsub.subscribe(CANCEL_CHANNEL)
+                    # Requests sent while we were not subscribed are found by their flags.
+                    await self._check_cancel_flags()
+                    checked = time.monotonic()
+                    delay = 0.1
+                    while not self._closing:
+                        message = await pubsub.get_message(
+                            ignore_subscribe_messages=True, timeout=self._cancel_poll_s
+                        )
+                        if message is not None:
+                            data = message["data"]
+                            self._cancel_here(data.decode() if isinstance(data, bytes) else data)
+                        if time.monotonic() - checked >= self._cancel_poll_s:
+                            await self._check_cancel_flags()
+                            checked = time.monotonic()
+            except (RedisError, OSError) as exc:
+                log.warning("cancel watcher: %s; retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _check_cancel_flags(self) -> None:
+        for run_id in await self._store.cancels_requested(list(self._runs)):
+            self._cancel_here(run_id)

@@ -1,0 +1,153 @@
+"""Case 3: many conversations at once against the scripted model, each turn two no-op calls.
+
+The scripted model and the orchestrator run in processes of their own, so neither shares the
+other's GIL; the CPU each process spent is reported, since on a small machine they all compete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from api.local import LocalStack, free_port, worker_environment
+from bench.procinfo import cpu_seconds
+from bench.stack import python_path, wait_until
+from bench.stats import CaseResult, Comparison
+from worker.settings import Settings
+
+TURNS_WITH_TOOLS = 3
+CALLS_PER_TURN = 2
+BUSY_GOAL = 0.9
+
+
+def script() -> dict[str, Any]:
+    calls = [{"name": "noop", "arguments": {}} for _ in range(CALLS_PER_TURN)]
+    steps: list[dict[str, Any]] = [{"tool_calls": calls} for _ in range(TURNS_WITH_TOOLS)]
+    return {"description": "bench: no-op calls", "steps": [*steps, {"content": "done"}]}
+
+
+def _answers(port: int) -> bool:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+    try:
+        connection.request("GET", "/stats")
+        return connection.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        connection.close()
+
+
+@contextlib.contextmanager
+def scripted_model() -> Iterator[tuple[str, int]]:
+    """``python -m api.scripted`` on a free port; yields its base URL and pid."""
+    with tempfile.TemporaryDirectory(prefix="toolq-bench-llm-") as folder:
+        path = Path(folder) / "noop.json"
+        path.write_text(json.dumps(script()))
+        port = free_port()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "api.scripted", "--port", str(port), "--script", str(path)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            wait_until(lambda: _answers(port) or proc.poll() is not None, "scripted model")
+            if proc.poll() is not None:
+                raise RuntimeError(f"the scripted model exited with {proc.returncode}")
+            yield f"http://127.0.0.1:{port}/v1", proc.pid
+        finally:
+            proc.terminate()
+            proc.wait(10)
+
+
+def run_orchestrator(settings: Settings, llm_url: str, conversations: int) -> dict[str, Any]:
+    env = {**os.environ, **worker_environment(settings), "PYTHONPATH": python_path()}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.orchestrator",
+            "--llm",
+            llm_url,
+            "--conversations",
+            str(conversations),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the orchestrator failed:\n{done.stderr[-4000:]}")
+    figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    expected = conversations * TURNS_WITH_TOOLS * CALLS_PER_TURN
+    if figures["tool_calls"] != expected or figures["tool_call_errors"]:
+        raise RuntimeError(f"the conversations did not go as scripted: {figures}")
+    return figures
+
+
+def conversations_case(
+    settings: Settings,
+    stack: LocalStack,
+    concurrency: int,
+    bare_tasks_per_s: float,
+    many: int,
+    few: int,
+) -> CaseResult:
+    workers = stack.pids("worker-tools")
+    with scripted_model() as (llm_url, llm_pid):
+        run_orchestrator(settings, llm_url, few)  # warm-up: connections, worker imports
+        small = run_orchestrator(settings, llm_url, few)
+        llm_before = cpu_seconds(llm_pid)
+        workers_before = sum(cpu_seconds(pid) for pid in workers)
+        large = run_orchestrator(settings, llm_url, many)
+        llm_cpu = cpu_seconds(llm_pid) - llm_before
+        workers_cpu = sum(cpu_seconds(pid) for pid in workers) - workers_before
+    calls_per_s = large["tool_calls"] / large["wall_s"]
+    figures = {
+        "worker_processes": concurrency,
+        "turns_with_tool_calls": TURNS_WITH_TOOLS,
+        "calls_per_turn": CALLS_PER_TURN,
+        "tool_calls_per_s": round(calls_per_s, 1),
+        "orchestrator_cpu_ms_per_tool_call": round(large["cpu_s"] * 1000 / large["tool_calls"], 3),
+        "scripted_model_cpu_s": round(llm_cpu, 2),
+        "workers_cpu_s": round(workers_cpu, 2),
+        "bare_celery_tasks_per_s": bare_tasks_per_s,
+        f"at_{few}": small,
+        f"at_{many}": large,
+    }
+    result = CaseResult(
+        key="conversations",
+        title=f"3. The orchestrator: {many:,} conversations at once, {TURNS_WITH_TOOLS} turns "
+        f"of {CALLS_PER_TURN} parallel no-op calls ({concurrency} worker processes)",
+        figures=figures,
+    )
+    result.comparisons += [
+        Comparison(
+            metric=f"workers' busy fraction (calls/s vs bare Celery, {concurrency} processes)",
+            value=round(calls_per_s, 1),
+            baseline=bare_tasks_per_s,
+            baseline_name="bare Celery throughput (case 2)",
+            unit="calls/s",
+            goal=BUSY_GOAL,
+            higher_is_better=True,
+        ),
+        Comparison(
+            metric=f"orchestrator threads at {many:,} vs at {few} conversations",
+            value=large["peak_threads"],
+            baseline=small["peak_threads"],
+            baseline_name=f"threads at {few} conversations",
+            unit="threads",
+            goal=1.0,
+        ),
+    ]
+    return result

@@ -1,0 +1,109 @@
+"""Case 3's orchestrator: many conversations at once in a process of its own, so that its CPU
+time, memory and threads are measured alone.
+
+``python -m bench.orchestrator --llm URL --conversations N`` (settings from ``TOOLQ_*``) prints
+one line of JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import time
+import uuid
+from typing import Any
+
+from openai import AsyncOpenAI
+
+from api.agent import Agent, AgentOptions
+from api.dispatch import Dispatcher
+from api.fleet import load_fleet
+from api.llm import ChatModel, RetryPolicy
+from bench.procinfo import status_kb, thread_names
+from worker.settings import get_settings
+
+MODEL = "scripted"
+PROMPT = "go"
+SAMPLE_EVERY_S = 0.01
+
+
+class ThreadWatch:
+    """The most threads this process had while watched, and their names at that moment."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self.names: list[str] = []
+
+    def sample(self) -> None:
+        count = status_kb(os.getpid(), "Threads")
+        if count > self.peak:
+            self.peak = count
+            self.names = thread_names(os.getpid())
+
+    async def watch(self) -> None:
+        while True:
+            self.sample()
+            await asyncio.sleep(SAMPLE_EVERY_S)
+
+
+async def converse(llm_url: str, conversations: int) -> dict[str, Any]:
+    settings = get_settings()
+    fleet = load_fleet(settings.redis_url)
+    client = AsyncOpenAI(base_url=llm_url, api_key="unused", max_retries=0, timeout=120)
+    model = ChatModel(client, RetryPolicy.from_settings(settings))
+    threads = ThreadWatch()
+    watcher = asyncio.create_task(threads.watch())
+    rss_before_kb = status_kb(os.getpid(), "VmRSS")
+    usage_before = resource.getrusage(resource.RUSAGE_SELF)
+    started = time.perf_counter()
+    async with Dispatcher(settings) as dispatcher:
+        batch = uuid.uuid4().hex[:8]
+        agents = [
+            Agent(
+                model,
+                AgentOptions(model=MODEL, run_id=f"conv-{batch}-{index}"),
+                dispatcher=dispatcher,
+                fleet=fleet,
+                settings=settings,
+            )
+            for index in range(conversations)
+        ]
+        created = time.perf_counter()
+        await asyncio.gather(*(agent.chat(PROMPT) for agent in agents))
+    wall = time.perf_counter() - started
+    usage_after = resource.getrusage(resource.RUSAGE_SELF)
+    threads.sample()
+    watcher.cancel()
+    await model.aclose()
+    records = [record for agent in agents for record in agent.tool_calls]
+    cpu = (usage_after.ru_utime - usage_before.ru_utime) + (
+        usage_after.ru_stime - usage_before.ru_stime
+    )
+    return {
+        "conversations": conversations,
+        "answered": sum(agent.stop_reason == "answered" for agent in agents),
+        "tool_calls": len(records),
+        "tool_call_errors": sum(record.is_error for record in records),
+        "wall_s": round(wall, 3),
+        "agent_creation_s": round(created - started, 3),
+        "cpu_s": round(cpu, 3),
+        "rss_before_mb": round(rss_before_kb / 1024, 1),
+        "peak_rss_mb": round(usage_after.ru_maxrss / 1024, 1),
+        "peak_threads": threads.peak,
+        "thread_names_at_peak": threads.names,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.orchestrator")
+    parser.add_argument("--llm", required=True, help="OpenAI base URL of the scripted model")
+    parser.add_argument("--conversations", type=int, required=True)
+    args = parser.parse_args()
+    print(json.dumps(asyncio.run(converse(args.llm, args.conversations))))
+
+
+if __name__ == "__main__":
+    main()

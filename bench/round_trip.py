@@ -1,0 +1,210 @@
+"""Case 1: one tool call's round trip, one at a time, next to bare Celery, raw Redis, in process.
+
+Also the parts of toolq's own round trip that can be timed in process, so a gap to bare Celery
+can be put down to toolq's code or to the transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from api.dispatch import Dispatcher
+from bench import redis_echo
+from bench.noop_plugin import NoopTool
+from bench.stack import BareWorker, python_path
+from bench.stats import CaseResult, Comparison, summarize
+from worker.executor import Executor, build_registry
+from worker.manifest import ToolSpec, read_manifest
+from worker.protocol import ToolCallRequest
+from worker.results import ResultStore
+from worker.settings import Settings
+from worker.tools.context import ToolContext, ToolContextSnapshot
+from worker.tools.registry import ToolRegistry
+from worker.tools.workspace import Workspace
+
+RUN_ID = "bench"
+TOOLQ = "toolq (Dispatcher)"
+BARE = "bare Celery"
+RAW_REDIS = "raw Redis ping-pong"
+IN_PROCESS = "ToolRegistry.execute in process"
+
+
+def noop_spec(settings: Settings) -> ToolSpec:
+    client = redis.Redis.from_url(settings.redis_url)
+    try:
+        return read_manifest(client)["noop"]
+    finally:
+        client.close()
+
+
+async def toolq_round_trips(settings: Settings, calls: int, warmup: int) -> list[float]:
+    """Milliseconds per call: ``build_request`` then ``call``, awaited one after the other."""
+    spec = noop_spec(settings)
+    samples: list[float] = []
+    async with Dispatcher(settings) as dispatcher:
+        for index in range(warmup + calls):
+            started = time.perf_counter()
+            request = dispatcher.build_request(
+                spec, tool_call_id=uuid.uuid4().hex, run_id=RUN_ID, arguments={}
+            )
+            result = await dispatcher.call(request, spec.pool)
+            elapsed = (time.perf_counter() - started) * 1000
+            if result.is_error:
+                raise RuntimeError(f"the noop call failed: {result.output}")
+            if index >= warmup:
+                samples.append(elapsed)
+    return samples
+
+
+def bare_round_trips(bare: BareWorker, calls: int, warmup: int) -> list[float]:
+    samples: list[float] = []
+    for index in range(warmup + calls):
+        started = time.perf_counter()
+        bare.task.apply_async().get(timeout=30)
+        elapsed = (time.perf_counter() - started) * 1000
+        if index >= warmup:
+            samples.append(elapsed)
+    return samples
+
+
+def raw_redis_round_trips(url: str, calls: int, warmup: int) -> list[float]:
+    """LPUSH to another process and BRPOP its answer: the least any Redis queue can cost."""
+    client = redis.Redis.from_url(url)
+    client.delete(redis_echo.PING_KEY, redis_echo.PONG_KEY)
+    echo = subprocess.Popen(
+        [sys.executable, "-m", "bench.redis_echo", url],
+        env={"PYTHONPATH": python_path(), "PATH": "/usr/bin:/bin"},
+    )
+    samples: list[float] = []
+    try:
+        for index in range(warmup + calls):
+            started = time.perf_counter()
+            client.lpush(redis_echo.PING_KEY, b"x")
+            if client.brpop([redis_echo.PONG_KEY], timeout=30) is None:
+                raise RuntimeError("the Redis echo process did not answer")
+            elapsed = (time.perf_counter() - started) * 1000
+            if index >= warmup:
+                samples.append(elapsed)
+        client.lpush(redis_echo.PING_KEY, redis_echo.STOP)
+        echo.wait(10)
+    finally:
+        if echo.poll() is None:
+            echo.kill()
+            echo.wait()
+        client.close()
+    return samples
+
+
+async def in_process_calls(calls: int, warmup: int, *, sync_in_thread: bool) -> list[float]:
+    registry = ToolRegistry(sync_in_thread=sync_in_thread)
+    registry.register(NoopTool())
+    samples: list[float] = []
+    for index in range(warmup + calls):
+        started = time.perf_counter()
+        await registry.execute("noop", {})
+        elapsed = (time.perf_counter() - started) * 1000
+        if index >= warmup:
+            samples.append(elapsed)
+    return samples
+
+
+def _timed(action: Any, calls: int) -> float:
+    """Mean milliseconds of ``action()`` after a few warm-up runs."""
+    for _ in range(min(calls, 20)):
+        action()
+    started = time.perf_counter()
+    for _ in range(calls):
+        action()
+    return round((time.perf_counter() - started) * 1000 / calls, 4)
+
+
+def toolq_parts(settings: Settings, spec: ToolSpec, calls: int) -> dict[str, float]:
+    """Mean ms of the pieces of a toolq call that run in process, with the bench Redis."""
+    dispatcher = Dispatcher(settings)
+    with tempfile.TemporaryDirectory(prefix="toolq-bench-parts-") as root:
+        run_settings = settings.model_copy(update={"workspace_root": Path(root)})
+        client = redis.Redis.from_url(settings.redis_url)
+        executor = Executor(run_settings, ResultStore(client, 60), "bench:parts")
+        reply_key = f"bench:parts:{uuid.uuid4().hex}"
+
+        def request() -> ToolCallRequest:
+            request = dispatcher.build_request(
+                spec, tool_call_id=uuid.uuid4().hex, run_id=RUN_ID, arguments={}
+            )
+            return request.model_copy(update={"reply_to": reply_key})
+
+        def handle() -> None:
+            executor.handle(request().model_dump(mode="json"), "tools")
+
+        workspace = Workspace(root)
+        parts = {
+            "build_request + JSON body (caller)": _timed(
+                lambda: request().model_dump(mode="json"), calls
+            ),
+            "build_registry per call (worker)": _timed(
+                lambda: build_registry(
+                    run_settings, ToolContext.from_snapshot(ToolContextSnapshot()), workspace
+                ),
+                calls,
+            ),
+            "Executor.handle incl. its Redis round trips (worker)": _timed(handle, calls),
+            "one Redis GET round trip": _timed(lambda: client.get("bench:nothing"), calls),
+        }
+        client.delete(reply_key)
+        client.close()
+    return parts
+
+
+def round_trip_case(
+    settings: Settings, bare: BareWorker, calls: int, warmup: int, fast_calls: int
+) -> CaseResult:
+    """Run the four round trips, then time toolq's parts; needs workers of concurrency 1."""
+    toolq = asyncio.run(toolq_round_trips(settings, calls, warmup))
+    baseline = bare_round_trips(bare, calls, warmup)
+    raw = raw_redis_round_trips(settings.redis_url, fast_calls, warmup)
+    direct = asyncio.run(in_process_calls(fast_calls, warmup, sync_in_thread=False))
+    threaded = asyncio.run(in_process_calls(fast_calls, warmup, sync_in_thread=True))
+    parts = toolq_parts(settings, noop_spec(settings), max(calls // 4, 20))
+    result = CaseResult(
+        key="round_trip",
+        title="1. One tool call's round trip, sequential (worker concurrency 1)",
+        samples_ms={TOOLQ: toolq, BARE: baseline, RAW_REDIS: raw, IN_PROCESS: direct},
+    )
+    stats = {
+        TOOLQ: summarize(toolq),
+        BARE: summarize(baseline),
+        RAW_REDIS: summarize(raw),
+        IN_PROCESS: summarize(direct),
+        f"{IN_PROCESS}, sync tool in a thread": summarize(threaded),
+    }
+    result.figures = {"latency": stats, "toolq_parts_mean_ms": parts}
+    for pct, goal in (("p50", 1.0), ("p95", None), ("p99", 1.2)):
+        result.comparisons.append(
+            Comparison(
+                metric=f"round trip {pct}",
+                value=stats[TOOLQ][f"{pct}_ms"],
+                baseline=stats[BARE][f"{pct}_ms"],
+                baseline_name=BARE,
+                unit="ms",
+                goal=goal,
+            )
+        )
+    result.comparisons.append(
+        Comparison(
+            metric="round trip p50 vs the floor",
+            value=stats[TOOLQ]["p50_ms"],
+            baseline=stats[RAW_REDIS]["p50_ms"],
+            baseline_name=RAW_REDIS,
+            unit="ms",
+        )
+    )
+    return result

@@ -1,0 +1,77 @@
+"""Case 2: many no-op calls in flight at once, toolq next to bare Celery, on the same workers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from celery.result import ResultSet
+
+from api.dispatch import Dispatcher
+from bench.round_trip import RUN_ID, noop_spec
+from bench.stack import BareWorker
+from bench.stats import CaseResult, Comparison
+from worker.settings import Settings
+
+
+async def toolq_throughput(settings: Settings, calls: int) -> float:
+    """Calls per second with ``calls`` sent at once through one Dispatcher."""
+    spec = noop_spec(settings)
+    async with Dispatcher(settings) as dispatcher:
+
+        async def one() -> bool:
+            request = dispatcher.build_request(
+                spec, tool_call_id=uuid.uuid4().hex, run_id=RUN_ID, arguments={}
+            )
+            return not (await dispatcher.call(request, spec.pool)).is_error
+
+        started = time.perf_counter()
+        answers = await asyncio.gather(*(one() for _ in range(calls)))
+        elapsed = time.perf_counter() - started
+    failed = answers.count(False)
+    if failed:
+        raise RuntimeError(f"{failed} of {calls} noop calls failed")
+    return calls / elapsed
+
+
+def bare_throughput(bare: BareWorker, calls: int) -> float:
+    """Tasks per second: ``calls`` apply_async, then every result collected with join_native."""
+    started = time.perf_counter()
+    results = ResultSet([bare.task.apply_async() for _ in range(calls)], app=bare.app)
+    results.join_native(timeout=600)
+    elapsed = time.perf_counter() - started
+    return calls / elapsed
+
+
+def measure(
+    settings: Settings, bare: BareWorker, calls: int, warmup: int
+) -> dict[str, float]:
+    """Both systems after a smaller warm-up burst of each."""
+    asyncio.run(toolq_throughput(settings, warmup))
+    bare_throughput(bare, warmup)
+    return {
+        "toolq_calls_per_s": round(asyncio.run(toolq_throughput(settings, calls)), 1),
+        "bare_tasks_per_s": round(bare_throughput(bare, calls), 1),
+    }
+
+
+def throughput_case(by_concurrency: dict[int, dict[str, float]], calls: int) -> CaseResult:
+    result = CaseResult(
+        key="throughput",
+        title=f"2. Throughput: {calls:,} no-op calls in flight",
+        figures={"calls": calls, "by_worker_processes": by_concurrency},
+    )
+    for concurrency, figures in sorted(by_concurrency.items()):
+        result.comparisons.append(
+            Comparison(
+                metric=f"calls/s, {concurrency} worker process{'es' if concurrency > 1 else ''}",
+                value=figures["toolq_calls_per_s"],
+                baseline=figures["bare_tasks_per_s"],
+                baseline_name="bare Celery",
+                unit="calls/s",
+                goal=1.0,
+                higher_is_better=True,
+            )
+        )
+    return result

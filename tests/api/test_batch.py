@@ -1,0 +1,608 @@
+"""Batch runs without processes: input lines, output records, resume, and the concurrency bound."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import re
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+from rich.console import Console
+
+from api import batch_cli
+from api.batch import (
+    BatchItem,
+    OutputBusyError,
+    ResultLog,
+    batch_key,
+    batch_run_id,
+    parse_item,
+    run_item,
+    run_items,
+    scan_input,
+)
+from api.dispatch import Dispatcher
+from api.fleet import Fleet
+from api.llm import ChatModel, ModelError, ModelTurn, RetryPolicy, ToolCallSpec, Usage
+from api.logs import current_context
+from worker.manifest import ToolSpec
+from worker.protocol import RUN_ID_PATTERN, ToolCallResult
+from worker.settings import Settings
+
+RECORD_KEYS = {
+    "id",
+    "status",
+    "answer",
+    "error",
+    "stop_reason",
+    "run_id",
+    "model",
+    "duration_s",
+    "usage",
+    "tool_calls",
+    "messages",
+}
+
+
+def write_lines(path: Path, lines: Sequence[str | dict[str, Any]]) -> Path:
+    text = "".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines)
+    path.write_text(text)
+    return path
+
+
+# --- Input lines --------------------------------------------------------------------------------
+
+
+def test_an_item_takes_its_optional_fields() -> None:
+    item = parse_item(
+        json.dumps(
+            {
+                "id": "a",
+                "prompt": "hi",
+                "system_prompt": "be brief",
+                "model": "m",
+                "enable": ["run_bash"],
+                "max_turns": 3,
+            }
+        )
+    )
+    assert item == BatchItem(
+        id="a", prompt="hi", system_prompt="be brief", model="m", enable=["run_bash"], max_turns=3
+    )
+    assert parse_item(b'{"id": "b", "prompt": "p"}').enable == []
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        ("not json", "not JSON"),
+        ('{"id": "a", "prompt": "p"', "not JSON"),
+        ('["id", "prompt"]', "not a JSON object but an array"),
+        ('"text"', "not a JSON object but a string"),
+        ('{"prompt": "p"}', "missing 'id'"),
+        ('{"id": "a"}', "missing 'prompt'"),
+        ('{"id": "a", "prompt": "p", "temperature": 1}', "unknown field 'temperature'"),
+        ('{"id": "", "prompt": "p"}', "id: String should have at least 1 character"),
+        ('{"id": 7, "prompt": "p"}', "id: Input should be a valid string"),
+        ('{"id": "a", "prompt": "p", "max_turns": 0}', "max_turns: Input should be greater"),
+        ('{"id": "a", "prompt": "p", "enable": "run_bash"}', "enable: Input should be a valid"),
+    ],
+)
+def test_a_bad_line_says_what_is_wrong(line: str, reason: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(reason)):
+        parse_item(line)
+
+
+def test_a_line_that_is_not_utf8_is_bad() -> None:
+    with pytest.raises(ValueError, match="not UTF-8"):
+        parse_item(b'{"id": "a", "prompt": "\xff"}')
+
+
+def test_bad_lines_are_reported_by_number_and_the_good_ones_run(tmp_path: Path) -> None:
+    path = write_lines(
+        tmp_path / "in.jsonl",
+        [
+            {"id": "a", "prompt": "one"},
+            "{broken",
+            "",
+            {"id": "b", "prompt": "two"},
+            {"id": "a", "prompt": "again"},
+            {"id": "c"},
+            "   ",
+            {"id": "d", "prompt": "four"},
+        ],
+    )
+    scan = scan_input(path, {})
+    assert [(bad.number, bad.reason.split(" (")[0]) for bad in scan.bad_lines] == [
+        (2, "not JSON"),
+        (5, "duplicate id 'a'"),
+        (6, "missing 'prompt'"),
+    ]
+    assert "first on line 1" in scan.bad_lines[1].reason
+    assert [item.id for item in scan.items()] == ["a", "b", "d"]
+    assert [item.prompt for item in scan.items()] == ["one", "two", "four"]
+
+
+def test_ids_already_in_the_output_are_skipped_and_counted(tmp_path: Path) -> None:
+    path = write_lines(
+        tmp_path / "in.jsonl",
+        [{"id": name, "prompt": "p"} for name in ("a", "b", "c", "d")],
+    )
+    scan = scan_input(path, {"b": "ok", "d": "error", "zz": "ok"})
+    assert [item.id for item in scan.items()] == ["a", "c"]
+    assert (scan.already_done, scan.already_failed) == (2, 1)
+
+
+# --- The output file ----------------------------------------------------------------------------
+
+
+def record(item_id: str, status: str = "ok", **extra: Any) -> dict[str, Any]:
+    return {"id": item_id, "status": status, "answer": "ü", **extra}
+
+
+def test_records_are_whole_lines_and_a_reopened_log_knows_them(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    with ResultLog.open(out) as results:
+        results.append(record("a"))
+        results.append(record("b", "error"))
+    lines = out.read_text().splitlines(keepends=True)
+    assert all(line.endswith("\n") for line in lines)
+    assert [json.loads(line)["id"] for line in lines] == ["a", "b"]
+    with ResultLog.open(out) as again:
+        assert again.done == {"a": "ok", "b": "error"}
+        assert again.truncated_bytes == 0
+        again.append(record("c"))
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["a", "b", "c"]
+
+
+def test_a_partial_last_line_is_cut_away_on_open(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    whole = json.dumps(record("a")) + "\n"
+    torn = json.dumps(record("b"))[:25]
+    out.write_text(whole + torn)
+    with ResultLog.open(out) as results:
+        assert results.truncated_bytes == len(torn.encode())
+        assert results.done == {"a": "ok"}
+        results.append(record("b"))
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["a", "b"]
+
+
+def test_an_output_that_is_only_a_partial_line_becomes_empty(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    out.write_bytes(b'{"id": "a", "sta' * 10_000)  # longer than one backwards read
+    with ResultLog.open(out) as results:
+        assert results.done == {}
+    assert out.read_bytes() == b""
+
+
+def test_lines_that_are_not_records_are_reported_and_their_items_run_again(
+    tmp_path: Path,
+) -> None:
+    out = write_lines(tmp_path / "out.jsonl", [record("a"), "garbage", {"no_id": 1}])
+    with ResultLog.open(out) as results:
+        assert results.done == {"a": "ok"}
+        assert results.unreadable_lines == [2, 3]
+
+
+def test_two_batches_cannot_append_to_one_output(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    with ResultLog.open(out), pytest.raises(OutputBusyError, match="another toolq batch"):
+        ResultLog.open(out)
+    ResultLog.open(out).close()  # free again once the first one closed
+
+
+# --- Run ids ------------------------------------------------------------------------------------
+
+
+def test_run_ids_are_valid_stable_and_distinct(tmp_path: Path) -> None:
+    key = batch_key(tmp_path / "out.jsonl")
+    ids = ["a b", "a/b", "a_b", "ünï", "../../etc", "x" * 500, "."]
+    run_ids = [batch_run_id(key, item_id) for item_id in ids]
+    assert all(re.fullmatch(RUN_ID_PATTERN, run_id) for run_id in run_ids)
+    assert len(set(run_ids)) == len(ids)
+    assert all("/" not in run_id for run_id in run_ids)
+    assert batch_run_id(key, "a b") == run_ids[0]
+    assert batch_run_id(batch_key(tmp_path / "other.jsonl"), "a b") != run_ids[0]
+    assert run_ids[0].startswith(f"b-{key}-a_b-")
+
+
+def test_the_batch_key_follows_the_file_not_the_spelling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert batch_key(Path("out.jsonl")) == batch_key(tmp_path / "out.jsonl")
+
+
+# --- One conversation ---------------------------------------------------------------------------
+
+
+class FakeModel(ChatModel):
+    """Answers each turn with ``turns(messages)``; remembers the model names asked for."""
+
+    def __init__(self, turns: Callable[[list[dict[str, Any]]], ModelTurn]) -> None:
+        self.policy = RetryPolicy()
+        self._turns = turns
+        self.models: list[str] = []
+        self.contexts: list[dict[str, str]] = []
+
+    async def complete(
+        self,
+        *,
+        model: str,
+        messages: Sequence[Any],
+        tools: Sequence[Any] | None = None,
+    ) -> ModelTurn:
+        self.models.append(model)
+        self.contexts.append(current_context())
+        return self._turns([dict(m) for m in messages])
+
+
+class FakeDispatcher:
+    """Answers every remote call at once, as worker fake:1 would."""
+
+    def build_request(self, spec: ToolSpec, **fields: Any) -> Any:
+        return SimpleNamespace(tool=spec.name, **fields)
+
+    async def call(self, request: Any, pool: str) -> ToolCallResult:
+        return ToolCallResult(
+            tool_call_id=request.tool_call_id,
+            tool=request.tool,
+            output=f"echo {request.arguments}",
+            duration_ms=1.5,
+            worker="fake:1",
+        )
+
+
+ECHO = ToolSpec(
+    name="echo",
+    description="Says it back.",
+    parameters={"type": "object", "properties": {}},
+    pool="tools",
+    enabled_by_default=True,
+    idempotent=True,
+    default_timeout_ms=1000,
+)
+FLEET = Fleet(tools={"echo": ECHO}, workers={"tools": [{"hostname": "fake"}], "sandbox": []})
+SETTINGS = Settings(broker_url="redis://127.0.0.1:1/0", model="settings-model", max_turns=7)
+
+
+def tool_then_answer(messages: list[dict[str, Any]]) -> ModelTurn:
+    """First an echo call and a call of a tool nobody serves, then an answer."""
+    if not any(m["role"] == "assistant" for m in messages):
+        return ModelTurn(
+            content=None,
+            tool_calls=[
+                ToolCallSpec("c1", "echo", '{"text": "hi"}'),
+                ToolCallSpec("c2", "nonexistent", "{}"),
+            ],
+            usage=Usage(10, 2, 12),
+        )
+    return ModelTurn(content=f"answer to {messages[1]['content']}", usage=Usage(20, 3, 23))
+
+
+async def run(
+    item: BatchItem, model: ChatModel, default_model: str | None = None
+) -> dict[str, Any]:
+    return await run_item(
+        item,
+        model=model,
+        dispatcher=cast(Dispatcher, FakeDispatcher()),
+        fleet=FLEET,
+        settings=SETTINGS,
+        run_id="b-12345678-x-abcdef",
+        default_model=default_model,
+    )
+
+
+async def test_a_finished_conversation_is_one_complete_record() -> None:
+    result = await run(BatchItem(id="x", prompt="question"), FakeModel(tool_then_answer))
+    assert set(result) == RECORD_KEYS
+    assert result["id"] == "x"
+    assert result["status"] == "ok"
+    assert result["error"] is None
+    assert result["answer"] == "answer to question"
+    assert result["stop_reason"] == "answered"
+    assert result["run_id"] == "b-12345678-x-abcdef"
+    assert result["usage"] == {"prompt_tokens": 30, "completion_tokens": 5, "total_tokens": 35}
+    assert result["duration_s"] >= 0
+    echo, unknown = result["tool_calls"]
+    assert (echo["name"], echo["worker"], echo["is_error"], echo["error_kind"]) == (
+        "echo",
+        "fake:1",
+        False,
+        None,
+    )
+    assert echo["id"] == "c1"
+    assert echo["arguments"] == '{"text": "hi"}'
+    assert echo["output"].startswith("echo")
+    assert echo["duration_ms"] == 1.5
+    assert (unknown["name"], unknown["is_error"], unknown["error_kind"]) == (
+        "nonexistent",
+        True,
+        "unknown_tool",
+    )
+    assert [m["role"] for m in result["messages"]] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "tool",
+        "assistant",
+    ]
+    json.dumps(result)  # the record is plain JSON data
+
+
+async def test_the_item_model_wins_over_the_default_which_wins_over_settings() -> None:
+    model = FakeModel(tool_then_answer)
+    await run(BatchItem(id="a", prompt="p", model="item-model"), model, "default-model")
+    await run(BatchItem(id="b", prompt="p"), model, "default-model")
+    await run(BatchItem(id="c", prompt="p"), model)
+    assert model.models[::2] == ["item-model", "default-model", "settings-model"]
+
+
+async def test_turn_limit_and_system_prompt_come_from_the_item() -> None:
+    def never_answers(messages: list[dict[str, Any]]) -> ModelTurn:
+        return ModelTurn(content=None, tool_calls=[ToolCallSpec("c", "echo", "{}")])
+
+    item = BatchItem(id="a", prompt="p", max_turns=2, system_prompt="Be terse.")
+    result = await run(item, FakeModel(never_answers))
+    assert result["status"] == "ok"
+    assert result["stop_reason"] == "max_turns"
+    assert len(result["tool_calls"]) == 2
+    assert result["messages"][0] == {"role": "system", "content": "Be terse."}
+
+    unlimited = await run(BatchItem(id="b", prompt="p"), FakeModel(never_answers))
+    assert len(unlimited["tool_calls"]) == SETTINGS.max_turns
+
+
+async def test_a_model_error_is_an_error_record_with_the_conversation_so_far() -> None:
+    def fails_second(messages: list[dict[str, Any]]) -> ModelTurn:
+        if any(m["role"] == "assistant" for m in messages):
+            raise ModelError("model request failed after 5 attempts: HTTP 503", attempts=5)
+        return tool_then_answer(messages)
+
+    result = await run(BatchItem(id="x", prompt="p"), FakeModel(fails_second))
+    assert set(result) == RECORD_KEYS
+    assert result["status"] == "error"
+    assert result["answer"] is None
+    assert result["error"] == "model request failed after 5 attempts: HTTP 503"
+    assert len(result["tool_calls"]) == 2
+    json.dumps(result)
+
+
+async def test_an_unexpected_exception_is_an_error_record_too() -> None:
+    def broken(messages: list[dict[str, Any]]) -> ModelTurn:
+        raise KeyError("choices")
+
+    result = await run(BatchItem(id="x", prompt="p"), FakeModel(broken))
+    assert result["status"] == "error"
+    assert result["error"] == "unexpected KeyError: 'choices'"
+
+
+async def test_enabling_a_tool_the_fleet_lacks_fails_only_that_item() -> None:
+    result = await run(
+        BatchItem(id="x", prompt="p", enable=["teleport"]), FakeModel(tool_then_answer)
+    )
+    assert result["status"] == "error"
+    assert "'teleport'" in result["error"]
+    assert result["messages"] == []
+    assert result["tool_calls"] == []
+    assert result["model"] == "settings-model"
+
+
+async def test_the_conversation_runs_under_its_run_id_in_the_logs() -> None:
+    model = FakeModel(tool_then_answer)
+    await run(BatchItem(id="x", prompt="p"), model)
+    assert model.contexts == [{"run_id": "b-12345678-x-abcdef"}] * 2
+    assert current_context() == {}
+
+
+# --- Many conversations ---------------------------------------------------------------------------
+
+
+def items(count: int) -> list[BatchItem]:
+    return [BatchItem(id=str(n), prompt=f"p{n}") for n in range(count)]
+
+
+class GatedRunner:
+    """Holds every conversation until released; knows how many ran at once."""
+
+    def __init__(self, expected_peak: int) -> None:
+        self.in_flight = 0
+        self.peak = 0
+        self.started: list[str] = []
+        self.cancelled: list[str] = []
+        self.release = asyncio.Event()
+        self.full = asyncio.Event()
+        self._expected_peak = expected_peak
+
+    async def __call__(self, item: BatchItem) -> dict[str, Any]:
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        self.started.append(item.id)
+        if self.in_flight == self._expected_peak:
+            self.full.set()
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            self.cancelled.append(item.id)
+            raise
+        finally:
+            self.in_flight -= 1
+        return {"id": item.id, "status": "ok"}
+
+
+async def test_exactly_concurrency_conversations_are_in_flight() -> None:
+    runner = GatedRunner(expected_peak=4)
+    results: list[dict[str, Any]] = []
+    task = asyncio.create_task(
+        run_items(items(13), concurrency=4, runner=runner, on_result=results.append)
+    )
+    await asyncio.wait_for(runner.full.wait(), 5)
+    for _ in range(5):  # give a fifth conversation every chance to start
+        await asyncio.sleep(0)
+    assert runner.in_flight == 4
+    assert len(asyncio.all_tasks()) <= 4 + 2  # workers, this test, run_items: not a task per item
+    runner.release.set()
+    await asyncio.wait_for(task, 5)
+    assert runner.peak == 4
+    assert sorted(int(r["id"]) for r in results) == list(range(13))
+
+
+async def test_async_items_and_an_async_result_handler_work_too() -> None:
+    async def source() -> AsyncIterator[BatchItem]:
+        for item in items(20):
+            await asyncio.sleep(0)
+            yield item
+
+    async def runner(item: BatchItem) -> dict[str, Any]:
+        await asyncio.sleep(0)
+        return {"id": item.id}
+
+    seen: list[str] = []
+
+    async def on_result(result: dict[str, Any]) -> None:
+        await asyncio.sleep(0)
+        seen.append(result["id"])
+
+    await run_items(source(), concurrency=3, runner=runner, on_result=on_result)
+    assert sorted(seen, key=int) == [str(n) for n in range(20)]
+
+
+async def test_cancelling_the_batch_cancels_conversations_in_flight_and_keeps_results() -> None:
+    runner = GatedRunner(expected_peak=3)
+    results: list[dict[str, Any]] = []
+    task = asyncio.create_task(
+        run_items(items(10), concurrency=3, runner=runner, on_result=results.append)
+    )
+    await asyncio.wait_for(runner.full.wait(), 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert sorted(runner.cancelled) == ["0", "1", "2"]
+    assert results == []
+    assert runner.started == ["0", "1", "2"]
+
+
+async def test_a_failing_result_handler_stops_the_batch_with_its_error() -> None:
+    runner = GatedRunner(expected_peak=99)
+    runner.release.set()
+
+    def on_result(result: dict[str, Any]) -> None:
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        await run_items(items(10), concurrency=2, runner=runner, on_result=on_result)
+    assert runner.in_flight == 0
+
+
+async def test_concurrency_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        await run_items([], concurrency=0, runner=GatedRunner(1), on_result=print)
+
+
+# --- Resume -------------------------------------------------------------------------------------
+
+
+async def test_a_stopped_batch_resumes_without_rerunning_what_finished(tmp_path: Path) -> None:
+    source = write_lines(tmp_path / "in.jsonl", [{"id": f"i{n}", "prompt": "p"} for n in range(12)])
+    out = tmp_path / "out.jsonl"
+    runs: list[str] = []
+    enough = asyncio.Event()
+
+    async def runner(item: BatchItem) -> dict[str, Any]:
+        runs.append(item.id)
+        if enough.is_set():
+            await asyncio.Event().wait()  # still in flight when the batch is stopped
+        return record(item.id)
+
+    with ResultLog.open(out) as results:
+
+        def on_result(result: dict[str, Any]) -> None:
+            results.append(result)
+            if len(results.done) == 5:
+                enough.set()
+
+        scan = scan_input(source, results.done)
+        first = asyncio.create_task(
+            run_items(scan.items(), concurrency=3, runner=runner, on_result=on_result)
+        )
+        await asyncio.wait_for(enough.wait(), 5)
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+    finished_first = [json.loads(line)["id"] for line in out.read_text().splitlines()]
+    assert len(finished_first) == 5
+    with out.open("a") as torn:  # as if the kill had come in the middle of a write
+        torn.write('{"id": "i11", "status": "o')
+
+    runs.clear()
+    enough.clear()
+    with ResultLog.open(out) as results:
+        assert set(results.done) == set(finished_first)
+        scan = scan_input(source, results.done)
+        assert scan.already_done == 5
+        again = run_items(scan.items(), concurrency=3, runner=runner, on_result=results.append)
+        await asyncio.wait_for(again, 5)
+    assert not set(runs) & set(finished_first)
+    finished = [json.loads(line)["id"] for line in out.read_text().splitlines()]
+    assert sorted(finished) == sorted(f"i{n}" for n in range(12))
+
+
+# --- The command's own checks -------------------------------------------------------------------
+
+
+def command_output(run: Callable[[Console], int]) -> tuple[int, str]:
+    console = Console(record=True, width=200, file=io.StringIO())
+    code = run(console)
+    return code, console.export_text()
+
+
+def test_a_missing_input_file_is_a_usage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(batch_cli, "configure_logging", lambda settings: None)
+    code, text = command_output(
+        lambda err: batch_cli.run_batch_command(
+            tmp_path / "missing.jsonl", tmp_path / "out.jsonl", concurrency=4, model=None, err=err
+        ),
+    )
+    assert code == 2
+    assert "input file not found" in text
+    assert "missing.jsonl" in text
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_no_model_api_is_a_usage_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(batch_cli, "configure_logging", lambda settings: None)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    source = write_lines(tmp_path / "in.jsonl", [{"id": "a", "prompt": "p"}])
+    code, text = command_output(
+        lambda err: batch_cli.run_batch_command(
+            source, tmp_path / "out.jsonl", concurrency=4, model=None, err=err
+        ),
+    )
+    assert code == 2
+    assert "no model API configured" in text
+    assert "OPENAI_API_KEY" in text
+
+
+def test_a_batch_with_nothing_left_to_do_needs_no_fleet(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(batch_cli, "configure_logging", lambda settings: None)
+    monkeypatch.setenv("OPENAI_API_KEY", "test")
+    source = write_lines(tmp_path / "in.jsonl", [{"id": "a", "prompt": "p"}, "oops"])
+    out = write_lines(tmp_path / "out.jsonl", [record("a")])
+    code, text = command_output(
+        lambda err: batch_cli.run_batch_command(source, out, concurrency=4, model=None, err=err),
+    )
+    assert code == 1  # the bad line
+    assert "in.jsonl:2: skipped: not JSON" in text
+    assert "0 ok, 0 error, 1 bad lines skipped, 1 already done" in text

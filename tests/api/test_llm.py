@@ -1,0 +1,432 @@
+"""ChatModel over HTTP against the scripted server: turns, streams, retries and failures."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
+
+import openai
+import pytest
+
+from api.llm import (
+    ChatModel,
+    ModelError,
+    ModelTurn,
+    RetryPolicy,
+    StreamEvent,
+    StreamRestarted,
+    TextDelta,
+    ToolCallSpec,
+    TurnDone,
+    Usage,
+)
+from api.scripted import Script, ScriptedServer
+from worker.settings import Settings
+
+LONG_TEXT = 'quotes " and \\ backslashes, ünïcödé and {braces} ' * 6
+SCRIPTS: dict[str, list[dict[str, Any]]] = {
+    "answer": [{"content": "Hello, {prompt}!"}],
+    "tools": [
+        {
+            "content": "Writing your text down in a file.",
+            "tool_calls": [
+                {"name": "write_file", "arguments": {"path": "nötes.txt", "content": LONG_TEXT}}
+            ],
+        },
+        {"content": "Finished: {last_tool_result}"},
+    ],
+    "parallel": [
+        {
+            "tool_calls": [
+                {"name": "read_file", "arguments": {"path": "a.txt"}},
+                {"name": "search_files", "arguments": {"pattern": "**/*.py"}},
+                {"name": "write_file", "arguments": {"path": "b.txt", "content": "{prompt}"}},
+            ]
+        }
+    ],
+    "no_ids": [
+        {
+            "tool_calls": [
+                {"name": "read_file", "arguments": {"path": "a.txt"}, "id": ""},
+                {"name": "read_file", "arguments": {"path": "b.txt"}, "id": ""},
+            ]
+        }
+    ],
+    "fail_500": [{"content": "recovered", "fault": {"kind": "status", "status": 500, "times": 2}}],
+    "always_500": [{"content": "never", "fault": {"kind": "status", "status": 500, "times": 99}}],
+    "rate_limited": [
+        {
+            "content": "after the wait",
+            "fault": {"kind": "status", "status": 429, "retry_after": 0.3, "times": 1},
+        }
+    ],
+    "rate_limited_long": [
+        {
+            "content": "after a capped wait",
+            "fault": {"kind": "status", "status": 429, "retry_after": 30, "times": 1},
+        }
+    ],
+    "garbage": [{"content": "clean at last", "fault": {"kind": "garbage", "times": 1}}],
+    "cut": [{"content": LONG_TEXT, "fault": {"kind": "cut", "times": 1}}],
+    "stall": [{"content": "slow but sure", "fault": {"kind": "stall", "seconds": 5, "times": 1}}],
+}
+
+FAST = RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.05, jitter=0.0)
+
+MakeModel = Callable[..., ChatModel]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScriptedServer]:
+    scripts_dir = tmp_path_factory.mktemp("scripts")
+    for name, steps in SCRIPTS.items():
+        (scripts_dir / f"{name}.json").write_text(json.dumps({"steps": steps}))
+    with ScriptedServer(Script.from_steps([{"content": "default"}]), scripts_dir=scripts_dir) as s:
+        yield s
+
+
+@pytest.fixture
+async def make_model(server: ScriptedServer) -> AsyncIterator[MakeModel]:
+    made: list[ChatModel] = []
+
+    def make(
+        policy: RetryPolicy = FAST, timeout: float = 5.0, client_retries: int = 0
+    ) -> ChatModel:
+        client = openai.AsyncOpenAI(
+            base_url=server.base_url,
+            api_key="unused",
+            timeout=timeout,
+            max_retries=client_retries,
+        )
+        made.append(ChatModel(client, policy))
+        return made[-1]
+
+    yield make
+    for model in made:
+        await model.aclose()
+
+
+@pytest.fixture
+def model(make_model: MakeModel) -> ChatModel:
+    return make_model()
+
+
+@pytest.fixture
+def prompt(request: pytest.FixtureRequest) -> str:
+    """A prompt of the test's own, so no two tests share a conversation's fault counter."""
+    return f"prompt of {request.node.name}"
+
+
+def user(text: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": text}]
+
+
+async def collect(events: AsyncIterator[StreamEvent]) -> list[StreamEvent]:
+    return [event async for event in events]
+
+
+async def ask(model: ChatModel, script: str, text: str, *, streaming: bool) -> ModelTurn:
+    """One turn, streamed or not."""
+    messages = user(text)
+    if streaming:
+        return final_turn(await collect(model.stream(model=script, messages=messages)))
+    return await model.complete(model=script, messages=messages)
+
+
+def final_turn(events: list[StreamEvent]) -> ModelTurn:
+    assert isinstance(events[-1], TurnDone)
+    return events[-1].turn
+
+
+async def timed(awaitable: Awaitable[ModelTurn]) -> tuple[ModelTurn, float]:
+    start = time.perf_counter()
+    turn = await awaitable
+    return turn, time.perf_counter() - start
+
+
+async def test_complete_returns_text_tool_calls_and_usage(model: ChatModel, prompt: str) -> None:
+    turn = await model.complete(model="scripted:tools", messages=user(prompt), tools=None)
+
+    assert turn.content == "Writing your text down in a file."
+    assert turn.finish_reason == "tool_calls"
+    [call] = turn.tool_calls
+    assert call.name == "write_file"
+    assert call.id.startswith("call_")
+    assert json.loads(call.arguments) == {"path": "nötes.txt", "content": LONG_TEXT}
+    assert turn.usage.prompt_tokens > 0
+    assert turn.usage.total_tokens == turn.usage.prompt_tokens + turn.usage.completion_tokens
+
+
+async def test_assistant_message_continues_the_conversation(model: ChatModel) -> None:
+    conversation = user("write it")
+    first = await model.complete(model="scripted:tools", messages=conversation)
+    conversation.append(first.assistant_message())
+    conversation.append(
+        {"role": "tool", "tool_call_id": first.tool_calls[0].id, "content": "wrote 300 bytes"}
+    )
+
+    second = await model.complete(model="scripted:tools", messages=conversation)
+
+    assert conversation[1]["tool_calls"] == [
+        {
+            "id": first.tool_calls[0].id,
+            "type": "function",
+            "function": {"name": "write_file", "arguments": first.tool_calls[0].arguments},
+        }
+    ]
+    assert second.content == "Finished: wrote 300 bytes"
+    assert second.tool_calls == []
+    assert second.assistant_message() == {"role": "assistant", "content": second.content}
+
+
+async def test_stream_assembles_text_and_arguments_split_over_many_chunks(
+    model: ChatModel, prompt: str
+) -> None:
+    complete = await model.complete(model="scripted:tools", messages=user(prompt))
+
+    events = await collect(model.stream(model="scripted:tools", messages=user(prompt)))
+
+    turn = final_turn(events)
+    deltas = [event.text for event in events if isinstance(event, TextDelta)]
+    assert len(deltas) > 1
+    assert "".join(deltas) == turn.content == "Writing your text down in a file."
+    [call] = turn.tool_calls
+    assert call.arguments == complete.tool_calls[0].arguments
+    assert turn.finish_reason == "tool_calls"
+    assert turn.usage == complete.usage
+
+
+async def test_stream_keeps_parallel_tool_calls_apart_and_in_order(
+    model: ChatModel, prompt: str
+) -> None:
+    turn = final_turn(await collect(model.stream(model="scripted:parallel", messages=user(prompt))))
+
+    assert turn.content is None
+    assert [(c.name, json.loads(c.arguments)) for c in turn.tool_calls] == [
+        ("read_file", {"path": "a.txt"}),
+        ("search_files", {"pattern": "**/*.py"}),
+        ("write_file", {"path": "b.txt", "content": prompt}),
+    ]
+    assert len({call.id for call in turn.tool_calls}) == 3
+    assert turn.usage.total_tokens > 0
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+async def test_missing_tool_call_ids_are_generated(model: ChatModel, streaming: bool) -> None:
+    turn = await ask(model, "scripted:no_ids", "x", streaming=streaming)
+
+    ids = [call.id for call in turn.tool_calls]
+    assert len(ids) == 2
+    assert all(call_id.startswith("call_") and len(call_id) > 10 for call_id in ids)
+    assert ids[0] != ids[1]
+
+
+async def test_server_errors_are_retried_until_success(
+    model: ChatModel, server: ScriptedServer, prompt: str
+) -> None:
+    before = server.stats()["requests"]
+
+    turn = await model.complete(model="scripted:fail_500", messages=user(prompt))
+
+    assert turn.content == "recovered"
+    assert server.stats()["requests"] - before == 3
+
+
+async def test_rate_limit_waits_as_long_as_retry_after_says(model: ChatModel, prompt: str) -> None:
+    # Our own backoff (10 ms) is far shorter than the 0.3 s the server asks for.
+    turn, elapsed = await timed(
+        model.complete(model="scripted:rate_limited", messages=user(prompt))
+    )
+
+    assert turn.content == "after the wait"
+    assert elapsed >= 0.3
+
+
+async def test_retry_after_is_capped(make_model: MakeModel, prompt: str) -> None:
+    capped = make_model(RetryPolicy(attempts=2, base_delay=0.01, max_retry_after=0.05))
+
+    turn, elapsed = await timed(
+        capped.complete(model="scripted:rate_limited_long", messages=user(prompt))
+    )
+
+    assert turn.content == "after a capped wait"
+    assert elapsed < 5
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+async def test_a_body_that_is_not_json_is_retried(
+    model: ChatModel, prompt: str, streaming: bool
+) -> None:
+    if streaming:
+        events = await collect(model.stream(model="scripted:garbage", messages=user(prompt)))
+        assert any(isinstance(event, StreamRestarted) for event in events)
+        turn = final_turn(events)
+    else:
+        turn = await model.complete(model="scripted:garbage", messages=user(prompt))
+
+    assert turn.content == "clean at last"
+
+
+async def test_a_cut_stream_is_restarted_and_announced(model: ChatModel, prompt: str) -> None:
+    events = await collect(model.stream(model="scripted:cut", messages=user(prompt)))
+
+    restarts = [i for i, event in enumerate(events) if isinstance(event, StreamRestarted)]
+    assert len(restarts) == 1
+    before, after = events[: restarts[0]], events[restarts[0] + 1 :]
+    partial = "".join(event.text for event in before if isinstance(event, TextDelta))
+    replayed = "".join(event.text for event in after if isinstance(event, TextDelta))
+    assert partial, "text arrived before the cut"
+    assert LONG_TEXT.startswith(partial)
+    assert partial != LONG_TEXT
+    assert replayed == final_turn(events).content == LONG_TEXT
+    restart = events[restarts[0]]
+    assert isinstance(restart, StreamRestarted)
+    assert restart.attempt == 2
+    assert "connection" in restart.reason
+
+
+async def test_a_cut_body_is_retried(model: ChatModel, prompt: str) -> None:
+    turn = await model.complete(model="scripted:cut", messages=user(prompt))
+
+    assert turn.content == LONG_TEXT
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+async def test_a_stall_past_the_timeout_is_retried(
+    make_model: MakeModel, prompt: str, streaming: bool
+) -> None:
+    impatient = make_model(timeout=0.2)
+    messages = user(prompt)
+
+    if streaming:
+        events = await collect(impatient.stream(model="scripted:stall", messages=messages))
+        restart = events[0]
+        assert isinstance(restart, StreamRestarted)
+        assert "timed out" in restart.reason
+        turn = final_turn(events)
+    else:
+        turn = await impatient.complete(model="scripted:stall", messages=messages)
+
+    assert turn.content == "slow but sure"
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+async def test_giving_up_after_the_last_attempt_says_why(
+    model: ChatModel, server: ScriptedServer, prompt: str, streaming: bool
+) -> None:
+    before = server.stats()["requests"]
+
+    with pytest.raises(ModelError) as caught:
+        await ask(model, "scripted:always_500", prompt, streaming=streaming)
+
+    error = caught.value
+    assert error.attempts == 3
+    assert error.status == 500
+    assert "after 3 attempts" in str(error)
+    assert "last status 500" in str(error)
+    assert server.stats()["requests"] - before == 3
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+async def test_a_refused_request_is_not_retried(
+    model: ChatModel, server: ScriptedServer, streaming: bool
+) -> None:
+    before = server.stats()["requests"]
+
+    with pytest.raises(ModelError) as caught:
+        await ask(model, "scripted:missing", "x", streaming=streaming)
+
+    assert caught.value.status == 404
+    assert caught.value.attempts == 1
+    assert "not retried" in str(caught.value)
+    assert "scripted:missing" in str(caught.value)
+    assert server.stats()["requests"] - before == 1
+
+
+async def test_the_clients_own_retries_are_switched_off(
+    make_model: MakeModel, server: ScriptedServer, prompt: str
+) -> None:
+    once = make_model(RetryPolicy(attempts=1), client_retries=3)
+    before = server.stats()["requests"]
+
+    with pytest.raises(ModelError):
+        await once.complete(model="scripted:always_500", messages=user(prompt))
+
+    assert server.stats()["requests"] - before == 1
+
+
+async def test_two_hundred_concurrent_conversations_on_one_server(
+    model: ChatModel, server: ScriptedServer
+) -> None:
+    before = server.stats()["requests"]
+
+    async def converse(number: int) -> ModelTurn:
+        events = model.stream(model="scripted:parallel", messages=user(f"conversation {number}"))
+        return final_turn(await collect(events))
+
+    turns = await asyncio.gather(*(converse(number) for number in range(200)))
+
+    written = [json.loads(turn.tool_calls[2].arguments)["content"] for turn in turns]
+    assert written == [f"conversation {number}" for number in range(200)]
+    assert server.stats()["requests"] - before == 200
+
+
+def test_retry_delays_grow_exponentially_up_to_the_cap() -> None:
+    policy = RetryPolicy(base_delay=0.5, max_delay=8.0, jitter=0.0)
+    jittered = RetryPolicy(base_delay=0.5, max_delay=8.0, jitter=0.25)
+
+    assert [policy.delay(n) for n in range(1, 7)] == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0]
+    assert all(1.0 <= jittered.delay(2) <= 1.25 for _ in range(50))
+    assert policy.delay(1, retry_after=3.0) == 3.0
+    assert policy.delay(1, retry_after=600.0) == policy.max_retry_after
+
+
+def test_a_policy_without_attempts_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        RetryPolicy(attempts=0)
+
+
+def test_usage_adds_up() -> None:
+    assert Usage(1, 2, 3) + Usage(10, 20, 30) == Usage(11, 22, 33)
+
+
+def test_tool_calls_are_sent_back_in_openai_format() -> None:
+    turn = ModelTurn(content=None, tool_calls=[ToolCallSpec("call_1", "read_file", '{"p": 1}')])
+
+    assert turn.assistant_message() == {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "read_file", "arguments": '{"p": 1}'},
+            }
+        ],
+    }
+
+
+async def test_from_env_talks_to_a_keyless_server(
+    server: ScriptedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+
+    async with ChatModel.from_env(Settings(llm_max_retries=2)) as from_env:
+        turn = await from_env.complete(model="scripted:answer", messages=user("env"))
+
+    assert turn.content == "Hello, env!"
+    assert from_env.policy.attempts == 3
+
+
+def test_from_env_without_key_or_server_says_what_to_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+
+    with pytest.raises(ModelError, match="OPENAI_API_KEY is not set"):
+        ChatModel.from_env(Settings())

@@ -1,0 +1,140 @@
+"""Shared fixtures: a private Redis server, and real worker fleets on it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from api.local import LocalStack, free_port, redis_server_binary
+from worker.settings import Settings
+
+REPO = Path(__file__).resolve().parents[1]
+TEST_PLUGINS = ["worker.tools.weather", "tests.plugins.probe_tools"]
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    """Poll ``condition`` until true; fail the test with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class RedisServer:
+    """A redis-server of the test's own on a free port; can be stopped and started again."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._dir = workdir
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self._proc = subprocess.Popen(
+            [
+                redis_server_binary(),
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self._dir),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis.from_url(self.url)
+        wait_for(lambda: _pings(client), what="redis-server to answer")
+        client.close()
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+def fleet_settings(broker_url: str, workspace_root: Path, **overrides: object) -> Settings:
+    values: dict[str, object] = {
+        "broker_url": broker_url,
+        "workspace_root": workspace_root,
+        "plugins": TEST_PLUGINS,
+        "default_timeout_ms": 10_000,
+        "max_timeout_ms": 20_000,
+        "hard_limit_grace_s": 1.0,
+        "reply_margin_s": 2.0,
+    }
+    values.update(overrides)
+    return Settings(**values)  # type: ignore[arg-type]
+
+
+class WorkerFleet:
+    """Real ``celery -A worker.app worker`` processes of both pools on a given broker."""
+
+    def __init__(self, settings: Settings, concurrency: int = 2) -> None:
+        self.settings = settings
+        self._stack = LocalStack(settings, concurrency=concurrency)
+
+    def start(self) -> WorkerFleet:
+        self._stack.start_workers(self.settings)
+        return self
+
+    def stop(self) -> None:
+        self._stack.stop()
+
+    def worker_pids(self, pool: str) -> list[int]:
+        return self._stack.pids(f"worker-{pool}")
+
+    def log(self, pool: str) -> str:
+        return self._stack.log_tail(f"worker-{pool}", 200)
+
+
+@pytest.fixture(scope="session")
+def fleet(
+    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WorkerFleet]:
+    """One fleet for the whole session: both pools, the test plugins, short deadlines."""
+    root = tmp_path_factory.mktemp("workspaces")
+    os.chmod(root, 0o755)
+    workers = WorkerFleet(fleet_settings(redis_server.url, root)).start()
+    yield workers
+    workers.stop()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _python_path() -> Iterator[None]:
+    """Worker processes import the test plugins from the repository."""
+    previous = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), previous]))
+    yield
+    if previous is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = previous

@@ -1,0 +1,601 @@
+"""The deploy files: valid, locked down, and consistent with the code and settings they run."""
+
+from __future__ import annotations
+
+import copy
+import importlib.resources
+import json
+import os
+import re
+from typing import Any
+from urllib.parse import urlsplit
+
+import jsonschema  # type: ignore[import-untyped]
+import kubernetes_validate
+import pytest
+import typer
+import typer.main
+from celery import Celery
+from celery.app.utils import find_app
+
+from tests.deploy import deployfiles as files
+from worker.app import POOLS
+from worker.settings import Settings
+
+K8S_VERSION = "1.30"
+SANDBOX = "worker-sandbox"
+SECRET_VARIABLES = ("TOOLQ_API_TOKEN", "OPENAI_API_KEY")
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|API_KEY|CREDENTIAL|PRIVATE", re.IGNORECASE)
+TOOLQ_VARIABLE = re.compile(r"\bTOOLQ_[A-Z0-9_]*[A-Z0-9]\b")
+
+# KEDA's CRD schema is not available offline: these are the ScaledObject fields the files use.
+SCALED_OBJECT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "keda.sh/v1alpha1"},
+        "kind": {"const": "ScaledObject"},
+        "metadata": {
+            "type": "object",
+            "required": ["name", "namespace"],
+            "properties": {"name": {"type": "string"}, "namespace": {"type": "string"}},
+        },
+        "spec": {
+            "type": "object",
+            "required": ["scaleTargetRef", "triggers"],
+            "additionalProperties": False,
+            "properties": {
+                "scaleTargetRef": {
+                    "type": "object",
+                    "required": ["name"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "name": {"type": "string"},
+                        "kind": {"const": "Deployment"},
+                        "apiVersion": {"const": "apps/v1"},
+                    },
+                },
+                "minReplicaCount": {"type": "integer", "minimum": 0},
+                "maxReplicaCount": {"type": "integer", "minimum": 1},
+                "pollingInterval": {"type": "integer", "minimum": 1},
+                "cooldownPeriod": {"type": "integer", "minimum": 0},
+                "advanced": {"type": "object"},
+                "triggers": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["type", "metadata"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "type": {"const": "redis"},
+                            "authenticationRef": {"type": "object"},
+                            # KEDA takes every trigger metadata value as a string.
+                            "metadata": {
+                                "type": "object",
+                                "required": ["address", "listName", "listLength"],
+                                "additionalProperties": {"type": "string"},
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+@pytest.fixture
+def settings_from_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Settings built in a test see the deploy files' values, not this machine's TOOLQ_ env."""
+    for name in [name for name in os.environ if name.startswith("TOOLQ_")]:
+        monkeypatch.delenv(name)
+
+
+def settings_of(environment: dict[str, str]) -> Settings:
+    values = {
+        name.removeprefix("TOOLQ_").lower(): files.interpolated(value)
+        for name, value in environment.items()
+        if name.startswith("TOOLQ_")
+    }
+    return Settings.model_validate(values)
+
+
+def manifest_id(entry: tuple[str, files.Manifest]) -> str:
+    source, document = entry
+    return f"{source}:{document['kind']}/{document['metadata']['name']}"
+
+
+CORE_MANIFESTS = [entry for entry in files.manifests() if entry[1]["kind"] != "ScaledObject"]
+
+
+# -- the files are valid -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("entry", CORE_MANIFESTS, ids=manifest_id)
+def test_manifest_matches_the_kubernetes_schema(entry: tuple[str, files.Manifest]) -> None:
+    kubernetes_validate.validate(entry[1], K8S_VERSION, strict=True)
+
+
+def test_schema_validation_rejects_a_misspelt_field() -> None:
+    broken = copy.deepcopy(files.deployment(SANDBOX))
+    broken["spec"]["template"]["spec"]["containers"][0]["securityContex"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, K8S_VERSION, strict=True)
+
+
+def test_scaled_objects_match_the_keda_fields_used() -> None:
+    scaled = files.objects("ScaledObject")
+    assert scaled, "keda.yaml defines no ScaledObject"
+    for name, document in scaled.items():
+        errors = list(jsonschema.Draft202012Validator(SCALED_OBJECT_SCHEMA).iter_errors(document))
+        assert not errors, f"ScaledObject {name}: {[error.message for error in errors]}"
+
+
+def test_compose_file_matches_the_compose_specification() -> None:
+    vendored = importlib.resources.files("check_jsonschema.builtin_schemas.vendor")
+    schema = json.loads((vendored / "compose-spec.json").read_text())
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    errors = [
+        f"{error.json_path}: {error.message}" for error in validator.iter_errors(files.compose())
+    ]
+    assert not errors
+
+
+def test_kustomization_applies_every_manifest_but_the_example_secret() -> None:
+    listed = set(files.kustomization()["resources"])
+    on_disk = {path.name for path in files.k8s_files()}
+    assert listed == on_disk - {files.EXAMPLE_SECRET}
+
+
+# -- the sandbox reaches the broker and nothing else -------------------------------------------
+
+
+def test_compose_sandbox_is_only_on_internal_networks() -> None:
+    sandbox = files.services()[SANDBOX]
+    networks = files.compose()["networks"]
+    attached = files.service_networks(sandbox)
+    assert attached, "the sandbox must name its networks, or compose attaches the default one"
+    for network in attached:
+        assert (networks[network] or {}).get("internal") is True, f"{network} is not internal"
+    for escape in ("ports", "network_mode", "extra_hosts", "links", "external_links"):
+        assert escape not in sandbox
+    broker_host = urlsplit(files.service_environment(sandbox)["TOOLQ_BROKER_URL"]).hostname
+    assert broker_host in files.services()
+    assert set(files.service_networks(files.services()[str(broker_host)])) & set(attached)
+
+
+def sandbox_policies() -> list[files.Manifest]:
+    labels = files.pod_labels(SANDBOX)
+    return [
+        policy
+        for policy in files.objects("NetworkPolicy").values()
+        if files.selects(policy["spec"]["podSelector"], labels)
+    ]
+
+
+def selected_deployments(selector: files.Manifest) -> list[str]:
+    return [
+        name
+        for name in files.objects("Deployment")
+        if files.selects(selector, files.pod_labels(name))
+    ]
+
+
+def is_broker_rule(rule: files.Manifest) -> bool:
+    """Only to the Redis pods (an empty selector would mean every pod), only on Redis's port."""
+    peers = rule.get("to", [])
+    return (
+        bool(peers)
+        and all(set(peer) == {"podSelector"} for peer in peers)
+        and all(selected_deployments(peer["podSelector"]) == ["redis"] for peer in peers)
+        and rule.get("ports") == [{"protocol": "TCP", "port": 6379}]
+    )
+
+
+def is_dns_rule(rule: files.Manifest) -> bool:
+    peers = rule.get("to", [])
+    return (
+        bool(peers)
+        and all(
+            peer.get("namespaceSelector", {}).get("matchLabels")
+            == {"kubernetes.io/metadata.name": "kube-system"}
+            and peer.get("podSelector", {}).get("matchLabels") == {"k8s-app": "kube-dns"}
+            for peer in peers
+        )
+        and bool(rule.get("ports"))
+        and all(port["port"] == 53 for port in rule["ports"])
+    )
+
+
+def test_k8s_sandbox_egress_goes_to_the_broker_and_dns_only() -> None:
+    policies = sandbox_policies()
+    assert policies, "no NetworkPolicy selects the sandbox pods"
+    # Policies add up: every one that selects the sandbox must be as narrow.
+    assert any({"Ingress", "Egress"} <= set(p["spec"].get("policyTypes", [])) for p in policies)
+    egress = [rule for policy in policies for rule in policy["spec"].get("egress", [])]
+    ingress = [rule for policy in policies for rule in policy["spec"].get("ingress", [])]
+    assert ingress == []
+    assert any(is_broker_rule(rule) for rule in egress)
+    unexpected = [rule for rule in egress if not (is_broker_rule(rule) or is_dns_rule(rule))]
+    assert unexpected == []
+
+
+def test_k8s_broker_rule_matches_the_redis_service() -> None:
+    service = files.objects("Service")["redis"]
+    assert files.selects({"matchLabels": service["spec"]["selector"]}, files.pod_labels("redis"))
+    assert [port["port"] for port in service["spec"]["ports"]] == [6379]
+    broker = urlsplit(files.config_map_data()["TOOLQ_BROKER_URL"])
+    assert broker.hostname is not None and broker.hostname.split(".")[0] == "redis"
+    assert broker.port == 6379
+
+
+def test_keda_may_read_the_queue_lengths() -> None:
+    redis_labels = files.pod_labels("redis")
+    for policy in files.objects("NetworkPolicy").values():
+        if not files.selects(policy["spec"]["podSelector"], redis_labels):
+            continue
+        peers = [
+            peer for rule in policy["spec"].get("ingress", []) for peer in rule.get("from", [])
+        ]
+        keda = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "keda"}}}
+        assert keda in peers, f"{policy['metadata']['name']} shuts KEDA out: pools would not scale"
+
+
+def test_sandbox_receives_no_secrets() -> None:
+    sandbox = files.services()[SANDBOX]
+    assert not set(files.service_environment(sandbox)) & set(SECRET_VARIABLES)
+    assert "env_file" not in sandbox and "secrets" not in sandbox
+    spec = files.pod_spec(SANDBOX)
+    assert spec["automountServiceAccountToken"] is False
+    for container in spec["containers"]:
+        assert not [source for source in container.get("envFrom", []) if "secretRef" in source]
+        assert not [v for v in container.get("env", []) if "secretKeyRef" in v.get("valueFrom", {})]
+    assert not [v for v in spec.get("volumes", []) if {"secret", "projected"} & set(v)]
+
+
+# -- every container is locked down ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(files.services()))
+def test_compose_service_is_locked_down(name: str) -> None:
+    service = files.services()[name]
+    user = str(service.get("user", ""))
+    assert user, f"{name} runs as the image's user, which may be root"
+    assert user.split(":")[0] not in ("0", "root")
+    assert service.get("read_only") is True
+    assert service.get("cap_drop") == ["ALL"]
+    assert "no-new-privileges:true" in service.get("security_opt", [])
+    assert not service.get("privileged", False)
+    assert service.get("network_mode") != "host"
+
+
+def test_compose_sandbox_has_limits() -> None:
+    sandbox = files.services()[SANDBOX]
+    assert sandbox.get("pids_limit", 0) > 0
+    assert sandbox.get("mem_limit")
+    assert float(sandbox.get("cpus", 0)) > 0
+    assert any(entry.startswith("/tmp") for entry in sandbox.get("tmpfs", []))
+
+
+@pytest.mark.parametrize("name", sorted(files.toolq_services()))
+def test_compose_toolq_service_has_limits(name: str) -> None:
+    service = files.toolq_services()[name]
+    assert service.get("mem_limit") and float(service.get("cpus", 0)) > 0
+    assert service.get("pids_limit", 0) > 0
+
+
+def test_compose_workers_scale() -> None:
+    for pool in POOLS:
+        worker = files.services()[f"worker-{pool}"]
+        assert "container_name" not in worker
+        assert "ports" not in worker
+
+
+@pytest.mark.parametrize("name", sorted(files.objects("Deployment")))
+def test_k8s_deployment_is_locked_down(name: str) -> None:
+    spec = files.pod_spec(name)
+    pod_context = spec.get("securityContext", {})
+    assert spec.get("automountServiceAccountToken") is False
+    assert not [key for key in ("hostNetwork", "hostPID", "hostIPC") if spec.get(key)]
+    for container in spec["containers"]:
+        context = {**pod_context, **container.get("securityContext", {})}
+        assert context.get("runAsNonRoot") is True, container["name"]
+        assert context.get("runAsUser", 0) > 0
+        assert context.get("readOnlyRootFilesystem") is True
+        assert context.get("allowPrivilegeEscalation") is False
+        assert context.get("capabilities", {}).get("drop") == ["ALL"]
+        assert context.get("seccompProfile", {}).get("type") == "RuntimeDefault"
+        assert not context.get("privileged", False)
+        resources = container.get("resources", {})
+        for kind in ("requests", "limits"):
+            assert {"cpu", "memory"} <= set(resources.get(kind, {})), f"{container['name']} {kind}"
+
+
+def test_namespace_enforces_the_restricted_pod_security_standard() -> None:
+    for namespace in files.objects("Namespace").values():
+        labels = namespace["metadata"]["labels"]
+        assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    namespaces = {doc["metadata"].get("namespace") for _, doc in files.manifests()} - {None}
+    assert namespaces == set(files.objects("Namespace"))
+
+
+# -- health checks -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(files.services()))
+def test_compose_service_has_a_healthcheck(name: str) -> None:
+    check = files.services()[name].get("healthcheck", {})
+    assert check.get("test") and not check.get("disable", False)
+
+
+@pytest.mark.parametrize("name", sorted(files.toolq_services()))
+def test_compose_healthcheck_probes_the_role_the_service_runs(name: str) -> None:
+    healthcheck = files.healthcheck_module()
+    service = files.toolq_services()[name]
+    test = service["healthcheck"]["test"]
+    assert test[:2] == ["CMD", "toolq-healthcheck"]
+    role = healthcheck.role_of(service["command"])
+    assert test[2] == role
+    if role == "api":
+        assert healthcheck.api_port(test[3:]) == healthcheck.api_port(service["command"])
+
+
+@pytest.mark.parametrize("name", sorted(files.objects("Deployment")))
+def test_k8s_containers_have_probes(name: str) -> None:
+    for container in files.containers(name):
+        assert "livenessProbe" in container or "readinessProbe" in container, container["name"]
+
+
+def test_k8s_probes_check_each_role() -> None:
+    healthcheck = files.healthcheck_module()
+    for name in files.toolq_deployments():
+        container = files.containers(name)[0]
+        role = healthcheck.role_of(container["args"])
+        if role == "api":
+            probe = container["readinessProbe"]["httpGet"]
+            ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+            assert probe["path"] == "/healthz"
+            assert ports.get(probe["port"], probe["port"]) == healthcheck.api_port(
+                container["args"]
+            )
+        else:
+            assert container["livenessProbe"]["exec"]["command"] == ["toolq-healthcheck", role]
+
+
+def test_worker_shutdown_grace_outlasts_the_longest_call(settings_from_files: None) -> None:
+    for pool in POOLS:
+        name = f"worker-{pool}"
+        longest = settings_of(files.container_environment(name)).hard_limit_s
+        assert files.pod_spec(name)["terminationGracePeriodSeconds"] > longest
+        service = files.services()[name]
+        longest = settings_of(files.service_environment(service)).hard_limit_s
+        assert files.duration_s(service["stop_grace_period"]) > longest
+
+
+# -- secrets are required and never baked in ---------------------------------------------------
+
+
+def test_compose_requires_the_secrets() -> None:
+    api = files.service_environment(files.services()["api"])
+    for name in SECRET_VARIABLES:
+        assert re.fullmatch(rf"\$\{{{name}:\?.+\}}", api[name]), f"{name} must use ${{{name}:?...}}"
+    example = (files.DEPLOY / ".env.example").read_text()
+    for name in SECRET_VARIABLES:
+        assert re.search(rf"^{name}=$", example, flags=re.MULTILINE), f"{name} in .env.example"
+
+
+def test_k8s_api_reads_the_secrets_from_the_secret() -> None:
+    secret = files.objects("Secret")["toolq-secrets"]
+    env = {v["name"]: v for v in files.containers("api")[0]["env"]}
+    for name in SECRET_VARIABLES:
+        reference = env[name]["valueFrom"]["secretKeyRef"]
+        assert reference["name"] == "toolq-secrets" and not reference.get("optional", False)
+        assert reference["key"] in secret["stringData"]
+
+
+def test_example_secret_holds_only_placeholders() -> None:
+    secret = files.objects("Secret")["toolq-secrets"]
+    assert "data" not in secret
+    for key, value in secret["stringData"].items():
+        assert value.startswith("REPLACE-ME"), f"{key} holds a value that looks real"
+
+
+def test_no_secret_is_set_in_plain_text() -> None:
+    for name, service in files.services().items():
+        for variable, value in files.service_environment(service).items():
+            if SECRET_NAME.search(variable):
+                assert value.startswith("${") and ":-" not in value, f"{name}: {variable}"
+    for name in files.objects("ConfigMap"):
+        assert not [
+            key for key in files.objects("ConfigMap")[name]["data"] if SECRET_NAME.search(key)
+        ]
+    for name in files.objects("Deployment"):
+        for container in files.containers(name):
+            plain = [v["name"] for v in container.get("env", []) if "value" in v]
+            assert not [variable for variable in plain if SECRET_NAME.search(variable)]
+
+
+# -- the Dockerfile ----------------------------------------------------------------------------
+
+
+def test_dockerfile_is_multi_stage_on_slim_python() -> None:
+    instructions = files.dockerfile_instructions()
+    stages = [arguments for keyword, arguments in instructions if keyword == "FROM"]
+    assert len(stages) >= 2
+    defaults = files.dockerfile_assignments("ARG")
+    runtime_image = re.sub(r"\$\{(\w+)\}", lambda m: defaults[m[1]], stages[-1].split()[0])
+    assert runtime_image.startswith("python:3.11-slim")
+    assert any(k == "COPY" and a.startswith("--from=") for k, a in instructions)
+
+
+def test_dockerfile_runs_as_an_unprivileged_user() -> None:
+    users = [
+        arguments for keyword, arguments in files.dockerfile_instructions() if keyword == "USER"
+    ]
+    assert users, "no USER: the image would run as root"
+    uid = users[-1].split(":")[0]
+    assert uid.isdigit() and int(uid) > 0, "a numeric USER lets Kubernetes verify runAsNonRoot"
+    for name in files.toolq_services():
+        assert files.services()[name]["user"].split(":")[0] == uid
+    for name in files.toolq_deployments():
+        assert files.pod_spec(name)["securityContext"]["runAsUser"] == int(uid)
+
+
+def test_dockerfile_bakes_in_no_secret() -> None:
+    for keyword in ("ENV", "ARG"):
+        named = [name for name in files.dockerfile_assignments(keyword) if SECRET_NAME.search(name)]
+        assert named == [], f"{keyword} {named}: pass secrets at run time"
+
+
+def test_dockerfile_entrypoint_environment_and_healthcheck() -> None:
+    instructions = dict(files.dockerfile_instructions())
+    assert json.loads(instructions["ENTRYPOINT"]) == ["toolq"]
+    assert files.dockerfile_assignments("ENV").get("PYTHONDONTWRITEBYTECODE") == "1"
+    assert "HEALTHCHECK" in instructions and instructions["HEALTHCHECK"] != "NONE"
+
+
+# -- KEDA --------------------------------------------------------------------------------------
+
+
+def test_keda_scales_each_pool_on_its_queue() -> None:
+    scaled = {
+        doc["spec"]["scaleTargetRef"]["name"]: doc for doc in files.objects("ScaledObject").values()
+    }
+    broker = urlsplit(files.config_map_data()["TOOLQ_BROKER_URL"])
+    for pool in POOLS:
+        target = f"worker-{pool}"
+        assert target in scaled, f"no ScaledObject scales {target}"
+        container = files.containers(target)[0]
+        assert container["args"] == ["worker", "--pool", pool]
+        # Replicas in the Deployment would fight the autoscaler on every apply.
+        assert "replicas" not in files.deployment(target)["spec"]
+        [trigger] = scaled[target]["spec"]["triggers"]
+        assert trigger["type"] == "redis"
+        assert trigger["metadata"]["listName"] == pool
+        assert trigger["metadata"]["address"] == f"{broker.hostname}:{broker.port}"
+        assert trigger["metadata"]["databaseIndex"] == broker.path.strip("/")
+        assert int(trigger["metadata"]["listLength"]) > 0
+
+
+# -- settings ----------------------------------------------------------------------------------
+
+
+def deploy_texts() -> dict[str, str]:
+    paths = [
+        path
+        for path in files.DEPLOY.rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
+    ]
+    paths.append(files.DEPLOY_DOC)
+    return {str(path.relative_to(files.REPO_ROOT)): path.read_text() for path in paths}
+
+
+def test_every_toolq_variable_named_is_a_setting() -> None:
+    fields = {f"TOOLQ_{name.upper()}" for name in Settings.model_fields}
+    unknown = {
+        (source, variable)
+        for source, text in deploy_texts().items()
+        for variable in TOOLQ_VARIABLE.findall(text)
+        if variable not in fields
+    }
+    assert unknown == set()
+
+
+def test_every_setting_value_in_the_deploy_files_is_accepted(settings_from_files: None) -> None:
+    for name, service in files.toolq_services().items():
+        assert settings_of(files.service_environment(service)), name
+    for name in files.toolq_deployments():
+        assert settings_of(files.container_environment(name)), name
+    assert settings_of(files.dockerfile_assignments("ENV"))
+
+
+def test_every_setting_is_documented() -> None:
+    text = files.DEPLOY_DOC.read_text()
+    if files.README.exists():
+        text += files.README.read_text()
+    missing = [
+        name for name in Settings.model_fields if not re.search(rf"\bTOOLQ_{name.upper()}\b", text)
+    ]
+    assert missing == []
+
+
+def test_workspaces_are_shared_at_the_configured_root() -> None:
+    for pool in POOLS:
+        service = files.services()[f"worker-{pool}"]
+        root = files.service_environment(service)["TOOLQ_WORKSPACE_ROOT"]
+        assert f"workspaces:{root}" in service["volumes"]
+        mounts = {
+            m["name"]: m["mountPath"] for m in files.containers(f"worker-{pool}")[0]["volumeMounts"]
+        }
+        assert (
+            mounts["workspaces"]
+            == files.container_environment(f"worker-{pool}")["TOOLQ_WORKSPACE_ROOT"]
+        )
+        volumes = {v["name"]: v for v in files.pod_spec(f"worker-{pool}")["volumes"]}
+        claim = volumes["workspaces"]["persistentVolumeClaim"]["claimName"]
+        assert files.objects("PersistentVolumeClaim")[claim]["spec"]["accessModes"] == [
+            "ReadWriteMany"
+        ]
+
+
+# -- commands ----------------------------------------------------------------------------------
+
+
+def toolq_invocations() -> list[tuple[str, list[str]]]:
+    found: list[tuple[str, list[str]]] = []
+    instructions = dict(files.dockerfile_instructions())
+    if json.loads(instructions["ENTRYPOINT"]) == ["toolq"]:
+        found.append(("deploy/Dockerfile CMD", json.loads(instructions["CMD"])))
+    for name, service in files.toolq_services().items():
+        found.append((f"compose {name}", list(service["command"])))
+    for name in files.toolq_deployments():
+        for container in files.containers(name):
+            assert "command" not in container, f"{name}: keep the image's toolq entrypoint"
+            found.append((f"k8s {name}", list(container["args"])))
+    for words in files.shell_lines(files.DEPLOY_DOC.read_text()):
+        found += [("docs/deploy.md", args) for args in files.invocations(words, "toolq")]
+    return found
+
+
+def test_every_toolq_command_used_parses() -> None:
+    try:
+        from api.cli import app
+    except ModuleNotFoundError as exc:
+        if exc.name != "api.cli":
+            raise
+        pytest.skip("api/cli.py (the toolq command) is not there yet")
+    group = typer.main.get_command(app)
+    commands = getattr(group, "commands", None)
+    assert isinstance(commands, dict), "the toolq app should be a group of subcommands"
+    root = group.context_class(group, info_name="toolq")
+    invocations = toolq_invocations()
+    assert len(invocations) > 5
+    for source, args in invocations:
+        name, *rest = args
+        assert name in commands, f"{source}: toolq {name} is not a toolq command"
+        try:
+            context = commands[name].make_context(name, rest, parent=root)
+        except typer.TyperException as exc:
+            pytest.fail(f"{source}: toolq {' '.join(args)}: {exc}")
+        if name == "worker":
+            assert context.params["pool"] in POOLS, f"{source}: no pool {context.params['pool']}"
+
+
+def test_every_celery_command_in_the_docs_names_the_app_and_a_pool() -> None:
+    commands = [
+        args
+        for words in files.shell_lines(files.DEPLOY_DOC.read_text())
+        for args in files.invocations(words, "celery")
+    ]
+    commands += [
+        args
+        for words in re.findall(r"`(celery [^`]+)`", files.DEPLOY_DOC.read_text())
+        for args in files.invocations(words.split(), "celery")
+    ]
+    with_app = [args for args in commands if "-A" in args]
+    assert with_app
+    for args in with_app:
+        assert isinstance(find_app(args[args.index("-A") + 1]), Celery)
+        if "-Q" in args:
+            assert args[args.index("-Q") + 1] in POOLS

@@ -1,0 +1,311 @@
+"""``toolq batch`` as a user runs it: a scripted model, the real command, real workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from api.local import worker_environment
+from api.scripted import Script, ScriptedServer
+from tests.conftest import WorkerFleet, wait_for
+
+pytestmark = pytest.mark.e2e
+
+TOOLQ = Path(sys.executable).parent / "toolq"
+RUN_TIMEOUT_S = 60
+#: Threads a process may gain under load without one per conversation: asyncio's default
+#: executor (name lookups for new connections) grows up to this many.
+EXECUTOR_THREADS = min(32, (os.cpu_count() or 1) + 4)
+
+WRITE_THEN_READ: list[dict[str, Any]] = [
+    {
+        "tool_calls": [
+            {"name": "write_file", "arguments": {"path": "note.txt", "content": "{prompt}"}}
+        ]
+    },
+    {"tool_calls": [{"name": "read_file", "arguments": {"path": "note.txt"}}]},
+    {"content": "Read back: {last_tool_result}"},
+]
+#: One slow tool call that leaves a mark in the workspace each time it runs.
+SLOW_MARKED_CALL: list[dict[str, Any]] = [
+    {"tool_calls": [{"name": "slow_write", "arguments": {"seconds": 0.3, "marker": "m"}}]},
+    {"content": "done"},
+]
+#: A model that takes STALL_S to make one tool call: conversations only overlap if run at once.
+STALL_S = 2.0
+SLOW_MODEL_ONE_CALL: list[dict[str, Any]] = [
+    {
+        "tool_calls": [{"name": "noop", "arguments": {}}],
+        "fault": {"kind": "stall", "seconds": STALL_S},
+    },
+    {"content": "ok"},
+]
+
+
+@pytest.fixture
+def model_servers() -> Iterator[list[ScriptedServer]]:
+    servers: list[ScriptedServer] = []
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+def scripted_model(servers: list[ScriptedServer], steps: list[dict[str, Any]]) -> ScriptedServer:
+    server = ScriptedServer(Script.from_steps(list(steps)))
+    server.start()
+    servers.append(server)
+    return server
+
+
+def environment(fleet: WorkerFleet, server: ScriptedServer) -> dict[str, str]:
+    return {
+        **os.environ,
+        **worker_environment(fleet.settings),
+        "OPENAI_BASE_URL": server.base_url,
+        "OPENAI_API_KEY": "test",
+    }
+
+
+def batch_argv(source: Path, output: Path, concurrency: int) -> list[str]:
+    return [
+        str(TOOLQ),
+        "batch",
+        str(source),
+        "-o",
+        str(output),
+        "--concurrency",
+        str(concurrency),
+        "--model",
+        "scripted",
+    ]
+
+
+def run_batch(
+    source: Path, output: Path, env: dict[str, str], concurrency: int = 8
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        batch_argv(source, output, concurrency),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
+
+
+def write_items(path: Path, items: list[dict[str, Any] | str]) -> Path:
+    path.write_text(
+        "".join(
+            (i if isinstance(i, str) else json.dumps(i, ensure_ascii=False)) + "\n" for i in items
+        )
+    )
+    return path
+
+
+def records(output: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in output.read_text().splitlines()]
+
+
+def workspace(fleet: WorkerFleet, record: dict[str, Any]) -> Path:
+    return Path(fleet.settings.workspace_root) / str(record["run_id"])
+
+
+def test_a_batch_runs_every_good_line_once_and_reports_the_bad_ones(
+    fleet: WorkerFleet, model_servers: list[ScriptedServer], tmp_path: Path
+) -> None:
+    server = scripted_model(model_servers, WRITE_THEN_READ)
+    prompts = {f"item {n}": f"note {n}: ünïcödé" for n in range(6)}
+    source = write_items(
+        tmp_path / "in.jsonl",
+        [
+            *({"id": item_id, "prompt": prompt} for item_id, prompt in prompts.items()),
+            "this is not json",
+            {"id": "item 0", "prompt": "the same id again"},
+            {"id": "x", "prompt": "p", "temperature": 0.2},
+        ],
+    )
+    output = tmp_path / "out.jsonl"
+
+    done = run_batch(source, output, environment(fleet, server))
+
+    assert done.returncode == 1, done.stderr  # some lines were bad
+    assert "in.jsonl:7: skipped: not JSON" in done.stderr
+    assert "in.jsonl:8: skipped: duplicate id 'item 0' (first on line 1)" in done.stderr
+    assert "in.jsonl:9: skipped: unknown field 'temperature'" in done.stderr
+    assert "Finished: 6 ok, 0 error, 3 bad lines skipped, 0 already done" in done.stderr
+    results = records(output)
+    assert sorted(r["id"] for r in results) == sorted(prompts)
+    for result in results:
+        assert result["status"] == "ok", result["error"]
+        assert result["error"] is None
+        assert result["answer"] == f"Read back: {prompts[result['id']]}"
+        calls = result["tool_calls"]
+        assert [c["name"] for c in calls] == ["write_file", "read_file"]
+        assert all(c["worker"] and c["worker"] != "orchestrator" for c in calls)
+        assert all(not c["is_error"] and c["duration_ms"] > 0 for c in calls)
+        assert result["usage"]["total_tokens"] > 0
+        note = workspace(fleet, result) / "note.txt"
+        assert note.read_text() == prompts[result["id"]]
+    assert len({r["run_id"] for r in results}) == len(prompts)
+
+    requests = server.stats()["requests"]
+    again = run_batch(source, output, environment(fleet, server))
+    assert "Finished: 0 ok, 0 error, 3 bad lines skipped, 6 already done" in again.stderr
+    assert server.stats()["requests"] == requests
+    assert len(records(output)) == len(prompts)
+
+
+def start_batch(
+    source: Path, output: Path, env: dict[str, str], log: Path
+) -> subprocess.Popen[bytes]:
+    with log.open("wb") as stderr:
+        return subprocess.Popen(
+            batch_argv(source, output, concurrency=4),
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+
+
+def wait_for_lines(output: Path, count: int) -> None:
+    wait_for(
+        lambda: output.exists() and output.read_bytes().count(b"\n") >= count,
+        timeout=RUN_TIMEOUT_S,
+        what=f"{count} results in {output.name}",
+    )
+
+
+def tool_runs(fleet: WorkerFleet, output: Path) -> dict[str, int]:
+    """How often the slow tool ran for each finished conversation."""
+    return {
+        r["id"]: len((workspace(fleet, r) / "m.runs").read_text().splitlines())
+        for r in records(output)
+    }
+
+
+def test_an_interrupted_then_killed_batch_resumes_without_losing_or_repeating_work(
+    fleet: WorkerFleet, model_servers: list[ScriptedServer], tmp_path: Path
+) -> None:
+    server = scripted_model(model_servers, SLOW_MARKED_CALL)
+    total = 40
+    source = write_items(
+        tmp_path / "in.jsonl", [{"id": f"job-{n}", "prompt": "go"} for n in range(total)]
+    )
+    output = tmp_path / "out.jsonl"
+    env = environment(fleet, server)
+
+    # Ctrl-C: a clean stop that says how to go on.
+    interrupted = start_batch(source, output, env, tmp_path / "interrupted.log")
+    try:
+        wait_for_lines(output, 4)
+    finally:
+        interrupted.send_signal(signal.SIGINT)
+    assert interrupted.wait(timeout=30) == 130
+    stderr = (tmp_path / "interrupted.log").read_text()
+    assert "SIGINT: stopping" in stderr
+    assert re.search(r"^Interrupted: \d+ ok, 0 error", stderr, re.MULTILINE)
+    assert f"Resume with: toolq batch {source} -o {output} --concurrency 4" in stderr
+    assert output.read_text().endswith("\n")
+    runs_after_interrupt = tool_runs(fleet, output)
+
+    # A kill: whatever it was writing is cut off.
+    killed = start_batch(source, output, env, tmp_path / "killed.log")
+    try:
+        wait_for_lines(output, len(runs_after_interrupt) + 4)
+    finally:
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(timeout=10)
+    before = output.read_text()
+    finished_before = {json.loads(line)["id"] for line in before.splitlines(keepends=True)}
+    assert len(finished_before) < total
+    runs_before = tool_runs(fleet, output)
+    with output.open("a") as torn:  # as a kill in the middle of a write would leave it
+        torn.write('{"id": "job-39", "status": "o')
+    requests_before = server.stats()["requests"]
+
+    resumed = run_batch(source, output, env, concurrency=4)
+
+    assert resumed.returncode == 0, resumed.stderr
+    assert "removed an unfinished last line" in resumed.stderr
+    assert f"{len(finished_before)} already done" in resumed.stderr
+    results = records(output)
+    assert sorted(r["id"] for r in results) == sorted(f"job-{n}" for n in range(total))
+    assert all(r["status"] == "ok" for r in results)
+    assert output.read_text().startswith(before)
+    # Finished conversations were not asked of the model again, nor did their tools run again.
+    assert server.stats()["requests"] - requests_before == 2 * (total - len(finished_before))
+    runs_after = tool_runs(fleet, output)
+    assert {name: runs_after[name] for name in runs_before} == runs_before
+    assert {name: runs_after[name] for name in runs_after_interrupt} == runs_after_interrupt
+
+
+def run_sampling_threads(
+    source: Path, output: Path, env: dict[str, str], concurrency: int
+) -> tuple[subprocess.CompletedProcess[str], int, float]:
+    """Run the batch; the most threads its process had, and how long it took."""
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        batch_argv(source, output, concurrency),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    peak = 0
+    deadline = started + RUN_TIMEOUT_S
+    status = Path(f"/proc/{proc.pid}/status")
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            threads = re.search(r"^Threads:\s+(\d+)", status.read_text(), re.MULTILINE)
+        except OSError:  # it exited between the check and the read
+            break
+        if threads:
+            peak = max(peak, int(threads.group(1)))
+        time.sleep(0.02)
+    stdout, stderr = proc.communicate(timeout=max(deadline - time.monotonic(), 1))
+    elapsed = time.monotonic() - started
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), peak, elapsed
+
+
+def test_a_thousand_conversations_run_at_once_without_a_thread_each(
+    fleet: WorkerFleet, model_servers: list[ScriptedServer], tmp_path: Path
+) -> None:
+    server = scripted_model(model_servers, SLOW_MODEL_ONE_CALL)
+    env = environment(fleet, server)
+    small = write_items(
+        tmp_path / "small.jsonl", [{"id": f"s{n}", "prompt": f"s{n}"} for n in range(10)]
+    )
+    _, threads_at_10, _ = run_sampling_threads(small, tmp_path / "small.out", env, 10)
+
+    count = 1000
+    source = write_items(
+        tmp_path / "in.jsonl",
+        [{"id": f"c{n}", "prompt": f"conversation {n}"} for n in range(count)],
+    )
+    output = tmp_path / "out.jsonl"
+    done, threads_at_1000, elapsed = run_sampling_threads(source, output, env, count)
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = records(output)
+    assert len(results) == count
+    assert {r["id"] for r in results} == {f"c{n}" for n in range(count)}
+    assert all(r["status"] == "ok" and len(r["tool_calls"]) == 1 for r in results)
+    assert all(r["tool_calls"][0]["worker"] for r in results)
+    # Each first answer takes STALL_S: one conversation after another would take half an hour.
+    assert elapsed < 45, f"took {elapsed:.1f} s"
+    assert threads_at_10 > 0
+    assert threads_at_1000 <= threads_at_10 + EXECUTOR_THREADS, (threads_at_10, threads_at_1000)
+    # Off a terminal: plain progress lines, then the summary.
+    assert re.search(r"^batch: 1000/1000 done \(100%\), 0 failed, ", done.stderr, re.MULTILINE)
+    assert "Finished: 1000 ok, 0 error, 0 bad lines skipped, 0 already done" in done.stderr
+    assert re.search(r"^Conversation time: p50 \d+\.\d\d s, p95 \d+\.\d\d s$", done.stderr, re.M)
+    assert re.search(r"^Tool calls: 1000 \(.*/s\), 0 failed \(0\.0%\)$", done.stderr, re.M)

@@ -1,0 +1,238 @@
+"""The Agent on the real openai client, a scripted model over HTTP, and real workers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openai import AsyncOpenAI
+
+from api.agent import Agent, AgentOptions
+from api.events import FinalAnswer, TextDelta, ToolCallFinished, ToolCallStarted
+from api.llm import ChatModel, ModelError, RetryPolicy
+from api.scripted import Script, ScriptedServer
+from tests.conftest import WorkerFleet
+from worker.tools.interface import ExecutableTool
+
+pytestmark = pytest.mark.integration
+
+
+def call(name: str, arguments: dict[str, Any] | str, id: str | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"name": name, "arguments": arguments}
+    if id is not None:
+        spec["id"] = id
+    return spec
+
+
+@pytest.fixture
+def scripted() -> Iterator[list[ScriptedServer]]:
+    servers: list[ScriptedServer] = []
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+def make_agent(
+    fleet: WorkerFleet,
+    servers: list[ScriptedServer],
+    steps: list[Any],
+    policy: RetryPolicy | None = None,
+    **options: Any,
+) -> Agent:
+    server = ScriptedServer(Script.from_steps(steps))
+    server.start()
+    servers.append(server)
+    client = AsyncOpenAI(base_url=server.base_url, api_key="test", max_retries=0, timeout=10)
+    provider = ChatModel(client, policy or RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.05))
+    return Agent(provider, AgentOptions(model="scripted", **options), settings=fleet.settings)
+
+
+def workspace(fleet: WorkerFleet, agent: Agent) -> Path:
+    return Path(fleet.settings.workspace_root) / agent.run_id
+
+
+async def test_a_turn_of_parallel_calls_runs_at_once_and_answers_in_order(
+    fleet: WorkerFleet, scripted: list[ScriptedServer]
+) -> None:
+    steps = [
+        {
+            "tool_calls": [
+                call("rendezvous", {"name": "r"}, id="c-1"),
+                call("write_file", {"path": "a.txt", "content": "alpha"}, id="c-2"),
+                call("rendezvous", {"name": "r"}, id="c-3"),
+            ]
+        },
+        {"tool_calls": [call("read_file", {"path": "a.txt"}, id="c-4")]},
+        {"content": "All done."},
+    ]
+    async with make_agent(fleet, scripted, steps) as agent:
+        answer = await agent.chat("go")
+    assert answer == "All done."
+    tool_messages = [m for m in agent.messages if m["role"] == "tool"]
+    assert [m["tool_call_id"] for m in tool_messages] == ["c-1", "c-2", "c-3", "c-4"]
+    assert tool_messages[0]["content"] == "met"
+    assert tool_messages[2]["content"] == "met"
+    assert tool_messages[3]["content"] == "alpha"
+    assert agent.usage.total_tokens > 0
+    assert all(r.worker and r.duration_ms > 0 for r in agent.tool_calls)
+
+
+async def test_streaming_assembles_split_arguments_and_reports_tool_activity(
+    fleet: WorkerFleet, scripted: list[ScriptedServer]
+) -> None:
+    long_text = "streamed " * 40
+    steps = [
+        {
+            "content": "Writing now.",
+            "tool_calls": [call("write_file", {"path": "s.txt", "content": long_text})],
+        },
+        {"content": "The file is written and says what you asked."},
+    ]
+    agent = make_agent(fleet, scripted, steps)
+    events = [e async for e in agent.stream_chat("write it")]
+    await agent.close()
+    assert (workspace(fleet, agent) / "s.txt").read_text() == long_text
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    assert "Writing now." in text
+    assert "The file is written" in text
+    started = [e for e in events if isinstance(e, ToolCallStarted)]
+    finished = [e for e in events if isinstance(e, ToolCallFinished)]
+    assert [e.name for e in started] == ["write_file"]
+    assert json.loads(started[0].arguments)["content"] == long_text
+    assert finished[0].is_error is False
+    assert finished[0].worker
+    assert isinstance(events[-1], FinalAnswer)
+    assert events[-1].text == "The file is written and says what you asked."
+
+
+async def test_failing_calls_reach_the_model_and_the_rest_of_the_turn_runs(
+    fleet: WorkerFleet, scripted: list[ScriptedServer]
+) -> None:
+    steps = [
+        {
+            "tool_calls": [
+                call("no_such_tool", {}, id="u"),
+                call("remove", {"path": "x"}, id="d"),
+                call("read_file", '{"path": ', id="j"),
+                call("read_file", {"path": 7}, id="t"),
+                call("read_file", {"path": "missing.txt"}, id="e"),
+                call("slow_read", {"seconds": 30}, id="s"),
+                call("write_file", {"path": "ok.txt", "content": "fine"}, id="ok"),
+            ]
+        },
+        {"content": "Recovered."},
+    ]
+    async with make_agent(fleet, scripted, steps, tool_timeout_ms=1500) as agent:
+        answer = await agent.chat("try things")
+    assert answer == "Recovered."
+    out = {m["tool_call_id"]: m["content"] for m in agent.messages if m["role"] == "tool"}
+    assert "not found" in out["u"]
+    assert "not available" in out["d"]
+    assert "not valid JSON" in out["j"]
+    assert "'path'" in out["t"]
+    assert "missing.txt" in out["e"]
+    assert "timed out" in out["s"]
+    assert (workspace(fleet, agent) / "ok.txt").read_text() == "fine"
+    kinds = {r.id: r.error_kind for r in agent.tool_calls}
+    assert kinds == {
+        "u": "unknown_tool",
+        "d": "tool_disabled",
+        "j": "invalid_arguments",
+        "t": "invalid_arguments",
+        "e": "tool_error",
+        "s": "timeout",
+        "ok": None,
+    }
+
+
+class Shout(ExecutableTool):
+    name = "shout"
+    description = "Runs in the orchestrator."
+
+    def execute(self, args: dict[str, Any]) -> str:
+        return "HEY"
+
+
+async def test_tool_management(fleet: WorkerFleet, scripted: list[ScriptedServer]) -> None:
+    steps = [
+        {"tool_calls": [call("shout", {}), call("remove", {"path": "gone"})]},
+        {"content": "ok"},
+    ]
+    agent = make_agent(fleet, scripted, steps)
+    names = [t["function"]["name"] for t in agent.get_tools()]
+    assert "read_file" in names
+    assert "remove" not in names
+    assert "run_bash" not in names
+    with pytest.raises(ValueError, match="no worker serves"):
+        agent.enable_tool("teleport")
+    agent.add_tool(Shout())
+    agent.enable_tool("remove")
+    agent.disable_tool("read_file")
+    names = [t["function"]["name"] for t in agent.get_tools()]
+    assert "shout" in names
+    assert "remove" in names
+    assert "read_file" not in names
+    (workspace(fleet, agent)).mkdir(parents=True, exist_ok=True)
+    (workspace(fleet, agent) / "gone").write_text("x")
+    await agent.chat("go")
+    records = {r.name: r for r in agent.tool_calls}
+    assert records["shout"].output == "HEY"
+    assert records["shout"].worker == "orchestrator"
+    assert not records["remove"].is_error
+    assert not (workspace(fleet, agent) / "gone").exists()
+    agent.remove_tool("shout")
+    assert "shout" not in [t["function"]["name"] for t in agent.get_tools()]
+    await agent.close()
+
+
+async def test_context_changes_are_seen_by_the_next_call(
+    fleet: WorkerFleet, scripted: list[ScriptedServer]
+) -> None:
+    agent = make_agent(fleet, scripted, [{"content": "hello there"}], system_prompt="first")
+    await agent.chat("hi")
+    agent.set_system_prompt("second")
+    where = await agent.save_context("before clearing")
+    assert "session_context.json" in where
+    saved = json.loads((workspace(fleet, agent) / "session_context.json").read_text())
+    assert saved["system_prompt"] == "second"
+    assert saved["reason"] == "before clearing"
+    assert [m["content"] for m in saved["session_context"]] == ["hi", "hello there"]
+    agent.clear_context()
+    await agent.save_context("after clearing")
+    saved = json.loads((workspace(fleet, agent) / "session_context.json").read_text())
+    assert saved["session_context"] == []
+    await agent.close()
+
+
+async def test_the_turn_limit_stops_a_model_that_never_answers(
+    fleet: WorkerFleet, scripted: list[ScriptedServer]
+) -> None:
+    steps = [{"tool_calls": [call("noop", {})]}] * 10
+    async with make_agent(fleet, scripted, steps, max_turns=3) as agent:
+        answer = await agent.chat("loop")
+    assert "turn limit of 3" in answer
+    assert agent.stop_reason == "max_turns"
+    assert len(agent.tool_calls) == 3
+
+
+async def test_a_model_api_that_keeps_failing_ends_only_that_conversation(
+    fleet: WorkerFleet, scripted: list[ScriptedServer]
+) -> None:
+    broken = make_agent(
+        fleet,
+        scripted,
+        [{"content": "never", "fault": {"kind": "status", "status": 500, "times": 10}}],
+    )
+    with pytest.raises(ModelError, match="500"):
+        await broken.chat("hi")
+    await broken.close()
+    flaky = make_agent(
+        fleet,
+        scripted,
+        [{"content": "after a hiccup", "fault": {"kind": "status", "status": 503, "times": 1}}],
+    )
+    assert await flaky.chat("hi") == "after a hiccup"
+    await flaky.close()

@@ -1,0 +1,120 @@
+"""Tools for tests: slow calls to kill a worker under, a call that ignores its soft limit."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from worker.tools.context import ToolContext
+from worker.tools.interface import ExecutableTool
+from worker.tools.registry import ToolRegistry
+from worker.tools.workspace import Workspace
+
+
+class SlowArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    seconds: float = 0.0
+    marker: str = "marker"
+
+
+class _Slow(ExecutableTool):
+    """Appends its pid to <marker>.runs in the workspace, then sleeps."""
+
+    Args = SlowArgs
+
+    def __init__(self, workspace: Workspace) -> None:
+        self._workspace = workspace
+
+    def execute(self, args: dict[str, Any]) -> str:
+        runs = Path(self._workspace.root) / f"{args['marker']}.runs"
+        with runs.open("a") as f:
+            f.write(f"{os.getpid()}\n")
+        time.sleep(args["seconds"])
+        return f"slept {args['seconds']}s"
+
+
+class SlowReadTool(_Slow):
+    name = "slow_read"
+    description = "Sleeps, then answers; safe to repeat."
+    idempotent = True
+
+
+class SlowWriteTool(_Slow):
+    name = "slow_write"
+    description = "Sleeps, then answers; has effects."
+    idempotent = False
+
+
+class StubbornTool(ExecutableTool):
+    name = "stubborn"
+    description = "Ignores its soft time limit."
+    default_timeout_ms = 500
+
+    def execute(self, args: dict[str, Any]) -> str:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            # Swallowing the soft limit is the point: only the hard limit can stop this.
+            with contextlib.suppress(BaseException):
+                time.sleep(0.05)
+        return "never"
+
+
+class RendezvousArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    count: int = 2
+
+
+class RendezvousTool(ExecutableTool):
+    """Succeeds only if ``count`` calls with the same name run at the same time."""
+
+    name = "rendezvous"
+    description = "Waits for its peers."
+    Args = RendezvousArgs
+
+    def __init__(self, workspace: Workspace) -> None:
+        self._workspace = workspace
+
+    def execute(self, args: dict[str, Any]) -> str:
+        root = Path(self._workspace.root)
+        (root / f"{args['name']}.{os.getpid()}.{time.monotonic_ns()}").touch()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if len(list(root.glob(f"{args['name']}.*"))) >= args["count"]:
+                return "met"
+            time.sleep(0.01)
+        raise RuntimeError("nobody came: the calls did not run at the same time")
+
+
+class NoopTool(ExecutableTool):
+    name = "noop"
+    description = "Does nothing."
+    idempotent = True
+
+    def execute(self, args: dict[str, Any]) -> str:
+        return "ok"
+
+
+class BadReturnTool(ExecutableTool):
+    name = "bad_return"
+    description = "Returns a value JSON cannot hold."
+
+    def execute(self, args: dict[str, Any]) -> object:
+        return object()
+
+
+def register(registry: ToolRegistry, context: ToolContext, workspace: Workspace) -> None:
+    for tool in (
+        SlowReadTool(workspace),
+        SlowWriteTool(workspace),
+        StubbornTool(),
+        RendezvousTool(workspace),
+        NoopTool(),
+        BadReturnTool(),
+    ):
+        registry.register(tool)

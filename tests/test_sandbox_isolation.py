@@ -1,0 +1,286 @@
+"""What a sandboxed command cannot do: hurt or spy on the worker, exhaust the machine, go online."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, wait_for
+from worker import sandbox
+from worker.sandbox import (
+    SandboxConfig,
+    SandboxError,
+    SandboxResult,
+    describe_isolation,
+    run_sandboxed,
+)
+
+NOBODY = pwd.getpwnam("nobody")
+as_root = pytest.mark.skipif(
+    os.geteuid() != 0, reason="commands run as another user, under rlimits, only for a root worker"
+)
+
+
+def namespaces_unavailable() -> str | None:
+    try:
+        describe_isolation(SandboxConfig(isolation="namespaces"))
+    except SandboxError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.fixture(params=["process", pytest.param("namespaces", marks=pytest.mark.netns)])
+def mode(request: pytest.FixtureRequest) -> str:
+    isolation: str = request.param
+    if isolation == "namespaces" and (reason := namespaces_unavailable()):
+        pytest.skip(f"this machine gives no PID/network namespaces: {reason}")
+    return isolation
+
+
+@pytest.fixture
+def namespaced() -> None:
+    if reason := namespaces_unavailable():
+        pytest.skip(f"this machine gives no PID/network namespaces: {reason}")
+
+
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    root = Path(tempfile.mkdtemp(prefix="toolq-sandbox-"))
+    if os.geteuid() == 0:
+        os.chown(root, NOBODY.pw_uid, NOBODY.pw_gid)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def run(
+    command: str, workdir: Path, config: SandboxConfig, timeout_ms: int = 5_000
+) -> SandboxResult:
+    return run_sandboxed(
+        command, cwd=workdir, home=workdir, env={}, timeout_ms=timeout_ms, config=config
+    )
+
+
+def config_for(mode: str, **limits: int) -> SandboxConfig:
+    return SandboxConfig(isolation=mode, **limits)  # type: ignore[arg-type]
+
+
+def processes_of(uid: int, *, zombies: bool) -> list[int]:
+    found = []
+    for pid in _pids():
+        try:
+            owner = os.stat(f"/proc/{pid}").st_uid
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if owner == uid and (zombies or state != "Z"):
+            found.append(pid)
+    return found
+
+
+def _pids() -> list[int]:
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+
+
+def _cmdline(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
+@as_root
+def test_describe_isolation_names_the_layers_of_each_setting(mode: str) -> None:
+    layers = describe_isolation(config_for(mode))
+
+    assert layers[:5] == [
+        "process-group",
+        "clean-environment",
+        "user:nobody",
+        "no-new-privileges",
+        "rlimits",
+    ]
+    expected = ["pid-namespace", "network-namespace"] if mode == "namespaces" else []
+    assert layers[5:] == expected
+
+
+@as_root
+def test_runs_as_the_unprivileged_user_without_extra_groups(mode: str, workdir: Path) -> None:
+    result = run("id -u; id -G", workdir, config_for(mode))
+
+    assert result.stdout == f"{NOBODY.pw_uid}\n{NOBODY.pw_gid}\n"
+
+
+@as_root
+def test_cannot_signal_or_trace_the_worker(mode: str, workdir: Path) -> None:
+    if shutil.which("python3", path=sandbox.SAFE_PATH) is None:
+        pytest.skip("no python3 on the sandbox's PATH to call ptrace with")
+    worker = os.getpid()
+    attach = f"import ctypes; print(ctypes.CDLL(None).ptrace(16, {worker}, 0, 0))"
+
+    signal_result = run(f"kill -0 {worker}", workdir, config_for(mode))
+    trace_result = run(f"python3 -c '{attach}'", workdir, config_for(mode))
+
+    assert signal_result.exit_code != 0
+    assert trace_result.stdout == "-1\n"
+
+
+def wait_until_reaped() -> None:
+    """Killed orphans stay zombies until init reaps them, and count against the sandbox user's
+    process limit: until then, new commands may fail to fork."""
+    wait_for(
+        lambda: len(processes_of(NOBODY.pw_uid, zombies=True)) < 16, 30, "init to reap zombies"
+    )
+
+
+@pytest.fixture
+def reaped() -> Iterator[None]:
+    yield
+    wait_until_reaped()  # also when the test failed: the next tests need a free process table
+
+
+@as_root
+@pytest.mark.usefixtures("reaped")
+def test_a_fork_bomb_is_stopped_and_the_worker_goes_on(mode: str, workdir: Path) -> None:
+    token = f"bomb-{secrets.token_hex(8)}"  # every copy of the bomb carries it in its argv
+    # The shells on top only exec: once the bomb fills the process limit, nothing can fork.
+    bomb = f"exec bash -c ':(){{ :|:& }};: {token}; exec sleep 10'"
+
+    result = run(bomb, workdir, config_for(mode), timeout_ms=1_000)
+
+    assert result.timed_out is True
+    assert "fork: retry: Resource temporarily unavailable" in result.stderr
+    assert not [pid for pid in _pids() if any(token.encode() in a for a in _cmdline(pid))]
+    wait_until_reaped()
+    assert run("echo alive", workdir, config_for(mode)).stdout == "alive\n"
+
+
+@as_root
+def test_a_memory_hog_is_stopped(mode: str, workdir: Path) -> None:
+    if shutil.which("python3", path=sandbox.SAFE_PATH) is None:
+        pytest.skip("no python3 on the sandbox's PATH")
+    hog = "python3 -c 'block = bytearray(2 * 1024**3); print(len(block))'"
+
+    result = run(hog, workdir, config_for(mode, memory_mb=512))
+
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert result.stderr.rstrip().endswith("MemoryError")
+
+
+@as_root
+def test_a_file_cannot_grow_past_the_limit(mode: str, workdir: Path) -> None:
+    result = run("dd if=/dev/zero of=big bs=1M count=3", workdir, config_for(mode, file_size_mb=1))
+
+    assert result.exit_code != 0
+    assert (workdir / "big").stat().st_size <= 1024 * 1024
+
+
+def test_the_network_is_out_of_reach_only_in_a_namespace(mode: str, workdir: Path) -> None:
+    if shutil.which("bash", path=sandbox.SAFE_PATH) is None:
+        pytest.skip("no bash to open a TCP connection with")
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        result = run(f"bash -c 'exec 3<>/dev/tcp/127.0.0.1/{port}'", workdir, config_for(mode))
+
+    if mode == "namespaces":
+        assert result.exit_code != 0
+        assert "Network is unreachable" in result.stderr
+    else:
+        assert result.exit_code == 0, result.stderr
+
+
+@pytest.mark.netns
+@pytest.mark.usefixtures("namespaced")
+def test_a_pid_namespace_kills_leftovers_that_hide_from_the_sweep(workdir: Path) -> None:
+    token = f"0.{secrets.randbelow(10**9):09d}1"
+    hidden = (
+        f"env -i setsid sh -c 'touch ready; exec sleep 300 {token}' & "
+        "for i in $(seq 500); do [ -e ready ] && break; sleep 0.01; done"
+    )
+
+    run(hidden, workdir, config_for("namespaces"))
+
+    assert not [pid for pid in _pids() if token.encode() in _cmdline(pid)]
+
+
+def test_auto_falls_back_to_process_isolation_without_namespaces(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reason = "unshare: unshare failed: Operation not permitted"
+    monkeypatch.setattr(sandbox, "_namespace_failure", lambda argv: reason)
+    sandbox._plan.cache_clear()
+    try:
+        layers = describe_isolation(SandboxConfig(isolation="auto"))
+        result = run("echo still works", workdir, SandboxConfig(isolation="auto"))
+        with pytest.raises(SandboxError, match="Operation not permitted"):
+            describe_isolation(SandboxConfig(isolation="namespaces"))
+    finally:
+        sandbox._plan.cache_clear()
+
+    assert "pid-namespace" not in layers
+    assert "network-namespace" not in layers
+    assert result.stdout == "still works\n"
+    assert result.isolation == tuple(layers)
+
+
+@as_root
+def test_a_missing_sandbox_user_is_a_clear_error() -> None:
+    with pytest.raises(SandboxError, match="'toolq-no-such-user' does not exist"):
+        describe_isolation(SandboxConfig(user="toolq-no-such-user"))
+
+
+@as_root
+def test_a_worker_that_is_not_root_isolates_what_it_can(workdir: Path) -> None:
+    script = (
+        "import json, pathlib\n"
+        "from worker.sandbox import SandboxConfig, describe_isolation, run_sandboxed\n"
+        "here = pathlib.Path.cwd()\n"
+        "for mode in ('auto', 'process'):\n"
+        "    config = SandboxConfig(isolation=mode)\n"
+        "    result = run_sandboxed('id -u; echo $HOME', cwd=here, home=here, env={},\n"
+        "                           timeout_ms=5000, config=config)\n"
+        "    print(json.dumps([mode, describe_isolation(config), result.stdout]))\n"
+    )
+
+    done = _run_as_nobody(script, workdir)
+
+    answers = {mode: (layers, out) for mode, layers, out in map(json.loads, done.splitlines())}
+    assert answers["process"] == (
+        ["process-group", "clean-environment"],
+        f"{NOBODY.pw_uid}\n{workdir}\n",
+    )
+    auto_layers, auto_out = answers["auto"]
+    if "user-namespace" in auto_layers:  # unprivileged user namespaces work here
+        assert auto_layers[2:] == ["pid-namespace", "network-namespace", "user-namespace"]
+        assert auto_out == f"0\n{workdir}\n"  # root inside, the worker's user outside
+    else:
+        assert auto_layers == ["process-group", "clean-environment"]
+
+
+def _run_as_nobody(script: str, workdir: Path) -> str:
+    """Run ``script`` with this interpreter as nobody; skip when nobody cannot run it."""
+    drop = ["setpriv", f"--reuid={NOBODY.pw_uid}", f"--regid={NOBODY.pw_gid}", "--clear-groups"]
+    env = {"PATH": sandbox.SAFE_PATH, "PYTHONPATH": str(REPO)}
+    probe = subprocess.run(
+        [*drop, sys.executable, "-c", "import worker.sandbox"],
+        cwd=workdir, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    if probe.returncode != 0:
+        pytest.skip(f"nobody cannot run this interpreter: {probe.stderr.strip()[-200:]}")
+    done = subprocess.run(
+        [*drop, sys.executable, "-c", script],
+        cwd=workdir, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout

@@ -1,0 +1,56 @@
+"""The Celery app: ``celery -A worker.app worker -Q tools`` (or ``-Q sandbox``) runs a pool."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from kombu import Queue
+
+from worker.settings import Settings, get_settings
+
+POOLS = ("tools", "sandbox")
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """Settings for at-least-once delivery that toolq makes safe (see worker/executor.py)."""
+    broker = settings.effective_broker_url
+    config: dict[str, Any] = {
+        "broker_url": broker,
+        "result_backend": settings.redis_url,
+        # JSON only: a pickled message is refused before anything is deserialised.
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        # Acknowledge after the call, requeue if the worker child dies, take one at a time.
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "broker_connection_retry_on_startup": True,
+        "result_expires": settings.result_ttl_s,
+        "task_queues": [Queue(pool, routing_key=pool) for pool in POOLS],
+        "task_default_queue": "tools",
+        # Flower and `celery events` need these; they cost a message per task state.
+        "worker_send_task_events": True,
+        "worker_hijack_root_logger": False,
+    }
+    if broker.startswith(("redis", "rediss")):
+        # An unacknowledged message is redelivered after this long: it must exceed the longest
+        # call, or a call still running would be started a second time elsewhere.
+        config["broker_transport_options"] = {
+            "visibility_timeout": int(settings.hard_limit_s) + 60,
+        }
+    if settings.concurrency:
+        config["worker_concurrency"] = settings.concurrency
+    return config
+
+
+def create_app(settings: Settings | None = None) -> Celery:
+    celery_app = Celery("toolq", include=["worker.tasks"])
+    celery_app.config_from_object(celery_config(settings or get_settings()))
+    return celery_app
+
+
+app = create_app()

@@ -1,0 +1,216 @@
+"""One tool call on a worker: check, run once, cap, store, answer. Knows nothing of Celery."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from worker.capping import cap_text
+from worker.plugins import load_plugins, register_plugins
+from worker.protocol import ErrorKind, ToolCallRequest, ToolCallResult
+from worker.results import ResultStore
+from worker.sandbox import SandboxConfig
+from worker.settings import Settings
+from worker.tools.context import ToolContext
+from worker.tools.factory import create_default_tool_registry
+from worker.tools.interface import ExecutableTool
+from worker.tools.registry import ToolRegistry
+from worker.tools.workspace import Workspace
+
+log = logging.getLogger(__name__)
+
+
+class TimeLimitReached(Exception):
+    """Raised into a running tool when its soft time limit passes (mapped from Celery's)."""
+
+
+def sandbox_owner(settings: Settings) -> tuple[int, int] | None:
+    """The (uid, gid) that must own run workspaces: run_bash's user, when the worker is root."""
+    if os.geteuid() != 0:
+        return None
+    import pwd
+
+    try:
+        entry = pwd.getpwnam(settings.sandbox_user)
+    except KeyError:
+        return None
+    return entry.pw_uid, entry.pw_gid
+
+
+def build_registry(
+    settings: Settings,
+    context: ToolContext,
+    workspace: Workspace,
+    passthrough: tuple[type[BaseException], ...] = (),
+) -> ToolRegistry:
+    """Built-in tools plus plugins, as every worker of this fleet has them."""
+    registry = ToolRegistry(passthrough=passthrough, sync_in_thread=False)
+    create_default_tool_registry(
+        context, workspace, sandbox=SandboxConfig.from_settings(settings), registry=registry
+    )
+    register_plugins(load_plugins(tuple(settings.plugins)), registry, context, workspace)
+    return registry
+
+
+class Executor:
+    """Runs requests for one worker process. ``time_limit`` names the exception the host raises
+    when a call's soft limit passes, so it can travel through the registry untouched."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: ResultStore,
+        worker_name: str,
+        time_limit: tuple[type[BaseException], ...] = (TimeLimitReached,),
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._settings = settings
+        self._store = store
+        self._worker = worker_name
+        self._time_limit = time_limit
+        self._clock = clock
+        self._owner = sandbox_owner(settings)
+        # One loop per process: a new loop per call would cost more than a small tool does.
+        self._loop = asyncio.new_event_loop()
+
+    def handle(self, raw: Any, pool: str | None) -> ToolCallResult:
+        """Answer one message from the queue of ``pool``; never raises for bad input."""
+        try:
+            request = ToolCallRequest.model_validate(raw)
+        except ValidationError as exc:
+            return self._reject_bad_request(raw, exc)
+        stored = self._store.get(request.tool_call_id)
+        if stored is not None:
+            # A redelivery of a call that finished: answer with what it gave, never run again.
+            self._store.reply_again(stored, request.reply_to)
+            return stored
+        started = time.perf_counter()
+        result = self._run(request, pool)
+        result.duration_ms = round((time.perf_counter() - started) * 1000, 3)
+        return self._store.store(result, request.reply_to)
+
+    def store_timeout(self, raw: Any, limit_s: float) -> None:
+        """The worker child was replaced past the hard limit: answer for it."""
+        try:
+            request = ToolCallRequest.model_validate(raw)
+        except ValidationError:
+            return
+        result = self._error(
+            request,
+            "timeout",
+            f"Error: {request.tool} did not stop by its hard time limit of {limit_s:g} s; "
+            "the worker process running it was replaced.",
+        )
+        self._store.store(result, request.reply_to)
+
+    def _run(self, request: ToolCallRequest, pool: str | None) -> ToolCallResult:
+        if self._clock() > request.deadline:
+            return self._error(
+                request,
+                "timeout",
+                f"Error: {request.tool} was not started: its deadline passed while it waited in "
+                "the queue.",
+            )
+        if request.tool in self._settings.disabled_tools:
+            return self._error(
+                request,
+                "tool_disabled",
+                f"Error: tool {request.tool!r} is not available (disabled on this fleet).",
+            )
+        workspace = self._workspace(request.run_id)
+        context = ToolContext.from_snapshot(request.context)
+        registry = build_registry(self._settings, context, workspace, self._time_limit)
+        tool = registry.get(request.tool)
+        if tool is not None:
+            refusal = self._refusal(request, tool, pool)
+            if refusal is not None:
+                return refusal
+            registry.enable(tool.name)  # the caller enabled it; the pool check is the gate
+        try:
+            outcome = self._loop.run_until_complete(registry.run(request.tool, request.arguments))
+        except self._time_limit:
+            return self._error(
+                request,
+                "timeout",
+                f"Error: {request.tool} timed out after {request.timeout_ms} ms and was stopped.",
+            )
+        output, truncated = outcome.output, False
+        if tool is None or not tool.caps_own_output:
+            output, truncated = cap_text(output, self._settings.output_cap_bytes)
+        return ToolCallResult(
+            tool_call_id=request.tool_call_id,
+            tool=request.tool,
+            output=output,
+            is_error=outcome.is_error,
+            error_kind=outcome.error_kind,
+            truncated=truncated,
+            worker=self._worker,
+        )
+
+    def _refusal(
+        self, request: ToolCallRequest, tool: ExecutableTool, pool: str | None
+    ) -> ToolCallResult | None:
+        if tool.pool != pool:
+            return self._error(
+                request,
+                "wrong_pool",
+                f"Error: tool {tool.name!r} runs only on the {tool.pool!r} pool; this worker "
+                f"serves {pool!r}. The call was refused.",
+            )
+        previous = self._store.claim_start(request.tool_call_id, self._worker)
+        if previous is not None and not tool.idempotent:
+            return self._error(
+                request,
+                "interrupted",
+                f"Error: {tool.name} was interrupted (worker {previous} stopped mid-call); its "
+                "outcome is unknown and it was not run again because it has effects.",
+            )
+        if previous is not None:
+            log.warning("re-running interrupted idempotent call %s", request.tool_call_id)
+        return None
+
+    def _workspace(self, run_id: str) -> Workspace:
+        root = Path(self._settings.workspace_root) / run_id
+        if not root.is_dir():
+            root.mkdir(parents=True, exist_ok=True)
+            if self._owner is not None:
+                # The run's own folder, not those above it: run_bash's user works only in here.
+                os.chown(root, *self._owner)
+        return Workspace(root, owner=self._owner)
+
+    def _error(self, request: ToolCallRequest, kind: ErrorKind, message: str) -> ToolCallResult:
+        return ToolCallResult(
+            tool_call_id=request.tool_call_id,
+            tool=request.tool,
+            output=message,
+            is_error=True,
+            error_kind=kind,
+            worker=self._worker,
+        )
+
+    def _reject_bad_request(self, raw: Any, exc: ValidationError) -> ToolCallResult:
+        fields = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'message'}: {e['msg']}"
+            for e in exc.errors(include_url=False)
+        )
+        data = raw if isinstance(raw, dict) else {}
+        result = ToolCallResult(
+            tool_call_id=str(data.get("tool_call_id") or "unknown"),
+            tool=str(data.get("tool") or "unknown"),
+            output=f"Error: the worker received an invalid request ({fields}).",
+            is_error=True,
+            error_kind="bad_request",
+            worker=self._worker,
+        )
+        reply_to = data.get("reply_to")
+        if isinstance(reply_to, str) and reply_to.startswith("toolq:reply:"):
+            self._store.reply_again(result, reply_to)
+        log.error("invalid tool call request: %s", fields)
+        return result

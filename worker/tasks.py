@@ -1,0 +1,107 @@
+"""The one Celery task: hand the request to the executor, which stores and sends the answer."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from functools import lru_cache
+from typing import Any
+
+import redis
+from celery import Task
+from celery.exceptions import InvalidTaskError, SoftTimeLimitExceeded, TimeLimitExceeded
+from celery.signals import worker_process_init, worker_ready, worker_shutdown
+from celery.worker.request import Request
+
+from worker.app import app
+from worker.executor import Executor
+from worker.manifest import Heartbeat, fleet_tool_specs
+from worker.protocol import TASK_NAME
+from worker.results import ResultStore
+from worker.settings import get_settings
+
+log = logging.getLogger(__name__)
+_heartbeat: list[Heartbeat] = []
+
+
+@lru_cache(maxsize=1)
+def executor() -> Executor:
+    """One per process, made after the fork so no connection is shared between children."""
+    settings = get_settings()
+    client = redis.Redis.from_url(settings.redis_url, health_check_interval=30)
+    store = ResultStore(client, settings.result_ttl_s)
+    name = f"{socket.gethostname()}:{os.getpid()}"
+    return Executor(settings, store, name, time_limit=(SoftTimeLimitExceeded,))
+
+
+class ValidatedRequest(Request):  # type: ignore[misc]
+    """Refuses a message whose body is not Celery's (args, kwargs, embed) before Celery reads it.
+
+    Celery unpacks the body unguarded: a JSON string in its place stops the whole worker with
+    "Unrecoverable error". Raising InvalidTaskError here makes it log and drop just that message.
+    """
+
+    def __init__(self, message: Any, *args: Any, **kwargs: Any) -> None:
+        body = message.payload
+        if not (
+            isinstance(body, list | tuple)
+            and len(body) == 3
+            and isinstance(body[0], list | tuple)
+            and isinstance(body[1], dict)
+        ):
+            raise InvalidTaskError(f"message body is not [args, kwargs, embed]: {body!r:.200}")
+        super().__init__(message, *args, **kwargs)
+
+
+class ToolTask(Task):  # type: ignore[misc]
+    Request = ValidatedRequest
+
+    def on_failure(
+        self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
+    ) -> None:
+        # Past the hard limit the child is gone; the main process answers in its place.
+        if isinstance(exc, TimeLimitExceeded) and args:
+            limit = exc.args[0] if exc.args else 0
+            executor().store_timeout(args[0], float(limit))
+
+
+@app.task(  # type: ignore[misc]
+    name=TASK_NAME,
+    bind=True,
+    base=ToolTask,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    ignore_result=True,
+    # A result store that is down mid-call: try again; the start marker keeps it at-most-once
+    # for tools with effects.
+    autoretry_for=(redis.ConnectionError, redis.TimeoutError),
+    retry_backoff=True,
+    max_retries=5,
+)
+def execute_tool(self: Task, request: Any) -> None:
+    delivery = self.request.delivery_info or {}
+    pool = delivery.get("routing_key")
+    executor().handle(request, pool)
+
+
+@worker_process_init.connect  # type: ignore[untyped-decorator]
+def _fresh_process(**_: Any) -> None:
+    executor.cache_clear()
+
+
+@worker_ready.connect  # type: ignore[untyped-decorator]
+def _announce(sender: Any, **_: Any) -> None:
+    settings = get_settings()
+    pools = [q for q in sender.app.amqp.queues.consume_from if q in ("tools", "sandbox")]
+    client = redis.Redis.from_url(settings.redis_url)
+    beat = Heartbeat(client, sender.hostname, pools, fleet_tool_specs(settings))
+    beat.start()
+    _heartbeat.append(beat)
+    log.info("toolq worker %s serving pools %s", sender.hostname, pools)
+
+
+@worker_shutdown.connect  # type: ignore[untyped-decorator]
+def _goodbye(**_: Any) -> None:
+    while _heartbeat:
+        _heartbeat.pop().stop()

@@ -1,0 +1,108 @@
+"""run_bash: a shell command in the workspace, run in the sandbox, answered as JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from worker.sandbox import SandboxConfig, run_sandboxed
+from worker.settings import get_settings
+from worker.tools.interface import ExecutableTool
+from worker.tools.workspace import Workspace, WorkspaceError, shown
+
+MAX_TIMEOUT_MS = 600_000
+
+
+class RunBashArgs(BaseModel):
+    """Arguments of run_bash."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    command: str = Field(
+        min_length=1, description="The command line, run by /bin/sh -c (POSIX shell syntax)."
+    )
+    cwd: str | None = Field(
+        None, description="Directory to run in, relative to the workspace; default the workspace."
+    )
+    env: dict[str, str] | None = Field(
+        None, description='Extra environment variables, e.g. {"DEBUG": "1"}.'
+    )
+    timeout: int = Field(
+        30_000,
+        gt=0,
+        le=MAX_TIMEOUT_MS,
+        description="Milliseconds before the command and everything it started are killed.",
+    )
+
+    @field_validator("command")
+    @classmethod
+    def _no_nul_in_command(cls, command: str) -> str:
+        if "\x00" in command:
+            raise ValueError("the command contains a NUL byte, which no command line can hold")
+        return command
+
+    @field_validator("env")
+    @classmethod
+    def _valid_variables(cls, env: dict[str, str] | None) -> dict[str, str] | None:
+        for name, value in (env or {}).items():
+            if not name or "=" in name or "\x00" in name:
+                raise ValueError(f"{name!r} is not a valid variable name (no '=', not empty)")
+            if "\x00" in value:
+                raise ValueError(f"the value of {name} contains a NUL byte")
+        return env
+
+
+class RunBashTool(ExecutableTool):
+    """Runs a shell command in the workspace, isolated, and reports what it printed."""
+
+    name: ClassVar[str] = "run_bash"
+    description: ClassVar[str] = (
+        "Run a shell command (/bin/sh -c) in the workspace and get back JSON with stdout, "
+        "stderr, exit_code, timed_out and duration_ms. Each stream keeps its first 50 KB. "
+        "stdin is empty; there is no network access where the sandbox has a network namespace. "
+        "Processes left running in the background are killed when the command ends."
+    )
+    Args: ClassVar[type[BaseModel]] = RunBashArgs
+    pool = "sandbox"
+    idempotent = False
+    enabled_by_default = False
+    caps_own_output = True
+    default_timeout_ms = 30_000
+    timeout_argument = "timeout"
+
+    def __init__(self, workspace: Workspace, config: SandboxConfig | None = None) -> None:
+        self._workspace = workspace
+        self._config = config if config is not None else SandboxConfig.from_settings(get_settings())
+
+    def execute(self, args: dict[str, Any]) -> str:
+        cwd = self._directory(args.get("cwd"))
+        result = run_sandboxed(
+            args["command"],
+            cwd=cwd,
+            home=self._workspace.root,
+            env=args.get("env") or {},
+            timeout_ms=args.get("timeout", self.default_timeout_ms),
+            config=self._config,
+        )
+        answer = {
+            "stdout": result.stdout,
+            "stderr": result.stderr,
+            "exit_code": result.exit_code,
+            "timed_out": result.timed_out,
+            "duration_ms": result.duration_ms,
+            "truncated": {"stdout": result.stdout_truncated, "stderr": result.stderr_truncated},
+            "isolation": list(result.isolation),
+        }
+        return json.dumps(answer, ensure_ascii=False)
+
+    def _directory(self, cwd: str | None) -> Path:
+        if cwd is None or cwd in ("", "."):
+            return self._workspace.root
+        path = self._workspace.resolve(cwd)
+        if not path.is_dir():
+            what = "does not exist" if not path.exists() else "is not a directory"
+            raise WorkspaceError(f"cwd {shown(cwd)} {what} in the workspace")
+        return path

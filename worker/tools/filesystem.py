@@ -1,0 +1,342 @@
+"""File tools: read, write, list, make, remove and move paths inside the workspace."""
+
+from __future__ import annotations
+
+import codecs
+import stat
+from typing import Any, BinaryIO
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from worker.tools.interface import ExecutableTool
+from worker.tools.workspace import (
+    PathNotFoundError,
+    Workspace,
+    WorkspaceError,
+    counted,
+    file_kind,
+    printable,
+    shown,
+)
+
+#: The worker's cap on an answer; tools that may say a lot stay below it themselves.
+OUTPUT_CAP_BYTES = 51_200
+#: Room kept under the cap for a tool's closing notice.
+NOTICE_RESERVE_BYTES = 512
+#: How much of a file is checked for NUL bytes to tell binary from text.
+BINARY_PROBE_BYTES = 8192
+
+
+class WorkspaceTool(ExecutableTool):
+    """A tool that works on the files of one workspace."""
+
+    def __init__(self, workspace: Workspace) -> None:
+        self.workspace = workspace
+
+
+def fit_utf8(text: str, limit: int) -> tuple[str, bool]:
+    """``text`` cut to at most ``limit`` bytes of UTF-8 on a character boundary; whether cut."""
+    encoded = text.encode("utf-8", "surrogatepass")
+    if len(encoded) <= limit:
+        return text, False
+    return encoded[:limit].decode("utf-8", "ignore"), True
+
+
+# -- read_file ---------------------------------------------------------------------------------
+
+
+class ReadFileArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(description="The file to read, relative to the workspace, e.g. 'src/app.py'.")
+    encoding: str = Field(
+        "utf-8",
+        description="The file's text encoding, e.g. 'utf-8', 'latin-1', 'cp1252' or 'utf-16'.",
+    )
+
+
+class ReadFileTool(WorkspaceTool):
+    name = "read_file"
+    description = (
+        "Read a text file in the workspace and return its contents. Files over 50 KB are cut "
+        "to their first part, with a notice of the full size; binary files are refused."
+    )
+    Args = ReadFileArgs
+    idempotent = True
+
+    def execute(self, args: dict[str, Any]) -> str:
+        codec = text_codec(args["encoding"])
+        target = self.workspace.resolve(args["path"])
+        where = self.workspace.relative(target)
+        budget = OUTPUT_CAP_BYTES - NOTICE_RESERVE_BYTES
+        with self.workspace.open_for_reading(target) as (file, info):
+            try:
+                head = _read_at_most(file, budget + 1)
+            except OSError as exc:
+                raise self.workspace.error(exc, where) from None
+        if not head:
+            return f"({where} is empty: 0 bytes)"
+        wide = codec.startswith(("utf-16", "utf-32"))  # their text is full of NUL bytes
+        if not wide and b"\x00" in head[:BINARY_PROBE_BYTES]:
+            raise WorkspaceError(
+                f"{shown(where)} is a binary file ({info.st_size:,} bytes); read_file only "
+                "shows text"
+            )
+        more_on_disk = len(head) > budget or info.st_size > len(head)
+        text = _decode(head[:budget], codec, final=not more_on_disk, where=where)
+        text, cut = fit_utf8(text, budget)
+        if not (more_on_disk or cut):
+            return text
+        return text + (
+            f"\n\n[read_file: {where} has {info.st_size:,} bytes; only its first "
+            f"{len(text):,} characters are shown because answers are capped at "
+            f"{OUTPUT_CAP_BYTES:,} bytes. Use search_text to find the lines you need.]"
+        )
+
+
+def text_codec(encoding: str) -> str:
+    """The canonical name of a text encoding, or a clear error."""
+    try:
+        name = codecs.lookup(encoding).name
+        b"x".decode(name, "ignore")  # refuses bytes-to-bytes codecs such as 'hex' (not b"")
+    except (LookupError, ValueError, TypeError):
+        raise ValueError(
+            f"unknown text encoding {shown(encoding)}; use one such as 'utf-8', 'latin-1', "
+            "'cp1252' or 'utf-16'"
+        ) from None
+    return name
+
+
+def _read_at_most(file: BinaryIO, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    remaining = limit
+    while remaining > 0:
+        chunk = file.read(remaining)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+def _decode(data: bytes, codec: str, *, final: bool, where: str) -> str:
+    decoder = codecs.getincrementaldecoder(codec)(errors="strict")
+    try:
+        # Not final when the read stopped early, so a character cut in half at the end is
+        # held back instead of reported as an error.
+        return str(decoder.decode(data, final=final))
+    except UnicodeDecodeError as exc:
+        bad = data[exc.start : exc.start + 1].hex() if isinstance(exc.object, bytes) else "?"
+        raise WorkspaceError(
+            f"{shown(where)} is not valid {codec} text: byte 0x{bad} at offset {exc.start:,} "
+            f"cannot be decoded ({exc.reason}). Try another encoding, e.g. encoding='latin-1' "
+            "(reads any bytes) or 'cp1252'."
+        ) from None
+    except UnicodeError as exc:
+        raise WorkspaceError(f"{shown(where)} cannot be decoded as {codec}: {exc}") from None
+
+
+# -- write_file --------------------------------------------------------------------------------
+
+
+class WriteFileArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(
+        description="The file to write, relative to the workspace; missing parent directories "
+        "are created."
+    )
+    content: str = Field(description="The complete new text of the file, written as UTF-8.")
+
+
+class WriteFileTool(WorkspaceTool):
+    name = "write_file"
+    description = (
+        "Write text to a file in the workspace, replacing it if it exists and creating "
+        "missing parent directories."
+    )
+    Args = WriteFileArgs
+
+    def execute(self, args: dict[str, Any]) -> str:
+        path: str = args["path"]
+        if path.endswith("/"):
+            raise WorkspaceError(
+                f"{shown(path)} ends with '/', which names a directory; give a file name such "
+                "as 'notes/todo.txt'"
+            )
+        target = self.workspace.resolve(path)
+        if self.workspace.is_root(target):
+            raise WorkspaceError(f"{shown(path)} is the workspace root, a directory")
+        content: str = args["content"]
+        try:
+            data = content.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(
+                f"content has an unpaired surrogate at character {exc.start:,}, which cannot be "
+                "written as UTF-8"
+            ) from None
+        self.workspace.write_file(target, data)
+        return f"Wrote {counted(len(data), 'byte')} to {self.workspace.relative(target)}."
+
+
+# -- list_dir ----------------------------------------------------------------------------------
+
+
+class ListDirArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(".", description="The directory to list, relative to the workspace.")
+
+
+class ListDirTool(WorkspaceTool):
+    name = "list_dir"
+    description = (
+        "List one directory of the workspace, sorted by name: directories end with '/', files "
+        "show their size, symbolic links their target."
+    )
+    Args = ListDirArgs
+    idempotent = True
+
+    def execute(self, args: dict[str, Any]) -> str:
+        target = self.workspace.resolve(args["path"])
+        where = self.workspace.relative(target)
+        entries = self.workspace.scan(target)
+        if not entries:
+            return f"{where} is empty."
+        header = f"{where} ({counted(len(entries), 'entry', 'entries')}):"
+        budget = OUTPUT_CAP_BYTES - NOTICE_RESERVE_BYTES - len(header.encode())
+        lines: list[str] = []
+        for entry in entries:
+            line = _describe(entry.name, entry.stat.st_mode, entry.stat.st_size, entry.link_target)
+            budget -= len(line.encode("utf-8")) + 1
+            if budget < 0:
+                break
+            lines.append(line)
+        left_out = len(entries) - len(lines)
+        if left_out:
+            more = counted(left_out, "more entry", "more entries")
+            lines.append(f"[{more} not shown: the answer is capped]")
+        return "\n".join([header, *lines])
+
+
+def _describe(name: str, mode: int, size: int, link_target: str | None) -> str:
+    name = printable(name)
+    if stat.S_ISDIR(mode):
+        return f"{name}/"
+    if stat.S_ISREG(mode):
+        return f"{name} ({counted(size, 'byte')})"
+    if link_target is not None:
+        return f"{name} -> {printable(link_target)}"
+    return f"{name} ({file_kind(mode)})"
+
+
+# -- mkdir -------------------------------------------------------------------------------------
+
+
+class MkdirArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(
+        description="The directory to create, relative to the workspace; parents are created "
+        "too, and an existing directory is fine."
+    )
+
+
+class MkdirTool(WorkspaceTool):
+    name = "mkdir"
+    description = "Create a directory in the workspace, with any missing parents (like mkdir -p)."
+    Args = MkdirArgs
+    idempotent = True
+
+    def execute(self, args: dict[str, Any]) -> str:
+        target = self.workspace.resolve(args["path"])
+        where = self.workspace.relative(target)
+        if self.workspace.make_directories(target):
+            return f"Created directory {where}/."
+        return f"Directory {where}/ already exists."
+
+
+# -- remove ------------------------------------------------------------------------------------
+
+
+class RemoveArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(
+        description="The file or directory to remove, relative to the workspace; directories "
+        "are removed with everything in them."
+    )
+
+
+class RemoveTool(WorkspaceTool):
+    name = "remove"
+    description = (
+        "Remove a file or a directory (recursively) from the workspace. Removing something "
+        "that does not exist is not an error. A symbolic link is removed, not its target."
+    )
+    Args = RemoveArgs
+    enabled_by_default = False
+
+    def execute(self, args: dict[str, Any]) -> str:
+        target = self.workspace.entry(args["path"])
+        if self.workspace.is_root(target):
+            raise WorkspaceError(
+                f"refusing to remove {shown(args['path'])}: it is the workspace root itself; "
+                "name something inside it"
+            )
+        where = self.workspace.relative(target)
+        found = self.workspace.remove(target)
+        if found is None:
+            return f"Nothing to remove: {where} does not exist."
+        if stat.S_ISDIR(found.st_mode):
+            return f"Removed directory {where}/ and everything in it."
+        if stat.S_ISLNK(found.st_mode):
+            return f"Removed symbolic link {where} (its target was left alone)."
+        return f"Removed {where}."
+
+
+# -- move --------------------------------------------------------------------------------------
+
+
+class MoveArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    source: str = Field(description="The file or directory to move, relative to the workspace.")
+    destination: str = Field(
+        description="The new path, relative to the workspace. If it is an existing directory, "
+        "the source is moved into it; an existing file there is replaced."
+    )
+
+
+class MoveTool(WorkspaceTool):
+    name = "move"
+    description = (
+        "Move or rename a file or directory inside the workspace (like mv): into the "
+        "destination if it is an existing directory, else to that path."
+    )
+    Args = MoveArgs
+
+    def execute(self, args: dict[str, Any]) -> str:
+        ws = self.workspace
+        source = ws.entry(args["source"])
+        if ws.is_root(source):
+            raise WorkspaceError("the workspace root itself cannot be moved")
+        into = ws.resolve(args["destination"])
+        existing = ws.lstat(into)
+        if existing is not None and stat.S_ISDIR(existing.st_mode):
+            destination = into / source.name
+        else:
+            destination = ws.entry(args["destination"])
+        before, after = ws.relative(source), ws.relative(destination)
+        if destination.is_relative_to(source):
+            found = ws.lstat(source)
+            if found is None:
+                raise PathNotFoundError(f"{shown(before)} does not exist")
+            if destination == source:
+                raise WorkspaceError(f"{shown(before)} is already there; nothing to move")
+            if stat.S_ISDIR(found.st_mode):
+                raise WorkspaceError(
+                    f"cannot move directory {shown(before)} into itself ({shown(after)})"
+                )
+        ws.rename(source, destination)
+        return f"Moved {before} to {after}."

@@ -1,0 +1,94 @@
+"""The base class every tool derives from: a name, a description, typed arguments, an execute."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+Pool = Literal["tools", "sandbox"]
+
+
+class NoArgs(BaseModel):
+    """Arguments of a tool that takes none."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ExecutableTool(ABC):
+    """A tool the model can call.
+
+    Subclasses set ``name``, ``description`` and ``Args`` (a pydantic model; omit it for a tool
+    without parameters) and implement ``execute``, plain or ``async``. ``execute`` receives the
+    validated arguments as a plain ``dict`` with defaults filled in, and returns a ``str`` or any
+    value the registry can serialise to JSON.
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    Args: ClassVar[type[BaseModel]] = NoArgs
+
+    #: Which worker pool runs the tool: ``sandbox`` is for tools that run untrusted commands.
+    pool: ClassVar[Pool] = "tools"
+    #: Safe to run twice: a call interrupted mid-run (its worker died) is run again only if True.
+    idempotent: ClassVar[bool] = False
+    #: Starts disabled when registered by the default factory.
+    enabled_by_default: ClassVar[bool] = True
+    #: The tool caps its own output (and keeps it valid JSON); the generic text cap is skipped.
+    caps_own_output: ClassVar[bool] = False
+    #: Deadline applied when the caller gives none, in milliseconds.
+    default_timeout_ms: ClassVar[int] = 30_000
+    #: An argument that sets the tool's own time limit in ms (run_bash's ``timeout``): the call's
+    #: deadline then follows it, so the tool can stop itself and report before the worker must.
+    timeout_argument: ClassVar[str | None] = None
+
+    @abstractmethod
+    def execute(self, args: dict[str, Any]) -> Any | Awaitable[Any]:
+        """Run the tool with validated arguments."""
+
+    @classmethod
+    def get_schema(cls) -> dict[str, Any]:
+        """The OpenAI tool definition, derived from ``Args``."""
+        return {
+            "type": "function",
+            "function": {
+                "name": cls.name,
+                "description": cls.description,
+                "parameters": parameters_schema(cls.Args),
+            },
+        }
+
+
+_SCHEMA_CACHE: dict[type[BaseModel], dict[str, Any]] = {}
+
+
+def parameters_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """JSON Schema for a model's fields, in the plain form every provider accepts.
+
+    Generating a schema costs far more than a tool call, so it is made once per model.
+    """
+    cached = _SCHEMA_CACHE.get(model)
+    if cached is None:
+        schema = model.model_json_schema()
+        schema.pop("title", None)
+        for field in schema.get("properties", {}).values():
+            field.pop("title", None)
+        schema.setdefault("properties", {})
+        schema["additionalProperties"] = False
+        cached = _SCHEMA_CACHE[model] = schema
+    return _deep_copy(cached)
+
+
+def _deep_copy(value: dict[str, Any]) -> dict[str, Any]:
+    copied: dict[str, Any] = _copy(value)
+    return copied
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    return value

@@ -1,0 +1,203 @@
+"""The registry: which tools exist, which are enabled, and one ``execute`` that never raises."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import ValidationError
+from pydantic_core import PydanticSerializationError, to_jsonable_python
+
+from worker.tools.interface import ExecutableTool
+
+ToolErrorKind = Literal[
+    "unknown_tool",
+    "tool_disabled",
+    "invalid_arguments",
+    "tool_error",
+    "unserializable_result",
+]
+
+
+class DuplicateToolError(ValueError):
+    """A tool with this name is registered already."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutcome:
+    """What one call produced: the text for the model and, for a failure, its kind."""
+
+    output: str
+    error_kind: ToolErrorKind | None = None
+
+    @property
+    def is_error(self) -> bool:
+        return self.error_kind is not None
+
+
+class ToolRegistry:
+    """Tools by name, in registration order, each enabled or not.
+
+    ``passthrough`` names exceptions that must escape ``execute`` (a worker's time-limit signal);
+    everything else a tool raises becomes a message for the model. ``sync_in_thread`` runs plain
+    ``def`` tools in a thread so they never block the caller's event loop; a worker that runs one
+    call at a time turns it off to save the thread hop.
+    """
+
+    def __init__(
+        self,
+        *,
+        passthrough: tuple[type[BaseException], ...] = (),
+        sync_in_thread: bool = True,
+    ) -> None:
+        self._tools: dict[str, ExecutableTool] = {}
+        self._enabled: dict[str, bool] = {}
+        self._passthrough = passthrough
+        self._sync_in_thread = sync_in_thread
+
+    def register(self, tool: ExecutableTool) -> None:
+        if tool.name in self._tools:
+            raise DuplicateToolError(f"A tool named {tool.name!r} is already registered")
+        self._tools[tool.name] = tool
+        self._enabled[tool.name] = True
+
+    def unregister(self, name: str) -> None:
+        self._tools.pop(name, None)
+        self._enabled.pop(name, None)
+
+    def enable(self, name: str) -> None:
+        self._require(name)
+        self._enabled[name] = True
+
+    def disable(self, name: str) -> None:
+        self._require(name)
+        self._enabled[name] = False
+
+    def get(self, name: str) -> ExecutableTool | None:
+        return self._tools.get(name)
+
+    def get_enabled_schemas(self) -> list[dict[str, Any]]:
+        return [t.get_schema() for n, t in self._tools.items() if self._enabled[n]]
+
+    def get_tool_names(self) -> list[str]:
+        return list(self._tools)
+
+    def has_tool(self, name: str) -> bool:
+        return name in self._tools
+
+    def is_tool_enabled(self, name: str) -> bool:
+        return self._enabled.get(name, False)
+
+    def list_tools(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": name,
+                "description": tool.description,
+                "parameters": tool.get_schema()["function"]["parameters"],
+                "enabled": self._enabled[name],
+            }
+            for name, tool in self._tools.items()
+        ]
+
+    async def execute(self, name: str, args: dict[str, Any] | str | None) -> str:
+        """Run a tool and answer with text for the model; never raises."""
+        return (await self.run(name, args)).output
+
+    async def run(self, name: str, args: dict[str, Any] | str | None) -> ToolOutcome:
+        """Like ``execute``, but tells a failure apart from an answer."""
+        tool = self._tools.get(name)
+        if tool is None:
+            known = ", ".join(self._tools) or "none"
+            return ToolOutcome(
+                f"Error: tool {name!r} was not found. Available tools: {known}.", "unknown_tool"
+            )
+        if not self._enabled[name]:
+            return ToolOutcome(
+                f"Error: tool {name!r} is not available (it is disabled).", "tool_disabled"
+            )
+        validated = validate_arguments(tool, args)
+        if isinstance(validated, str):
+            return ToolOutcome(validated, "invalid_arguments")
+        try:
+            result = await self._call(tool, validated)
+        except self._passthrough:
+            raise
+        except Exception as exc:
+            message = str(exc) or type(exc).__name__
+            return ToolOutcome(f"Error executing {name}: {message}", "tool_error")
+        return serialise_result(name, result)
+
+    async def _call(self, tool: ExecutableTool, args: dict[str, Any]) -> Any:
+        if inspect.iscoroutinefunction(tool.execute):
+            return await tool.execute(args)
+        if self._sync_in_thread:
+            result = await asyncio.to_thread(tool.execute, args)
+        else:
+            result = tool.execute(args)
+        if inspect.isawaitable(result):
+            return await result
+        return result
+
+    def _require(self, name: str) -> None:
+        if name not in self._tools:
+            raise KeyError(f"No tool named {name!r} is registered")
+
+
+def validate_arguments(
+    tool: ExecutableTool, raw: dict[str, Any] | str | None
+) -> dict[str, Any] | str:
+    """The validated arguments as a dict, or a message naming every parameter that failed."""
+    args: Any
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        args = {}
+    elif isinstance(raw, str):
+        try:
+            args = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            return (
+                f"Error: invalid arguments for {tool.name}: the arguments are not valid JSON "
+                f"({exc.msg} at line {exc.lineno} column {exc.colno}). Send a JSON object."
+            )
+    else:
+        args = raw
+    if not isinstance(args, dict):
+        return (
+            f"Error: invalid arguments for {tool.name}: expected a JSON object, "
+            f"got {type(args).__name__}."
+        )
+    model = tool.Args
+    problems: list[str] = []
+    if model.model_config.get("extra") != "allow":
+        known = {f.alias or n for n, f in model.model_fields.items()} | set(model.model_fields)
+        problems.extend(f"{k!r}: unknown parameter" for k in args if k not in known)
+    try:
+        validated = model.model_validate(args)
+    except ValidationError as exc:
+        for err in exc.errors(include_url=False):
+            where = ".".join(str(p) for p in err["loc"]) or "arguments"
+            if err["type"] == "extra_forbidden":
+                continue  # already named above, in the same words for every tool
+            problems.append(f"{where!r}: {err['msg']}")
+    if problems:
+        return f"Error: invalid arguments for {tool.name}: " + "; ".join(problems) + "."
+    return validated.model_dump()
+
+
+def serialise_result(name: str, result: Any) -> ToolOutcome:
+    if isinstance(result, str):
+        return ToolOutcome(result)
+    try:
+        return ToolOutcome(
+            json.dumps(result, ensure_ascii=False, allow_nan=False, default=to_jsonable_python)
+        )
+    except (TypeError, ValueError, PydanticSerializationError) as exc:
+        error = {
+            "error": "unserializable_result",
+            "tool": name,
+            "message": f"{name} returned a {type(result).__name__} that cannot be "
+            f"serialised to JSON: {exc}",
+        }
+        return ToolOutcome(json.dumps(error), "unserializable_result")

@@ -1,0 +1,376 @@
+"""Search tools: lines of text that match, and paths that match a glob, inside the workspace."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import regex
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from worker.tools.filesystem import (
+    BINARY_PROBE_BYTES,
+    NOTICE_RESERVE_BYTES,
+    OUTPUT_CAP_BYTES,
+    WorkspaceTool,
+)
+from worker.tools.workspace import (
+    PathNotFoundError,
+    Workspace,
+    WorkspaceError,
+    counted,
+    file_kind,
+    printable,
+    shown,
+)
+
+#: A whole search, however many files, gets this long before it answers with what it has.
+DEFAULT_TIME_BUDGET_S = 5.0
+#: Longest piece of a line read at once: a file without newlines must not fill memory.
+MAX_LINE_BYTES = 1 << 20
+#: Longest line shown in a match; the rest is cut.
+MAX_SHOWN_LINE_CHARS = 500
+
+
+class SearchTimeUp(Exception):
+    """The search spent its time budget."""
+
+
+@dataclass
+class _Collected:
+    """Results kept within the output cap, and how many did not fit."""
+
+    budget: int
+    lines: list[str] = field(default_factory=list)
+    left_out: int = 0
+
+    def add(self, line: str) -> None:
+        size = len(line.encode("utf-8", "surrogatepass")) + 1
+        if self.left_out or size > self.budget:
+            self.left_out += 1
+            return
+        self.budget -= size
+        self.lines.append(line)
+
+
+def _remaining(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise SearchTimeUp
+    return left
+
+
+# -- search_text -------------------------------------------------------------------------------
+
+
+class SearchTextArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    query: str = Field(min_length=1, description="The text (or regular expression) to find.")
+    paths: list[str] = Field(
+        min_length=1,
+        description="Files or directories to search, relative to the workspace, e.g. ['.'] "
+        "for everything; directories are searched recursively. A single path string is "
+        "accepted too.",
+    )
+    regex: bool = Field(
+        False, description="Treat the query as a regular expression instead of literal text."
+    )
+
+    @field_validator("paths", mode="before")
+    @classmethod
+    def _one_path_is_a_list(cls, value: object) -> object:
+        return [value] if isinstance(value, str) else value
+
+
+LineMatcher = Callable[[str, float], bool]
+
+
+class SearchTextTool(WorkspaceTool):
+    name = "search_text"
+    description = (
+        "Search files in the workspace line by line for text or a regular expression. Answers "
+        "with 'path:line_number:line' for each matching line; binary files are skipped."
+    )
+    Args = SearchTextArgs
+    idempotent = True
+
+    def __init__(
+        self, workspace: Workspace, *, time_budget_s: float = DEFAULT_TIME_BUDGET_S
+    ) -> None:
+        super().__init__(workspace)
+        self.time_budget_s = time_budget_s
+
+    def execute(self, args: dict[str, Any]) -> str:
+        query: str = args["query"]
+        matches = _line_matcher(query, args["regex"])
+        resolved = (self.workspace.resolve(p) for p in dict.fromkeys(args["paths"]))
+        targets = list(dict.fromkeys(resolved))
+        deadline = time.monotonic() + self.time_budget_s
+        found = _Collected(OUTPUT_CAP_BYTES - NOTICE_RESERVE_BYTES)
+        search = _TextSearch(self.workspace, matches, found, deadline)
+        problems: list[str] = []
+        timed_out = False
+        for target in targets:
+            try:
+                search.path(target)
+            except WorkspaceError as exc:
+                problems.append(str(exc))
+            except SearchTimeUp:
+                timed_out = True
+                break
+        if len(problems) == len(targets):
+            raise WorkspaceError("; ".join(problems))
+        notes = [f"[not searched: {problem}]" for problem in problems]
+        if search.binary_skipped:
+            notes.append(f"[{counted(search.binary_skipped, 'binary file')} skipped]")
+        if found.left_out:
+            more = "at least " if timed_out else ""
+            notes.append(
+                f"[{more}{counted(found.left_out, 'more match', 'more matches')} not shown: "
+                f"the answer is capped at {OUTPUT_CAP_BYTES:,} bytes. Narrow the search.]"
+            )
+        if timed_out:
+            notes.append(
+                f"[search stopped after its {self.time_budget_s:g} s time limit; results are "
+                "incomplete. Search fewer files or use a simpler pattern.]"
+            )
+        if not found.lines:
+            what = "the regular expression" if args["regex"] else "the text"
+            where = ", ".join(shown(self.workspace.relative(t)) for t in targets)
+            lines = [f"No lines match {what} {shown(query)} in {where}."]
+        else:
+            lines = found.lines
+        return "\n".join([*lines, *notes])
+
+
+def _line_matcher(query: str, is_regex: bool) -> LineMatcher:
+    if not is_regex:
+        return lambda line, _timeout: query in line
+    try:
+        pattern = regex.compile(query)
+    except (regex.error, OverflowError, RecursionError, ValueError) as exc:
+        raise ValueError(f"invalid regular expression {shown(query)}: {exc}") from None
+
+    def search(line: str, timeout: float) -> bool:
+        try:
+            return pattern.search(line, timeout=timeout) is not None
+        except TimeoutError:
+            raise SearchTimeUp from None
+
+    return search
+
+
+@dataclass
+class _TextSearch:
+    """One search_text call walking its paths."""
+
+    workspace: Workspace
+    matches: LineMatcher
+    found: _Collected
+    deadline: float
+    binary_skipped: int = 0
+
+    def path(self, target: Path) -> None:
+        info = self.workspace.lstat(target)
+        where = self.workspace.relative(target)
+        if info is None:
+            raise PathNotFoundError(f"{shown(where)} does not exist")
+        if stat.S_ISDIR(info.st_mode):
+            self.tree(target)
+        elif stat.S_ISREG(info.st_mode):
+            with self.workspace.parent(target) as (dir_fd, name):
+                self.file(dir_fd, name, where)
+        else:
+            raise WorkspaceError(f"{shown(where)} is {file_kind(info.st_mode)}")
+
+    def tree(self, top: Path) -> None:
+        for rel, dir_fd, _dirs, files in self.workspace.walk(top):
+            _remaining(self.deadline)
+            for name in files:
+                _remaining(self.deadline)
+                where = self.workspace.relative(top / rel / name)
+                try:
+                    self.file(dir_fd, name, where)
+                except WorkspaceError:
+                    continue  # a link, pipe or device in a tree is passed over
+
+    def file(self, dir_fd: int, name: str, where: str) -> None:
+        fd = self.workspace.open_regular_at(dir_fd, name, where)
+        with os.fdopen(fd, "rb") as file:
+            try:
+                if b"\x00" in file.read(BINARY_PROBE_BYTES):
+                    self.binary_skipped += 1
+                    return
+                file.seek(0)
+                self.lines(file, where)
+            except OSError as exc:
+                raise self.workspace.error(exc, where) from None
+
+    def lines(self, file: BinaryIO, where: str) -> None:
+        number = 0
+        line_ended = True
+        while raw := file.readline(MAX_LINE_BYTES):
+            if line_ended:
+                number += 1
+            line_ended = raw.endswith(b"\n")
+            line = raw.decode("utf-8", "replace").rstrip("\r\n")
+            if self.matches(line, _remaining(self.deadline)):
+                if len(line) > MAX_SHOWN_LINE_CHARS:
+                    line = line[:MAX_SHOWN_LINE_CHARS] + "…"
+                self.found.add(f"{where}:{number}:{line}")
+
+
+# -- search_files ------------------------------------------------------------------------------
+
+
+class SearchFilesArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    pattern: str = Field(
+        min_length=1,
+        description="A glob relative to `path`: '*' and '?' match within one name, '[abc]' one "
+        "of those characters, '**' any number of directories. E.g. '**/*.py', 'src/*.txt'; "
+        "end it with '/' to match directories only.",
+    )
+    path: str = Field(".", description="The directory to search in, relative to the workspace.")
+
+
+class SearchFilesTool(WorkspaceTool):
+    name = "search_files"
+    description = (
+        "Find files and directories in the workspace whose paths match a glob pattern such as "
+        "'**/*.py'. Answers with matching paths relative to the workspace, sorted; "
+        "directories end with '/'."
+    )
+    Args = SearchFilesArgs
+    idempotent = True
+
+    def __init__(
+        self, workspace: Workspace, *, time_budget_s: float = DEFAULT_TIME_BUDGET_S
+    ) -> None:
+        super().__init__(workspace)
+        self.time_budget_s = time_budget_s
+
+    def execute(self, args: dict[str, Any]) -> str:
+        pattern: str = args["pattern"]
+        glob = Glob.parse(pattern)
+        base = self.workspace.resolve(args["path"])
+        deadline = time.monotonic() + self.time_budget_s
+        hits: list[str] = []
+        timed_out = False
+        states = {"": glob.start()}
+        try:
+            for rel, _fd, dirs, files in self.workspace.walk(base):
+                _remaining(deadline)
+                here = states.pop(rel)
+                entered: list[str] = []
+                for name in dirs:
+                    matched, below = glob.step(here, name)
+                    if matched:
+                        hits.append(self.workspace.relative(base / rel / name) + "/")
+                    if below:
+                        entered.append(name)
+                        states[os.path.join(rel, name)] = below
+                dirs[:] = entered  # only directories the rest of the pattern can match
+                if glob.dirs_only:
+                    continue
+                for name in files:
+                    if glob.step(here, name)[0]:
+                        hits.append(self.workspace.relative(base / rel / name))
+        except SearchTimeUp:
+            timed_out = True
+        return self._answer(sorted(hits), pattern, base, timed_out)
+
+    def _answer(self, hits: list[str], pattern: str, base: Path, timed_out: bool) -> str:
+        collected = _Collected(OUTPUT_CAP_BYTES - NOTICE_RESERVE_BYTES)
+        for hit in hits:
+            collected.add(hit)
+        notes: list[str] = []
+        if collected.left_out:
+            notes.append(
+                f"[{counted(collected.left_out, 'more path')} not shown: the answer is capped at "
+                f"{OUTPUT_CAP_BYTES:,} bytes. Use a narrower pattern.]"
+            )
+        if timed_out:
+            notes.append(
+                f"[search stopped after its {self.time_budget_s:g} s time limit; results are "
+                "incomplete. Use a narrower pattern or path.]"
+            )
+        if not collected.lines:
+            where = self.workspace.relative(base)
+            line = f"No paths match {shown(pattern)} in {shown(where)}."
+            if "/" not in pattern.rstrip("/") and not timed_out:
+                line += f" ('*' stays in one directory: try '**/{printable(pattern)}'.)"
+            return "\n".join([line, *notes])
+        return "\n".join([*collected.lines, *notes])
+
+
+@dataclass(frozen=True)
+class Glob:
+    """A glob matched one name at a time, as a walk meets them.
+
+    A state is the index of the next segment to match; ``**`` may match no name, so a state
+    on it also stands for the one after it.
+    """
+
+    segments: tuple[str, ...]
+    dirs_only: bool
+
+    @classmethod
+    def parse(cls, pattern: str) -> Glob:
+        if "\x00" in pattern:
+            raise WorkspaceError("the pattern contains a NUL byte")
+        if pattern.startswith("/"):
+            raise WorkspaceError(
+                f"the pattern {shown(pattern)} is absolute; patterns are relative to `path`, "
+                "e.g. '**/*.py'"
+            )
+        segments = tuple(s for s in pattern.split("/") if s not in ("", "."))
+        if ".." in segments:
+            raise WorkspaceError(
+                f"the pattern {shown(pattern)} contains '..'; it may only match inside `path`"
+            )
+        if not segments:
+            raise WorkspaceError(f"the pattern {shown(pattern)} names no files; try '**/*'")
+        return cls(segments, dirs_only=pattern.endswith("/"))
+
+    def start(self) -> frozenset[int]:
+        return self._closure({0})
+
+    def step(self, states: frozenset[int], name: str) -> tuple[bool, frozenset[int]]:
+        """Whether ``name`` (in a directory reached in ``states``) matches the whole pattern,
+        and the states of the names below it."""
+        last = len(self.segments) - 1
+        matched = False
+        below: set[int] = set()
+        for index in states:
+            segment = self.segments[index]
+            if segment == "**":
+                below.add(index)
+                matched = matched or index == last
+            elif name == segment if _is_literal(segment) else fnmatch.fnmatchcase(name, segment):
+                if index == last:
+                    matched = True
+                else:
+                    below.add(index + 1)
+        return matched, self._closure(below)
+
+    def _closure(self, states: set[int]) -> frozenset[int]:
+        closed = set(states)
+        for index in states:
+            while self.segments[index] == "**" and index + 1 < len(self.segments):
+                index += 1
+                closed.add(index)
+        return frozenset(closed)
+
+
+def _is_literal(segment: str) -> bool:
+    # A name without wildcards is compared as is: compiling it as a pattern costs far more.
+    return not any(char in segment for char in "*?[")

@@ -1,0 +1,50 @@
+"""The example plugin: a weather tool that is always sunny.
+
+A plugin module is named in ``TOOLQ_PLUGINS`` (or the ``toolq.tools`` entry-point group); the
+worker imports it and calls its ``register`` hook with the worker's registry, context and
+workspace.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from worker.tools.context import ToolContext
+from worker.tools.interface import ExecutableTool
+from worker.tools.registry import ToolRegistry
+from worker.tools.workspace import Workspace, printable
+
+LOWEST_F = 65
+HIGHEST_F = 75
+
+
+class GetCurrentWeatherArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    location: str = Field(min_length=1, description="City and region, e.g. 'Boston, MA'.")
+
+
+class GetCurrentWeatherTool(ExecutableTool):
+    name = "get_current_weather"
+    description = "Get the current weather for a location."
+    Args = GetCurrentWeatherArgs
+    idempotent = True
+
+    def execute(self, args: dict[str, Any]) -> dict[str, Any]:
+        location: str = args["location"]
+        # The same place always gets the same temperature, so a repeated call agrees.
+        seed = zlib.crc32(location.encode("utf-8", "surrogatepass"))
+        temperature = LOWEST_F + seed % (HIGHEST_F - LOWEST_F + 1)
+        return {"location": printable(location), "forecast": "Sunny", "temperature_f": temperature}
+
+
+TOOLS: list[type[ExecutableTool]] = [GetCurrentWeatherTool]
+
+
+def register(registry: ToolRegistry, context: ToolContext, workspace: Workspace) -> None:
+    """The plugin hook: add this module's tools to ``registry``."""
+    for tool in TOOLS:
+        registry.register(tool())

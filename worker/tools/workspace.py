@@ -1,0 +1,614 @@
+"""The run's workspace: every path a tool touches is confined to one directory.
+
+Paths are resolved twice. First by name, component by component below the root, to refuse
+``..`` escapes and symbolic links that lead out with a message the model can act on. Then for
+real: every operation starts from a descriptor of the root and opens one directory at a time with
+``O_NOFOLLOW``, so a symlink swapped in after the first check is refused rather than followed,
+and the directory finally used is checked once more through ``/proc/self/fd``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import shutil
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, NoReturn
+
+#: Longest path accepted, in bytes of UTF-8 (Linux's PATH_MAX).
+MAX_PATH_BYTES = 4096
+#: Longest single name Linux file systems accept, in bytes.
+MAX_NAME_BYTES = 255
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: opening a FIFO must never wait for a writer.
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_SHOWN_PATH_CHARS = 120
+_CONTROL_ESCAPES = {code: f"\\x{code:02x}" for code in [*range(32), 127]} | {
+    ord("\n"): "\\n",
+    ord("\r"): "\\r",
+    ord("\t"): "\\t",
+}
+# Linux's own limit on symbolic links followed while resolving one path.
+_MAX_SYMLINKS = 40
+
+
+class WorkspaceError(ValueError):
+    """A path a tool cannot use; the message tells the model which path and why."""
+
+
+class PathNotFoundError(WorkspaceError):
+    """The path lies inside the workspace but nothing is there."""
+
+
+@dataclass(frozen=True, slots=True)
+class DirectoryEntry:
+    """One name in a directory, as found (symbolic links not followed)."""
+
+    name: str
+    stat: os.stat_result
+    link_target: str | None = None
+
+
+def printable(text: str) -> str:
+    """A name as shown to the model: valid UTF-8 on one line.
+
+    Undecodable bytes of file names, lone surrogates and control characters are escaped, so a
+    name with a newline cannot pass for two lines of a listing.
+    """
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    else:
+        text = raw.decode("utf-8", "backslashreplace")
+    return text.translate(_CONTROL_ESCAPES)
+
+
+def shown(path: str) -> str:
+    """A path as quoted in a message: printable and never absurdly long."""
+    text = printable(path)
+    if len(text) > _SHOWN_PATH_CHARS:
+        half = _SHOWN_PATH_CHARS // 2
+        text = f"{text[:half]}…{text[-half:]} ({len(path)} characters)"
+    return repr(text)
+
+
+def counted(number: int, singular: str, plural: str | None = None) -> str:
+    """``1 entry``, ``2 entries``: a number and its noun, thousands separated."""
+    noun = singular if number == 1 else (plural or singular + "s")
+    return f"{number:,} {noun}"
+
+
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, in words."""
+    kinds = (
+        (stat.S_ISREG, "a file"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISFIFO, "a named pipe (FIFO)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    )
+    return next((words for test, words in kinds if test(mode)), "not a regular file")
+
+
+class Workspace:
+    """One directory that file tools may use, and the only place they may use.
+
+    ``owner`` is the (uid, gid) that must own whatever tools create, so that an unprivileged
+    sandbox user can still read and write the workspace when the worker runs as root.
+    """
+
+    def __init__(self, root: Path | str, owner: tuple[int, int] | None = None) -> None:
+        self.owner = owner
+        self._ensure_root(Path(root).absolute())
+        self.root = Path(os.path.realpath(root))
+        self._root = str(self.root)
+
+    # -- resolving names ----------------------------------------------------------------------
+
+    def resolve(self, path: str) -> Path:
+        """The absolute path ``path`` leads to, symlinks followed; it must be in the workspace."""
+        return self._resolve(path, follow_last=True)
+
+    def entry(self, path: str) -> Path:
+        """The absolute path of the entry ``path`` names, a final symlink itself not followed.
+
+        This is what remove and move act on: removing a link removes the link, not its target.
+        """
+        return self._resolve(path, follow_last=False)
+
+    def relative(self, path: Path) -> str:
+        """``path`` as the model sees it: relative to the workspace, ``.`` for the root."""
+        text = str(path)
+        if text == self._root:
+            return "."
+        if text.startswith(self._root + os.sep):
+            return printable(text[len(self._root) + 1 :])
+        raise WorkspaceError(f"{shown(text)} is outside the workspace")
+
+    def is_root(self, path: Path) -> bool:
+        return str(path) == self._root
+
+    # -- opening, safely ----------------------------------------------------------------------
+
+    @contextmanager
+    def directory(self, path: Path, *, create: bool = False) -> Iterator[int]:
+        """A descriptor of the directory ``path`` (made, with its parents, if ``create``)."""
+        fd, _ = self._open_directory(path, create=create)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    @contextmanager
+    def parent(self, path: Path, *, create: bool = False) -> Iterator[tuple[int, str]]:
+        """A descriptor of the directory holding ``path``, and the name inside it."""
+        if self.is_root(path):
+            raise WorkspaceError("'.' is the workspace root itself; name something inside it")
+        with self.directory(path.parent, create=create) as fd:
+            yield fd, path.name
+
+    @contextmanager
+    def open_for_reading(self, path: Path) -> Iterator[tuple[BinaryIO, os.stat_result]]:
+        """The regular file at ``path``, opened to read, and its status."""
+        if self.is_root(path):
+            raise WorkspaceError("'.' is a directory (the workspace root); use list_dir on it")
+        with self.parent(path) as (dir_fd, name):
+            fd = self.open_regular_at(dir_fd, name, self.relative(path))
+        with os.fdopen(fd, "rb") as file:
+            yield file, os.fstat(fd)
+
+    def open_regular_at(self, dir_fd: int, name: str, where: str) -> int:
+        """Open ``name`` in ``dir_fd`` to read; refuse links, directories, pipes and devices."""
+        try:
+            fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+        except OSError as exc:
+            found = self._lstat_at(dir_fd, name, where) if exc.errno == errno.ENXIO else None
+            if found is None:  # ENXIO is also how opening a socket fails: say what it is
+                raise self.error(exc, where) from None
+            self._refuse_unreadable(found, where)
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            os.close(fd)
+            self._refuse_unreadable(info, where)
+        return fd
+
+    def _refuse_unreadable(self, info: os.stat_result, where: str) -> NoReturn:
+        if stat.S_ISDIR(info.st_mode):
+            raise WorkspaceError(f"{shown(where)} is a directory; use list_dir to see inside")
+        raise WorkspaceError(
+            f"{shown(where)} is {file_kind(info.st_mode)}, not a regular file; "
+            "only regular files can be read"
+        )
+
+    # -- changing things ----------------------------------------------------------------------
+
+    def write_file(self, path: Path, data: bytes) -> None:
+        """Replace (or create) the regular file at ``path`` with ``data``, all or nothing."""
+        where = self.relative(path)
+        with self.parent(path, create=True) as (dir_fd, name):
+            existing = self._lstat_at(dir_fd, name, where)
+            if existing is not None and not stat.S_ISREG(existing.st_mode):
+                raise WorkspaceError(
+                    f"{shown(where)} is {file_kind(existing.st_mode)}; write_file only writes "
+                    "regular files"
+                )
+            if existing is None and self._create_new(dir_fd, name, data, where):
+                return
+            # Replace through a temporary file and a rename: never half a file, never a link
+            # followed, and the old content stays whole until the new one is complete.
+            temporary = f".toolq-{secrets.token_hex(8)}.tmp"
+            try:
+                fd = os.open(temporary, _NEW_FILE_FLAGS, 0o644, dir_fd=dir_fd)
+                try:
+                    self._adopt(fd, existing)
+                    if existing is not None:
+                        os.fchmod(fd, stat.S_IMODE(existing.st_mode))
+                    _write_all(fd, data)
+                finally:
+                    os.close(fd)
+                os.rename(temporary, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            except OSError as exc:
+                with suppress(OSError):
+                    os.unlink(temporary, dir_fd=dir_fd)
+                raise self.error(exc, where) from None
+
+    def _create_new(self, dir_fd: int, name: str, data: bytes, where: str) -> bool:
+        """Write a file that does not exist yet; False if one appeared meanwhile."""
+        try:
+            fd = os.open(name, _NEW_FILE_FLAGS, 0o644, dir_fd=dir_fd)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            raise self.error(exc, where) from None
+        try:
+            self._adopt(fd, None)
+            _write_all(fd, data)
+        except OSError as exc:
+            with suppress(OSError):
+                os.unlink(name, dir_fd=dir_fd)
+            raise self.error(exc, where) from None
+        finally:
+            os.close(fd)
+        return True
+
+    def make_directories(self, path: Path) -> bool:
+        """``mkdir -p path``; whether anything had to be made."""
+        fd, created = self._open_directory(path, create=True)
+        os.close(fd)
+        return created
+
+    def remove(self, path: Path) -> os.stat_result | None:
+        """Remove the entry at ``path``, recursively; what was there, or None if nothing was."""
+        if self.is_root(path):
+            raise WorkspaceError("refusing to remove the workspace root itself")
+        where = self.relative(path)
+        try:
+            with self.parent(path) as (dir_fd, name):
+                found = self._lstat_at(dir_fd, name, where)
+                if found is None:
+                    return None
+                try:
+                    if stat.S_ISDIR(found.st_mode):
+                        shutil.rmtree(name, dir_fd=dir_fd)
+                    else:
+                        os.unlink(name, dir_fd=dir_fd)
+                except FileNotFoundError:
+                    return None
+                except OSError as exc:
+                    raise self.error(exc, where) from None
+                return found
+        except PathNotFoundError:
+            return None
+
+    def lstat(self, path: Path) -> os.stat_result | None:
+        """The status of the entry at ``path`` itself (links not followed), None if absent."""
+        if self.is_root(path):
+            with self.directory(path) as fd:
+                return os.fstat(fd)
+        try:
+            with self.parent(path) as (dir_fd, name):
+                return self._lstat_at(dir_fd, name, self.relative(path))
+        except PathNotFoundError:
+            return None
+
+    def rename(self, source: Path, destination: Path) -> None:
+        """Move the entry ``source`` to ``destination``, making the destination's parents."""
+        where = self.relative(source)
+        with self.parent(source) as (source_fd, source_name):
+            if self._lstat_at(source_fd, source_name, where) is None:
+                raise PathNotFoundError(f"{shown(where)} does not exist")
+            with self.parent(destination, create=True) as (target_fd, target_name):
+                try:
+                    os.rename(source_name, target_name, src_dir_fd=source_fd, dst_dir_fd=target_fd)
+                except OSError as exc:
+                    raise self._rename_error(exc, where, self.relative(destination)) from None
+
+    # -- looking around -----------------------------------------------------------------------
+
+    def scan(self, path: Path) -> list[DirectoryEntry]:
+        """The entries of the directory ``path``, sorted by name."""
+        with self.directory(path) as fd:
+            found: list[DirectoryEntry] = []
+            for item in _scandir(fd):
+                try:
+                    info = item.stat(follow_symlinks=False)
+                    target = os.readlink(item.name, dir_fd=fd) if item.is_symlink() else None
+                except OSError:
+                    continue  # removed while we looked
+                found.append(DirectoryEntry(item.name, info, target))
+        return sorted(found, key=lambda e: e.name)
+
+    def walk(self, path: Path) -> Iterator[tuple[str, int, list[str], list[str]]]:
+        """Walk the tree at ``path`` top-down without following symlinks.
+
+        Yields (directory relative to ``path``, "" for ``path`` itself; its descriptor; sorted
+        subdirectory names, which the caller may prune in place; sorted other names).
+        """
+        top, _ = self._open_directory(path, create=False)
+        try:
+            dirs, files = _listing(top)
+        except OSError as exc:
+            os.close(top)
+            raise self.error(exc, self.relative(path)) from None
+        # Only the directories on the way down are held open, however wide the tree.
+        open_dirs: list[tuple[str, int, Iterator[str]]] = [("", top, iter(dirs))]
+        try:
+            yield "", top, dirs, files
+            while open_dirs:
+                rel, fd, names = open_dirs[-1]
+                name = next(names, None)
+                if name is None:
+                    open_dirs.pop()
+                    os.close(fd)
+                    continue
+                try:
+                    child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                except OSError:
+                    continue  # gone, or swapped for a symlink, since it was listed
+                try:
+                    dirs, files = _listing(child)
+                except OSError:
+                    os.close(child)
+                    continue
+                child_rel = os.path.join(rel, name)
+                open_dirs.append((child_rel, child, iter(dirs)))
+                yield child_rel, child, dirs, files
+        finally:
+            for _, fd, _ in open_dirs:
+                os.close(fd)
+
+    # -- messages -----------------------------------------------------------------------------
+
+    def error(self, exc: OSError, where: str) -> WorkspaceError:
+        """An OS error as a message about the workspace path ``where``."""
+        code = exc.errno
+        if code == errno.ENOENT:
+            return PathNotFoundError(f"{shown(where)} does not exist")
+        reasons = {
+            errno.ENOTDIR: "a part of the path is a file, not a directory",
+            errno.EISDIR: "it is a directory",
+            errno.ELOOP: "it is a symbolic link that cannot be followed here (a loop, or it "
+            "changed while in use)",
+            errno.ENAMETOOLONG: f"a name in it is too long (at most {MAX_NAME_BYTES} bytes per "
+            f"name and {MAX_PATH_BYTES} bytes in all)",
+            errno.EACCES: "permission denied",
+            errno.EPERM: "operation not permitted",
+            errno.EEXIST: "something already exists there",
+            errno.ENOTEMPTY: "the directory is not empty",
+            errno.ENOSPC: "no space left on the device",
+            errno.EDQUOT: "the disk quota is exceeded",
+            errno.EROFS: "the file system is read-only",
+            errno.EFBIG: "the file would be too large",
+            errno.ENXIO: "no such device",
+        }
+        reason = reasons.get(code or 0, exc.strerror or type(exc).__name__)
+        return WorkspaceError(f"{shown(where)}: {reason}")
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _ensure_root(self, root: Path) -> None:
+        if root.is_dir():
+            return
+        root.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            root.mkdir()
+        except FileExistsError:
+            if root.is_dir():
+                return  # made meanwhile by another worker
+            raise WorkspaceError(
+                f"the workspace {str(root)!r} exists but is not a directory"
+            ) from None
+        if self.owner is not None:
+            os.chown(root, *self.owner, follow_symlinks=False)
+
+    def _resolve(self, path: str, *, follow_last: bool) -> Path:
+        """Resolve ``path`` like the kernel would, but only below the root.
+
+        Components are looked at one by one (``lstat``), symlinks replaced by their targets, so
+        the moment a ``..`` or a link would leave the root is known and named in the message.
+        Past the first missing component the rest is taken by name.
+        """
+        pending = _components(self._below_root(path))
+        pending.reverse()
+        done: list[str] = []
+        links = 0
+        missing = False
+        while pending:
+            part = pending.pop()
+            if part == "..":
+                if not done:
+                    raise WorkspaceError(self._escape_message(path, via_link=links > 0))
+                done.pop()
+                continue
+            if missing or (not pending and not follow_last):
+                done.append(part)
+                continue
+            current = os.path.join(self._root, *done, part)
+            try:
+                info = os.lstat(current)
+            except OSError:
+                missing = True  # absent (or unusable): the operation itself will say which
+                done.append(part)
+                continue
+            if not stat.S_ISLNK(info.st_mode):
+                done.append(part)
+                continue
+            links += 1
+            if links > _MAX_SYMLINKS:
+                raise WorkspaceError(f"{shown(path)}: too many levels of symbolic links (a loop?)")
+            try:
+                target = os.readlink(current)
+            except OSError:
+                missing = True  # replaced meanwhile: the operation itself will refuse a link
+                done.append(part)
+                continue
+            if os.path.isabs(target):
+                if target != self._root and not target.startswith(self._root + os.sep):
+                    raise WorkspaceError(self._escape_message(path, via_link=True))
+                done = []
+                target = target[len(self._root) + 1 :]
+            pending.extend(reversed(_components(target)))
+        return self.root.joinpath(*done)
+
+    def _below_root(self, path: str) -> str:
+        """``path`` checked and made relative to the root."""
+        if not isinstance(path, str):
+            raise WorkspaceError(f"a path must be a string, not {type(path).__name__}")
+        if "\x00" in path:
+            raise WorkspaceError(f"{shown(path)} contains a NUL byte, which no file name can hold")
+        try:
+            size = len(os.fsencode(path))
+        except UnicodeEncodeError:
+            raise WorkspaceError(
+                f"{shown(path)} contains characters that cannot be part of a file name"
+            ) from None
+        if size > MAX_PATH_BYTES:
+            raise WorkspaceError(
+                f"the path is too long ({size} bytes; at most {MAX_PATH_BYTES}): {shown(path)}"
+            )
+        if not os.path.isabs(path):
+            return path
+        if path.rstrip(os.sep) == self._root:
+            return ""
+        if path.startswith(self._root + os.sep):
+            return path[len(self._root) + 1 :]
+        raise WorkspaceError(
+            f"{shown(path)} is an absolute path outside the workspace; only files in the "
+            "workspace can be used. Give a path relative to the workspace, such as "
+            "'notes/todo.txt'."
+        )
+
+    def _inside(self, real: str) -> bool:
+        return real == self._root or real.startswith(self._root + os.sep)
+
+    def _escape_message(self, path: str, *, via_link: bool) -> str:
+        how = "through a symbolic link" if via_link else "through '..'"
+        return (
+            f"{shown(path)} leads outside the workspace {how}; only files in the workspace can "
+            "be used. Give a path relative to the workspace, such as 'notes/todo.txt'."
+        )
+
+    def _open_root(self) -> int:
+        try:
+            fd = os.open(self._root, _DIR_FLAGS)
+        except FileNotFoundError:
+            self._ensure_root(self.root)
+            fd = os.open(self._root, _DIR_FLAGS)
+        return fd
+
+    def _open_directory(self, path: Path, *, create: bool) -> tuple[int, bool]:
+        """Open ``path`` one component at a time from the root, never following a symlink."""
+        where = self.relative(path)
+        parts = [] if where == "." else str(path)[len(self._root) + 1 :].split(os.sep)
+        created = False
+        fd = self._open_root()
+        try:
+            for depth, part in enumerate(parts):
+                step = os.sep.join(parts[: depth + 1])
+                child, made = self._step(fd, part, step, create=create)
+                os.close(fd)
+                fd = child
+                created = created or made
+            self._verify_inside(fd, where)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, created
+
+    def _step(self, dir_fd: int, name: str, where: str, *, create: bool) -> tuple[int, bool]:
+        made = False
+        try:
+            return os.open(name, _DIR_FLAGS, dir_fd=dir_fd), made
+        except FileNotFoundError:
+            if not create:
+                raise PathNotFoundError(f"{shown(where)} does not exist") from None
+        except OSError as exc:
+            raise self._not_a_directory(exc, dir_fd, name, where) from None
+        try:
+            os.mkdir(name, 0o777, dir_fd=dir_fd)
+            made = True
+        except FileExistsError:
+            pass  # made meanwhile by someone else: use it
+        except OSError as exc:
+            raise self.error(exc, where) from None
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+        except OSError as exc:
+            raise self._not_a_directory(exc, dir_fd, name, where) from None
+        if made:
+            self._adopt(fd, None)
+        return fd, made
+
+    def _not_a_directory(self, exc: OSError, dir_fd: int, name: str, where: str) -> WorkspaceError:
+        if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+            return self.error(exc, where)
+        try:
+            info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except OSError:
+            return self.error(exc, where)
+        if stat.S_ISLNK(info.st_mode):
+            return WorkspaceError(
+                f"{shown(where)} is a symbolic link that cannot be followed here (it changed "
+                "while in use, or it loops); nothing was done"
+            )
+        return WorkspaceError(f"{shown(where)} is {file_kind(info.st_mode)}, not a directory")
+
+    def _verify_inside(self, fd: int, where: str) -> None:
+        try:
+            actual = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            return  # no /proc: the O_NOFOLLOW walk from the root already kept us inside
+        if not self._inside(actual):
+            raise WorkspaceError(
+                f"{shown(where)} is no longer inside the workspace (it was moved while in use); "
+                "nothing was done"
+            )
+
+    def _lstat_at(self, dir_fd: int, name: str, where: str) -> os.stat_result | None:
+        try:
+            return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise self.error(exc, where) from None
+
+    def _adopt(self, fd: int, replacing: os.stat_result | None) -> None:
+        """Give a new file or directory its owner: the workspace's, else the one it replaces."""
+        if self.owner is not None:
+            os.fchown(fd, *self.owner)
+        elif replacing is not None:
+            with suppress(PermissionError):
+                os.fchown(fd, replacing.st_uid, replacing.st_gid)
+
+    def _rename_error(self, exc: OSError, source: str, destination: str) -> WorkspaceError:
+        reasons = {
+            errno.EINVAL: "a directory cannot be moved into itself",
+            errno.ENOTEMPTY: f"{shown(destination)} is a directory that is not empty",
+            errno.EEXIST: f"{shown(destination)} is a directory that is not empty",
+            errno.EISDIR: f"{shown(destination)} is a directory and {shown(source)} is not",
+            errno.ENOTDIR: f"{shown(source)} is a directory and {shown(destination)} is not",
+            errno.EXDEV: "the two paths are on different file systems",
+            errno.EBUSY: "the path is in use",
+        }
+        reason = reasons.get(exc.errno or 0)
+        if reason is None:
+            return self.error(exc, f"{source} -> {destination}")
+        return WorkspaceError(f"cannot move {shown(source)} to {shown(destination)}: {reason}")
+
+
+def _components(path: str) -> list[str]:
+    return [part for part in path.split(os.sep) if part not in ("", ".")]
+
+
+def _scandir(fd: int) -> list[os.DirEntry[str]]:
+    with os.scandir(fd) as entries:
+        return list(entries)
+
+
+def _listing(fd: int) -> tuple[list[str], list[str]]:
+    dirs: list[str] = []
+    others: list[str] = []
+    for item in _scandir(fd):
+        try:
+            is_dir = item.is_dir(follow_symlinks=False)
+        except OSError:
+            continue
+        (dirs if is_dir else others).append(item.name)
+    return sorted(dirs), sorted(others)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
