@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from api.agent import Agent, AgentOptions
+from api.agent import DEFAULT_SYSTEM_PROMPT, Agent, AgentOptions
 from api.dispatch import Dispatcher
 from api.fleet import Fleet
 from api.llm import ChatModel, ModelError, Usage
@@ -158,7 +158,8 @@ def scan_input(path: Path, done: Mapping[str, str]) -> InputScan:
             scan.pending.append(number)
         else:
             scan.already_done += 1
-            scan.already_failed += status != "ok"
+            if status != "ok":
+                scan.already_failed += 1
     return scan
 
 
@@ -317,7 +318,7 @@ async def run_item(
                 run_id=run_id,
                 enable=item.enable,
                 max_turns=item.max_turns or settings.max_turns,
-                **({"system_prompt": item.system_prompt} if item.system_prompt else {}),
+                system_prompt=item.system_prompt or DEFAULT_SYSTEM_PROMPT,
             )
             agent = Agent(model, options, dispatcher=dispatcher, fleet=fleet, settings=settings)
             answer = await agent.chat(item.prompt)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import resource
 import shlex
 import signal
 from collections.abc import Iterator
@@ -45,6 +46,9 @@ log = logging.getLogger(__name__)
 #: Bad input lines printed one by one; past this only their count (the summary has it too).
 BAD_LINES_SHOWN = 100
 
+#: Open files a batch needs besides one connection per conversation: Redis, the broker, logs.
+FILES_BESIDES_CONVERSATIONS = 256
+
 EXIT_OK, EXIT_FAILURES, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
@@ -65,6 +69,7 @@ def run_batch_command(
         return _usage_error(err, f"input file not found: {input_path}")
     if output.exists() and output.resolve() == input_path.resolve():
         return _usage_error(err, "the output file must not be the input file")
+    allow_open_files(concurrency + FILES_BESIDES_CONVERSATIONS, err)
     try:
         chat_model = ChatModel.from_env(settings)
     except (ModelError, OpenAIError) as exc:
@@ -200,6 +205,27 @@ def _signals_cancel(
     finally:
         for signum in handled:
             loop.remove_signal_handler(signum)
+
+
+def allow_open_files(wanted: int, err: Console) -> None:
+    """Raise the soft limit on open files towards ``wanted``, as far as the hard limit allows.
+
+    Every conversation waiting on the model holds a connection, and a common default soft
+    limit (1024) would make a batch of a thousand fail with "Too many open files".
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return
+    allowed = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if allowed > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (allowed, hard))
+    if allowed < wanted:
+        err.print(
+            f"Warning: this concurrency needs about {wanted} open files and the limit is "
+            f"{allowed}; raise it (ulimit -n) or lower --concurrency.",
+            markup=False,
+            soft_wrap=True,
+        )
 
 
 def _report_output(results: ResultLog, err: Console) -> None:

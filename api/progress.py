@@ -207,9 +207,10 @@ def summary_lines(stats: BatchStats, outcome: BatchOutcome) -> list[str]:
     if outcome.interrupted:
         left = stats.total - stats.done
         lines.append(
-            f"{left} conversations did not finish (those in flight were cancelled and left no "
-            f"line); every finished one is saved. Resume with: {outcome.resume_command}"
+            f"{left} conversations did not finish; those in flight were cancelled and left no "
+            "line, every finished one is saved."
         )
+        lines.append(f"Resume with: {outcome.resume_command}")
     return lines
 
 

@@ -36,3 +36,13 @@ def thread_names(pid: int) -> list[str]:
             with contextlib.suppress(OSError):
                 names.append((task / "comm").read_text().strip())
     return sorted(names)
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its children (a worker's pool processes), one level down."""
+    children: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                children += [int(p) for p in (task / "children").read_text().split()]
+    return [pid, *children]

@@ -106,7 +106,8 @@ class BareWorker:
     """``celery -A bench.bare_celery worker`` with the flags toolq's local workers get."""
 
     def __init__(self, settings: Settings, concurrency: int) -> None:
-        self._log = tempfile.NamedTemporaryFile(prefix="toolq-bench-bare-", suffix=".log")
+        # Kept open for the worker's lifetime and deleted when closed in ``stop``.
+        self._log = tempfile.NamedTemporaryFile(prefix="toolq-bench-bare-", suffix=".log")  # noqa: SIM115
         env = {**os.environ, **worker_environment(settings), "PYTHONPATH": python_path()}
         self.proc = subprocess.Popen(
             [

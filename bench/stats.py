@@ -36,8 +36,9 @@ class Comparison:
     """One figure of toolq's next to the baseline's, their ratio, and the goal if there is one.
 
     ``higher_is_better`` says which way the goal points: for a latency the ratio must stay at or
-    under ``goal``, for a throughput at or over it. ``goal_on`` names what the goal judges when
-    it is not the ratio (``"value"``: toolq's own figure, e.g. megabytes or milliseconds).
+    under ``goal``, for a throughput at or over it. ``goal_on`` names what the goal judges: the
+    ratio, toolq's own figure (``"value"``, e.g. megabytes) or the difference to the baseline
+    (``"difference"``, e.g. milliseconds added).
     """
 
     metric: str
@@ -57,7 +58,11 @@ class Comparison:
     def passed(self) -> bool | None:
         if self.goal is None:
             return None
-        judged = self.value if self.goal_on == "value" else self.ratio
+        judged = {
+            "ratio": self.ratio,
+            "value": self.value,
+            "difference": self.value - self.baseline,
+        }[self.goal_on]
         if judged is None:
             return None
         return judged >= self.goal if self.higher_is_better else judged <= self.goal
@@ -66,8 +71,10 @@ class Comparison:
         if self.goal is None:
             return ""
         sign = "≥" if self.higher_is_better else "≤"
-        subject = f"{self.unit} " if self.goal_on == "value" else "ratio "
-        return f"{subject}{sign} {self.goal:g}"
+        if self.goal_on == "ratio":
+            return f"ratio {sign} {self.goal:g}"
+        subject = "value" if self.goal_on == "value" else "difference"
+        return f"{subject} {sign} {self.goal:g} {self.unit}"
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)

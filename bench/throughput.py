@@ -5,10 +5,14 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from typing import Any
 
 from celery.result import ResultSet
 
 from api.dispatch import Dispatcher
+from api.local import LocalStack
+from bench.cost import CostMeter
+from bench.procinfo import process_tree
 from bench.round_trip import RUN_ID, noop_spec
 from bench.stack import BareWorker
 from bench.stats import CaseResult, Comparison
@@ -45,18 +49,28 @@ def bare_throughput(bare: BareWorker, calls: int) -> float:
 
 
 def measure(
-    settings: Settings, bare: BareWorker, calls: int, warmup: int
-) -> dict[str, float]:
-    """Both systems after a smaller warm-up burst of each."""
+    settings: Settings, stack: LocalStack, bare: BareWorker, calls: int, warmup: int
+) -> dict[str, Any]:
+    """Both systems after a smaller warm-up burst of each, with where their CPU went."""
     asyncio.run(toolq_throughput(settings, warmup))
     bare_throughput(bare, warmup)
+    meter = CostMeter(settings.redis_url, lambda: stack.pids("worker-tools"))
+    meter.start()
+    toolq = asyncio.run(toolq_throughput(settings, calls))
+    toolq_cost = meter.stop(calls)
+    meter = CostMeter(settings.redis_url, lambda: process_tree(bare.proc.pid))
+    meter.start()
+    baseline = bare_throughput(bare, calls)
+    bare_cost = meter.stop(calls)
     return {
-        "toolq_calls_per_s": round(asyncio.run(toolq_throughput(settings, calls)), 1),
-        "bare_tasks_per_s": round(bare_throughput(bare, calls), 1),
+        "toolq_calls_per_s": round(toolq, 1),
+        "bare_tasks_per_s": round(baseline, 1),
+        "toolq_cost": toolq_cost,
+        "bare_cost": bare_cost,
     }
 
 
-def throughput_case(by_concurrency: dict[int, dict[str, float]], calls: int) -> CaseResult:
+def throughput_case(by_concurrency: dict[int, dict[str, Any]], calls: int) -> CaseResult:
     result = CaseResult(
         key="throughput",
         title=f"2. Throughput: {calls:,} no-op calls in flight",
@@ -74,4 +88,25 @@ def throughput_case(by_concurrency: dict[int, dict[str, float]], calls: int) -> 
                 higher_is_better=True,
             )
         )
+        result.notes.append(cost_note(concurrency, figures))
     return result
+
+
+def cost_note(concurrency: int, figures: dict[str, Any]) -> str:
+    """One line saying where each system's CPU went per call, and what Redis had to do."""
+    toolq, bare = figures["toolq_cost"], figures["bare_cost"]
+
+    def cpu(cost: dict[str, Any]) -> str:
+        parts = cost["cpu_ms_per_call"]
+        return ", ".join(f"{who} {ms:.3f}" for who, ms in parts.items())
+
+    def commands(cost: dict[str, Any]) -> str:
+        found = cost["redis_commands_per_call"]
+        total = sum(found.values())
+        return f"{total:.1f} ({', '.join(f'{k} {v:g}' for k, v in found.items())})"
+
+    return (
+        f"Throughput with {concurrency} worker process(es), CPU ms per call — toolq: "
+        f"{cpu(toolq)}; bare Celery: {cpu(bare)}. Redis commands per call — toolq: "
+        f"{commands(toolq)}; bare Celery: {commands(bare)}."
+    )

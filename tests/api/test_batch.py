@@ -606,3 +606,33 @@ def test_a_batch_with_nothing_left_to_do_needs_no_fleet(
     assert code == 1  # the bad line
     assert "in.jsonl:2: skipped: not JSON" in text
     assert "0 ok, 0 error, 1 bad lines skipped, 1 already done" in text
+
+
+class FakeLimits:
+    def __init__(self, soft: int, hard: int) -> None:
+        self.limits = (soft, hard)
+
+    def getrlimit(self, which: int) -> tuple[int, int]:
+        return self.limits
+
+    def setrlimit(self, which: int, limits: tuple[int, int]) -> None:
+        self.limits = limits
+
+
+@pytest.mark.parametrize(
+    ("soft", "hard", "after", "warned"),
+    [
+        (1024, 4096, (1256, 4096), False),
+        (1024, 1100, (1100, 1100), True),
+        (20000, 20000, (20000, 20000), False),
+    ],
+)
+def test_the_open_file_limit_is_raised_for_a_large_concurrency(
+    monkeypatch: pytest.MonkeyPatch, soft: int, hard: int, after: tuple[int, int], warned: bool
+) -> None:
+    limits = FakeLimits(soft, hard)
+    monkeypatch.setattr(batch_cli.resource, "getrlimit", limits.getrlimit)
+    monkeypatch.setattr(batch_cli.resource, "setrlimit", limits.setrlimit)
+    code, text = command_output(lambda err: batch_cli.allow_open_files(1256, err) or 0)
+    assert limits.limits == after
+    assert ("raise it (ulimit -n) or lower --concurrency" in text) == warned

@@ -6,8 +6,10 @@ or on the real executor against a scripted model and a fleet view whose tools ar
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -33,18 +35,19 @@ from api.server import create_app, serve
 from api.state import ApiStore
 from worker.manifest import ToolSpec
 from worker.settings import Settings
+from worker.tools.interface import Pool
 
 TOKEN = "correct-horse-battery-staple"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 BODY_LIMIT = 64 * 1024
 
 
-def tool(name: str, pool: str = "tools", enabled: bool = True) -> ToolSpec:
+def tool(name: str, pool: Pool = "tools", enabled: bool = True) -> ToolSpec:
     return ToolSpec(
         name=name,
         description=f"{name} for tests",
         parameters={"type": "object", "properties": {}},
-        pool=pool,  # type: ignore[arg-type]
+        pool=pool,
         enabled_by_default=enabled,
         idempotent=True,
         default_timeout_ms=1000,
@@ -132,12 +135,12 @@ def stub() -> StubExecutor:
 
 
 @pytest.fixture
-async def client(
-    redis_server: fakeredis.FakeServer, stub: StubExecutor
-) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(
-        api_settings(), redis=fake_redis(redis_server), executor=lambda *_: stub
-    )
+def app(redis_server: fakeredis.FakeServer, stub: StubExecutor) -> FastAPI:
+    return create_app(api_settings(), redis=fake_redis(redis_server), executor=lambda *_: stub)
+
+
+@pytest.fixture
+async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
     async with serving(app) as api:
         yield api
 
@@ -230,8 +233,16 @@ def test_serve_refuses_a_reachable_address_without_a_token(
 
 @pytest.mark.parametrize(
     ("host", "loopback"),
-    [("127.0.0.1", True), ("127.8.0.1", True), ("localhost", True), ("::1", True),
-     ("[::1]", True), ("0.0.0.0", False), ("10.0.0.1", False), ("api.internal", False)],
+    [
+        ("127.0.0.1", True),
+        ("127.8.0.1", True),
+        ("localhost", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("0.0.0.0", False),
+        ("10.0.0.1", False),
+        ("api.internal", False),
+    ],
 )
 def test_only_loopback_addresses_count_as_private(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback
@@ -394,18 +405,32 @@ async def test_no_workers_means_503_not_a_run_that_can_only_fail(
 
 
 async def test_events_replay_then_follow_live_until_done(
-    client: httpx.AsyncClient, redis_server: fakeredis.FakeServer
+    app: FastAPI, client: httpx.AsyncClient, redis_server: fakeredis.FakeServer
 ) -> None:
     run_id = (await client.post("/v1/runs", json={"prompt": "p"})).json()["id"]
     store = ApiStore(fake_redis(redis_server), retention_s=60)
     assert await store.mark_running(run_id)
     await store.add_event(run_id, {"type": "text_delta", "text": "Hel"})
 
-    import asyncio
+    # Know when the stream has replayed what there was and waits for more.
+    served: ApiStore = app.state.services.store
+    replayed = asyncio.Event()
+    read_events = served.read_events
 
+    async def watched_read(
+        run: str, after: str, *, block_ms: int, count: int = 500
+    ) -> list[tuple[str, dict[str, Any]]]:
+        if after != "0":
+            replayed.set()
+        return await read_events(run, after, block_ms=block_ms, count=count)
+
+    served.read_events = watched_read  # type: ignore[method-assign,assignment]
     reader = asyncio.create_task(client.get(f"/v1/runs/{run_id}/events"))
+    await asyncio.wait_for(replayed.wait(), 10)
     await store.add_event(run_id, {"type": "text_delta", "text": "lo"})
-    await store.add_event(run_id, {"type": "final_answer", "text": "Hello", "stop_reason": "answered"})
+    await store.add_event(
+        run_id, {"type": "final_answer", "text": "Hello", "stop_reason": "answered"}
+    )
     assert await store.finish_run(run_id, "succeeded", answer="Hello", stop_reason="answered")
     response = await asyncio.wait_for(reader, 10)
 
@@ -559,8 +584,16 @@ def real_executor(server: ScriptedServer, settings: Settings) -> ExecutorFactory
 def live_app(model_server: ScriptedServer, redis_server: fakeredis.FakeServer) -> FastAPI:
     settings = api_settings()
     return create_app(
-        settings, redis=fake_redis(redis_server), executor=real_executor(model_server, settings)
+        settings,
+        redis=fake_redis(redis_server),
+        executor=real_executor(model_server, settings),
+        queue_depths=lambda _: {"tools": 0, "sandbox": 0},
     )
+
+
+def ask(script: str) -> dict[str, Any]:
+    """A run on a script; a prompt of its own, as the model's faults count per conversation."""
+    return {"prompt": f"question {uuid.uuid4().hex}", "options": {"model": f"scripted:{script}"}}
 
 
 async def status_of(api: httpx.AsyncClient, run_id: str) -> str:
@@ -570,7 +603,7 @@ async def status_of(api: httpx.AsyncClient, run_id: str) -> str:
 
 async def test_a_run_streams_its_answer_and_keeps_its_transcript(live_app: FastAPI) -> None:
     async with serving(live_app) as api:
-        created = await api.post("/v1/runs", json={"prompt": "q", "options": {"model": "scripted:answer"}})
+        created = await api.post("/v1/runs", json=ask("answer"))
         run_id = created.json()["id"]
         events = sse_events((await api.get(f"/v1/runs/{run_id}/events")).text)
         run = (await api.get(f"/v1/runs/{run_id}")).json()
@@ -590,7 +623,7 @@ async def test_a_run_streams_its_answer_and_keeps_its_transcript(live_app: FastA
 
 async def test_a_model_that_refuses_fails_the_run_with_its_reason(live_app: FastAPI) -> None:
     async with serving(live_app) as api:
-        created = await api.post("/v1/runs", json={"prompt": "q", "options": {"model": "scripted:refused"}})
+        created = await api.post("/v1/runs", json=ask("refused"))
         run_id = created.json()["id"]
         events = sse_events((await api.get(f"/v1/runs/{run_id}/events")).text)
         run = (await api.get(f"/v1/runs/{run_id}")).json()
@@ -601,7 +634,7 @@ async def test_a_model_that_refuses_fails_the_run_with_its_reason(live_app: Fast
 
 async def test_a_running_run_is_cancelled_on_request(live_app: FastAPI) -> None:
     async with serving(live_app) as api:
-        created = await api.post("/v1/runs", json={"prompt": "q", "options": {"model": "scripted:stall"}})
+        created = await api.post("/v1/runs", json=ask("stall"))
         run_id = created.json()["id"]
 
         async def running() -> bool:
@@ -628,11 +661,14 @@ async def test_shutting_down_fails_the_runs_in_flight_and_keeps_finished_ones(
         settings, redis=fake_redis(redis_server), executor=real_executor(model_server, settings)
     )
     async with serving(first) as api:
-        done = (await api.post("/v1/runs", json={"prompt": "q", "options": {"model": "scripted:answer"}})).json()["id"]
-        stalled = (await api.post("/v1/runs", json={"prompt": "q", "options": {"model": "scripted:stall"}})).json()["id"]
+        done = (await api.post("/v1/runs", json=ask("answer"))).json()["id"]
+        stalled = (await api.post("/v1/runs", json=ask("stall"))).json()["id"]
 
         async def settled() -> bool:
-            return await status_of(api, done) == "succeeded" and await status_of(api, stalled) == "running"
+            return (
+                await status_of(api, done) == "succeeded"
+                and await status_of(api, stalled) == "running"
+            )
 
         await until(settled, "one run to finish and one to stall")
 
@@ -650,9 +686,9 @@ async def test_shutting_down_fails_the_runs_in_flight_and_keeps_finished_ones(
 
 async def test_a_batch_runs_every_item_and_reports_each_result(live_app: FastAPI) -> None:
     items = [
-        {"id": "good", "prompt": "q", "model": "scripted:answer"},
-        {"id": "bad", "prompt": "q", "model": "scripted:refused"},
-        {"id": "default", "prompt": "q"},
+        {"id": "good", "prompt": "good?", "model": "scripted:answer"},
+        {"id": "bad", "prompt": "bad?", "model": "scripted:refused"},
+        {"id": "default", "prompt": "default?"},
     ]
     async with serving(live_app) as api:
         created = await api.post(

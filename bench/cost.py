@@ -1,0 +1,63 @@
+"""Where a run's work went: CPU seconds of each process, and Redis commands by name."""
+
+from __future__ import annotations
+
+import resource
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from bench.procinfo import cpu_seconds
+
+
+def _own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _redis_cpu(info: dict[str, Any]) -> float:
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def _commands(client: redis.Redis) -> dict[str, int]:
+    stats: dict[str, Any] = client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+
+
+@dataclass
+class CostMeter:
+    """CPU of this process (the caller), of the worker processes and of Redis, and the Redis
+    commands run, between ``start`` and ``stop``."""
+
+    redis_url: str
+    worker_pids: Callable[[], list[int]]
+
+    def start(self) -> None:
+        self._client = redis.Redis.from_url(self.redis_url)
+        self._caller = _own_cpu()
+        self._workers = sum(cpu_seconds(pid) for pid in self.worker_pids())
+        self._redis = _redis_cpu(self._client.info("cpu"))
+        self._commands = _commands(self._client)
+
+    def stop(self, calls: int) -> dict[str, Any]:
+        """Per call: CPU ms of caller, workers and Redis, and Redis commands by name."""
+        caller = _own_cpu() - self._caller
+        workers = sum(cpu_seconds(pid) for pid in self.worker_pids()) - self._workers
+        redis_cpu = _redis_cpu(self._client.info("cpu")) - self._redis
+        after = _commands(self._client)
+        self._client.close()
+        commands = {
+            name: round((count - self._commands.get(name, 0)) / calls, 2)
+            for name, count in sorted(after.items())
+            if count - self._commands.get(name, 0) >= calls / 10
+        }
+        return {
+            "cpu_ms_per_call": {
+                "caller": round(caller * 1000 / calls, 3),
+                "workers": round(workers * 1000 / calls, 3),
+                "redis": round(redis_cpu * 1000 / calls, 3),
+            },
+            "redis_commands_per_call": commands,
+        }

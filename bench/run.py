@@ -1,0 +1,142 @@
+"""``python -m bench.run [--quick] [--out DIR]``: every case, then the JSON, Markdown and plot.
+
+It starts its own redis-server and workers; cases that fork or need no workers run first, while
+this process has no threads yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.big_output import big_output_case
+from bench.conversations import conversations_case
+from bench.report import machine, markdown, plot, write_json
+from bench.round_trip import TOOLQ, round_trip_case
+from bench.sandbox_cost import sandbox_case, sandbox_layers
+from bench.search_tree import search_case
+from bench.stack import bare_worker, bench_settings, private_redis, python_path, toolq_workers
+from bench.stats import CaseResult
+from bench.throughput import measure, throughput_case
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    round_trips: int
+    warmup: int
+    fast_calls: int
+    throughput_calls: int
+    throughput_warmup: int
+    conversations: int
+    few_conversations: int
+    conversation_workers: int
+    bash_calls: int
+    big_output_bytes: int
+    search_files: int
+    search_runs: int
+    worker_processes: tuple[int, ...]
+
+
+FULL = Sizes(
+    round_trips=2000,
+    warmup=200,
+    fast_calls=5000,
+    throughput_calls=5000,
+    throughput_warmup=500,
+    conversations=1000,
+    few_conversations=10,
+    conversation_workers=2,
+    bash_calls=300,
+    big_output_bytes=1 << 30,
+    search_files=10_000,
+    search_runs=5,
+    worker_processes=(1, 2),
+)
+QUICK = Sizes(
+    round_trips=30,
+    warmup=5,
+    fast_calls=100,
+    throughput_calls=60,
+    throughput_warmup=10,
+    conversations=10,
+    few_conversations=2,
+    conversation_workers=1,
+    bash_calls=5,
+    big_output_bytes=4 << 20,
+    search_files=200,
+    search_runs=1,
+    worker_processes=(1,),
+)
+
+
+def run_cases(sizes: Sizes) -> list[CaseResult]:
+    layers = sandbox_layers(sizes.bash_calls, sizes.warmup)
+    search = search_case(sizes.search_files, sizes.search_runs)
+    by_concurrency = {}
+    with private_redis() as url, tempfile.TemporaryDirectory(prefix="toolq-bench-ws-") as ws:
+        # Run folders belong to the sandbox user; it must be able to reach them.
+        os.chmod(ws, 0o755)
+        settings = bench_settings(url, Path(ws))
+        for processes in sizes.worker_processes:
+            pools = ("tools", "sandbox") if processes == 1 else ("tools",)
+            with (
+                toolq_workers(settings, processes, pools) as stack,
+                bare_worker(settings, processes) as bare,
+            ):
+                if processes == 1:
+                    round_trip = round_trip_case(
+                        settings, bare, sizes.round_trips, sizes.warmup, sizes.fast_calls
+                    )
+                    noop_p50 = round_trip.figures["latency"][TOOLQ]["p50_ms"]
+                    sandbox = sandbox_case(
+                        settings, layers, noop_p50, sizes.bash_calls, sizes.warmup
+                    )
+                    big = big_output_case(settings, stack, sizes.big_output_bytes)
+                by_concurrency[processes] = measure(
+                    settings, stack, bare, sizes.throughput_calls, sizes.throughput_warmup
+                )
+                if processes == sizes.conversation_workers:
+                    conversations = conversations_case(
+                        settings,
+                        stack,
+                        processes,
+                        by_concurrency[processes]["bare_tasks_per_s"],
+                        sizes.conversations,
+                        sizes.few_conversations,
+                    )
+    throughput = throughput_case(by_concurrency, sizes.throughput_calls)
+    return [round_trip, throughput, conversations, sandbox, big, search]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: proves the harness")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the results go")
+    args = parser.parse_args(argv)
+    os.environ["PYTHONPATH"] = python_path()
+    sizes = QUICK if args.quick else FULL
+    started = time.monotonic()
+    meta = {"machine": machine(), "quick": args.quick, "sizes": sizes.__dict__}
+    cases = run_cases(sizes)
+    meta["duration_s"] = round(time.monotonic() - started, 1)
+    meta["load_average_at_end"] = round(os.getloadavg()[0], 2)
+    notes = [note for case in cases for note in case.notes]
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_json(args.out / "latest.json", meta, cases)
+    (args.out / "latest.md").write_text(markdown(meta, cases, notes))
+    plot(args.out / "latency.png", cases)
+    failed = [c.metric for case in cases for c in case.comparisons if c.passed is False]
+    missed = f": {', '.join(failed)}" if failed else ""
+    print(f"results in {args.out}; {len(failed)} goal(s) missed{missed}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
