@@ -10,8 +10,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from worker.app import POOLS
 from worker.settings import get_settings
+from worker.tools.interface import POOLS
 
 app = typer.Typer(
     name="toolq",

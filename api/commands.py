@@ -23,8 +23,8 @@ from api.events import (
 from api.fleet import NoWorkersError, calls_in_flight, load_fleet, queue_depths
 from api.llm import ChatModel, ModelError
 from api.local import LocalStackError, fleet_for
-from worker.app import POOLS
 from worker.settings import Settings, get_settings
+from worker.tools.interface import POOLS
 
 DEMO_SCRIPT = Path(__file__).parent / "scripts" / "demo.json"
 DEMO_PROMPT = (
@@ -54,7 +54,7 @@ def run_conversation(
         options["max_turns"] = max_turns
     try:
         client = ChatModel.from_env(settings)
-    except OpenAIError as exc:
+    except (ModelError, OpenAIError) as exc:
         err.print(f"[red]No model API configured:[/red] {exc}\nTry [bold]toolq demo[/bold].")
         return 2
     try:

@@ -65,10 +65,8 @@ class Dispatcher:
             # connection does, and the reader then sees it is closing.
             with contextlib.suppress(RedisError, OSError):
                 await self._redis.connection_pool.disconnect(inuse_connections=True)
-            try:
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(self._reader, 2)
-            except (TimeoutError, asyncio.CancelledError):
-                pass
             self._reader = None
         self._sender.shutdown(wait=False, cancel_futures=True)
         await self._redis.aclose()

@@ -7,12 +7,15 @@ from typing import Any
 
 import redis
 
-from worker.app import POOLS, create_app
+from worker.app import create_app
 from worker.manifest import ToolSpec, live_workers, read_manifest
 from worker.settings import Settings
+from worker.tools.interface import POOLS
 
 #: Where kombu's Redis transport keeps delivered, unacknowledged messages.
 UNACKED_HASH = "unacked"
+#: Separator kombu puts between a Redis queue's name and its priority step.
+PRIORITY_SEP = "\x06\x16"
 
 
 class NoWorkersError(RuntimeError):
@@ -50,14 +53,30 @@ def load_fleet(redis_url: str) -> Fleet:
 
 
 def queue_depths(settings: Settings) -> dict[str, int]:
-    """Messages waiting in each pool's queue, through the broker's own client (Redis or AMQP)."""
-    app = create_app(settings)
+    """Messages waiting in each pool's queue."""
+    broker = settings.effective_broker_url
+    if broker.startswith(("redis", "rediss")):
+        # Kombu keeps a Redis queue as a list named after it (plus one list per priority step).
+        client = redis.Redis.from_url(broker)
+        try:
+            return {
+                pool: sum(
+                    int(client.llen(name))
+                    for name in [pool, *(f"{pool}{PRIORITY_SEP}{step}" for step in (3, 6, 9))]
+                )
+                for pool in POOLS
+            }
+        finally:
+            client.close()
     depths: dict[str, int] = {}
-    with app.connection_for_write() as conn:
-        channel = conn.default_channel
+    with create_app(settings).connection_for_write() as conn:
         for pool in POOLS:
-            declared = channel.queue_declare(queue=pool, passive=True)
-            depths[pool] = int(declared.message_count)
+            try:
+                declared = conn.default_channel.queue_declare(queue=pool, passive=True)
+                depths[pool] = int(declared.message_count)
+            except conn.channel_errors:
+                depths[pool] = 0  # not declared yet: no worker has consumed from it
+                conn.close()
     return depths
 
 

@@ -11,11 +11,13 @@ import asyncio
 import json
 import logging
 import re
+import signal
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from types import FrameType
 from typing import Annotated, Any, NoReturn
 
 import redis.asyncio as aioredis
@@ -181,6 +183,7 @@ def create_app(
     )
     app.state.services = services
     app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]
+    app.add_exception_handler(RedisError, _store_unreachable)  # type: ignore[arg-type]
     app.add_middleware(BodySizeLimit, limit=settings.api_max_body_bytes)
     guarded = APIRouter(
         dependencies=[Depends(token_guard(settings.api_token))],
@@ -221,6 +224,13 @@ async def _invalid_request(_: Request, exc: RequestValidationError) -> JSONRespo
         errors.append({"field": field, "in": where, "message": message, "type": error["type"]})
     summary = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
     return JSONResponse({"detail": summary, "errors": errors}, status_code=422)
+
+
+async def _store_unreachable(_: Request, exc: RedisError) -> JSONResponse:
+    log.error("Redis failed: %s", exc)
+    return JSONResponse(
+        {"detail": f"the state store (Redis) is unreachable: {exc}"}, status_code=503
+    )
 
 
 def _tool_errors(
@@ -323,9 +333,12 @@ async def _create_run(body: RunRequest, services: Svc, response: Response) -> Ac
     if errors:
         raise RequestValidationError(errors)
     run_id = f"run-{uuid.uuid4().hex}"
-    options = body.options
-    if options.run_id is None:
-        options = options.model_copy(update={"run_id": run_id})
+    defaults: dict[str, Any] = {}
+    if body.options.run_id is None:
+        defaults["run_id"] = run_id
+    if "max_turns" not in body.options.model_fields_set:
+        defaults["max_turns"] = services.settings.max_turns
+    options = body.options.model_copy(update=defaults)
     await services.store.create_run(
         run_id, body.prompt, options.model_dump(mode="json"), services.replica
     )
@@ -555,10 +568,13 @@ def serve(host: str, port: int, *, settings: Settings | None = None) -> None:
         model = ChatModel.from_env(settings)
     except ModelError as exc:
         _refuse(f"no model API configured: {exc}")
+    if settings.local_mode:
+        log.info("no TOOLQ_BROKER_URL: starting a local Redis and workers for this server")
+    # uvicorn re-raises SIGTERM once it has shut down; raised as an exception it unwinds
+    # through fleet_for, which stops the local stack instead of leaving it orphaned.
+    signal.signal(signal.SIGTERM, _exit_cleanly)
     try:
         with fleet_for(settings) as fleet_settings:
-            if settings.local_mode:
-                log.info("no TOOLQ_BROKER_URL: running a local Redis and workers meanwhile")
             app = create_app(fleet_settings, model=model)
             config = uvicorn.Config(
                 app, host=host, port=port, log_config=None, timeout_graceful_shutdown=5
@@ -567,6 +583,10 @@ def serve(host: str, port: int, *, settings: Settings | None = None) -> None:
     except LocalStackError as exc:
         print(f"error: the local stack did not start: {exc}", file=sys.stderr)
         raise SystemExit(1) from exc
+
+
+def _exit_cleanly(signum: int, _: FrameType | None) -> None:
+    raise SystemExit(0)
 
 
 def _refuse(message: str) -> NoReturn:

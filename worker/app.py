@@ -8,8 +8,7 @@ from celery import Celery
 from kombu import Queue
 
 from worker.settings import Settings, get_settings
-
-POOLS = ("tools", "sandbox")
+from worker.tools.interface import POOLS
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:

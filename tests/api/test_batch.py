@@ -6,6 +6,7 @@ import asyncio
 import io
 import json
 import re
+import resource
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -631,8 +632,9 @@ def test_the_open_file_limit_is_raised_for_a_large_concurrency(
     monkeypatch: pytest.MonkeyPatch, soft: int, hard: int, after: tuple[int, int], warned: bool
 ) -> None:
     limits = FakeLimits(soft, hard)
-    monkeypatch.setattr(batch_cli.resource, "getrlimit", limits.getrlimit)
-    monkeypatch.setattr(batch_cli.resource, "setrlimit", limits.setrlimit)
-    code, text = command_output(lambda err: batch_cli.allow_open_files(1256, err) or 0)
+    monkeypatch.setattr(resource, "getrlimit", limits.getrlimit)
+    monkeypatch.setattr(resource, "setrlimit", limits.setrlimit)
+    console = Console(record=True, width=200, file=io.StringIO())
+    batch_cli.allow_open_files(1256, console)
     assert limits.limits == after
-    assert ("raise it (ulimit -n) or lower --concurrency" in text) == warned
+    assert ("raise it (ulimit -n) or lower --concurrency" in console.export_text()) == warned

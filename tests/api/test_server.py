@@ -373,6 +373,32 @@ async def test_a_run_is_accepted_queued_and_readable(
     assert run["transcript"] is None
 
 
+async def test_options_left_out_take_the_servers_settings(
+    redis_server: fakeredis.FakeServer, stub: StubExecutor
+) -> None:
+    app = create_app(
+        api_settings(max_turns=7), redis=fake_redis(redis_server), executor=lambda *_: stub
+    )
+    async with serving(app) as api:
+        await api.post("/v1/runs", json={"prompt": "p"})
+        await api.post("/v1/runs", json={"prompt": "p", "options": {"max_turns": 2}})
+    assert [options.max_turns for _, _, options in stub.runs] == [7, 2]
+
+
+async def test_an_unreachable_store_is_a_clear_503(stub: StubExecutor) -> None:
+    down = fakeredis.FakeServer()
+    app = create_app(api_settings(), redis=fake_redis(down), executor=lambda *_: stub)
+    async with serving(app) as api:
+        down.connected = False
+        created = await api.post("/v1/runs", json={"prompt": "p"})
+        health = await api.get("/healthz")
+        down.connected = True
+    assert created.status_code == 503
+    assert "Redis" in created.json()["detail"]
+    assert health.status_code == 503
+    assert health.json()["redis"] is False
+
+
 async def test_a_workspace_named_by_the_client_is_kept(
     client: httpx.AsyncClient, stub: StubExecutor
 ) -> None:
@@ -405,7 +431,10 @@ async def test_no_workers_means_503_not_a_run_that_can_only_fail(
 
 
 async def test_events_replay_then_follow_live_until_done(
-    app: FastAPI, client: httpx.AsyncClient, redis_server: fakeredis.FakeServer
+    app: FastAPI,
+    client: httpx.AsyncClient,
+    redis_server: fakeredis.FakeServer,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     run_id = (await client.post("/v1/runs", json={"prompt": "p"})).json()["id"]
     store = ApiStore(fake_redis(redis_server), retention_s=60)
@@ -424,7 +453,7 @@ async def test_events_replay_then_follow_live_until_done(
             replayed.set()
         return await read_events(run, after, block_ms=block_ms, count=count)
 
-    served.read_events = watched_read  # type: ignore[method-assign,assignment]
+    monkeypatch.setattr(served, "read_events", watched_read)
     reader = asyncio.create_task(client.get(f"/v1/runs/{run_id}/events"))
     await asyncio.wait_for(replayed.wait(), 10)
     await store.add_event(run_id, {"type": "text_delta", "text": "lo"})

@@ -19,8 +19,8 @@ from celery import Celery
 from celery.app.utils import find_app
 
 from tests.deploy import deployfiles as files
-from worker.app import POOLS
 from worker.settings import Settings
+from worker.tools.interface import POOLS
 
 K8S_VERSION = "1.30"
 SANDBOX = "worker-sandbox"

@@ -41,7 +41,7 @@ SLOW_MARKED_CALL: list[dict[str, Any]] = [
     {"tool_calls": [{"name": "slow_write", "arguments": {"seconds": 0.3, "marker": "m"}}]},
     {"content": "done"},
 ]
-#: A model that takes STALL_S to make one tool call: conversations only overlap if run at once.
+#: A model that takes STALL_S to make one tool call, so conversations overlap for a while.
 STALL_S = 2.0
 SLOW_MODEL_ONE_CALL: list[dict[str, Any]] = [
     {
@@ -271,7 +271,12 @@ def run_sampling_threads(
         if threads:
             peak = max(peak, int(threads.group(1)))
         time.sleep(0.02)
-    stdout, stderr = proc.communicate(timeout=max(deadline - time.monotonic(), 1))
+    try:
+        stdout, stderr = proc.communicate(timeout=max(deadline - time.monotonic(), 1))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail(f"the batch at concurrency {concurrency} took over {RUN_TIMEOUT_S} s")
     elapsed = time.monotonic() - started
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), peak, elapsed
 
@@ -300,8 +305,9 @@ def test_a_thousand_conversations_run_at_once_without_a_thread_each(
     assert {r["id"] for r in results} == {f"c{n}" for n in range(count)}
     assert all(r["status"] == "ok" and len(r["tool_calls"]) == 1 for r in results)
     assert all(r["tool_calls"][0]["worker"] for r in results)
-    # Each first answer takes STALL_S: one conversation after another would take half an hour.
-    assert elapsed < 45, f"took {elapsed:.1f} s"
+    # Conversations in flight on average (Little's law): about half of all of them when they
+    # all start at once, and never more than the concurrency.
+    assert sum(r["duration_s"] for r in results) / elapsed > 250
     assert threads_at_10 > 0
     assert threads_at_1000 <= threads_at_10 + EXECUTOR_THREADS, (threads_at_10, threads_at_1000)
     # Off a terminal: plain progress lines, then the summary.

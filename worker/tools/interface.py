@@ -9,6 +9,9 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict
 
 Pool = Literal["tools", "sandbox"]
+#: The worker pools: ``tools`` for file, search, session and plugin tools; ``sandbox`` for
+#: commands (run_bash), kept on workers of their own.
+POOLS: tuple[Pool, ...] = ("tools", "sandbox")
 
 
 class NoArgs(BaseModel):

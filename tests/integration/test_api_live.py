@@ -1,0 +1,294 @@
+"""Two `toolq serve` replicas on real workers and a scripted model, sharing state in Redis."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from api.local import free_port, worker_environment
+from api.runner import SHUTDOWN_ERROR
+from api.scripted import Script, ScriptedServer
+from tests.conftest import WorkerFleet, wait_for
+
+pytestmark = pytest.mark.integration
+
+TOKEN = "integration-token"
+TOOLQ = str(Path(sys.executable).parent / "toolq")
+SCRIPTS: dict[str, list[dict[str, Any]]] = {
+    "notes": [
+        {
+            "content": "Saving your words to a file first.",
+            "tool_calls": [
+                {"name": "write_file", "arguments": {"path": "note.txt", "content": "{prompt}"}}
+            ],
+        },
+        {"tool_calls": [{"name": "read_file", "arguments": {"path": "note.txt"}}]},
+        {"content": "The note says: {last_tool_result}"},
+    ],
+    "answer": [{"content": "A plain answer, with no tools at all."}],
+    "stall": [{"content": "too late", "fault": {"kind": "stall", "seconds": 60}}],
+}
+
+
+class Replica:
+    """One `toolq serve` process on its own port."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path, name: str) -> None:
+        self.port = free_port()
+        self.env = env
+        self.log_path = log_dir / f"{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.client = httpx.Client(
+            base_url=f"http://127.0.0.1:{self.port}",
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            timeout=30,
+        )
+
+    def start(self) -> Replica:
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [TOOLQ, "serve", "--host", "127.0.0.1", "--port", str(self.port)],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        wait_for(self._healthy, 30, f"toolq serve on {self.port}:\n{self.log()}")
+        return self
+
+    def _healthy(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"toolq serve exited {self.proc.returncode}:\n{self.log()}")
+        try:
+            return self.client.get("/healthz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    @property
+    def replica_id(self) -> str:
+        replica: str = self.client.get("/healthz").json()["replica"]
+        return replica
+
+    def create_run(self, script: str, prompt: str | None = None) -> str:
+        body = {
+            "prompt": prompt or f"remember {uuid.uuid4().hex}",
+            "options": {"model": f"scripted:{script}"},
+        }
+        response = self.client.post("/v1/runs", json=body)
+        assert response.status_code == 202, response.text
+        run_id: str = response.json()["id"]
+        return run_id
+
+    def run(self, run_id: str) -> dict[str, Any]:
+        response = self.client.get(f"/v1/runs/{run_id}")
+        assert response.status_code == 200, response.text
+        run: dict[str, Any] = response.json()
+        return run
+
+    def events(self, run_id: str) -> list[dict[str, Any]]:
+        response = self.client.get(f"/v1/runs/{run_id}/events")
+        assert response.status_code == 200, response.text
+        return [
+            json.loads(line.removeprefix("data: "))
+            for line in response.text.splitlines()
+            if line.startswith("data: ")
+        ]
+
+    def wait_status(self, run_id: str, *statuses: str, timeout: float = 30) -> dict[str, Any]:
+        wait_for(
+            lambda: self.run(run_id)["status"] in statuses,
+            timeout,
+            f"run {run_id} to be {'/'.join(statuses)}",
+        )
+        return self.run(run_id)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScriptedServer]:
+    scripts = tmp_path_factory.mktemp("api-scripts")
+    for name, steps in SCRIPTS.items():
+        (scripts / f"{name}.json").write_text(json.dumps({"steps": steps}))
+    with ScriptedServer(Script.from_steps([{"content": "default"}]), scripts_dir=scripts) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def replicas(
+    fleet: WorkerFleet, model: ScriptedServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Replica, Replica]]:
+    env = {
+        **os.environ,
+        **worker_environment(fleet.settings),
+        "OPENAI_BASE_URL": model.base_url,
+        "OPENAI_API_KEY": "test",
+        "TOOLQ_API_TOKEN": TOKEN,
+        "TOOLQ_LOG_FORMAT": "json",
+    }
+    logs = tmp_path_factory.mktemp("api-logs")
+    first = Replica(env, logs, "a")
+    second = Replica(env, logs, "b")
+    try:
+        yield first.start(), second.start()
+    finally:
+        first.stop()
+        second.stop()
+
+
+def sample(text: str, name: str, **labels: str) -> float:
+    for family in text_string_to_metric_families(text):
+        for found in family.samples:
+            if found.name == name and found.labels == labels:
+                return float(found.value)
+    raise AssertionError(f"no sample {name}{labels} in:\n{text}")
+
+
+def test_a_run_started_on_one_replica_is_followed_from_the_other(
+    replicas: tuple[Replica, Replica], fleet: WorkerFleet
+) -> None:
+    a, b = replicas
+    prompt = f"remember {uuid.uuid4().hex}"
+    run_id = a.create_run("notes", prompt)
+
+    events = b.events(run_id)  # streams live, and ends with the run
+    kinds = [e["type"] for e in events]
+    assert kinds.count("text_delta") > 2
+    assert [(e["type"], e["name"]) for e in events if e["type"].startswith("tool_call")] == [
+        ("tool_call_started", "write_file"),
+        ("tool_call_finished", "write_file"),
+        ("tool_call_started", "read_file"),
+        ("tool_call_finished", "read_file"),
+    ]
+    assert kinds[-2:] == ["final_answer", "done"]
+    assert events[-2]["text"] == f"The note says: {prompt}"
+    assert events[-1]["status"] == "succeeded"
+    text = "".join(e["text"] for e in events if e["type"] == "text_delta")
+    assert text.startswith("Saving your words to a file first.")
+
+    run = b.run(run_id)
+    assert run["status"] == "succeeded"
+    assert run["replica"] == a.replica_id
+    assert run["answer"] == f"The note says: {prompt}"
+    calls = run["transcript"]["tool_calls"]
+    assert [c["name"] for c in calls] == ["write_file", "read_file"]
+    assert all(c["worker"] and not c["is_error"] for c in calls)
+    assert (Path(fleet.settings.workspace_root) / run_id / "note.txt").read_text() == prompt
+    assert a.events(run_id) == events  # a late reader gets the same events again
+
+
+def test_a_run_is_cancelled_through_the_other_replica(replicas: tuple[Replica, Replica]) -> None:
+    a, b = replicas
+    run_id = a.create_run("stall")
+    b.wait_status(run_id, "running")
+    response = b.client.post(f"/v1/runs/{run_id}/cancel")
+    assert response.status_code == 200, response.text
+    assert response.json() == {"id": run_id, "status": "cancelled"}
+    run = a.run(run_id)
+    assert run["status"] == "cancelled"
+    assert run["error"] == "cancelled on request"
+    assert a.events(run_id)[-1] == {
+        "type": "done",
+        "status": "cancelled",
+        "error": "cancelled on request",
+        "stop_reason": None,
+    }
+    assert b.client.post(f"/v1/runs/{run_id}/cancel").status_code == 409
+
+
+def test_a_batch_reports_progress_and_every_result(replicas: tuple[Replica, Replica]) -> None:
+    a, b = replicas
+    items = [
+        {"id": "first", "prompt": f"one {uuid.uuid4().hex}", "model": "scripted:notes"},
+        {"id": "second", "prompt": f"two {uuid.uuid4().hex}", "model": "scripted:notes"},
+        {"id": "plain", "prompt": "three"},
+    ]
+    response = b.client.post(
+        "/v1/batches", json={"items": items, "concurrency": 2, "model": "scripted:answer"}
+    )
+    assert response.status_code == 202, response.text
+    batch_id = response.json()["id"]
+
+    def finished() -> bool:
+        return bool(a.client.get(f"/v1/batches/{batch_id}").json()["status"] == "succeeded")
+
+    wait_for(finished, 60, "the batch to finish")
+    batch = a.client.get(f"/v1/batches/{batch_id}").json()
+    assert batch["progress"] == {"total": 3, "done": 3, "ok": 3, "error": 0, "running": 0}
+    results = {r["id"]: r for r in batch["results"]}
+    assert results["first"]["answer"] == f"The note says: {items[0]['prompt']}"
+    assert results["second"]["answer"] == f"The note says: {items[1]['prompt']}"
+    assert results["plain"]["answer"] == "A plain answer, with no tools at all."
+    assert [c["name"] for c in results["first"]["tool_calls"]] == ["write_file", "read_file"]
+    page = a.client.get(f"/v1/batches/{batch_id}", params={"offset": 2, "limit": 10}).json()
+    assert len(page["results"]) == 1
+
+
+def test_tools_lists_the_fleet_with_its_live_workers(replicas: tuple[Replica, Replica]) -> None:
+    tools = {t["name"]: t for t in replicas[0].client.get("/v1/tools").json()}
+    assert {"read_file", "write_file", "run_bash", "noop", "get_current_weather"} <= set(tools)
+    assert tools["run_bash"]["pool"] == "sandbox"
+    assert tools["read_file"]["pool"] == "tools"
+    assert tools["read_file"]["live_workers"] >= 1
+    assert tools["run_bash"]["live_workers"] >= 1
+    assert "path" in tools["read_file"]["parameters"]["properties"]
+
+
+def test_metrics_count_the_calls_and_runs_of_the_replica(
+    replicas: tuple[Replica, Replica],
+) -> None:
+    a, _ = replicas
+    a.wait_status(a.create_run("notes"), "succeeded")
+    response = a.client.get("/metrics")
+    assert response.status_code == 200
+    text = response.text
+    assert sample(text, "toolq_tool_calls_total", tool="write_file", outcome="ok") >= 1
+    assert sample(text, "toolq_tool_calls_total", tool="read_file", outcome="ok") >= 1
+    assert sample(text, "toolq_tool_call_seconds_count", tool="write_file") >= 1
+    assert sample(text, "toolq_tool_call_seconds_bucket", tool="write_file", le="+Inf") >= 1
+    assert sample(text, "toolq_runs_total", status="succeeded") >= 1
+    assert sample(text, "toolq_queue_depth", pool="tools") >= 0
+    assert sample(text, "toolq_tool_calls_in_flight") == 0
+    assert a.client.get("/metrics", headers={"Authorization": ""}).status_code == 401
+
+
+def test_a_restarted_replica_loses_no_finished_run(replicas: tuple[Replica, Replica]) -> None:
+    a, b = replicas
+    finished = a.create_run("notes")
+    answer = a.wait_status(finished, "succeeded")["answer"]
+    in_flight = a.create_run("stall")
+    a.wait_status(in_flight, "running")
+
+    a.stop()
+    cut = b.run(in_flight)  # the stopping replica recorded why it ended
+    assert cut["status"] == "failed"
+    assert cut["error"] == SHUTDOWN_ERROR
+    a.start()
+
+    run = a.run(finished)
+    assert run["status"] == "succeeded"
+    assert run["answer"] == answer
+    assert [e["type"] for e in a.events(finished)][-2:] == ["final_answer", "done"]

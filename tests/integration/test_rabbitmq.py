@@ -1,0 +1,95 @@
+"""The same fleet with RabbitMQ as the broker (results stay in Redis)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from api.dispatch import Dispatcher
+from tests.conftest import RedisServer, WorkerFleet, fleet_settings, wait_for
+from tests.integration.conftest import Caller
+from worker.app import create_app
+from worker.tools.interface import POOLS
+
+pytestmark = pytest.mark.integration
+AMQP_URL = os.environ.get("TOOLQ_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+
+
+def _rabbitmq_reachable() -> bool:
+    host_port = AMQP_URL.split("@", 1)[-1].split("/", 1)[0]
+    host, _, port = host_port.partition(":")
+    try:
+        with socket.create_connection((host, int(port or 5672)), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def amqp_fleet(
+    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WorkerFleet]:
+    if not _rabbitmq_reachable():
+        pytest.skip(f"RabbitMQ is not reachable at {AMQP_URL}")
+    root = tmp_path_factory.mktemp("amqp-workspaces")
+    root.chmod(0o755)
+    settings = fleet_settings(
+        AMQP_URL, root, result_backend=redis_server.url.rsplit("/", 1)[0] + "/7"
+    )
+    # The queues live in RabbitMQ's default vhost: start from empty ones.
+    with create_app(settings).connection_for_write() as conn:
+        channel = conn.default_channel
+        for pool in POOLS:
+            channel.queue_declare(queue=pool, durable=True, auto_delete=False)
+            channel.queue_purge(pool)
+    fleet = WorkerFleet(settings).start()
+    yield fleet
+    fleet.stop()
+
+
+@pytest.fixture
+async def amqp_call(amqp_fleet: WorkerFleet) -> AsyncIterator[Caller]:
+    async with Dispatcher(amqp_fleet.settings) as dispatcher:
+        yield Caller(dispatcher, amqp_fleet.settings, f"run-amqp-{os.urandom(4).hex()}")
+
+
+async def test_tools_round_trip_over_rabbitmq(amqp_call: Caller) -> None:
+    written = await amqp_call("write_file", {"path": "r.txt", "content": "rabbit"})
+    assert not written.is_error, written.output
+    assert (await amqp_call("read_file", {"path": "r.txt"})).output == "rabbit"
+    bash = await amqp_call("run_bash", {"command": "cat r.txt"})
+    assert json.loads(bash.output)["stdout"] == "rabbit"
+    refused = await amqp_call("run_bash", {"command": "true"}, pool="tools")
+    assert refused.error_kind == "wrong_pool"
+
+
+async def test_many_calls_in_parallel_over_rabbitmq(amqp_call: Caller) -> None:
+    results = await asyncio.gather(*(amqp_call("noop", {}) for _ in range(200)))
+    assert all(r.output == "ok" for r in results)
+
+
+@pytest.mark.parametrize(("tool", "expected_runs"), [("slow_read", 2), ("slow_write", 1)])
+async def test_a_worker_killed_mid_call_over_rabbitmq(
+    amqp_call: Caller, amqp_fleet: WorkerFleet, tool: str, expected_runs: int
+) -> None:
+    runs = Path(amqp_fleet.settings.workspace_root) / amqp_call.run_id / "k.runs"
+
+    def running_child() -> int:
+        wait_for(lambda: runs.exists() and runs.read_text().strip() != "", what="the call")
+        return int(runs.read_text().split()[0])
+
+    pending = asyncio.ensure_future(amqp_call(tool, {"seconds": 1.5, "marker": "k"}))
+    os.kill(await asyncio.to_thread(running_child), signal.SIGKILL)
+    result = await asyncio.wait_for(pending, 30)
+    if tool == "slow_read":
+        assert result.output == "slept 1.5s"
+    else:
+        assert result.error_kind == "interrupted"
+    assert runs.read_text().count("\n") == expected_runs

@@ -1,0 +1,190 @@
+"""A worker's handling of one call, against fakeredis: once-only results and safe redelivery."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import fakeredis
+import pytest
+
+from api.dispatch import Dispatcher
+from worker import keys
+from worker.capping import cap_text
+from worker.executor import Executor
+from worker.manifest import ToolSpec
+from worker.protocol import ToolCallResult
+from worker.results import ResultStore
+from worker.settings import Settings
+
+REPLY = "toolq:reply:test"
+
+
+@pytest.fixture
+def client() -> fakeredis.FakeRedis:
+    return fakeredis.FakeRedis()
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(
+        broker_url="redis://localhost:1/0",
+        workspace_root=tmp_path,
+        plugins=["tests.plugins.probe_tools"],
+        disabled_tools=["move"],
+        output_cap_bytes=1000,
+    )
+
+
+@pytest.fixture
+def executor(settings: Settings, client: fakeredis.FakeRedis) -> Executor:
+    return Executor(settings, ResultStore(client, 60), "test-worker:1")
+
+
+def request(tool: str, arguments: dict[str, Any] | str, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "tool_call_id": extra.pop("tool_call_id", f"id-{tool}-{time.monotonic_ns()}"),
+        "run_id": "run-1",
+        "tool": tool,
+        "arguments": arguments,
+        "timeout_ms": 5000,
+        "deadline": time.time() + 60,
+        "reply_to": REPLY,
+    }
+    body.update(extra)
+    return body
+
+
+def replies(client: fakeredis.FakeRedis) -> list[ToolCallResult]:
+    return [ToolCallResult.model_validate_json(r) for r in client.lrange(REPLY, 0, -1)]
+
+
+def test_a_call_is_run_stored_and_answered(executor: Executor, client: fakeredis.FakeRedis) -> None:
+    result = executor.handle(request("write_file", {"path": "a.txt", "content": "hi"}), "tools")
+    assert not result.is_error
+    assert result.worker == "test-worker:1"
+    assert replies(client) == [result]
+    assert client.get(keys.result(result.tool_call_id)) is not None
+
+
+def test_a_finished_call_delivered_again_is_answered_without_running(
+    executor: Executor, client: fakeredis.FakeRedis, settings: Settings
+) -> None:
+    body = request("slow_write", {"marker": "m"}, tool_call_id="same")
+    first = executor.handle(body, "tools")
+    second = executor.handle(body, "tools")
+    assert second == first
+    runs = Path(settings.workspace_root) / "run-1" / "m.runs"
+    assert runs.read_text().count("\n") == 1
+    assert len(replies(client)) == 2
+
+
+@pytest.mark.parametrize(("tool", "kind"), [("slow_write", "interrupted"), ("slow_read", None)])
+def test_an_interrupted_call_is_rerun_only_when_safe(
+    executor: Executor, client: fakeredis.FakeRedis, tool: str, kind: str | None
+) -> None:
+    client.set(keys.started("cut"), "dead-worker:9")
+    result = executor.handle(request(tool, {"marker": "x"}, tool_call_id="cut"), "tools")
+    assert result.error_kind == kind
+    if kind:
+        assert "dead-worker:9" in result.output
+        assert "outcome is unknown" in result.output
+
+
+def test_a_call_for_another_pool_is_refused(executor: Executor) -> None:
+    result = executor.handle(request("run_bash", {"command": "id"}), "tools")
+    assert result.error_kind == "wrong_pool"
+    result = executor.handle(request("read_file", {"path": "x"}), "sandbox")
+    assert result.error_kind == "wrong_pool"
+
+
+def test_a_call_past_its_deadline_is_not_started(executor: Executor) -> None:
+    result = executor.handle(request("noop", {}, deadline=time.time() - 1), "tools")
+    assert result.error_kind == "timeout"
+    assert "deadline passed" in result.output
+
+
+def test_a_fleet_disabled_tool_is_refused(executor: Executor) -> None:
+    result = executor.handle(request("move", {"source": "a", "destination": "b"}), "tools")
+    assert result.error_kind == "tool_disabled"
+
+
+@pytest.mark.parametrize("raw", ["text", 42, {"tool": "x"}, {"tool_call_id": "i", "run_id": "../"}])
+def test_a_malformed_request_gets_a_bad_request_answer(
+    executor: Executor, client: fakeredis.FakeRedis, raw: Any
+) -> None:
+    if isinstance(raw, dict):
+        raw = {**raw, "reply_to": REPLY}
+    result = executor.handle(raw, "tools")
+    assert result.error_kind == "bad_request"
+    assert "invalid request" in result.output
+    if isinstance(raw, dict):
+        assert replies(client)[-1].error_kind == "bad_request"
+
+
+def test_answers_are_capped_but_run_bash_keeps_its_own_json(executor: Executor) -> None:
+    executor.handle(request("write_file", {"path": "big.txt", "content": "y" * 5000}), "tools")
+    read = executor.handle(request("read_file", {"path": "big.txt"}), "tools")
+    assert read.truncated
+    assert len(read.output.encode()) <= 1000
+    command = "head -c 3000 big.txt; head -c 3000 big.txt >&2"
+    bash = executor.handle(request("run_bash", {"command": command}), "sandbox")
+    answer = json.loads(bash.output)  # each stream capped on its own, the JSON intact
+    assert answer["stdout"].startswith("y" * 500)
+    assert answer["stderr"].startswith("y" * 500)
+    assert answer["truncated"] == {"stdout": True, "stderr": True}
+    assert not bash.truncated
+
+
+def test_the_hard_limit_answer_names_the_limit(
+    executor: Executor, client: fakeredis.FakeRedis
+) -> None:
+    executor.store_timeout(request("stubborn", {}, tool_call_id="stuck"), 2.5)
+    (answer,) = replies(client)
+    assert answer.error_kind == "timeout"
+    assert "2.5 s" in answer.output
+
+
+def test_cap_text_cuts_on_a_character_boundary() -> None:
+    text, cut = cap_text("é" * 1000, 301)
+    assert cut
+    assert len(text.encode()) <= 301
+    assert text.startswith("é")
+    assert "output truncated: 2,000 bytes" in text
+    assert cap_text("short", 301) == ("short", False)
+
+
+def _spec(**overrides: Any) -> ToolSpec:
+    values: dict[str, Any] = {
+        "name": "run_bash",
+        "description": "",
+        "parameters": {},
+        "pool": "sandbox",
+        "enabled_by_default": False,
+        "idempotent": False,
+        "default_timeout_ms": 30_000,
+        "timeout_argument": "timeout",
+    }
+    values.update(overrides)
+    return ToolSpec(**values)
+
+
+async def test_a_call_deadline_follows_the_tools_own_timeout_within_the_maximum(
+    settings: Settings,
+) -> None:
+    dispatcher = Dispatcher(settings.model_copy(update={"max_timeout_ms": 60_000}))
+    try:
+        build = dispatcher.build_request
+        assert build(_spec(), tool_call_id="a", run_id="r", arguments={}).timeout_ms == 30_000
+        own = build(_spec(), tool_call_id="b", run_id="r", arguments='{"timeout": 2000}')
+        assert own.timeout_ms == 3000  # its own limit plus time to report
+        huge = build(_spec(), tool_call_id="c", run_id="r", arguments={"timeout": 10**9})
+        assert huge.timeout_ms == 60_000
+        override = build(_spec(), tool_call_id="d", run_id="r", arguments={}, timeout_ms=500)
+        assert override.timeout_ms == 500
+        assert override.reply_to == dispatcher.reply_key
+        assert override.deadline > time.time()
+    finally:
+        await dispatcher.close()
