@@ -53,7 +53,7 @@ class AgentOptions(BaseModel):
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     model: str | None = Field(None, description="Model name; TOOLQ_MODEL when unset.")
     session_context_file_path: str = "session_context.json"
-    max_turns: int = Field(20, gt=0, le=1000)
+    max_turns: int | None = Field(None, gt=0, le=1000, description="TOOLQ_MAX_TURNS when unset.")
     run_id: str | None = Field(None, pattern=RUN_ID_PATTERN, description="Names the workspace.")
     enable: list[str] = Field(default_factory=list, description="Tools to switch on.")
     disable: list[str] = Field(default_factory=list, description="Tools to switch off.")
@@ -201,7 +201,7 @@ class Agent:
     async def _converse(self, message: str, *, stream: bool) -> AsyncIterator[AgentEvent]:
         self.messages.append({"role": "user", "content": message})
         self.stop_reason = None
-        for turn in range(1, self.options.max_turns + 1):
+        for turn in range(1, self.max_turns + 1):
             model_turn: ModelTurn | None = None
             if stream:
                 async for item in self._llm.stream(
@@ -229,7 +229,7 @@ class Agent:
         self.stop_reason = "max_turns"
         yield self._emit(
             FinalAnswer(
-                f"Stopped: the turn limit of {self.options.max_turns} model turns was reached "
+                f"Stopped: the turn limit of {self.max_turns} model turns was reached "
                 "before the model gave a final answer.",
                 "max_turns",
             )
@@ -307,6 +307,10 @@ class Agent:
         }
 
     # -- helpers -------------------------------------------------------------------------------
+
+    @property
+    def max_turns(self) -> int:
+        return self.options.max_turns or self._settings.max_turns
 
     @property
     def _model_name(self) -> str:

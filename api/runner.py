@@ -111,6 +111,13 @@ class AgentExecutor:
     async def close(self) -> None:
         """Stop every run and batch of this replica (recorded as failed), then the clients."""
         self._closing = True
+        if self._runs or self._batches:
+            log.warning(
+                "replica %s stopping: %d runs and %d batches in flight will be marked failed",
+                self._replica,
+                len(self._runs),
+                len(self._batches),
+            )
         work = [*self._runs.items(), *self._batches.items()]
         if self._watcher is not None:
             work.append(("cancel watcher", self._watcher))
@@ -125,10 +132,6 @@ class AgentExecutor:
                 self._fleet = await asyncio.to_thread(self._load_fleet, self._settings.redis_url)
                 self._fleet_loaded_at = time.monotonic()
             return self._fleet
-
-    @property
-    def running(self) -> int:
-        return len(self._runs)
 
     # -- runs ----------------------------------------------------------------------------------
 

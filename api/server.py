@@ -152,7 +152,7 @@ def create_app(
     client = redis or aioredis.Redis.from_url(settings.redis_url, health_check_interval=30)
     store = ApiStore(client, retention_s=settings.result_ttl_s, lease_ttl_s=lease_ttl_s)
     metrics = ApiMetrics()
-    replica = f"{uuid.uuid4().hex[:12]}"
+    replica = uuid.uuid4().hex[:12]
     make_executor = executor or _agent_executor(settings, model or ChatModel.from_env(settings))
     services = Services(
         settings, store, make_executor(store, metrics, replica), metrics, replica, queue_depths
@@ -570,9 +570,10 @@ def serve(host: str, port: int, *, settings: Settings | None = None) -> None:
         _refuse(f"no model API configured: {exc}")
     if settings.local_mode:
         log.info("no TOOLQ_BROKER_URL: starting a local Redis and workers for this server")
-    # uvicorn re-raises SIGTERM once it has shut down; raised as an exception it unwinds
-    # through fleet_for, which stops the local stack instead of leaving it orphaned.
-    signal.signal(signal.SIGTERM, _exit_cleanly)
+    # uvicorn re-raises the signal that stopped it once it has shut down; as an exception it
+    # unwinds through fleet_for, which stops the local stack instead of leaving it orphaned.
+    for stop_signal in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop_signal, _exit_cleanly)
     try:
         with fleet_for(settings) as fleet_settings:
             app = create_app(fleet_settings, model=model)

@@ -257,15 +257,15 @@ def test_a_worker_that_is_not_root_isolates_what_it_can(workdir: Path) -> None:
 
     answers = {mode: (layers, out) for mode, layers, out in map(json.loads, done.splitlines())}
     assert answers["process"] == (
-        ["process-group", "clean-environment"],
+        ["process-group", "clean-environment", "rlimits"],
         f"{NOBODY.pw_uid}\n{workdir}\n",
     )
     auto_layers, auto_out = answers["auto"]
     if "user-namespace" in auto_layers:  # unprivileged user namespaces work here
-        assert auto_layers[2:] == ["pid-namespace", "network-namespace", "user-namespace"]
+        assert auto_layers[3:] == ["pid-namespace", "network-namespace", "user-namespace"]
         assert auto_out == f"0\n{workdir}\n"  # root inside, the worker's user outside
     else:
-        assert auto_layers == ["process-group", "clean-environment"]
+        assert auto_layers == ["process-group", "clean-environment", "rlimits"]
 
 
 def _run_as_nobody(script: str, workdir: Path) -> str:
@@ -284,3 +284,40 @@ def _run_as_nobody(script: str, workdir: Path) -> str:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+def test_an_unprivileged_worker_still_limits_its_commands(workdir: Path) -> None:
+    """Lowering one's own rlimits needs no privilege: a worker that is not root applies them."""
+    if shutil.which("prlimit") is None or shutil.which("setpriv") is None:
+        pytest.skip("prlimit and setpriv (util-linux) are needed")
+    if os.geteuid() != 0:
+        pytest.skip("drops to an unprivileged user to play the worker, which needs root")
+    workdir.chmod(0o777)
+    script = (
+        "from pathlib import Path\n"
+        "from worker.sandbox import SandboxConfig, run_sandboxed\n"
+        "c = SandboxConfig(isolation='process', file_size_mb=1)\n"
+        f"r = run_sandboxed('head -c 3000000 /dev/zero > big; echo $?', cwd=Path({str(workdir)!r}),"
+        f" home=Path({str(workdir)!r}), env={{}}, timeout_ms=5000, config=c)\n"
+        "print('rlimits' in r.isolation, r.stdout.strip(), r.stderr)\n"
+    )
+    done = subprocess.run(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            sys.executable,
+            "-c",
+            script,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    applied, code = done.stdout.split()[:2]
+    assert applied == "True", done.stdout + done.stderr
+    assert code != "0"
+    assert (workdir / "big").stat().st_size <= 1024 * 1024

@@ -179,8 +179,9 @@ def run_sandboxed(
 class _Plan:
     layers: tuple[str, ...]
     namespace_argv: tuple[str, ...]
-    #: uid and gid to drop to, with the paths of prlimit and setpriv, when the worker is root.
+    #: uid and gid to drop to, with the path of setpriv, when the worker is root.
     drop_to: tuple[int, int] | None
+    #: prlimit's path: lowering one's own limits needs no privilege, so any worker applies them.
     prlimit: str
     setpriv: str
     env_binary: str
@@ -193,7 +194,7 @@ class _Plan:
 
     @property
     def wrapped(self) -> bool:
-        return self.drop_to is not None or self.namespaced
+        return self.drop_to is not None or self.namespaced or bool(self.prlimit)
 
     def command_line(
         self,
@@ -212,7 +213,7 @@ class _Plan:
         if not self.wrapped:
             return shell, {**base_env, **requested}
         argv: list[str] = []
-        if self.drop_to is not None:
+        if self.prlimit:
             # SIGXCPU at the soft limit tells what happened; SIGKILL a second later is sure.
             cpu_s = -(-timeout_ms // 1000) + 1
             mb = 1024 * 1024
@@ -247,6 +248,10 @@ def _plan(config: SandboxConfig, euid: int) -> _Plan:
         prlimit = _require_binary("prlimit", "set resource limits")
         setpriv = _require_binary("setpriv", f"drop to user {config.user!r}")
         layers += [f"user:{config.user}", LAYER_NO_NEW_PRIVS, LAYER_RLIMITS]
+    else:
+        prlimit = shutil.which("prlimit", path=SAFE_PATH) or ""
+        if prlimit:
+            layers.append(LAYER_RLIMITS)
     namespace_argv: tuple[str, ...] = ()
     if config.isolation != "process":
         argv = _namespace_argv(as_root)
