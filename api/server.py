@@ -558,6 +558,10 @@ def serve(host: str, port: int, *, settings: Settings | None = None) -> None:
     from api.logs import configure_logging
 
     settings = settings or get_settings()
+    try:
+        settings.redis_url  # noqa: B018 - an amqp broker needs TOOLQ_RESULT_BACKEND
+    except ValueError as exc:
+        _refuse(str(exc))
     if not settings.api_token and not is_loopback(host):
         _refuse(
             f"refusing to listen on {host} without TOOLQ_API_TOKEN: anyone who can reach it "

@@ -507,6 +507,23 @@ async def test_a_run_whose_replica_died_is_failed_with_the_reason(
     assert (await client.post("/v1/runs/run-orphan/cancel")).status_code == 409
 
 
+async def test_the_lease_keeper_fails_the_work_of_dead_replicas_only(
+    client: httpx.AsyncClient, redis_server: fakeredis.FakeServer
+) -> None:
+    store = ApiStore(fake_redis(redis_server), retention_s=60)
+    await store.renew_lease("alive")
+    await store.create_run("run-alive", "p", {}, replica="alive")
+    await store.create_run("run-dead", "p", {}, replica="dead")
+    await store.create_batch("batch-dead", total=2, concurrency=1, replica="dead")
+    assert await store.reap_orphans() == 2
+    assert await store.reap_orphans() == 0  # once is enough
+    assert (await client.get("/v1/runs/run-alive")).json()["status"] == "queued"
+    assert (await client.get("/v1/runs/run-dead")).json()["status"] == "failed"
+    batch = (await client.get("/v1/batches/batch-dead")).json()
+    assert batch["status"] == "failed"
+    assert "dead" in batch["error"]
+
+
 # --- Batches (stub executor) ---------------------------------------------------------------------
 
 

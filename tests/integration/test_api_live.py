@@ -56,6 +56,10 @@ class Replica:
         )
 
     def start(self) -> Replica:
+        self.launch()
+        return self.ready()
+
+    def launch(self) -> None:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [TOOLQ, "serve", "--host", "127.0.0.1", "--port", str(self.port)],
@@ -64,6 +68,8 @@ class Replica:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
+
+    def ready(self) -> Replica:
         wait_for(self._healthy, 30, f"toolq serve on {self.port}:\n{self.log()}")
         return self
 
@@ -153,7 +159,9 @@ def replicas(
     first = Replica(env, logs, "a")
     second = Replica(env, logs, "b")
     try:
-        yield first.start(), second.start()
+        first.launch()
+        second.launch()
+        yield first.ready(), second.ready()
     finally:
         first.stop()
         second.stop()

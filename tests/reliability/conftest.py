@@ -1,0 +1,201 @@
+"""Fixtures for the reliability tests: fleets of their own, and the report every test feeds."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from api.local import LocalStack
+from tests.conftest import REPO, RedisServer, WorkerFleet, fleet_settings
+from tests.reliability.report import Outcome, Report, Row, machine_header
+from worker.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+REPORT_PATH = REPO / "docs" / "RELIABILITY.md"
+RELIABILITY_DIR = "tests/reliability/"
+
+#: The HTTP API's bad-input tests (another file's): included in the report as they ran.
+HTTP_API_TESTS = {
+    "test_every_route_but_health_needs_the_token": (
+        "A request without the bearer token, or with a wrong one, on every route but /health",
+        "401, nothing run",
+    ),
+    "test_serve_refuses_a_reachable_address_without_a_token": (
+        "`toolq serve` on a non-loopback address without a token",
+        "refuses to start",
+    ),
+    "test_an_invalid_run_is_refused_naming_the_field_and_the_reason": (
+        "Invalid run bodies: missing/empty prompt, wrong types, extra fields, "
+        "run_id `../etc`, unknown or sandbox tools",
+        "422 naming the field and the reason, nothing run",
+    ),
+    "test_malformed_json_is_refused_with_a_clear_message": (
+        "A body that is not JSON",
+        "422 'not valid JSON'",
+    ),
+    "test_a_body_declared_too_large_is_refused_before_it_is_read": (
+        "A body larger than TOOLQ_API_MAX_BODY_BYTES",
+        "413 before it is read",
+    ),
+    "test_a_chunked_body_is_cut_off_once_it_passes_the_limit": (
+        "A chunked body that never ends",
+        "413 once it passes the limit",
+    ),
+    "test_unknown_runs_and_batches_are_404": (
+        "Unknown run and batch ids",
+        "404",
+    ),
+    "test_an_invalid_batch_is_refused_naming_the_field": (
+        "Invalid batches: no items, duplicate ids, concurrency 0, unknown tools",
+        "422 naming the field",
+    ),
+}
+
+
+class _Observer:
+    """Sees every test of the session, this directory's and the HTTP API's, as they end."""
+
+    def __init__(self) -> None:
+        self.http_api: dict[str, Outcome] = defaultdict(Outcome)
+        self.ran: dict[str, int] = defaultdict(int)
+        self.deselected = 0
+        self.started: float | None = None
+
+    def pytest_deselected(self, items: list[pytest.Item]) -> None:
+        self.deselected += sum(1 for item in items if item.nodeid.startswith(RELIABILITY_DIR))
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        path, _, name = report.nodeid.partition("::")
+        function = name.split("[", 1)[0]
+        if path.startswith(RELIABILITY_DIR):
+            if report.when == "setup" and self.started is None:
+                self.started = time.monotonic()
+            if report.when == "call" or (report.when == "setup" and not report.passed):
+                kind = "xfailed" if hasattr(report, "wasxfail") else report.outcome
+                self.ran[kind] += 1
+        elif path.endswith("tests/api/test_server.py") and function in HTTP_API_TESTS:
+            outcome = self.http_api[function]
+            if report.when == "call" and report.passed:
+                outcome.passed += 1
+            elif report.failed:
+                outcome.failed += 1
+            elif report.skipped:
+                outcome.skipped += 1
+
+
+_OBSERVER = _Observer()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A conftest's own hooks see only the tests under it; a registered object sees them all.
+    if not config.pluginmanager.is_registered(_OBSERVER):
+        config.pluginmanager.register(_OBSERVER, "toolq-reliability-observer")
+
+
+@pytest.fixture(scope="session")
+def report(pytestconfig: pytest.Config) -> Iterator[Report]:
+    """The session's report; written to docs/RELIABILITY.md when the last test is done."""
+    collected = Report()
+    yield collected
+    _add_http_api_rows(collected)
+    ran = ", ".join(f"{n} {kind}" for kind, n in sorted(_OBSERVER.ran.items()))
+    if _OBSERVER.deselected:
+        ran += f"; partial run, {_OBSERVER.deselected} reliability tests deselected"
+    args = " ".join(pytestconfig.invocation_params.args) or "(the whole suite)"
+    started = _OBSERVER.started or time.monotonic()
+    header = machine_header(f"pytest {args}", time.monotonic() - started, f"tests: {ran}")
+    REPORT_PATH.parent.mkdir(exist_ok=True)
+    REPORT_PATH.write_text(collected.render(header))
+
+
+def _add_http_api_rows(collected: Report) -> None:
+    for function, (case, expected) in HTTP_API_TESTS.items():
+        outcome = _OBSERVER.http_api.get(function)
+        where = f"`tests/api/test_server.py::{function}`"
+        row = Row("HTTP API bad input", case, expected)
+        if outcome is None or outcome.passed + outcome.failed == 0:
+            row.observed = f"covered by {where}; not run in this session"
+        else:
+            row.observed = f"{where}: {outcome.passed} passed, {outcome.failed} failed"
+            row.passed = outcome.failed == 0
+        collected.rows.append(row)
+
+
+# --- Fleets of the tests' own --------------------------------------------------------------------
+
+
+@dataclass
+class Stack:
+    """A private redis-server, a fleet of both pools on it, and optional extra tools workers."""
+
+    redis: RedisServer
+    fleet: WorkerFleet
+    extra: list[LocalStack] = field(default_factory=list)
+
+    @property
+    def settings(self) -> Settings:
+        return self.fleet.settings
+
+    @property
+    def workspace_root(self) -> Path:
+        return Path(self.settings.workspace_root)
+
+    def stop(self) -> None:
+        for stack in self.extra:
+            stack.stop()
+        self.fleet.stop()
+        self.redis.stop()
+
+
+def start_stack(
+    workdir: Path,
+    *,
+    workspace_root: Path | None = None,
+    extra_tools_workers: int = 0,
+    env: dict[str, str] | None = None,
+    **overrides: object,
+) -> Stack:
+    """Everything started, or nothing left running."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    root = workspace_root or workdir / "workspaces"
+    root.mkdir(parents=True, exist_ok=True)
+    root.chmod(0o755)
+    server = RedisServer(workdir)
+    server.start()
+    settings = fleet_settings(server.url, root, **overrides)
+    fleet = WorkerFleet(settings)
+    stack = Stack(server, fleet)
+    try:
+        with _environment(env or {}):
+            fleet.start()
+            for _ in range(extra_tools_workers):
+                extra = LocalStack(settings, pools=("tools",))
+                stack.extra.append(extra)
+                extra.start_workers(settings)
+    except BaseException:
+        stack.stop()
+        raise
+    return stack
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """Variables the processes started inside inherit; the test process gets its own back."""
+    previous = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
