@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from openai import OpenAIError
+from redis.exceptions import RedisError
 from rich.console import Console
 
 from api.batch import (
@@ -96,13 +97,13 @@ def run_batch_command(
                     interrupted = asyncio.run(run.execute(fleet_settings))
         except KeyboardInterrupt:  # before the batch's own signal handling was in place
             interrupted = True
-        except (NoWorkersError, LocalStackError, OSError, ValueError) as exc:
+        except (NoWorkersError, LocalStackError, RedisError, OSError, ValueError) as exc:
             err.print(f"Error: {_reason(exc)}", markup=False, soft_wrap=True)
             broken = exc
         finally:
             stats.stop()
-    stopped = interrupted or broken is not None
-    _print_summary(err, stats, scan, output, resume=resume, interrupted=stopped)
+    error = None if broken is None else _reason(broken)
+    _print_summary(err, stats, scan, output, resume=resume, interrupted=interrupted, error=error)
     if broken is not None:
         return EXIT_FAILURES
     if interrupted:
@@ -262,6 +263,7 @@ def _print_summary(
     *,
     resume: str,
     interrupted: bool,
+    error: str | None = None,
 ) -> None:
     outcome = BatchOutcome(
         output=str(output),
@@ -269,6 +271,7 @@ def _print_summary(
         already_done=scan.already_done,
         already_failed=scan.already_failed,
         interrupted=interrupted,
+        error=error,
         resume_command=resume,
     )
     for line in summary_lines(stats, outcome):

@@ -31,6 +31,8 @@ CHATTY_LOGGERS = ("httpx", "httpx2", "httpcore", "openai")
 _STANDARD_ATTRIBUTES = frozenset(
     logging.LogRecord("", 0, "", 0, "", None, None).__dict__.keys()
     | {"message", "asctime", "taskName", *CONTEXT_FIELDS}
+    # uvicorn adds a copy of the message with ANSI colours: noise in a JSON line.
+    | {"color_message"}
 )
 
 

@@ -182,6 +182,8 @@ class BatchOutcome:
     already_done: int = 0
     already_failed: int = 0
     interrupted: bool = False
+    #: The batch stopped because of this error (the fleet unreachable, the disk full).
+    error: str | None = None
     resume_command: str = ""
 
 
@@ -190,8 +192,12 @@ def summary_lines(stats: BatchStats, outcome: BatchOutcome) -> list[str]:
     previously = ""
     if outcome.already_failed:
         previously = f" ({outcome.already_failed} of them with status error)"
+    if outcome.error is not None:
+        headline = "Stopped by an error"
+    else:
+        headline = "Interrupted" if outcome.interrupted else "Finished"
     lines = [
-        f"{'Interrupted' if outcome.interrupted else 'Finished'}: {stats.ok} ok, "
+        f"{headline}: {stats.ok} ok, "
         f"{stats.failed} error, {outcome.bad_lines} bad lines skipped, "
         f"{outcome.already_done} already done{previously}",
     ]
@@ -204,11 +210,10 @@ def summary_lines(stats: BatchStats, outcome: BatchOutcome) -> list[str]:
         f"({error_rate:.1f}%)"
     )
     lines.append(f"Wall time: {_duration(stats.elapsed)}; results in {outcome.output}")
-    if outcome.interrupted:
+    if outcome.interrupted or outcome.error is not None:
         left = stats.total - stats.done
         lines.append(
-            f"{left} conversations did not finish; those in flight were cancelled and left no "
-            "line, every finished one is saved."
+            f"{left} conversations did not finish and left no line; every finished one is saved."
         )
         lines.append(f"Resume with: {outcome.resume_command}")
     return lines

@@ -23,6 +23,9 @@ pytestmark = pytest.mark.e2e
 
 TOOLQ = Path(sys.executable).parent / "toolq"
 RUN_TIMEOUT_S = 60
+#: A thousand conversations take about 30 s on this 2-core machine when nothing else runs;
+#: the margin keeps other work on the machine from failing the test.
+THOUSAND_TIMEOUT_S = 90
 #: Threads a process may gain under load without one per conversation: asyncio's default
 #: executor (name lookups for new connections) grows up to this many.
 EXECUTOR_THREADS = min(32, (os.cpu_count() or 1) + 4)
@@ -209,7 +212,13 @@ def test_an_interrupted_then_killed_batch_resumes_without_losing_or_repeating_wo
         wait_for_lines(output, 4)
     finally:
         interrupted.send_signal(signal.SIGINT)
-    assert interrupted.wait(timeout=30) == 130
+    try:
+        code = interrupted.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        interrupted.kill()
+        interrupted.wait()
+        pytest.fail("the batch did not stop within 30 s of SIGINT")
+    assert code == 130
     stderr = (tmp_path / "interrupted.log").read_text()
     assert "SIGINT: stopping" in stderr
     assert re.search(r"^Interrupted: \d+ ok, 0 error", stderr, re.MULTILINE)
@@ -249,7 +258,7 @@ def test_an_interrupted_then_killed_batch_resumes_without_losing_or_repeating_wo
 
 
 def run_sampling_threads(
-    source: Path, output: Path, env: dict[str, str], concurrency: int
+    source: Path, output: Path, env: dict[str, str], concurrency: int, timeout: float
 ) -> tuple[subprocess.CompletedProcess[str], int, float]:
     """Run the batch; the most threads its process had, and how long it took."""
     started = time.monotonic()
@@ -261,7 +270,7 @@ def run_sampling_threads(
         text=True,
     )
     peak = 0
-    deadline = started + RUN_TIMEOUT_S
+    deadline = started + timeout
     status = Path(f"/proc/{proc.pid}/status")
     while proc.poll() is None and time.monotonic() < deadline:
         try:
@@ -276,7 +285,7 @@ def run_sampling_threads(
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
-        pytest.fail(f"the batch at concurrency {concurrency} took over {RUN_TIMEOUT_S} s")
+        pytest.fail(f"the batch at concurrency {concurrency} took over {timeout} s")
     elapsed = time.monotonic() - started
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), peak, elapsed
 
@@ -289,7 +298,9 @@ def test_a_thousand_conversations_run_at_once_without_a_thread_each(
     small = write_items(
         tmp_path / "small.jsonl", [{"id": f"s{n}", "prompt": f"s{n}"} for n in range(10)]
     )
-    _, threads_at_10, _ = run_sampling_threads(small, tmp_path / "small.out", env, 10)
+    _, threads_at_10, _ = run_sampling_threads(
+        small, tmp_path / "small.out", env, 10, RUN_TIMEOUT_S
+    )
 
     count = 1000
     source = write_items(
@@ -297,7 +308,9 @@ def test_a_thousand_conversations_run_at_once_without_a_thread_each(
         [{"id": f"c{n}", "prompt": f"conversation {n}"} for n in range(count)],
     )
     output = tmp_path / "out.jsonl"
-    done, threads_at_1000, elapsed = run_sampling_threads(source, output, env, count)
+    done, threads_at_1000, elapsed = run_sampling_threads(
+        source, output, env, count, THOUSAND_TIMEOUT_S
+    )
 
     assert done.returncode == 0, done.stderr[-3000:]
     results = records(output)
