@@ -66,7 +66,7 @@ class ToolTask(Task):  # type: ignore[misc]
             executor().store_timeout(args[0], float(limit))
 
 
-@app.task(  # type: ignore[misc]
+@app.task(  # type: ignore[untyped-decorator]
     name=TASK_NAME,
     bind=True,
     base=ToolTask,
