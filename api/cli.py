@@ -33,22 +33,9 @@ def worker(
     """Start a worker of one pool (the same as: celery -A worker.app worker -Q POOL)."""
     if pool not in POOLS:
         raise typer.BadParameter(f"pool must be one of {', '.join(POOLS)}", param_hint="--pool")
-    argv = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "worker.app",
-        "worker",
-        "-Q",
-        pool,
-        "-n",
-        f"{pool}@%h",
-        "--loglevel",
-        loglevel,
-    ]
-    if concurrency:
-        argv += ["--concurrency", str(concurrency)]
+    from api.local import worker_argv
+
+    argv = worker_argv(pool, node=f"{pool}@%h", concurrency=concurrency, loglevel=loglevel)
     os.execv(sys.executable, argv)
 
 

