@@ -321,3 +321,43 @@ def test_an_unprivileged_worker_still_limits_its_commands(workdir: Path) -> None
     assert applied == "True", done.stdout + done.stderr
     assert code != "0"
     assert (workdir / "big").stat().st_size <= 1024 * 1024
+
+
+def _processes_with(needle: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if needle.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_a_worker_killed_mid_call_leaves_no_command_running(mode: str, workdir: Path) -> None:
+    """With namespaces the command dies with its worker; without, the next worker sweeps it."""
+    tag = f"{secrets.randbelow(10**6)}.25"
+    script = (
+        "from pathlib import Path\n"
+        "from worker.sandbox import SandboxConfig, run_sandboxed\n"
+        f"run_sandboxed('sleep 300 {tag}; echo', cwd=Path({str(workdir)!r}), "
+        f"home=Path({str(workdir)!r}), env={{}}, timeout_ms=60000, "
+        f"config=SandboxConfig(isolation={mode!r}))\n"
+    )
+    worker = subprocess.Popen(
+        [sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(REPO)}
+    )
+    try:
+        wait_for(lambda: len(_processes_with(tag)) >= 2, 10, "the command to start")
+    finally:
+        worker.kill()
+        worker.wait()
+    if mode == "process":
+        wait_for(
+            lambda: sandbox.sweep_orphans(config_for(mode)) == 0 and not _processes_with(tag),
+            10,
+            "the sweep to end the orphaned command",
+        )
+    else:
+        wait_for(lambda: not _processes_with(tag), 10, "the namespace to die with its worker")

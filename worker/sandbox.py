@@ -129,7 +129,9 @@ def run_sandboxed(
 ) -> SandboxResult:
     """Run ``/bin/sh -c command`` in ``cwd``, kill everything it started, report the outcome."""
     plan = _plan(config, os.geteuid())
-    marker = "" if plan.namespaced else uuid.uuid4().hex
+    # The marker names the worker process too, so a later sweep can tell an orphan (its worker
+    # was killed mid-call) from a command still running for a live worker.
+    marker = "" if plan.namespaced else f"{os.getpid()}-{uuid.uuid4().hex}"
     base_env = {
         "PATH": SAFE_PATH,
         "HOME": str(home),
@@ -184,6 +186,9 @@ class _Plan:
     #: prlimit's path: lowering one's own limits needs no privilege, so any worker applies them.
     prlimit: str
     setpriv: str
+    #: setpriv's path, to give the command a parent-death signal: a worker process killed
+    #: mid-call takes its command (and, through unshare, the whole namespace) with it.
+    guard: str
     env_binary: str
     #: uid whose processes may carry the marker; None when a PID namespace collects leftovers.
     sweep_uid: int | None
@@ -194,7 +199,7 @@ class _Plan:
 
     @property
     def wrapped(self) -> bool:
-        return self.drop_to is not None or self.namespaced or bool(self.prlimit)
+        return self.drop_to is not None or self.namespaced or bool(self.prlimit or self.guard)
 
     def command_line(
         self,
@@ -213,6 +218,8 @@ class _Plan:
         if not self.wrapped:
             return shell, {**base_env, **requested}
         argv: list[str] = []
+        if self.guard:
+            argv += [self.guard, "--pdeathsig", "KILL", "--"]
         if self.prlimit:
             # SIGXCPU at the soft limit tells what happened; SIGKILL a second later is sure.
             cpu_s = -(-timeout_ms // 1000) + 1
@@ -229,7 +236,9 @@ class _Plan:
         if self.drop_to is not None:
             uid, gid = self.drop_to
             argv += [self.setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
-            argv += ["--no-new-privs", "--"]
+            # Changing user clears the parent-death signal (unshare's --kill-child, or the
+            # guard's): "keep" sets it again, or a killed worker would orphan the command.
+            argv += ["--no-new-privs", "--pdeathsig", "keep", "--"]
         # The wrappers run (some as root) before the limits and namespaces hold: a variable such
         # as LD_PRELOAD must reach only the shell, so ``env`` adds the caller's at the last step.
         if requested:
@@ -265,12 +274,14 @@ def _plan(config: SandboxConfig, euid: int) -> _Plan:
                 f"machine does not allow it: {failure}"
             )
     env_binary = shutil.which("env", path=SAFE_PATH) or "/usr/bin/env"
+    guard = shutil.which("setpriv", path=SAFE_PATH) or ""
     return _Plan(
         layers=tuple(layers),
         namespace_argv=namespace_argv,
         drop_to=drop_to,
         prlimit=prlimit,
         setpriv=setpriv,
+        guard=guard,
         env_binary=env_binary,
         sweep_uid=None if namespace_argv else (drop_to[0] if drop_to else os.getuid()),
     )
@@ -497,6 +508,38 @@ def _children(pid: int) -> list[int]:
             with contextlib.suppress(OSError), open(f"{task.path}/children") as listing:
                 found += [int(child) for child in listing.read().split()]
     return found
+
+
+def sweep_orphans(config: SandboxConfig) -> int:
+    """Kill commands whose worker process died mid-call; returns how many were found.
+
+    Without a PID namespace, a command's children outlive a worker process killed with SIGKILL
+    (only the shell has the parent-death signal). A worker calls this when it starts a process.
+    """
+    plan = _plan(config, os.geteuid())
+    if plan.sweep_uid is None:
+        return 0
+    prefix = f"{MARKER_VARIABLE}=".encode()
+    orphans = 0
+    for pid in _processes_of(plan.sweep_uid):
+        for entry in _environ(pid).split(b"\0"):
+            if entry.startswith(prefix):
+                owner, _, _ = entry[len(prefix) :].partition(b"-")
+                if owner.isdigit() and not _alive(int(owner)):
+                    _kill_if_marked(pid, entry + b"\0")
+                    orphans += 1
+                break
+    return orphans
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _sweep(marker: str, uid: int) -> None:

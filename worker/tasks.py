@@ -19,6 +19,7 @@ from worker.executor import Executor
 from worker.manifest import Heartbeat, fleet_tool_specs
 from worker.protocol import TASK_NAME
 from worker.results import ResultStore
+from worker.sandbox import SandboxConfig, SandboxError, sweep_orphans
 from worker.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,14 @@ def execute_tool(self: Task, request: Any) -> None:
 @worker_process_init.connect  # type: ignore[untyped-decorator]
 def _fresh_process(**_: Any) -> None:
     executor.cache_clear()
+    # A new pool process often replaces one that was killed mid-call: end what it left running.
+    try:
+        found = sweep_orphans(SandboxConfig.from_settings(get_settings()))
+    except SandboxError as exc:
+        log.warning("cannot sweep orphaned commands: %s", exc)
+    else:
+        if found:
+            log.warning("killed %d command(s) left by a worker process that died", found)
 
 
 @worker_ready.connect  # type: ignore[untyped-decorator]
