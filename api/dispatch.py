@@ -197,7 +197,12 @@ class Dispatcher:
                 who = started_by.decode() if isinstance(started_by, bytes) else started_by
                 why = f"worker {who} started it but never answered (it may have died)"
             elif not workers:
-                why = f"no worker is serving the {pool!r} queue"
+                # Heartbeats are refreshed every few seconds: right after a broker restart live
+                # workers have none yet, so say both.
+                why = (
+                    f"no worker is serving the {pool!r} queue (none has announced itself: none "
+                    "runs, or the broker restarted moments ago)"
+                )
             else:
                 why = f"none of the {len(workers)} live {pool!r} workers took it in time"
         return _failure(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -11,6 +12,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -23,6 +25,8 @@ from worker import keys
 from worker.settings import Settings
 
 START_TIMEOUT_S = 60.0
+SUPERVISE_INTERVAL_S = 0.5
+log = logging.getLogger(__name__)
 
 
 class LocalStackError(RuntimeError):
@@ -89,7 +93,10 @@ class LocalStack:
         self._concurrency = concurrency
         self._pools = pools
         self._dir = Path(tempfile.mkdtemp(prefix="toolq-local-"))
-        self._procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._launch: dict[str, tuple[list[str], dict[str, str]]] = {}
+        self._stopping = threading.Event()
+        self._supervisor: threading.Thread | None = None
         self.settings = settings
 
     def __enter__(self) -> LocalStack:
@@ -138,10 +145,15 @@ class LocalStack:
                 self._wait(lambda n=name: self._announced(client, n), name)  # type: ignore[misc]
         finally:
             client.close()
+        if self._supervisor is None:
+            self._supervisor = threading.Thread(
+                target=self._supervise, name="toolq-local-supervisor", daemon=True
+            )
+            self._supervisor.start()
 
     def pids(self, name: str) -> list[int]:
         """The main process of ``name`` and its children (a worker's pool processes)."""
-        proc = dict(self._procs)[name]
+        proc = self._procs[name]
         children: list[int] = []
         for task in Path(f"/proc/{proc.pid}/task").glob("*"):
             with contextlib.suppress(OSError):
@@ -150,7 +162,7 @@ class LocalStack:
 
     def _announced(self, client: redis.Redis, name: str) -> bool:
         """The worker's heartbeat names its main process: a stale one from before is no proof."""
-        pid = dict(self._procs)[name].pid
+        pid = self._procs[name].pid
         pool = name.removeprefix("worker-")
         for key in client.scan_iter(keys.worker_heartbeats(pool)):
             info = client.get(key)
@@ -170,11 +182,15 @@ class LocalStack:
         return url
 
     def stop(self) -> None:
-        for _, proc in reversed(self._procs):
+        self._stopping.set()
+        if self._supervisor is not None:
+            self._supervisor.join()
+        procs = list(reversed(self._procs.values()))
+        for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 10
-        for _, proc in reversed(self._procs):
+        for proc in procs:
             try:
                 proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
@@ -190,21 +206,31 @@ class LocalStack:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
-        log = (self._dir / f"{name}.log").open("wb")
+        self._launch[name] = (argv, env)
+        output = (self._dir / f"{name}.log").open("ab")
         proc = subprocess.Popen(
             argv,
-            stdout=log,
+            stdout=output,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=env,
             start_new_session=True,
         )
-        log.close()
-        self._procs.append((name, proc))
+        output.close()
+        self._procs[name] = proc
+
+    def _supervise(self) -> None:
+        """Start again a worker that exited: kombu can stop one for good on a broker restart."""
+        while not self._stopping.wait(SUPERVISE_INTERVAL_S):
+            for name in [n for n in self._procs if n.startswith("worker-")]:
+                proc = self._procs[name]
+                if proc.poll() is not None and not self._stopping.is_set():
+                    log.warning("%s exited with %s; starting it again", name, proc.returncode)
+                    self._spawn(name, *self._launch[name])
 
     def _wait(self, ready: Callable[[], bool], name: str) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
-        proc = dict(self._procs)[name]
+        proc = self._procs[name]
         while time.monotonic() < deadline:
             if ready():
                 return

@@ -100,8 +100,8 @@ class WorkerFleet:
     def worker_pids(self, pool: str) -> list[int]:
         return self._stack.pids(f"worker-{pool}")
 
-    def log(self, pool: str) -> str:
-        return self._stack.log_tail(f"worker-{pool}", 200)
+    def log(self, pool: str, lines: int = 200) -> str:
+        return self._stack.log_tail(f"worker-{pool}", lines)
 
 
 @pytest.fixture(scope="session")

@@ -230,3 +230,14 @@ async def test_workers_survive_a_broker_restart(tmp_path: Path) -> None:
     finally:
         fleet.stop()
         server.stop()
+
+
+async def test_a_local_stack_starts_a_worker_again_after_it_exits(own_fleet: WorkerFleet) -> None:
+    from api.dispatch import Dispatcher
+
+    first = own_fleet.worker_pids("tools")[0]
+    os.kill(first, signal.SIGKILL)
+    wait_for(lambda: own_fleet.worker_pids("tools")[0] != first, 10, "a new tools worker")
+    async with Dispatcher(own_fleet.settings) as dispatcher:
+        result = await Caller(dispatcher, own_fleet.settings, "run-again")("noop", {})
+    assert result.output == "ok"

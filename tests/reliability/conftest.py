@@ -9,6 +9,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,8 +17,6 @@ from api.local import LocalStack
 from tests.conftest import REPO, RedisServer, WorkerFleet, fleet_settings
 from tests.reliability.report import Outcome, Report, Row, machine_header
 from worker.settings import Settings
-
-pytestmark = pytest.mark.integration
 
 REPORT_PATH = REPO / "docs" / "RELIABILITY.md"
 RELIABILITY_DIR = "tests/reliability/"
@@ -60,17 +59,57 @@ HTTP_API_TESTS = {
 }
 
 
+#: Gaps these tests do not measure, known from elsewhere: (title, why).
+KNOWN_GAPS = (
+    (
+        "A call handed to a worker whose network was cut is lost",
+        "a message Redis pops for a worker's waiting BRPOP after its host lost the network is "
+        "not yet in kombu's `unacked` hash, so nothing restores it: only the caller's deadline "
+        "answers for it (`no_answer`), never a second run. Messages the cut worker had "
+        "received come back after the visibility timeout, past their deadline, and are not "
+        "run. With RabbitMQ the broker requeues them. Measured in "
+        "tests/netns/test_scale_out.py (docs/scale-out.md).",
+    ),
+    (
+        "run_bash without namespaces",
+        "where the machine gives no PID and network namespaces (an unprivileged container), "
+        "run_bash falls back to process isolation: commands can reach the network, see other "
+        "processes, and leftovers are found only by the per-call marker sweep. The container "
+        "must then be the isolation. The rows above ran with the layers in the header.",
+    ),
+)
+
+
 class _Observer:
     """Sees every test of the session, this directory's and the HTTP API's, as they end."""
 
     def __init__(self) -> None:
         self.http_api: dict[str, Outcome] = defaultdict(Outcome)
         self.ran: dict[str, int] = defaultdict(int)
-        self.deselected = 0
+        self.collected: set[str] = set()
+        self.reported: set[str] = set()
         self.started: float | None = None
+        self.written: tuple[Path, str] | None = None
 
-    def pytest_deselected(self, items: list[pytest.Item]) -> None:
-        self.deselected += sum(1 for item in items if item.nodeid.startswith(RELIABILITY_DIR))
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.collected = {i.nodeid for i in session.items if i.nodeid.startswith(RELIABILITY_DIR)}
+
+    def missing(self) -> str | None:
+        """Why this session is not a full run of the reliability tests, or None if it is."""
+        here = Path(__file__).parent
+        files = {f"{RELIABILITY_DIR}{path.name}" for path in here.glob("test_*.py")}
+        absent = files - {nodeid.split("::", 1)[0] for nodeid in self.collected}
+        if absent:
+            return f"not collected: {', '.join(sorted(absent))}"
+        unfinished = self.collected - self.reported
+        if unfinished:
+            return f"{len(unfinished)} of {len(self.collected)} reliability tests did not run"
+        return None
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.written is not None:
+            path, why = self.written
+            terminalreporter.write_line(f"reliability report: {path}{why}")
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         path, _, name = report.nodeid.partition("::")
@@ -81,6 +120,7 @@ class _Observer:
             if report.when == "call" or (report.when == "setup" and not report.passed):
                 kind = "xfailed" if hasattr(report, "wasxfail") else report.outcome
                 self.ran[kind] += 1
+                self.reported.add(report.nodeid)
         elif path.endswith("tests/api/test_server.py") and function in HTTP_API_TESTS:
             outcome = self.http_api[function]
             if report.when == "call" and report.passed:
@@ -101,19 +141,27 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
-def report(pytestconfig: pytest.Config) -> Iterator[Report]:
-    """The session's report; written to docs/RELIABILITY.md when the last test is done."""
+def report(
+    pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Report]:
+    """The session's report, written when the last test is done: to docs/RELIABILITY.md after
+    a full run of the reliability tests, to the session's temporary directory otherwise."""
     collected = Report()
     yield collected
     _add_http_api_rows(collected)
+    for title, why in KNOWN_GAPS:
+        collected.gap(title, why)
     ran = ", ".join(f"{n} {kind}" for kind, n in sorted(_OBSERVER.ran.items()))
-    if _OBSERVER.deselected:
-        ran += f"; partial run, {_OBSERVER.deselected} reliability tests deselected"
+    missing = _OBSERVER.missing()
+    if missing:
+        ran += f"; partial run, {missing}"
     args = " ".join(pytestconfig.invocation_params.args) or "(the whole suite)"
     started = _OBSERVER.started or time.monotonic()
     header = machine_header(f"pytest {args}", time.monotonic() - started, f"tests: {ran}")
-    REPORT_PATH.parent.mkdir(exist_ok=True)
-    REPORT_PATH.write_text(collected.render(header))
+    path = tmp_path_factory.getbasetemp() / REPORT_PATH.name if missing else REPORT_PATH
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(collected.render(header))
+    _OBSERVER.written = (path, f" (partial run: {missing})" if missing else "")
 
 
 def _add_http_api_rows(collected: Report) -> None:
@@ -199,3 +247,54 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+# --- Processes -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Process:
+    pid: int
+    ppid: int
+    argv: tuple[str, ...]
+
+
+def processes() -> dict[int, Process]:
+    """Every process on the machine now, by pid (those that vanish while read are left out)."""
+    found: dict[int, Process] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"{entry.path}/stat", "rb") as stat:
+                ppid = int(stat.read().rsplit(b")", 1)[1].split()[1])
+            with open(f"{entry.path}/cmdline", "rb") as cmdline:
+                argv = tuple(a.decode(errors="replace") for a in cmdline.read().split(b"\0") if a)
+        except (OSError, IndexError, ValueError):
+            continue
+        found[int(entry.name)] = Process(int(entry.name), ppid, argv)
+    return found
+
+
+def find_process(argv: tuple[str, ...]) -> list[int]:
+    """Pids of live processes started with exactly ``argv``."""
+    return [p.pid for p in processes().values() if p.argv == argv]
+
+
+def ancestors(pid: int) -> list[int]:
+    """``pid``, its parent, and so on up to init."""
+    table = processes()
+    chain = []
+    while pid in table and pid > 1:
+        chain.append(pid)
+        pid = table[pid].ppid
+    return chain
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False

@@ -134,9 +134,7 @@ class Report:
         return "\n".join(lines) + "\n"
 
 
-_TABLE_HEAD = (
-    "| Fault or input | Should | Did | Sent | Answered | Lost | Duplicated | Result |"
-)
+_TABLE_HEAD = "| Fault or input | Should | Did | Sent | Answered | Lost | Duplicated | Result |"
 _TABLE_RULE = "|---|---|---|---:|---:|---:|---:|---|"
 
 
@@ -177,7 +175,8 @@ def machine_header(command: str, duration_s: float, outcome: str) -> list[str]:
         f"kombu {_version('kombu')}, redis-py {_version('redis')}, {_redis_server_version()}",
         f"- run_bash isolation here: {_isolation()}",
         "- Regenerate: `make test` (the whole suite) or `.venv/bin/pytest tests/reliability` "
-        "(add `tests/api/test_server.py` to fill in the HTTP API rows).",
+        "(add `tests/api/test_server.py` to fill in the HTTP API rows); a partial run writes "
+        "its report to pytest's temporary directory instead.",
     ]
 
 

@@ -1,0 +1,354 @@
+"""run_bash through the queue on a real sandbox worker: what a command cannot do.
+
+The worker is started with fake secrets in its environment. A command may not read them, may not
+signal or trace the worker, may not exhaust the machine's processes or memory, may not write past
+its file-size limit, may not leave anything running after its call, and may not reach the
+network where the sandbox has no network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pwd
+import re
+import secrets
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from api.dispatch import Dispatcher
+from tests.conftest import wait_for
+from tests.integration.conftest import Caller
+from tests.reliability.conftest import Stack, alive, find_process, processes, start_stack
+from tests.reliability.report import Counts, Report
+from worker.protocol import ToolCallResult
+from worker.sandbox import LAYER_PID_NS, SandboxConfig, describe_isolation
+
+pytestmark = pytest.mark.integration
+
+SECRETS = {
+    "TOOLQ_TEST_SECRET": f"toolq-test-secret-{secrets.token_hex(8)}",
+    "AWS_SECRET_ACCESS_KEY": f"aws-secret-{secrets.token_hex(8)}",
+}
+FILE_SIZE_MB = 16
+MAX_PROCESSES = 256
+SANDBOX_USER = "nobody"  # the default TOOLQ_SANDBOX_USER
+SANDBOX_UID = pwd.getpwnam(SANDBOX_USER).pw_uid
+
+
+@pytest.fixture(scope="module")
+def sandbox_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A fleet whose workers hold secrets in their environment."""
+    stack = start_stack(
+        tmp_path_factory.mktemp("isolation"),
+        env=SECRETS,
+        sandbox_file_size_mb=FILE_SIZE_MB,
+        sandbox_max_processes=MAX_PROCESSES,
+    )
+    yield stack
+    stack.stop()
+
+
+@dataclass
+class Bash:
+    """run_bash calls through the queue, answered as the JSON the tool returns."""
+
+    caller: Caller
+    stack: Stack
+    counts: Counts
+
+    async def __call__(self, command: str, timeout_ms: int = 10_000) -> dict[str, Any]:
+        result = await self.raw(command, timeout_ms)
+        assert not result.is_error, result.output
+        answer: dict[str, Any] = json.loads(result.output)
+        return answer
+
+    async def raw(self, command: str, timeout_ms: int = 10_000) -> ToolCallResult:
+        self.counts.sent += 1
+        result = await self.caller("run_bash", {"command": command, "timeout": timeout_ms})
+        if result.error_kind in ("no_answer", "broker_unavailable"):
+            self.counts.lost += 1
+        else:
+            self.counts.answered += 1
+        return result
+
+    @property
+    def workspace(self) -> Path:
+        return Path(self.stack.settings.workspace_root) / self.caller.run_id
+
+    def worker_pids(self) -> list[int]:
+        """Both pools' main processes and their children."""
+        return [*self.stack.fleet.worker_pids("sandbox"), *self.stack.fleet.worker_pids("tools")]
+
+
+@pytest.fixture
+async def bash(sandbox_stack: Stack) -> AsyncIterator[Bash]:
+    async with Dispatcher(sandbox_stack.settings) as dispatcher:
+        caller = Caller(dispatcher, sandbox_stack.settings, f"run-iso-{secrets.token_hex(4)}")
+        yield Bash(caller, sandbox_stack, Counts())
+
+
+def _layers(stack: Stack) -> list[str]:
+    return describe_isolation(SandboxConfig.from_settings(stack.settings))
+
+
+def _environ(pid: int) -> str:
+    return Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+
+
+async def test_a_command_cannot_read_the_workers_secrets(bash: Bash, report: Report) -> None:
+    with report.case(
+        "Isolation",
+        "run_bash reads the environment: `env`, /proc/self/environ, /proc/<worker pid>/environ "
+        "for every worker process, /proc/*/environ",
+        "none of the worker's secrets (TOOLQ_TEST_SECRET, AWS_SECRET_ACCESS_KEY) in the output",
+    ) as row:
+        pids = bash.worker_pids()
+        # The secrets are really there to steal: the worker processes hold them.
+        assert all(SECRETS["AWS_SECRET_ACCESS_KEY"] in _environ(pid) for pid in pids)
+        listed = " ".join(map(str, pids))
+        answer = await bash(
+            "env; cat /proc/self/environ; cat /proc/*/environ; "
+            f"for p in {listed}; do cat /proc/$p/environ || echo unreadable $p; done",
+        )
+        text = answer["stdout"] + answer["stderr"]
+        found = [name for name, value in SECRETS.items() if value in text]
+        row.counts = bash.counts
+        row.observed = (
+            f"secrets shown: {found or 'none'}; the environ of {text.count('unreadable ')} of "
+            f"{len(pids)} worker processes could not be read"
+        )
+        assert not found
+        assert "TOOLQ_BROKER_URL" not in text
+
+
+async def test_a_command_cannot_signal_or_trace_the_worker(bash: Bash, report: Report) -> None:
+    with report.case(
+        "Isolation",
+        "run_bash signals and traces the worker: `kill -9` every worker pid, `strace -p`, "
+        "`kill -9 -1`",
+        "every attempt fails; every worker process lives on and the pool keeps serving",
+    ) as row:
+        pids = bash.worker_pids()
+        listed = " ".join(map(str, pids))
+        # Without a PID namespace, kill -1 would reach every process of the sandbox user.
+        everything = "; kill -9 -1" if LAYER_PID_NS in _layers(bash.stack) else ""
+        answer = await bash(
+            f"for p in {listed}; do kill -9 $p 2>&1 || true; "
+            f"timeout 2 strace -p $p -e trace=none 2>&1 | head -1; done{everything}",
+        )
+        survivors = [pid for pid in pids if alive(pid)]
+        after = await bash("echo still serving")
+        row.counts = bash.counts
+        lines = answer["stdout"].splitlines()
+        said = sorted({re.sub(r"\d+", "N", line).strip() for line in lines if line.strip()})
+        row.observed = (
+            f"{len(survivors)}/{len(pids)} worker processes alive; the command was told: "
+            f"{' / '.join(said)[:160]}; the next call was served"
+        )
+        assert survivors == pids
+        assert after["stdout"] == "still serving\n"
+
+
+def _started_by_sandbox(stack: Stack, *, uid: int | None = None) -> int:
+    """Processes below the sandbox pool's children (of ``uid`` only, if given): the commands
+    of the calls running now."""
+    main = stack.fleet.worker_pids("sandbox")[0]
+    table = processes()
+    below = 0
+    for start in table:
+        pid, depth = start, 0
+        while pid in table and pid > 1 and pid != main:
+            pid, depth = table[pid].ppid, depth + 1
+        if pid == main and depth > 1 and (uid is None or _owner(start) == uid):
+            below += 1
+    return below
+
+
+def _owner(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+async def test_a_fork_bomb_is_contained_and_leaves_nothing(bash: Bash, report: Report) -> None:
+    bomb_ms = 4_000
+    with report.case(
+        "Isolation",
+        f"A fork bomb (`:(){{ :|:& }};:` in bash, {bomb_ms // 1000} s limit)",
+        f"held at the process limit ({MAX_PROCESSES}); answered at its time limit; nothing of "
+        "it left; the worker serves on",
+    ) as row:
+        started = time.monotonic()
+        # bash retries a fork that fails, so the bomb holds the limit until it is killed.
+        bomb = asyncio.ensure_future(bash.raw("exec bash -c ':(){ :|:& };:; sleep 60'", bomb_ms))
+        peak = 0
+
+        def near_the_limit() -> bool:
+            nonlocal peak
+            peak = max(peak, _started_by_sandbox(bash.stack, uid=SANDBOX_UID))
+            return peak >= MAX_PROCESSES * 0.8
+
+        reached = await asyncio.to_thread(_within, near_the_limit, bomb_ms / 1000)
+        # A command of another call while the bomb holds the limit: the limit is per user.
+        during = _started_by_sandbox(bash.stack, uid=SANDBOX_UID)
+        neighbour = await bash.raw(
+            "i=0; while [ $i -lt 20 ]; do /bin/true || exit 9; i=$((i+1)); done; echo fine"
+        )
+        result = await asyncio.wait_for(bomb, 30)
+        elapsed = time.monotonic() - started
+        await asyncio.to_thread(
+            wait_for,
+            lambda: _started_by_sandbox(bash.stack) == 0,
+            10,
+            "the bomb's processes to end",
+        )
+        after = await bash("echo still serving")
+        answer = json.loads(result.output)
+        row.counts = bash.counts
+        row.observed = (
+            f"peaked at {peak} processes; answered in {elapsed:.1f} s (timed out: "
+            f"{answer['timed_out']}); none left; the next call was served"
+        )
+        assert reached, f"the bomb peaked at {peak} processes"
+        assert peak <= MAX_PROCESSES
+        assert answer["timed_out"]
+        assert after["stdout"] == "still serving\n"
+    neighbour_answer = {} if neighbour.is_error else json.loads(neighbour.output)
+    with report.case(
+        "Isolation",
+        "Another call's command while a fork bomb holds the process limit",
+        "runs normally",
+    ) as row:
+        row.counts = Counts(sent=1, answered=int(neighbour.error_kind != "no_answer"))
+        if neighbour_answer.get("exit_code") == 0:
+            row.observed = f"ran normally, started with {during} processes of the bomb running"
+        else:
+            row.passed = False
+            row.observed = (
+                f"could not run: {(neighbour_answer.get('stderr') or neighbour.output)[:120]!r}"
+            )
+            row.open_gap = (
+                f"the process limit (TOOLQ_SANDBOX_MAX_PROCESSES={MAX_PROCESSES}) is RLIMIT_NPROC "
+                f"of the one sandbox user ({SANDBOX_USER}), which counts every process of that "
+                "user: a fork bomb in one call leaves the concurrent calls of the same worker "
+                "host unable to fork until it is killed. A sandbox user per worker child (or a "
+                "pids cgroup per call) would give each call its own limit."
+            )
+
+
+def _within(condition: Any, seconds: float) -> bool:
+    try:
+        wait_for(condition, seconds, "condition")
+    except AssertionError:
+        return False
+    return True
+
+
+async def test_a_memory_hog_is_stopped(bash: Bash, report: Report) -> None:
+    with report.case(
+        "Isolation",
+        "A memory hog (`python3` allocating 3 GiB)",
+        "stopped at the address-space limit (1 GiB); the worker serves on",
+    ) as row:
+        answer = await bash("python3 -c 'b = bytearray(3 * 1024**3); print(\"allocated\")'", 10_000)
+        after = await bash("echo still serving")
+        row.counts = bash.counts
+        row.observed = (
+            f"exit {answer['exit_code']}: {answer['stderr'].strip().splitlines()[-1][:80]}"
+        )
+        assert answer["exit_code"] != 0
+        assert "allocated" not in answer["stdout"]
+        assert "MemoryError" in answer["stderr"]
+        assert after["stdout"] == "still serving\n"
+
+
+async def test_a_file_cannot_grow_past_the_limit(bash: Bash, report: Report) -> None:
+    with report.case(
+        "Isolation",
+        f"Writing a 64 MiB file with a {FILE_SIZE_MB} MiB file-size limit",
+        f"the write is stopped at {FILE_SIZE_MB} MiB and reported",
+    ) as row:
+        answer = await bash("head -c 64M /dev/zero > big.bin")
+        size = (bash.workspace / "big.bin").stat().st_size
+        row.counts = bash.counts
+        row.observed = f"file stopped at {size / 2**20:.0f} MiB; {answer['stderr'].strip()[:80]}"
+        assert size <= FILE_SIZE_MB * 2**20
+        assert "file size limit" in answer["stderr"].lower()
+    (bash.workspace / "big.bin").unlink()
+    files = 4
+    with report.case(
+        "Isolation",
+        f"Writing {files} files of {FILE_SIZE_MB - 1} MiB each (more than the limit in total)",
+        "a limit on what one call may write in total",
+    ) as row:
+        answer = await bash(
+            f"for i in $(seq {files}); do head -c {FILE_SIZE_MB - 1}M /dev/zero > f$i.bin; done"
+        )
+        written = sum(p.stat().st_size for p in bash.workspace.glob("f*.bin"))
+        row.counts = Counts(sent=1, answered=1)
+        row.observed = f"{written / 2**20:.0f} MiB written, exit {answer['exit_code']}"
+        if written > FILE_SIZE_MB * 2**20:
+            row.passed = False
+            row.open_gap = (
+                "TOOLQ_SANDBOX_FILE_SIZE_MB is RLIMIT_FSIZE: it caps each file, not the total. "
+                f"A command wrote {written / 2**20:.0f} MiB in {files} files; many files, or a "
+                "loop, can fill the disk that holds the workspaces. A quota per run (a loop-"
+                "mounted or tmpfs workspace of fixed size, or filesystem project quotas) "
+                "would bound the total."
+            )
+        for path in bash.workspace.glob("f*.bin"):
+            path.unlink()
+
+
+async def test_nothing_a_command_starts_outlives_its_call(bash: Bash, report: Report) -> None:
+    tags = ["301.1", "301.2", "301.3", "301.4"]
+    with report.case(
+        "Isolation",
+        "Processes left behind: `cmd &`, `setsid`, `nohup`, a double fork",
+        "the call answers at once; none of them is running after it",
+    ) as row:
+        started = time.monotonic()
+        await bash(
+            f"sleep {tags[0]} & setsid sleep {tags[1]} & "
+            f"nohup sleep {tags[2]} >/dev/null 2>&1 & (sleep {tags[3]} &); echo started"
+        )
+        elapsed = time.monotonic() - started
+        left = [tag for tag in tags if find_process(("sleep", tag))]
+        row.counts = bash.counts
+        row.observed = f"answered in {elapsed:.1f} s; {len(left)} of {len(tags)} still running"
+        assert not left
+        assert elapsed < 5
+
+
+async def test_a_command_has_no_network(bash: Bash, report: Report) -> None:
+    redis_port = bash.stack.redis.port
+    probe = (
+        "import socket\n"
+        f"for host, port in (('127.0.0.1', {redis_port}), ('10.0.0.1', 80), ('1.1.1.1', 53)):\n"
+        "    try:\n"
+        "        socket.create_connection((host, port), timeout=2).close()\n"
+        "        print(host, 'reached')\n"
+        "    except OSError as exc:\n"
+        "        print(host, 'unreachable:', exc.strerror or exc)\n"
+    )
+    answer = await bash(f"python3 - <<'EOF'\n{probe}EOF")
+    if "network-namespace" not in answer["isolation"]:
+        pytest.skip("this machine gives run_bash no network namespace")
+    with report.case(
+        "Isolation",
+        "run_bash connects to the fleet's Redis (127.0.0.1), a private and a public address",
+        "unreachable: the sandbox has an empty network namespace",
+    ) as row:
+        reached = [line for line in answer["stdout"].splitlines() if line.endswith("reached")]
+        row.counts = bash.counts
+        row.observed = "; ".join(answer["stdout"].strip().splitlines())
+        assert answer["stdout"].count("unreachable:") == 3
+        assert not reached
