@@ -153,12 +153,16 @@ class Dispatcher:
                 item = await self._redis.blpop([self.reply_key], timeout=1)
                 if item is None:
                     continue
-                batch = [item[1]]
-                more = await self._redis.lpop(self.reply_key, _DRAIN_BATCH)
-                if more:
-                    batch.extend(more)  # type: ignore[arg-type]
-                for raw in batch:
-                    self._deliver(raw)
+                self._deliver(item[1])
+                # Drain what else has arrived in one round trip, but only when another call is
+                # waiting (the one just answered is still listed): a lone call would pay for an
+                # empty LPOP every time.
+                if len(self._pending) > 1:
+                    more: list[bytes] = await self._redis.lpop(  # type: ignore[assignment]
+                        self.reply_key, _DRAIN_BATCH
+                    )
+                    for raw in more or []:
+                        self._deliver(raw)
                 delay = 0.1
             except (RedisError, OSError) as exc:
                 if self._closing:

@@ -86,13 +86,13 @@ class Executor:
             request = ToolCallRequest.model_validate(raw)
         except ValidationError as exc:
             return self._reject_bad_request(raw, exc)
-        stored = self._store.get(request.tool_call_id)
-        if stored is not None:
+        begin = self._store.begin(request.tool_call_id, self._worker)
+        if begin.stored is not None:
             # A redelivery of a call that finished: answer with what it gave, never run again.
-            self._store.reply_again(stored, request.reply_to)
-            return stored
+            self._store.reply_again(begin.stored, request.reply_to)
+            return begin.stored
         started = time.perf_counter()
-        result = self._run(request, pool)
+        result = self._run(request, pool, begin.previous)
         result.duration_ms = round((time.perf_counter() - started) * 1000, 3)
         return self._store.store(result, request.reply_to)
 
@@ -110,7 +110,9 @@ class Executor:
         )
         self._store.store(result, request.reply_to)
 
-    def _run(self, request: ToolCallRequest, pool: str | None) -> ToolCallResult:
+    def _run(
+        self, request: ToolCallRequest, pool: str | None, previous: str | None
+    ) -> ToolCallResult:
         if self._clock() > request.deadline:
             return self._error(
                 request,
@@ -129,7 +131,7 @@ class Executor:
         registry = build_registry(self._settings, context, workspace, self._time_limit)
         tool = registry.get(request.tool)
         if tool is not None:
-            refusal = self._refusal(request, tool, pool)
+            refusal = self._refusal(request, tool, pool, previous)
             if refusal is not None:
                 return refusal
             registry.enable(tool.name)  # the caller enabled it; the pool check is the gate
@@ -155,7 +157,7 @@ class Executor:
         )
 
     def _refusal(
-        self, request: ToolCallRequest, tool: ExecutableTool, pool: str | None
+        self, request: ToolCallRequest, tool: ExecutableTool, pool: str | None, previous: str | None
     ) -> ToolCallResult | None:
         if tool.pool != pool:
             return self._error(
@@ -164,7 +166,6 @@ class Executor:
                 f"Error: tool {tool.name!r} runs only on the {tool.pool!r} pool; this worker "
                 f"serves {pool!r}. The call was refused.",
             )
-        previous = self._store.claim_start(request.tool_call_id, self._worker)
         if previous is not None and not tool.idempotent:
             return self._error(
                 request,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
@@ -24,6 +25,25 @@ return answer
 """
 
 
+# One round trip before a call runs: its stored result if it finished, else the start marker
+# (set now, or the name of the worker that set it before: the call was cut short there).
+_BEGIN = """
+local stored = redis.call('GET', KEYS[1])
+if stored then return {'done', stored} end
+if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'EX', ARGV[2]) then return {'new', ''} end
+return {'cut', redis.call('GET', KEYS[2]) or ''}
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Begin:
+    """How a delivery of a call starts: already answered, first run, or a run cut short."""
+
+    stored: ToolCallResult | None = None
+    #: The worker that started the call before (it died mid-call), when there was one.
+    previous: str | None = None
+
+
 class ResultStore:
     """Sync access for workers; the caller side reads the same keys through redis.asyncio."""
 
@@ -31,6 +51,7 @@ class ResultStore:
         self._redis = client
         self._ttl_s = ttl_s
         self._store = client.register_script(_STORE_ONCE)
+        self._begin = client.register_script(_BEGIN)
 
     def get(self, tool_call_id: str) -> ToolCallResult | None:
         raw = self._redis.get(keys.result(tool_call_id))
@@ -53,12 +74,15 @@ class ResultStore:
             pipe.expire(reply_to, self._ttl_s)
             pipe.execute()
 
-    def claim_start(self, tool_call_id: str, worker: str) -> str | None:
-        """Mark the call as started; returns the earlier worker's name if it was started before."""
-        key = keys.started(tool_call_id)
-        if self._redis.set(key, worker, nx=True, ex=self._ttl_s):
-            return None
-        previous = self._redis.get(key)
-        if isinstance(previous, bytes):
-            return previous.decode()
-        return str(previous)
+    def begin(self, tool_call_id: str, worker: str) -> Begin:
+        """The stored answer of a finished call, or mark the call started by ``worker``."""
+        state, value = self._begin(
+            keys=[keys.result(tool_call_id), keys.started(tool_call_id)],
+            args=[worker, self._ttl_s],
+        )
+        state = state.decode() if isinstance(state, bytes) else state
+        if state == "done":
+            return Begin(stored=ToolCallResult.model_validate_json(value))
+        if state == "cut":
+            return Begin(previous=value.decode() if isinstance(value, bytes) else str(value))
+        return Begin()
