@@ -140,6 +140,9 @@ class Dispatcher:
             task_id=request.tool_call_id,
             queue=pool,
             routing_key=pool,
+            # Answers come through toolq's reply list: without this, Celery would subscribe to
+            # its own result channel for every call.
+            ignore_result=True,
             soft_time_limit=soft,
             time_limit=soft + self._settings.hard_limit_grace_s,
             retry=True,

@@ -20,6 +20,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any, Self, cast
 
 import openai
+from openai._base_client import get_platform
 from openai.types import CompletionUsage
 from openai.types.chat import (
     ChatCompletion,
@@ -208,6 +209,11 @@ class ChatModel:
         # The client's own retries would multiply ours and ignore our backoff.
         self._client = client if client.max_retries == 0 else client.with_options(max_retries=0)
         self.policy = policy or RetryPolicy()
+        # The client finds its platform (for a header) in a thread on first use, once per request
+        # still waiting for the first answer: a thousand conversations starting together would
+        # fill asyncio's thread pool. Found once here instead; skipped if the client changes.
+        if getattr(self._client, "_platform", "absent") is None:
+            self._client._platform = get_platform()
 
     @classmethod
     def from_env(cls, settings: Settings | None = None) -> ChatModel:

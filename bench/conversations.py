@@ -17,7 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from api.local import LocalStack, free_port, worker_environment
+from bench.cost import redis_cpu_seconds
 from bench.procinfo import cpu_seconds
 from bench.stack import python_path, wait_until
 from bench.stats import CaseResult, Comparison
@@ -102,16 +105,26 @@ def conversations_case(
     bare_tasks_per_s: float,
     many: int,
     few: int,
+    *,
+    warm_up: bool = True,
 ) -> CaseResult:
     workers = stack.pids("worker-tools")
+    client = redis.Redis.from_url(settings.redis_url)
     with scripted_model() as (llm_url, llm_pid):
-        run_orchestrator(settings, llm_url, few)  # warm-up: connections, worker imports
+        if warm_up:  # connections, the workers' first calls, the page cache
+            run_orchestrator(settings, llm_url, few)
         small = run_orchestrator(settings, llm_url, few)
         llm_before = cpu_seconds(llm_pid)
         workers_before = sum(cpu_seconds(pid) for pid in workers)
+        redis_before = redis_cpu_seconds(client)
         large = run_orchestrator(settings, llm_url, many)
-        llm_cpu = cpu_seconds(llm_pid) - llm_before
-        workers_cpu = sum(cpu_seconds(pid) for pid in workers) - workers_before
+        cpu_s = {
+            "orchestrator": large["cpu_s"],
+            "workers": sum(cpu_seconds(pid) for pid in workers) - workers_before,
+            "scripted model": cpu_seconds(llm_pid) - llm_before,
+            "redis": redis_cpu_seconds(client) - redis_before,
+        }
+    client.close()
     calls_per_s = large["tool_calls"] / large["wall_s"]
     figures = {
         "worker_processes": concurrency,
@@ -119,8 +132,7 @@ def conversations_case(
         "calls_per_turn": CALLS_PER_TURN,
         "tool_calls_per_s": round(calls_per_s, 1),
         "orchestrator_cpu_ms_per_tool_call": round(large["cpu_s"] * 1000 / large["tool_calls"], 3),
-        "scripted_model_cpu_s": round(llm_cpu, 2),
-        "workers_cpu_s": round(workers_cpu, 2),
+        "cpu_s_by_process": {name: round(seconds, 2) for name, seconds in cpu_s.items()},
         "bare_celery_tasks_per_s": bare_tasks_per_s,
         f"at_{few}": small,
         f"at_{many}": large,
@@ -131,6 +143,10 @@ def conversations_case(
         f"of {CALLS_PER_TURN} parallel no-op calls ({concurrency} worker processes)",
         figures=figures,
     )
+    result.notes += [
+        cpu_note(many, large["wall_s"], large["tool_calls"], cpu_s),
+        *orchestrator_notes(many, large),
+    ]
     result.comparisons += [
         Comparison(
             metric=f"workers' busy fraction (calls/s vs bare Celery, {concurrency} processes)",
@@ -151,3 +167,57 @@ def conversations_case(
         ),
     ]
     return result
+
+
+def cpu_note(conversations: int, wall_s: float, calls: int, cpu_s: dict[str, float]) -> str:
+    """Who used the machine's CPU while the conversations ran, per tool call."""
+    cores = len(os.sched_getaffinity(0))
+    available = wall_s * cores
+    shares = ", ".join(
+        f"{name} {seconds:.1f} s ({seconds * 1000 / calls:.2f} ms/call, "
+        f"{100 * seconds / available:.0f}%)"
+        for name, seconds in cpu_s.items()
+    )
+    return (
+        f"{conversations:,} conversations: {wall_s:.1f} s on {cores} cores "
+        f"({available:.0f} CPU-seconds available); CPU used — {shares}."
+    )
+
+
+def orchestrator_notes(conversations: int, run: dict[str, Any]) -> list[str]:
+    """Where the orchestrator's CPU went, and where its extra threads came from."""
+    per_call = run["cpu_s"] * 1000 / run["tool_calls"]
+    probed: dict[str, float] = run["cpu_ms_per_tool_call_in"]
+    rest = per_call - sum(probed.values())
+    listed = "; ".join(f"{label} {ms:.2f} ms" for label, ms in probed.items())
+    notes = [
+        f"At {conversations:,} conversations the orchestrator used {per_call:.2f} ms of CPU per "
+        f"tool call: {listed}; the rest ({rest:.2f} ms) is the model client's HTTP requests "
+        "and responses (openai, httpx), the agent loop and asyncio. One process runs one "
+        "thread of Python at a time, so it cannot do more than about "
+        f"{1000 / per_call:.0f} tool calls/s however idle the workers are."
+    ]
+    transform = probed.get("openai request transform", 0.0)
+    if transform >= 0.2 * per_call:
+        notes.append(
+            f"openai's chat.completions.create passes every message and tool schema through "
+            f"its async_maybe_transform on each turn ({transform:.2f} ms per tool call here). "
+            "toolq's messages and tool schemas are already plain wire-format dicts, so "
+            "api/llm.py could send them with client.post('/chat/completions', body=..., "
+            "cast_to=ChatCompletion) (streaming: stream=True, stream_cls=AsyncStream"
+            "[ChatCompletionChunk]) and skip it."
+        )
+    ran = run["default_executor_runs"]
+    extra = [n for n in run["thread_names_at_peak"] if n.startswith("asyncio")]
+    if extra and "get_platform" in ran:
+        notes.append(
+            f"The orchestrator's threads beyond MainThread and toolq-send are asyncio's default "
+            f"executor ({len(extra)} at {conversations:,} conversations), which ran only "
+            f"{', '.join(f'{name} ({count} times)' for name, count in ran.items())}: the openai "
+            "client detects the platform in a thread for every request sent before the first "
+            "one has cached it. The pool stops at min(32, cores + 4) threads, but it does grow "
+            "with the first burst of conversations. Filling the client's platform cache once "
+            "when ChatModel is made (its _platform attribute, from openai's get_platform()) "
+            "removes them."
+        )
+    return notes

@@ -17,11 +17,12 @@ def _own_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _redis_cpu(info: dict[str, Any]) -> float:
+def redis_cpu_seconds(client: redis.Redis) -> float:
+    info: dict[str, Any] = client.info("cpu")
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-def _commands(client: redis.Redis) -> dict[str, int]:
+def command_counts(client: redis.Redis) -> dict[str, int]:
     stats: dict[str, Any] = client.info("commandstats")
     return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
 
@@ -38,15 +39,15 @@ class CostMeter:
         self._client = redis.Redis.from_url(self.redis_url)
         self._caller = _own_cpu()
         self._workers = sum(cpu_seconds(pid) for pid in self.worker_pids())
-        self._redis = _redis_cpu(self._client.info("cpu"))
-        self._commands = _commands(self._client)
+        self._redis = redis_cpu_seconds(self._client)
+        self._commands = command_counts(self._client)
 
     def stop(self, calls: int) -> dict[str, Any]:
         """Per call: CPU ms of caller, workers and Redis, and Redis commands by name."""
         caller = _own_cpu() - self._caller
         workers = sum(cpu_seconds(pid) for pid in self.worker_pids()) - self._workers
-        redis_cpu = _redis_cpu(self._client.info("cpu")) - self._redis
-        after = _commands(self._client)
+        redis_cpu = redis_cpu_seconds(self._client) - self._redis
+        after = command_counts(self._client)
         self._client.close()
         commands = {
             name: round((count - self._commands.get(name, 0)) / calls, 2)

@@ -9,29 +9,35 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import resource
+import threading
 import time
 import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from openai import AsyncOpenAI
+import openai.resources.chat.completions.completions as openai_completions
 
 from api.agent import Agent, AgentOptions
 from api.dispatch import Dispatcher
 from api.fleet import load_fleet
-from api.llm import ChatModel, RetryPolicy
-from bench.procinfo import status_kb, thread_names
+from api.llm import ChatModel
+from bench.probes import CpuProbe
+from bench.procinfo import status_kb
 from worker.settings import get_settings
 
 MODEL = "scripted"
 PROMPT = "go"
-SAMPLE_EVERY_S = 0.01
+SAMPLE_EVERY_S = 0.05
 
 
 class ThreadWatch:
-    """The most threads this process had while watched, and their names at that moment."""
+    """The most threads this process had while watched, and the Python names of its threads
+    at that moment (the kernel calls them all "python")."""
 
     def __init__(self) -> None:
         self.peak = 0
@@ -41,7 +47,7 @@ class ThreadWatch:
         count = status_kb(os.getpid(), "Threads")
         if count > self.peak:
             self.peak = count
-            self.names = thread_names(os.getpid())
+            self.names = sorted(thread.name for thread in threading.enumerate())
 
     async def watch(self) -> None:
         while True:
@@ -49,11 +55,40 @@ class ThreadWatch:
             await asyncio.sleep(SAMPLE_EVERY_S)
 
 
+class RecordingExecutor(ThreadPoolExecutor):
+    """asyncio's default executor as asyncio makes it, counting what is run in its threads."""
+
+    def __init__(self) -> None:
+        super().__init__(thread_name_prefix="asyncio")
+        self.functions: Counter[str] = Counter()
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        # run_in_executor wraps the function as partial(context.run, function, ...).
+        target = fn.args[0] if isinstance(fn, functools.partial) and fn.args else fn
+        self.functions[getattr(target, "__qualname__", repr(target))] += 1
+        return super().submit(fn, *args, **kwargs)
+
+
+def install_probes() -> list[CpuProbe]:
+    """Where the orchestrator's CPU goes: the model client's request building, and publishing."""
+    probes = [
+        CpuProbe(openai_completions, "async_maybe_transform", "openai request transform"),
+        CpuProbe(Dispatcher, "_publish", "toolq publish (Celery send_task)"),
+        CpuProbe(Dispatcher, "_deliver", "toolq reply parsing"),
+    ]
+    return [probe for probe in probes if probe.install()]
+
+
 async def converse(llm_url: str, conversations: int) -> dict[str, Any]:
+    probes = install_probes()
+    executor = RecordingExecutor()
+    asyncio.get_running_loop().set_default_executor(executor)
     settings = get_settings()
     fleet = load_fleet(settings.redis_url)
-    client = AsyncOpenAI(base_url=llm_url, api_key="unused", max_retries=0, timeout=120)
-    model = ChatModel(client, RetryPolicy.from_settings(settings))
+    # The model client as toolq's commands make it, pointed at the scripted model.
+    os.environ["OPENAI_BASE_URL"] = llm_url
+    os.environ["OPENAI_API_KEY"] = "unused"
+    model = ChatModel.from_env(settings)
     threads = ThreadWatch()
     watcher = asyncio.create_task(threads.watch())
     rss_before_kb = status_kb(os.getpid(), "VmRSS")
@@ -94,6 +129,10 @@ async def converse(llm_url: str, conversations: int) -> dict[str, Any]:
         "peak_rss_mb": round(usage_after.ru_maxrss / 1024, 1),
         "peak_threads": threads.peak,
         "thread_names_at_peak": threads.names,
+        "default_executor_runs": dict(executor.functions),
+        "cpu_ms_per_tool_call_in": {
+            probe.label: round(probe.seconds * 1000 / max(len(records), 1), 3) for probe in probes
+        },
     }
 
 

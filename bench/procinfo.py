@@ -29,15 +29,6 @@ def status_kb(pid: int, field: str) -> int:
     return 0
 
 
-def thread_names(pid: int) -> list[str]:
-    names = []
-    with contextlib.suppress(OSError):
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            with contextlib.suppress(OSError):
-                names.append((task / "comm").read_text().strip())
-    return sorted(names)
-
-
 def process_tree(pid: int) -> list[int]:
     """``pid`` and its children (a worker's pool processes), one level down."""
     children: list[int] = []

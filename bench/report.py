@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import subprocess
+import textwrap
 from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
@@ -102,7 +103,9 @@ def _figure_lines(figures: dict[str, Any], depth: int = 0) -> list[str]:
     lines = []
     indent = "  " * depth
     for key, value in figures.items():
-        label = str(key).replace("_", " ")
+        label = str(key)
+        if label.isidentifier():  # a field name, not a label of its own
+            label = label.replace("_", " ")
         if isinstance(value, dict):
             lines.append(f"{indent}- {label}:")
             lines += _figure_lines(value, depth + 1)
@@ -155,27 +158,31 @@ def markdown(meta: dict[str, Any], cases: list[CaseResult], notes: list[str]) ->
 
 
 def plot(path: Path, cases: list[CaseResult]) -> None:
-    """One panel per case with samples: the distribution of each series as a CDF."""
+    """One panel per case with samples, one above the other: each series as a CDF."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    with_samples = [case for case in cases if case.samples_ms]
+    with_samples = [case for case in cases if case.samples_ms] or cases[:1]
     figure, axes = plt.subplots(
-        1, max(len(with_samples), 1), figsize=(7 * max(len(with_samples), 1), 5), squeeze=False
+        len(with_samples),
+        1,
+        figsize=(11, 4.5 * len(with_samples)),
+        squeeze=False,
+        layout="constrained",
     )
-    for axis, case in zip(axes[0], with_samples, strict=False):
+    for axis, case in zip(axes[:, 0], with_samples, strict=True):
         for name, samples in case.samples_ms.items():
             ordered = sorted(samples)
             fraction = [(i + 1) / len(ordered) for i in range(len(ordered))]
-            axis.step(ordered, fraction, where="post", label=name)
+            axis.step(ordered, fraction, where="post", label=textwrap.fill(name, 60))
         axis.set_xscale("log")
         axis.set_xlabel("latency (ms, log scale)")
         axis.set_ylabel("fraction of calls")
-        axis.set_title(case.title.split(":")[0], fontsize=10)
+        axis.set_title(case.title, fontsize=10)
         axis.grid(True, which="both", alpha=0.3)
-        axis.legend(fontsize=7, loc="lower right")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
+        # Outside the axes: the labels are long and the curves fill the panel.
+        axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    figure.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(figure)

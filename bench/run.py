@@ -7,24 +7,31 @@ this process has no threads yet.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import faulthandler
 import os
+import signal
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from bench.big_output import big_output_case
 from bench.conversations import conversations_case
 from bench.report import machine, markdown, plot, write_json
 from bench.round_trip import TOOLQ, round_trip_case
-from bench.sandbox_cost import sandbox_case, sandbox_layers
+from bench.sandbox_cost import sandbox_case
+from bench.sandbox_layers import sandbox_layers
 from bench.search_tree import search_case
 from bench.stack import bare_worker, bench_settings, private_redis, python_path, toolq_workers
 from bench.stats import CaseResult
 from bench.throughput import measure, throughput_case
 
 RESULTS = Path(__file__).resolve().parent / "results"
+WATCHDOG_S = 300
 
 
 @dataclass(frozen=True)
@@ -34,8 +41,10 @@ class Sizes:
     fast_calls: int
     throughput_calls: int
     throughput_warmup: int
+    throughput_repeats: int
     conversations: int
     few_conversations: int
+    conversation_warmup: bool
     conversation_workers: int
     bash_calls: int
     big_output_bytes: int
@@ -50,8 +59,10 @@ FULL = Sizes(
     fast_calls=5000,
     throughput_calls=5000,
     throughput_warmup=500,
+    throughput_repeats=2,
     conversations=1000,
     few_conversations=10,
+    conversation_warmup=True,
     conversation_workers=2,
     bash_calls=300,
     big_output_bytes=1 << 30,
@@ -65,8 +76,10 @@ QUICK = Sizes(
     fast_calls=100,
     throughput_calls=60,
     throughput_warmup=10,
+    throughput_repeats=1,
     conversations=10,
     few_conversations=2,
+    conversation_warmup=False,
     conversation_workers=1,
     bash_calls=5,
     big_output_bytes=4 << 20,
@@ -76,43 +89,76 @@ QUICK = Sizes(
 )
 
 
-def run_cases(sizes: Sizes) -> list[CaseResult]:
-    layers = sandbox_layers(sizes.bash_calls, sizes.warmup)
-    search = search_case(sizes.search_files, sizes.search_runs)
-    by_concurrency = {}
+class Progress:
+    """Says on stderr what runs, and keeps how long each step took."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        print(f"bench: {name} ...", file=sys.stderr, flush=True)
+        started = time.monotonic()
+        yield
+        self.seconds[name] = round(time.monotonic() - started, 1)
+        print(f"bench: {name} took {self.seconds[name]} s", file=sys.stderr, flush=True)
+
+
+def run_cases(sizes: Sizes, progress: Progress) -> list[CaseResult]:
+    with progress.step("isolation layers"):
+        layers = sandbox_layers(sizes.bash_calls, sizes.warmup)
+    with progress.step("search_text vs grep"):
+        search = search_case(sizes.search_files, sizes.search_runs)
+    by_concurrency: dict[int, dict[str, Any]] = {}
     with private_redis() as url, tempfile.TemporaryDirectory(prefix="toolq-bench-ws-") as ws:
         # Run folders belong to the sandbox user; it must be able to reach them.
         os.chmod(ws, 0o755)
         settings = bench_settings(url, Path(ws))
         for processes in sizes.worker_processes:
             pools = ("tools", "sandbox") if processes == 1 else ("tools",)
-            with (
-                toolq_workers(settings, processes, pools) as stack,
-                bare_worker(settings, processes) as bare,
-            ):
+            with contextlib.ExitStack() as workers:
+                with progress.step(f"starting workers of {processes} process(es)"):
+                    stack = workers.enter_context(toolq_workers(settings, processes, pools))
+                    bare = workers.enter_context(bare_worker(settings, processes))
                 if processes == 1:
-                    round_trip = round_trip_case(
-                        settings, bare, sizes.round_trips, sizes.warmup, sizes.fast_calls
-                    )
+                    with progress.step("round trips"):
+                        round_trip = round_trip_case(
+                            settings, bare, sizes.round_trips, sizes.warmup, sizes.fast_calls
+                        )
                     noop_p50 = round_trip.figures["latency"][TOOLQ]["p50_ms"]
-                    sandbox = sandbox_case(
-                        settings, layers, noop_p50, sizes.bash_calls, sizes.warmup
-                    )
-                    big = big_output_case(settings, stack, sizes.big_output_bytes)
-                by_concurrency[processes] = measure(
-                    settings, stack, bare, sizes.throughput_calls, sizes.throughput_warmup
-                )
-                if processes == sizes.conversation_workers:
-                    conversations = conversations_case(
+                    with progress.step("run_bash through the pool"):
+                        sandbox = sandbox_case(
+                            settings, layers, noop_p50, sizes.bash_calls, sizes.warmup
+                        )
+                    with progress.step("big output"):
+                        big = big_output_case(settings, stack, sizes.big_output_bytes)
+                with progress.step(f"throughput, {processes} process(es)"):
+                    by_concurrency[processes] = measure(
                         settings,
                         stack,
-                        processes,
-                        by_concurrency[processes]["bare_tasks_per_s"],
-                        sizes.conversations,
-                        sizes.few_conversations,
+                        bare,
+                        sizes.throughput_calls,
+                        sizes.throughput_warmup,
+                        repeats=sizes.throughput_repeats,
                     )
+                if processes == sizes.conversation_workers:
+                    with progress.step("conversations"):
+                        conversations = conversations_case(
+                            settings,
+                            stack,
+                            processes,
+                            by_concurrency[processes]["bare_tasks_per_s"],
+                            sizes.conversations,
+                            sizes.few_conversations,
+                            warm_up=sizes.conversation_warmup,
+                        )
     throughput = throughput_case(by_concurrency, sizes.throughput_calls)
     return [round_trip, throughput, conversations, sandbox, big, search]
+
+
+def _stop_on_sigterm(signum: int, frame: object) -> None:
+    # Unwinding runs every context manager: workers and redis-server are stopped, not orphaned.
+    raise SystemExit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,22 +166,41 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes: proves the harness")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where the results go")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    # Should a step hang, its stack shows where; the run goes on (the deadlines of calls end it).
+    faulthandler.dump_traceback_later(WATCHDOG_S, repeat=True)
     os.environ["PYTHONPATH"] = python_path()
     sizes = QUICK if args.quick else FULL
     started = time.monotonic()
-    meta = {"machine": machine(), "quick": args.quick, "sizes": sizes.__dict__}
-    cases = run_cases(sizes)
+    meta: dict[str, Any] = {"machine": machine(), "quick": args.quick, "sizes": asdict(sizes)}
+    progress = Progress()
+    cases = run_cases(sizes, progress)
+    faulthandler.cancel_dump_traceback_later()
     meta["duration_s"] = round(time.monotonic() - started, 1)
+    meta["seconds_by_step"] = progress.seconds
     meta["load_average_at_end"] = round(os.getloadavg()[0], 2)
-    notes = [note for case in cases for note in case.notes]
+    notes = [*load_notes(meta), *(note for case in cases for note in case.notes)]
     args.out.mkdir(parents=True, exist_ok=True)
-    write_json(args.out / "latest.json", meta, cases)
+    write_json(args.out / "latest.json", {**meta, "notes": notes}, cases)
     (args.out / "latest.md").write_text(markdown(meta, cases, notes))
     plot(args.out / "latency.png", cases)
     failed = [c.metric for case in cases for c in case.comparisons if c.passed is False]
-    missed = f": {', '.join(failed)}" if failed else ""
+    missed = f": {'; '.join(failed)}" if failed else ""
     print(f"results in {args.out}; {len(failed)} goal(s) missed{missed}")
     return 0
+
+
+def load_notes(meta: dict[str, Any]) -> list[str]:
+    """A warning when other work shared the CPU: every figure is then slower and noisier."""
+    cores = meta["machine"]["usable_cores"]
+    start, end = meta["machine"]["load_average_at_start"], meta["load_average_at_end"]
+    if max(start, end) < cores / 2:
+        return []
+    return [
+        f"The machine was busy with other work (load average {start} at the start, {end} at "
+        f"the end, on {cores} cores): latencies and throughputs are worse and noisier than on "
+        "an idle machine; the CPU-per-call figures are the more reliable ones."
+    ]
 
 
 if __name__ == "__main__":

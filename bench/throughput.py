@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from celery.result import ResultSet
@@ -48,26 +50,63 @@ def bare_throughput(bare: BareWorker, calls: int) -> float:
     return calls / elapsed
 
 
+#: Calls per second, and where the CPU went (``CostMeter.stop``).
+Measured = tuple[float, dict[str, Any]]
+
+
 def measure(
-    settings: Settings, stack: LocalStack, bare: BareWorker, calls: int, warmup: int
+    settings: Settings,
+    stack: LocalStack,
+    bare: BareWorker,
+    calls: int,
+    warmup: int,
+    *,
+    repeats: int = 2,
 ) -> dict[str, Any]:
-    """Both systems after a smaller warm-up burst of each, with where their CPU went."""
+    """Both systems after a smaller warm-up burst of each, with where their CPU went.
+
+    The runs alternate toolq, bare, bare, toolq, ... so that a change in the machine's other
+    load over the case weighs on both alike; the figures are the means over ``repeats`` each.
+    """
     asyncio.run(toolq_throughput(settings, warmup))
     bare_throughput(bare, warmup)
-    meter = CostMeter(settings.redis_url, lambda: stack.pids("worker-tools"))
-    meter.start()
-    toolq = asyncio.run(toolq_throughput(settings, calls))
-    toolq_cost = meter.stop(calls)
-    meter = CostMeter(settings.redis_url, lambda: process_tree(bare.proc.pid))
-    meter.start()
-    baseline = bare_throughput(bare, calls)
-    bare_cost = meter.stop(calls)
+
+    def toolq() -> Measured:
+        meter = CostMeter(settings.redis_url, lambda: stack.pids("worker-tools"))
+        meter.start()
+        rate = asyncio.run(toolq_throughput(settings, calls))
+        return rate, meter.stop(calls)
+
+    def baseline() -> Measured:
+        meter = CostMeter(settings.redis_url, lambda: process_tree(bare.proc.pid))
+        meter.start()
+        rate = bare_throughput(bare, calls)
+        return rate, meter.stop(calls)
+
+    runs: dict[Callable[[], Measured], list[Measured]] = {toolq: [], baseline: []}
+    for repeat in range(repeats):
+        for run in (toolq, baseline) if repeat % 2 == 0 else (baseline, toolq):
+            runs[run].append(run())
     return {
-        "toolq_calls_per_s": round(toolq, 1),
-        "bare_tasks_per_s": round(baseline, 1),
-        "toolq_cost": toolq_cost,
-        "bare_cost": bare_cost,
+        "toolq_calls_per_s": round(statistics.fmean(r for r, _ in runs[toolq]), 1),
+        "bare_tasks_per_s": round(statistics.fmean(r for r, _ in runs[baseline]), 1),
+        "toolq_runs_per_s": [round(r, 1) for r, _ in runs[toolq]],
+        "bare_runs_per_s": [round(r, 1) for r, _ in runs[baseline]],
+        "toolq_cost": mean_cost([c for _, c in runs[toolq]]),
+        "bare_cost": mean_cost([c for _, c in runs[baseline]]),
     }
+
+
+def mean_cost(costs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The figures of several ``CostMeter.stop`` results, averaged key by key."""
+    merged: dict[str, Any] = {}
+    for section in costs[0]:
+        names = sorted({name for cost in costs for name in cost[section]})
+        merged[section] = {
+            name: round(statistics.fmean(cost[section].get(name, 0) for cost in costs), 3)
+            for name in names
+        }
+    return merged
 
 
 def throughput_case(by_concurrency: dict[int, dict[str, Any]], calls: int) -> CaseResult:
@@ -89,7 +128,21 @@ def throughput_case(by_concurrency: dict[int, dict[str, Any]], calls: int) -> Ca
             )
         )
         result.notes.append(cost_note(concurrency, figures))
+    subscribes = max(
+        figures["toolq_cost"]["redis_commands_per_call"].get("subscribe", 0)
+        for figures in by_concurrency.values()
+    )
+    if subscribes >= 0.5:
+        result.notes.append(SUBSCRIBE_NOTE)
     return result
+
+
+SUBSCRIBE_NOTE = (
+    "toolq's caller SUBSCRIBEs to Celery's result channel for every call, and UNSUBSCRIBEs "
+    "later, though its answers come through its own reply list: two Redis round trips per "
+    "call in the one thread that publishes. api/dispatch.py's _publish can pass "
+    "ignore_result=True to send_task, which makes Celery skip backend.on_task_call."
+)
 
 
 def cost_note(concurrency: int, figures: dict[str, Any]) -> str:
@@ -107,6 +160,7 @@ def cost_note(concurrency: int, figures: dict[str, Any]) -> str:
 
     return (
         f"Throughput with {concurrency} worker process(es), CPU ms per call — toolq: "
-        f"{cpu(toolq)}; bare Celery: {cpu(bare)}. Redis commands per call — toolq: "
+        f"{cpu(toolq)}; bare Celery: {cpu(bare)}. Redis commands per call, those run inside "
+        f"Lua scripts included — toolq: "
         f"{commands(toolq)}; bare Celery: {commands(bare)}."
     )

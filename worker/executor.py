@@ -86,13 +86,22 @@ class Executor:
             request = ToolCallRequest.model_validate(raw)
         except ValidationError as exc:
             return self._reject_bad_request(raw, exc)
-        begin = self._store.begin(request.tool_call_id, self._worker)
-        if begin.stored is not None:
-            # A redelivery of a call that finished: answer with what it gave, never run again.
-            self._store.reply_again(begin.stored, request.reply_to)
-            return begin.stored
+        context = ToolContext.from_snapshot(request.context)
+        workspace = self._workspace(request.run_id)
+        registry = build_registry(self._settings, context, workspace, self._time_limit)
+        tool = registry.get(request.tool)
+        previous = None
+        if tool is not None and not tool.idempotent:
+            # At most once: a finished call is answered from the store, and a call cut short
+            # elsewhere is found by its start marker. A tool safe to repeat skips this round
+            # trip; running it again is harmless and the store keeps its first answer.
+            begin = self._store.begin(request.tool_call_id, self._worker)
+            if begin.stored is not None:
+                self._store.reply_again(begin.stored, request.reply_to)
+                return begin.stored
+            previous = begin.previous
         started = time.perf_counter()
-        result = self._run(request, pool, begin.previous)
+        result = self._run(request, pool, registry, tool, previous)
         result.duration_ms = round((time.perf_counter() - started) * 1000, 3)
         return self._store.store(result, request.reply_to)
 
@@ -111,7 +120,12 @@ class Executor:
         self._store.store(result, request.reply_to)
 
     def _run(
-        self, request: ToolCallRequest, pool: str | None, previous: str | None
+        self,
+        request: ToolCallRequest,
+        pool: str | None,
+        registry: ToolRegistry,
+        tool: ExecutableTool | None,
+        previous: str | None,
     ) -> ToolCallResult:
         if self._clock() > request.deadline:
             return self._error(
@@ -126,10 +140,6 @@ class Executor:
                 "tool_disabled",
                 f"Error: tool {request.tool!r} is not available (disabled on this fleet).",
             )
-        workspace = self._workspace(request.run_id)
-        context = ToolContext.from_snapshot(request.context)
-        registry = build_registry(self._settings, context, workspace, self._time_limit)
-        tool = registry.get(request.tool)
         if tool is not None:
             refusal = self._refusal(request, tool, pool, previous)
             if refusal is not None:

@@ -1,0 +1,73 @@
+"""``make bench``'s harness on tiny sizes: every case runs and every result file is written."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[1]
+CASES = {"round_trip", "throughput", "conversations", "run_bash", "big_output", "search_text"}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("bench")
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--quick", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return out
+
+
+def test_every_case_reports_its_baseline_and_ratio(results: Path) -> None:
+    data = json.loads((results / "latest.json").read_text())
+    assert set(data["cases"]) == CASES
+    for key, case in data["cases"].items():
+        assert case["comparisons"], f"{key} compares nothing"
+        for comparison in case["comparisons"]:
+            assert comparison["baseline_name"]
+            assert comparison["value"] >= 0 and comparison["baseline"] > 0
+            assert comparison["ratio"] == pytest.approx(
+                comparison["value"] / comparison["baseline"], rel=1e-3, abs=1e-4
+            )
+
+
+def test_each_goal_is_judged_pass_or_fail(results: Path) -> None:
+    goals = json.loads((results / "latest.json").read_text())["goals"]
+    judged = {goal["metric"]: goal["passed"] for goal in goals}
+    assert {"round trip p50", "round trip p99", "worker peak RSS growth"} <= set(judged)
+    assert all(isinstance(passed, bool) for passed in judged.values())
+
+
+def test_the_conversations_all_ran_to_their_answer(results: Path) -> None:
+    figures = json.loads((results / "latest.json").read_text())["cases"]["conversations"]["figures"]
+    runs = [value for key, value in figures.items() if key.startswith("at_")]
+    assert len(runs) == 2
+    for run in runs:
+        assert run["answered"] == run["conversations"]
+        assert run["tool_calls"] == run["conversations"] * 6 and run["tool_call_errors"] == 0
+
+
+def test_markdown_names_the_machine_and_every_case(results: Path) -> None:
+    page = (results / "latest.md").read_text()
+    lines = page.splitlines()
+    assert lines[0] == "# toolq benchmarks"
+    assert any(line.startswith("- Machine: ") and "cores" in line for line in lines[:5])
+    assert any("Celery" in line and "Redis server" in line for line in lines[:5])
+    assert sum(line.startswith("## ") for line in lines) == len(CASES) + 2  # goals, notes
+    assert "| **pass** |" in page or "| **FAIL** |" in page
+
+
+def test_the_plot_is_a_png(results: Path) -> None:
+    assert (results / "latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
