@@ -98,8 +98,11 @@ class Progress:
     @contextlib.contextmanager
     def step(self, name: str) -> Iterator[None]:
         print(f"bench: {name} ...", file=sys.stderr, flush=True)
+        # Armed per step: should one hang, its stack shows where; the run goes on.
+        faulthandler.dump_traceback_later(WATCHDOG_S, repeat=True)
         started = time.monotonic()
         yield
+        faulthandler.cancel_dump_traceback_later()
         self.seconds[name] = round(time.monotonic() - started, 1)
         print(f"bench: {name} took {self.seconds[name]} s", file=sys.stderr, flush=True)
 
@@ -167,15 +170,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS, help="where the results go")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
-    # Should a step hang, its stack shows where; the run goes on (the deadlines of calls end it).
-    faulthandler.dump_traceback_later(WATCHDOG_S, repeat=True)
     os.environ["PYTHONPATH"] = python_path()
     sizes = QUICK if args.quick else FULL
     started = time.monotonic()
     meta: dict[str, Any] = {"machine": machine(), "quick": args.quick, "sizes": asdict(sizes)}
     progress = Progress()
     cases = run_cases(sizes, progress)
-    faulthandler.cancel_dump_traceback_later()
     meta["duration_s"] = round(time.monotonic() - started, 1)
     meta["seconds_by_step"] = progress.seconds
     meta["load_average_at_end"] = round(os.getloadavg()[0], 2)
