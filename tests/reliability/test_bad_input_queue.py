@@ -30,6 +30,7 @@ from tests.integration.conftest import Caller
 from tests.reliability.conftest import Stack, start_stack
 from tests.reliability.report import Counts, Report, Row
 from tests.tools.conftest import MARKER, SECRET, Layout, make_layout
+from tests.traversal import outside_targets
 from worker.protocol import ToolCallResult
 
 pytestmark = pytest.mark.integration
@@ -152,26 +153,6 @@ PATH_CASES: dict[str, tuple[str, Arguments]] = {
     "search_files pattern": ("search_files", lambda p, n: {"pattern": p}),
     "search_files path": ("search_files", lambda p, n: {"pattern": "**", "path": p}),
 }
-
-
-def outside_targets(root: Path, paths: list[str]) -> dict[str, tuple[int, int] | None]:
-    """What each payload names outside the workspace if taken at face value: size and mtime of
-    that path, or None where nothing is."""
-    states: dict[str, tuple[int, int] | None] = {}
-    inside = str(root) + os.sep
-    for path in paths:
-        if "\x00" in path:
-            continue
-        target = os.path.normpath(os.path.join(root, path))
-        if target == str(root) or target.startswith(inside):
-            continue
-        try:
-            info = os.lstat(target)
-        except OSError:
-            states[target] = None
-        else:
-            states[target] = (info.st_size, info.st_mtime_ns)
-    return states
 
 
 @dataclass

@@ -7,7 +7,6 @@ could mean outside the workspace changes or appears.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.tools.conftest import MARKER, SECRET, Layout, make_registry
+from tests.traversal import outside_targets
 from worker.tools.workspace import Workspace
 
 CORPUS = Path(__file__).resolve().parents[2] / ".." / "shared" / "corpus" / "path-traversal"
@@ -46,27 +46,6 @@ CALLS: dict[str, Call] = {
     "search_files pattern": ("search_files", lambda p: {"pattern": p}),
     "search_files path": ("search_files", lambda p: {"pattern": "**", "path": p}),
 }
-
-
-def outside_targets(root: Path, paths: tuple[str, ...]) -> dict[str, tuple[int, int] | None]:
-    """What each payload names outside the workspace if taken at face value: that path's size
-    and mtime, or None where nothing is. (Symlinks inside the workspace lead only to the
-    layout, which its snapshot covers.)"""
-    states: dict[str, tuple[int, int] | None] = {}
-    inside = str(root) + os.sep
-    for path in paths:
-        if "\x00" in path:
-            continue
-        target = os.path.normpath(os.path.join(root, path))
-        if target == str(root) or target.startswith(inside):
-            continue
-        try:
-            info = os.lstat(target)
-        except OSError:
-            states[target] = None
-        else:
-            states[target] = (info.st_size, info.st_mtime_ns)
-    return states
 
 
 @pytest.mark.skipif(not CORPUS.is_dir(), reason=f"the traversal corpus is missing at {CORPUS}")
