@@ -5,6 +5,19 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
+
+#: A NUL byte in the path of every tool that takes one.
+NUL_PATH_CALLS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("read_file", {"path": "a\x00b"}),
+    ("write_file", {"path": "a\x00b", "content": "x"}),
+    ("list_dir", {"path": "a\x00b"}),
+    ("mkdir", {"path": "a\x00b"}),
+    ("remove", {"path": "a\x00b"}),
+    ("move", {"source": "a\x00b", "destination": "c"}),
+    ("move", {"source": "c", "destination": "a\x00b"}),
+    ("search_files", {"pattern": "*", "path": "a\x00b"}),
+)
 
 
 def outside_targets(root: Path, paths: Iterable[str]) -> dict[str, tuple[int, int] | None]:

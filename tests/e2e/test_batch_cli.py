@@ -18,6 +18,7 @@ import pytest
 from api.local import worker_environment
 from api.scripted import Script, ScriptedServer
 from tests.conftest import WorkerFleet, wait_for
+from tests.scripts import WRITE_THEN_READ
 
 pytestmark = pytest.mark.e2e
 
@@ -30,15 +31,6 @@ THOUSAND_TIMEOUT_S = 90
 #: executor (name lookups for new connections) grows up to this many.
 EXECUTOR_THREADS = min(32, (os.cpu_count() or 1) + 4)
 
-WRITE_THEN_READ: list[dict[str, Any]] = [
-    {
-        "tool_calls": [
-            {"name": "write_file", "arguments": {"path": "note.txt", "content": "{prompt}"}}
-        ]
-    },
-    {"tool_calls": [{"name": "read_file", "arguments": {"path": "note.txt"}}]},
-    {"content": "Read back: {last_tool_result}"},
-]
 #: One slow tool call that leaves a mark in the workspace each time it runs.
 SLOW_MARKED_CALL: list[dict[str, Any]] = [
     {"tool_calls": [{"name": "slow_write", "arguments": {"seconds": 0.3, "marker": "m"}}]},

@@ -30,7 +30,7 @@ from tests.integration.conftest import Caller
 from tests.reliability.conftest import Stack, start_stack
 from tests.reliability.report import Counts, Report, Row
 from tests.tools.conftest import MARKER, SECRET, Layout, make_layout
-from tests.traversal import outside_targets
+from tests.traversal import NUL_PATH_CALLS, outside_targets
 from worker.protocol import ToolCallResult
 
 pytestmark = pytest.mark.integration
@@ -373,19 +373,7 @@ async def _not_utf8(probe: Probe, here: Path, rel: str, row: Row) -> None:
 
 @nasty("A NUL byte in a path, for every path tool", "refused: 'contains a NUL byte'")
 async def _nul(probe: Probe, here: Path, rel: str, row: Row) -> None:
-    answers = [
-        await probe(tool, args)
-        for tool, args in (
-            ("read_file", {"path": "a\x00b"}),
-            ("write_file", {"path": "a\x00b", "content": "x"}),
-            ("list_dir", {"path": "a\x00b"}),
-            ("mkdir", {"path": "a\x00b"}),
-            ("remove", {"path": "a\x00b"}),
-            ("move", {"source": "a\x00b", "destination": "c"}),
-            ("move", {"source": "c", "destination": "a\x00b"}),
-            ("search_files", {"pattern": "*", "path": "a\x00b"}),
-        )
-    ]
+    answers = [await probe(tool, args) for tool, args in NUL_PATH_CALLS]
     refused = sum("contains a NUL byte" in a.output for a in answers)
     row.observed = f"{refused}/{len(answers)} refused naming the NUL byte"
     assert refused == len(answers), [a.output for a in answers]

@@ -25,6 +25,7 @@ from tests.conftest import WorkerFleet, wait_for
 from tests.integration.conftest import Caller
 from tests.reliability.conftest import Stack, alive, ancestors, find_process, start_stack
 from tests.reliability.report import Counts, Report
+from tests.scripts import WRITE_THEN_READ
 from worker.manifest import HEARTBEAT_INTERVAL_S
 from worker.settings import Settings
 
@@ -34,16 +35,6 @@ TOOLQ = Path(sys.executable).parent / "toolq"
 REPEATS = 5
 BATCH_TIMEOUT_S = 120
 
-#: Each conversation writes a note and reads it back: two tool calls, two model turns.
-WRITE_THEN_READ: list[dict[str, Any]] = [
-    {
-        "tool_calls": [
-            {"name": "write_file", "arguments": {"path": "note.txt", "content": "{prompt}"}}
-        ]
-    },
-    {"tool_calls": [{"name": "read_file", "arguments": {"path": "note.txt"}}]},
-    {"content": "Read back: {last_tool_result}"},
-]
 #: One call with effects that leaves a mark each time it runs, then the answer.
 MARKED_CALL: list[dict[str, Any]] = [
     {"tool_calls": [{"name": "slow_write", "arguments": {"seconds": 0.1, "marker": "m"}}]},

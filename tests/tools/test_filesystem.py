@@ -11,6 +11,7 @@ import time
 import pytest
 
 from tests.tools.conftest import SECRET, Layout
+from tests.traversal import NUL_PATH_CALLS
 from worker.tools.filesystem import (
     OUTPUT_CAP_BYTES,
     ListDirTool,
@@ -256,15 +257,7 @@ async def test_wrong_arguments_are_named(
 
 
 async def test_nul_bytes_in_paths_are_refused_by_every_tool(registry: ToolRegistry) -> None:
-    for tool, args in (
-        ("read_file", {"path": "a\x00b"}),
-        ("write_file", {"path": "a\x00b", "content": "x"}),
-        ("list_dir", {"path": "a\x00b"}),
-        ("mkdir", {"path": "a\x00b"}),
-        ("remove", {"path": "a\x00b"}),
-        ("move", {"source": "a\x00b", "destination": "c"}),
-        ("move", {"source": "c", "destination": "a\x00b"}),
-    ):
+    for tool, args in NUL_PATH_CALLS:
         answer = await registry.execute(tool, args)
         assert "contains a NUL byte" in answer, (tool, answer)
 
