@@ -21,7 +21,7 @@ from api.events import (
     ToolCallStarted,
 )
 from api.fleet import NoWorkersError, calls_in_flight, load_fleet, queue_depths
-from api.llm import ChatModel, ModelError
+from api.llm import ChatModel, ModelError, model_client
 from api.local import LocalStackError, fleet_for
 from worker.settings import Settings, get_settings
 from worker.tools.interface import POOLS
@@ -84,7 +84,9 @@ def run_demo(*, console: Console, err: Console) -> int:
             ScriptedServer(Script.load(DEMO_SCRIPT)) as server,
             fleet_for(settings, plugins=DEMO_PLUGINS) as fleet_settings,
         ):
-            client = AsyncOpenAI(base_url=server.base_url, api_key="scripted", max_retries=0)
+            client = model_client(
+                base_url=server.base_url, api_key="scripted", timeout=settings.llm_timeout_s
+            )
             options = AgentOptions(model="scripted", enable=["run_bash"])
             transcript = asyncio.run(
                 _converse(client, options, fleet_settings, DEMO_PROMPT, True, console)

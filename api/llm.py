@@ -13,26 +13,30 @@ import logging
 import os
 import random
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Any, Self, cast
+from typing import Any, Self
 
+import httpx2
 import openai
 from openai._base_client import get_platform
 from openai.types import CompletionUsage
 from openai.types.chat import (
     ChatCompletion,
     ChatCompletionChunk,
-    ChatCompletionMessageParam,
-    ChatCompletionToolUnionParam,
 )
 from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCall
 
 from worker.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
+
+CHAT_COMPLETIONS_PATH = "/chat/completions"
+#: What ``chat.completions.create`` asks of the client besides the body: the API key as a bearer
+#: token (without it the client sends no Authorization header).
+_REQUEST_OPTIONS: openai.RequestOptions = {"security": {"bearer_auth": True}}
 
 #: Statuses worth another try; every other 4xx means the request itself is wrong.
 RETRYABLE_4XX = frozenset({408, 409, 429})
@@ -175,7 +179,10 @@ def _failure_of(exc: Exception) -> _Failure:
         retryable = status in RETRYABLE_4XX or status >= 500
         return _Failure(exc.message, retryable, status, _retry_after_s(exc.response.headers))
     if isinstance(exc, openai.APITimeoutError):
-        return _Failure("the request timed out", True)
+        # Transports file some lost connections under timeouts ("Server disconnected").
+        cause = exc.__cause__
+        detail = f" ({type(cause).__name__}: {cause})" if cause and str(cause) else ""
+        return _Failure(f"the request timed out{detail}", True)
     if isinstance(exc, openai.APIConnectionError):
         cause = exc.__cause__
         detail = f": {type(cause).__name__}: {cause}" if cause else ""
@@ -200,6 +207,28 @@ def _retry_after_s(headers: Mapping[str, str]) -> float | None:
     except (ValueError, TypeError):
         log.debug("unreadable Retry-After header ignored")
     return None
+
+
+#: Idle connections are dropped before common servers drop them (uvicorn, and so vLLM and
+#: LiteLLM, after 5 s): reusing one the server is closing fails the request.
+KEEPALIVE_S = 4.0
+
+
+def model_client(*, base_url: str | None, api_key: str, timeout: float) -> openai.AsyncOpenAI:
+    """An OpenAI client fit for thousands of conversations at once."""
+    limits = httpx2.Limits(
+        max_connections=openai.DEFAULT_CONNECTION_LIMITS.max_connections,
+        keepalive_expiry=KEEPALIVE_S,
+    )
+    return openai.AsyncOpenAI(
+        api_key=api_key,
+        base_url=base_url,
+        timeout=timeout,
+        max_retries=0,
+        # aiohttp's connection pool costs the same per request with a thousand connections open;
+        # httpx's default pool walks all of them on every request and every response.
+        http_client=openai.DefaultAioHttpClient(timeout=timeout, limits=limits),
+    )
 
 
 class ChatModel:
@@ -228,9 +257,7 @@ class ChatModel:
                     "that needs no key (for example `toolq scripted-llm`)"
                 )
             api_key = "unused"  # local servers often want no key; the client insists on one
-        client = openai.AsyncOpenAI(
-            api_key=api_key, base_url=base_url, timeout=settings.llm_timeout_s, max_retries=0
-        )
+        client = model_client(base_url=base_url, api_key=api_key, timeout=settings.llm_timeout_s)
         return cls(client, RetryPolicy.from_settings(settings))
 
     async def aclose(self) -> None:
@@ -252,10 +279,11 @@ class ChatModel:
         """One turn, without streaming."""
         for attempt in range(1, self.policy.attempts + 1):
             try:
-                completion = await self._client.chat.completions.create(
-                    model=model,
-                    messages=_messages_param(messages),
-                    tools=_tools_param(tools),
+                completion = await self._client.post(
+                    CHAT_COMPLETIONS_PATH,
+                    body=chat_body(model, messages, tools, stream=False),
+                    options=_REQUEST_OPTIONS,
+                    cast_to=ChatCompletion,
                 )
                 return _turn_from_completion(completion)
             except _ATTEMPT_ERRORS as exc:
@@ -276,12 +304,13 @@ class ChatModel:
         """
         for attempt in range(1, self.policy.attempts + 1):
             try:
-                chunks = await self._client.chat.completions.create(
-                    model=model,
-                    messages=_messages_param(messages),
-                    tools=_tools_param(tools),
+                chunks = await self._client.post(
+                    CHAT_COMPLETIONS_PATH,
+                    body=chat_body(model, messages, tools, stream=True),
+                    options=_REQUEST_OPTIONS,
+                    cast_to=ChatCompletion,
                     stream=True,
-                    stream_options={"include_usage": True},
+                    stream_cls=openai.AsyncStream[ChatCompletionChunk],
                 )
                 async with chunks:
                     assembler = _StreamAssembler()
@@ -317,15 +346,26 @@ class ChatModel:
         return failure
 
 
-def _messages_param(messages: Sequence[Mapping[str, Any]]) -> Iterable[ChatCompletionMessageParam]:
-    return cast(Iterable[ChatCompletionMessageParam], messages)
-
-
-def _tools_param(
+def chat_body(
+    model: str,
+    messages: Sequence[Mapping[str, Any]],
     tools: Sequence[Mapping[str, Any]] | None,
-) -> Iterable[ChatCompletionToolUnionParam] | openai.Omit:
-    # Providers reject an empty list, so no tools means no parameter.
-    return cast(Iterable[ChatCompletionToolUnionParam], tools) if tools else openai.omit
+    *,
+    stream: bool,
+) -> dict[str, Any]:
+    """The JSON body ``chat.completions.create`` would send for these arguments.
+
+    Messages and tool schemas are already wire-format dicts; ``create`` would walk every one of
+    them, every turn, through its type-driven transform, which cost more CPU than the rest of
+    the request once conversations grow.
+    """
+    body: dict[str, Any] = {"model": model, "messages": list(messages)}
+    if tools:  # providers reject an empty list, so no tools means no parameter
+        body["tools"] = list(tools)
+    if stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    return body
 
 
 def _new_call_id() -> str:

@@ -92,6 +92,8 @@ def run_orchestrator(settings: Settings, llm_url: str, conversations: int) -> di
     if done.returncode != 0:
         raise RuntimeError(f"the orchestrator failed:\n{done.stderr[-4000:]}")
     figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    # Retried model requests pass unseen in the answers but cost a request each.
+    figures["model_requests_retried"] = done.stderr.count("model request failed")
     expected = conversations * TURNS_WITH_TOOLS * CALLS_PER_TURN
     if figures["tool_calls"] != expected or figures["tool_call_errors"]:
         raise RuntimeError(f"the conversations did not go as scripted: {figures}")

@@ -20,8 +20,9 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import openai.resources.chat.completions.completions as openai_completions
+from openai._base_client import AsyncAPIClient
 
+import api.llm
 from api.agent import Agent, AgentOptions
 from api.dispatch import Dispatcher
 from api.fleet import load_fleet
@@ -72,7 +73,8 @@ class RecordingExecutor(ThreadPoolExecutor):
 def install_probes() -> list[CpuProbe]:
     """Where the orchestrator's CPU goes: the model client's request building, and publishing."""
     probes = [
-        CpuProbe(openai_completions, "async_maybe_transform", "openai request transform"),
+        CpuProbe(api.llm, "chat_body", "toolq chat request body"),
+        CpuProbe(AsyncAPIClient, "_build_request", "openai request building"),
         CpuProbe(Dispatcher, "_publish", "toolq publish (Celery send_task)"),
         CpuProbe(Dispatcher, "_deliver", "toolq reply parsing"),
     ]

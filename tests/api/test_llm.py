@@ -6,10 +6,10 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
-import openai
 import pytest
+from aiohttp import web
 
 from api.llm import (
     ChatModel,
@@ -22,6 +22,7 @@ from api.llm import (
     ToolCallSpec,
     TurnDone,
     Usage,
+    model_client,
 )
 from api.scripted import Script, ScriptedServer
 from worker.settings import Settings
@@ -95,12 +96,11 @@ async def make_model(server: ScriptedServer) -> AsyncIterator[MakeModel]:
     def make(
         policy: RetryPolicy = FAST, timeout: float = 5.0, client_retries: int = 0
     ) -> ChatModel:
-        client = openai.AsyncOpenAI(
-            base_url=server.base_url,
-            api_key="unused",
-            timeout=timeout,
-            max_retries=client_retries,
-        )
+        # The client toolq's commands make (aiohttp underneath), so every fault below goes
+        # through the transport users get.
+        client = model_client(base_url=server.base_url, api_key="unused", timeout=timeout)
+        if client_retries:
+            client = client.with_options(max_retries=client_retries)
         made.append(ChatModel(client, policy))
         return made[-1]
 
@@ -430,3 +430,144 @@ def test_from_env_without_key_or_server_says_what_to_set(
 
     with pytest.raises(ModelError, match="OPENAI_API_KEY is not set"):
         ChatModel.from_env(Settings())
+
+
+class RecordingProvider:
+    """An OpenAI-compatible endpoint that keeps every request's headers and JSON body."""
+
+    COMPLETION: dict[str, Any] = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "ok"},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
+    CHUNKS: list[dict[str, Any]] = [
+        {
+            "id": "chatcmpl-1",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": "m",
+            "choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": "stop"}],
+        }
+    ]
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[dict[str, str], dict[str, Any]]] = []
+        self._runner: web.AppRunner | None = None
+        self.base_url = ""
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.requests.append(({k.lower(): v for k, v in request.headers.items()}, body))
+        if not body.get("stream"):
+            return web.json_response(self.COMPLETION)
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        for chunk in self.CHUNKS:
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    async def __aenter__(self) -> RecordingProvider:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._answer)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self._runner is not None
+        await self._runner.cleanup()
+
+
+# Headers that differ between any two requests, whoever sends them.
+VOLATILE_HEADERS = {"content-length", "x-stainless-read-timeout"}
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["complete", "stream"])
+async def test_requests_are_what_the_sdks_own_create_sends(streaming: bool) -> None:
+    """ChatModel posts its wire-format body itself: same body, same key, same headers."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": 'ünïcödé " and {braces}'},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "read_file", "arguments": '{"path": "a"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "text"},
+    ]
+    tools: list[dict[str, Any]] = [
+        {
+            "type": "function",
+            "function": {
+                "name": "read_file",
+                "description": "Read a file.",
+                "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+            },
+        }
+    ]
+    async with RecordingProvider() as provider:
+        client = model_client(base_url=provider.base_url, api_key="sk-secret", timeout=5)
+        model = ChatModel(client, FAST)
+        try:
+            if streaming:
+                turn = final_turn(
+                    await collect(model.stream(model="m", messages=messages, tools=tools))
+                )
+                sdk_stream = await client.chat.completions.create(
+                    model="m",
+                    messages=cast(Any, messages),
+                    tools=cast(Any, tools),
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
+                async with sdk_stream:
+                    [_ async for _ in sdk_stream]
+            else:
+                turn = await model.complete(model="m", messages=messages, tools=tools)
+                await client.chat.completions.create(
+                    model="m",
+                    messages=cast(Any, messages),
+                    tools=cast(Any, tools),
+                )
+        finally:
+            await model.aclose()
+
+    assert turn.content == "ok"
+    (ours, our_body), (sdks, sdk_body) = provider.requests
+    assert our_body == sdk_body
+    assert our_body["messages"] == messages
+    assert our_body.get("stream", False) is streaming
+    assert ours["authorization"] == "Bearer sk-secret"
+    assert {k: v for k, v in ours.items() if k not in VOLATILE_HEADERS} == {
+        k: v for k, v in sdks.items() if k not in VOLATILE_HEADERS
+    }
+
+
+async def test_no_tools_sends_no_tools_parameter() -> None:
+    async with RecordingProvider() as provider:
+        client = model_client(base_url=provider.base_url, api_key="k", timeout=5)
+        async with ChatModel(client, FAST) as model:
+            await model.complete(model="m", messages=user("hi"), tools=[])
+
+    [(_, body)] = provider.requests
+    assert body == {"model": "m", "messages": user("hi")}
