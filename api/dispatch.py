@@ -1,7 +1,9 @@
 """The caller side: send a tool call to the pool that serves it, await the answer from asyncio.
 
-Answers come back through one Redis list per dispatcher, drained by one reader task, so a
-thousand calls in flight cost a thousand futures, not a thousand threads or connections.
+Calls go out through one publishing thread, which sends whatever has queued up since its last
+send as one batch (one Redis round trip on a Redis broker). Answers come back through one
+Redis list per dispatcher, drained by one reader task. A thousand calls in flight cost a
+thousand futures, not a thousand threads or connections.
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ import asyncio
 import contextlib
 import json
 import logging
+import queue
+import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -28,6 +32,17 @@ from worker.tools.context import ToolContextSnapshot
 
 log = logging.getLogger(__name__)
 _DRAIN_BATCH = 512
+#: The most calls sent in one batch: enough to amortise the round trip, small enough that the
+#: first call of a burst does not wait long for the last.
+_SEND_BATCH = 256
+_RETRY_POLICY = {"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5}
+
+
+@dataclass(frozen=True, slots=True)
+class _Outgoing:
+    request: ToolCallRequest
+    pool: str
+    answer: asyncio.Future[ToolCallResult]
 
 
 class Dispatcher:
@@ -40,9 +55,11 @@ class Dispatcher:
         self.id = uuid.uuid4().hex
         self.reply_key = keys.reply(self.id)
         self._pending: dict[str, asyncio.Future[ToolCallResult]] = {}
-        # Kombu's producer is not thread-safe and publishing blocks: one thread owns it, whatever
-        # the number of calls in flight.
-        self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toolq-send")
+        # Kombu's producers are not thread-safe and publishing blocks: one thread sends
+        # everything, whatever the number of calls in flight.
+        self._outbox: queue.SimpleQueue[_Outgoing | None] = queue.SimpleQueue()
+        self._sender: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._reader: asyncio.Task[None] | None = None
         self._closing = False
 
@@ -56,7 +73,10 @@ class Dispatcher:
 
     async def start(self) -> None:
         if self._reader is None:
+            self._loop = asyncio.get_running_loop()
             self._reader = asyncio.create_task(self._read_replies(), name="toolq-replies")
+            self._sender = threading.Thread(target=self._send_loop, name="toolq-send", daemon=True)
+            self._sender.start()
 
     async def close(self) -> None:
         self._closing = True
@@ -68,7 +88,9 @@ class Dispatcher:
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(self._reader, 2)
             self._reader = None
-        self._sender.shutdown(wait=False, cancel_futures=True)
+        if self._sender is not None:
+            self._outbox.put(None)
+            self._sender = None
         await self._redis.aclose()
 
     async def __aenter__(self) -> Dispatcher:
@@ -107,32 +129,66 @@ class Dispatcher:
         """Send one call and wait for its answer until its deadline; never raises for failures."""
         if self._reader is None:
             await self.start()
-        future: asyncio.Future[ToolCallResult] = asyncio.get_running_loop().create_future()
-        self._pending[request.tool_call_id] = future
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[ToolCallResult] = loop.create_future()
+        self._pending[request.tool_call_id] = answer
         sent_at = time.monotonic()
+        self._outbox.put(_Outgoing(request, pool, answer))
         try:
-            try:
-                await asyncio.get_running_loop().run_in_executor(
-                    self._sender, self._publish, request, pool
-                )
-            except Exception as exc:
-                return _failure(
-                    request,
-                    "broker_unavailable",
-                    f"Error: the call to {request.tool} could not be sent to the {pool!r} queue: "
-                    f"{type(exc).__name__}: {exc}",
-                )
-            try:
-                return await asyncio.wait_for(
-                    asyncio.shield(future), max(request.deadline - time.time(), 0.01)
-                )
-            except TimeoutError:
-                waited = time.monotonic() - sent_at
-                return await self._no_answer(request, pool, waited)
+            # The answer comes from the reply list, or from the sender when sending failed.
+            async with asyncio.timeout(max(request.deadline - time.time(), 0.01)):
+                return await answer
+        except TimeoutError:
+            return await self._no_answer(request, pool, time.monotonic() - sent_at)
         finally:
             self._pending.pop(request.tool_call_id, None)
 
-    def _publish(self, request: ToolCallRequest, pool: str) -> None:
+    def _send_loop(self) -> None:
+        """The sending thread: whatever has queued up goes out together."""
+        while (first := self._outbox.get()) is not None:
+            batch = [first]
+            while len(batch) < _SEND_BATCH:
+                try:
+                    item = self._outbox.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    self._outbox.put(None)  # seen again once this batch is out
+                    break
+                batch.append(item)
+            failed = self._send(batch)
+            if failed:
+                assert self._loop is not None
+                try:
+                    self._loop.call_soon_threadsafe(_answer_failures, failed)
+                except RuntimeError:  # the loop is closed: nobody waits any more
+                    return
+
+    def _send(self, batch: list[_Outgoing]) -> list[tuple[_Outgoing, ToolCallResult]]:
+        """Publish a batch; the calls that could not be sent, with the answer to give them."""
+        if len(batch) > 1:
+            try:
+                with self._app.producer_or_acquire() as producer, producer.batch(_SEND_BATCH):
+                    for item in batch:
+                        self._publish(item.request, item.pool, producer)
+            except Exception as exc:
+                # Delivery of the batch is uncertain: each call is sent again on its own, with
+                # retries. A duplicate is answered once: results are stored once per call id.
+                log.warning("sending %d calls at once failed (%s); sending each", len(batch), exc)
+            else:
+                return []
+        failed = []
+        for index, item in enumerate(batch):
+            try:
+                self._publish(item.request, item.pool)
+            except Exception as exc:
+                # Still failing after its retries: the broker is down. The rest of the batch
+                # is answered now rather than after a round of retries each.
+                failed += [(rest, _unsent(rest.request, rest.pool, exc)) for rest in batch[index:]]
+                break
+        return failed
+
+    def _publish(self, request: ToolCallRequest, pool: str, producer: Any = None) -> None:
         soft = request.timeout_ms / 1000
         self._app.send_task(
             TASK_NAME,
@@ -140,13 +196,18 @@ class Dispatcher:
             task_id=request.tool_call_id,
             queue=pool,
             routing_key=pool,
+            producer=producer,
             # Answers come through toolq's reply list: without this, Celery would subscribe to
             # its own result channel for every call.
             ignore_result=True,
+            # What monitors (task events, Flower) show for the call: the tool, not its
+            # arguments, which can hold whole files; Celery would also spend a repr on them.
+            argsrepr=f"({request.tool!r}, run {request.run_id!r})",
+            kwargsrepr="{}",
             soft_time_limit=soft,
             time_limit=soft + self._settings.hard_limit_grace_s,
             retry=True,
-            retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5},
+            retry_policy=_RETRY_POLICY,
         )
 
     async def _read_replies(self) -> None:
@@ -232,6 +293,21 @@ def _argument_timeout(spec: ToolSpec, arguments: str | dict[str, Any]) -> int | 
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value + 1000
     return None
+
+
+def _unsent(request: ToolCallRequest, pool: str, exc: Exception) -> ToolCallResult:
+    return _failure(
+        request,
+        "broker_unavailable",
+        f"Error: the call to {request.tool} could not be sent to the {pool!r} queue: "
+        f"{type(exc).__name__}: {exc}",
+    )
+
+
+def _answer_failures(failed: list[tuple[_Outgoing, ToolCallResult]]) -> None:
+    for item, result in failed:
+        if not item.answer.done():
+            item.answer.set_result(result)
 
 
 def _failure(request: ToolCallRequest, kind: ErrorKind, message: str) -> ToolCallResult:
