@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from worker.tools.registry import ToolRegistry
 from worker.tools.workspace import Workspace
 
 log = logging.getLogger(__name__)
+_WORKSPACES_KEPT = 1024
 
 
 class TimeLimitReached(Exception):
@@ -77,8 +79,10 @@ class Executor:
         self._time_limit = time_limit
         self._clock = clock
         self._owner = sandbox_owner(settings)
-        # One loop per process: a new loop per call would cost more than a small tool does.
+        # One loop per process, for coroutine tools: a new loop per call would cost more than
+        # a small tool does.
         self._loop = asyncio.new_event_loop()
+        self._workspaces: OrderedDict[str, Workspace] = OrderedDict()
 
     def handle(self, raw: Any, pool: str | None) -> ToolCallResult:
         """Answer one message from the queue of ``pool``; never raises for bad input."""
@@ -146,7 +150,7 @@ class Executor:
                 return refusal
             registry.enable(tool.name)  # the caller enabled it; the pool check is the gate
         try:
-            outcome = self._loop.run_until_complete(registry.run(request.tool, request.arguments))
+            outcome = registry.run_blocking(request.tool, request.arguments, self._loop)
         except self._time_limit:
             return self._error(
                 request,
@@ -188,13 +192,23 @@ class Executor:
         return None
 
     def _workspace(self, run_id: str) -> Workspace:
+        # Kept per run: a conversation's calls keep coming to the same few processes, and
+        # resolving a root costs more than a small tool. A root removed since is made again.
+        known = self._workspaces.get(run_id)
+        if known is not None and os.path.isdir(known.root):
+            self._workspaces.move_to_end(run_id)
+            return known
         root = Path(self._settings.workspace_root) / run_id
         if not root.is_dir():
             root.mkdir(parents=True, exist_ok=True)
             if self._owner is not None:
                 # The run's own folder, not those above it: run_bash's user works only in here.
                 os.chown(root, *self._owner)
-        return Workspace(root, owner=self._owner)
+        workspace = Workspace(root, owner=self._owner)
+        self._workspaces[run_id] = workspace
+        if len(self._workspaces) > _WORKSPACES_KEPT:
+            self._workspaces.popitem(last=False)
+        return workspace
 
     def _error(self, request: ToolCallRequest, kind: ErrorKind, message: str) -> ToolCallResult:
         return ToolCallResult(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -188,3 +189,19 @@ async def test_a_call_deadline_follows_the_tools_own_timeout_within_the_maximum(
         assert override.deadline > time.time()
     finally:
         await dispatcher.close()
+
+
+def test_a_runs_workspace_removed_between_calls_is_made_again(
+    executor: Executor, settings: Settings
+) -> None:
+    first = executor.handle(request("write_file", {"path": "a.txt", "content": "one"}), "tools")
+    run_root = Path(settings.workspace_root) / "run-1"
+    assert (run_root / "a.txt").read_text() == "one"
+    shutil.rmtree(run_root)
+
+    # run_bash starts its command in the root: it must be there again.
+    ran = executor.handle(request("run_bash", {"command": "pwd"}), "sandbox")
+
+    assert not first.is_error
+    assert not ran.is_error, ran.output
+    assert json.loads(ran.output)["exit_code"] == 0

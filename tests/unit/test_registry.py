@@ -232,3 +232,51 @@ def test_a_context_with_a_source_reads_the_source_each_time() -> None:
     state["prompt"] = "b"
     assert context.system_prompt == "b"
     assert context.snapshot().system_prompt == "b"
+
+
+BLOCKING_CASES: list[tuple[str, Any]] = [
+    ("echo", {"text": "ab", "times": 2}),
+    ("async_echo", {"text": "ab"}),
+    ("ping", "{}"),
+    ("echo", {"text": 3}),
+    ("echo", "not json"),
+    ("fails", {}),
+    ("weird", {}),
+    ("missing", {}),
+]
+
+
+@pytest.mark.parametrize(("name", "args"), BLOCKING_CASES)
+def test_run_blocking_answers_exactly_as_run_does(name: str, args: Any) -> None:
+    """The worker's path (plain tools called directly, coroutines on a loop) changes nothing."""
+    registry = registry_with(
+        EchoTool(), AsyncEchoTool(), NoParamsTool(), FailingTool(), UnserialisableTool()
+    )
+    loop = asyncio.new_event_loop()
+    try:
+        blocking = registry.run_blocking(name, args, loop)
+        awaited = loop.run_until_complete(registry.run(name, args))
+    finally:
+        loop.close()
+    assert blocking == awaited
+
+
+def test_run_blocking_lets_passthrough_exceptions_escape() -> None:
+    class Limit(Exception):
+        pass
+
+    class Slow(ExecutableTool):
+        name = "slow"
+        description = "Hits its limit."
+
+        def execute(self, args: dict[str, Any]) -> str:
+            raise Limit
+
+    registry = ToolRegistry(passthrough=(Limit,))
+    registry.register(Slow())
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(Limit):
+            registry.run_blocking("slow", {}, loop)
+    finally:
+        loop.close()

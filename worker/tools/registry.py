@@ -108,6 +108,45 @@ class ToolRegistry:
 
     async def run(self, name: str, args: dict[str, Any] | str | None) -> ToolOutcome:
         """Like ``execute``, but tells a failure apart from an answer."""
+        found = self._prepare(name, args)
+        if isinstance(found, ToolOutcome):
+            return found
+        tool, validated = found
+        try:
+            result = await self._call(tool, validated)
+        except self._passthrough:
+            raise
+        except Exception as exc:
+            return _raised(name, exc)
+        return serialise_result(name, result)
+
+    def run_blocking(
+        self, name: str, args: dict[str, Any] | str | None, loop: asyncio.AbstractEventLoop
+    ) -> ToolOutcome:
+        """``run`` for a caller that may block its thread, as a worker process does: a plain
+        ``def`` tool is called directly, without the event loop's few dozen microseconds; a
+        coroutine tool runs on ``loop``."""
+        found = self._prepare(name, args)
+        if isinstance(found, ToolOutcome):
+            return found
+        tool, validated = found
+        try:
+            if inspect.iscoroutinefunction(tool.execute):
+                result = loop.run_until_complete(tool.execute(validated))
+            else:
+                result = tool.execute(validated)
+                if inspect.isawaitable(result):
+                    result = loop.run_until_complete(result)
+        except self._passthrough:
+            raise
+        except Exception as exc:
+            return _raised(name, exc)
+        return serialise_result(name, result)
+
+    def _prepare(
+        self, name: str, args: dict[str, Any] | str | None
+    ) -> ToolOutcome | tuple[ExecutableTool, dict[str, Any]]:
+        """The tool and its validated arguments, or the answer saying why it cannot run."""
         tool = self._tools.get(name)
         if tool is None:
             known = ", ".join(self._tools) or "none"
@@ -121,14 +160,7 @@ class ToolRegistry:
         validated = validate_arguments(tool, args)
         if isinstance(validated, str):
             return ToolOutcome(validated, "invalid_arguments")
-        try:
-            result = await self._call(tool, validated)
-        except self._passthrough:
-            raise
-        except Exception as exc:
-            message = str(exc) or type(exc).__name__
-            return ToolOutcome(f"Error executing {name}: {message}", "tool_error")
-        return serialise_result(name, result)
+        return tool, validated
 
     async def _call(self, tool: ExecutableTool, args: dict[str, Any]) -> Any:
         if inspect.iscoroutinefunction(tool.execute):
@@ -144,6 +176,11 @@ class ToolRegistry:
     def _require(self, name: str) -> None:
         if name not in self._tools:
             raise KeyError(f"No tool named {name!r} is registered")
+
+
+def _raised(name: str, exc: Exception) -> ToolOutcome:
+    message = str(exc) or type(exc).__name__
+    return ToolOutcome(f"Error executing {name}: {message}", "tool_error")
 
 
 def validate_arguments(
