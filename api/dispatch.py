@@ -145,6 +145,9 @@ class Dispatcher:
 
     def _send_loop(self) -> None:
         """The sending thread: whatever has queued up goes out together."""
+        # Held between batches: taking a producer from Celery's pool for each would cost a
+        # good part of a lone call's publish.
+        producer: Any = None
         while (first := self._outbox.get()) is not None:
             batch = [first]
             while len(batch) < _SEND_BATCH:
@@ -156,37 +159,48 @@ class Dispatcher:
                     self._outbox.put(None)  # seen again once this batch is out
                     break
                 batch.append(item)
-            failed = self._send(batch)
-            if failed:
+            try:
+                producer = producer or self._app.producer_pool.acquire(block=True)
+                self._send(batch, producer)
+            except Exception as exc:
+                # A producer that failed is not trusted again.
+                if producer is not None:
+                    _release(producer)
+                producer = None
+                failed = self._send_each(batch, exc)
                 assert self._loop is not None
                 try:
                     self._loop.call_soon_threadsafe(_answer_failures, failed)
                 except RuntimeError:  # the loop is closed: nobody waits any more
-                    return
+                    break
+        if producer is not None:
+            _release(producer)
 
-    def _send(self, batch: list[_Outgoing]) -> list[tuple[_Outgoing, ToolCallResult]]:
-        """Publish a batch; the calls that could not be sent, with the answer to give them."""
-        if len(batch) > 1:
-            try:
-                with self._app.producer_or_acquire() as producer, producer.batch(_SEND_BATCH):
-                    for item in batch:
-                        self._publish(item.request, item.pool, producer)
-            except Exception as exc:
-                # Delivery of the batch is uncertain: each call is sent again on its own, with
-                # retries. A duplicate is answered once: results are stored once per call id.
-                log.warning("sending %d calls at once failed (%s); sending each", len(batch), exc)
-            else:
-                return []
-        failed = []
+    def _send(self, batch: list[_Outgoing], producer: Any) -> None:
+        if len(batch) == 1:
+            self._publish(batch[0].request, batch[0].pool, producer)
+            return
+        with producer.batch(_SEND_BATCH):
+            for item in batch:
+                self._publish(item.request, item.pool, producer)
+
+    def _send_each(
+        self, batch: list[_Outgoing], exc: Exception
+    ) -> list[tuple[_Outgoing, ToolCallResult]]:
+        """After a failed send: the calls that still cannot be sent, with their answers."""
+        if len(batch) == 1:  # it has had its retries
+            return [(batch[0], _unsent(batch[0].request, batch[0].pool, exc))]
+        # Delivery of the batch is uncertain: each call is sent again on its own, with retries.
+        # A duplicate is answered once: results are stored once per call id.
+        log.warning("sending %d calls at once failed (%s); sending each", len(batch), exc)
         for index, item in enumerate(batch):
             try:
                 self._publish(item.request, item.pool)
-            except Exception as exc:
+            except Exception as again:
                 # Still failing after its retries: the broker is down. The rest of the batch
                 # is answered now rather than after a round of retries each.
-                failed += [(rest, _unsent(rest.request, rest.pool, exc)) for rest in batch[index:]]
-                break
-        return failed
+                return [(rest, _unsent(rest.request, rest.pool, again)) for rest in batch[index:]]
+        return []
 
     def _publish(self, request: ToolCallRequest, pool: str, producer: Any = None) -> None:
         soft = request.timeout_ms / 1000
@@ -302,6 +316,11 @@ def _unsent(request: ToolCallRequest, pool: str, exc: Exception) -> ToolCallResu
         f"Error: the call to {request.tool} could not be sent to the {pool!r} queue: "
         f"{type(exc).__name__}: {exc}",
     )
+
+
+def _release(producer: Any) -> None:
+    with contextlib.suppress(Exception):
+        producer.release()
 
 
 def _answer_failures(failed: list[tuple[_Outgoing, ToolCallResult]]) -> None:

@@ -147,6 +147,7 @@ def conversations_case(
     )
     result.notes += [
         cpu_note(many, large["wall_s"], large["tool_calls"], cpu_s),
+        ceiling_note(large["tool_calls"], cpu_s, bare_tasks_per_s),
         *orchestrator_notes(many, large),
     ]
     result.comparisons += [
@@ -186,6 +187,25 @@ def cpu_note(conversations: int, wall_s: float, calls: int, cpu_s: dict[str, flo
     )
 
 
+def ceiling_note(calls: int, cpu_s: dict[str, float], bare_tasks_per_s: float) -> str:
+    """The most tool calls per second this machine could run, all its cores busy.
+
+    Bare Celery's full load has no model to ask and a cheaper caller; here the workers share
+    the cores with the orchestrator and the model server, which bounds the ratio however
+    well each part does.
+    """
+    cores = len(os.sched_getaffinity(0))
+    ms_per_call = sum(cpu_s.values()) * 1000 / calls
+    ceiling = cores * 1000 / ms_per_call
+    return (
+        f"Every tool call of the conversations cost {ms_per_call:.2f} ms of CPU in all "
+        f"processes together; with all {cores} cores busy the machine could run at most "
+        f"{ceiling:.0f} calls/s, {ceiling / bare_tasks_per_s:.2f} of bare Celery's full-load "
+        "rate: here the workers share the cores with the orchestrator and the model server, "
+        "which bare Celery's full load does not have to run."
+    )
+
+
 def orchestrator_notes(conversations: int, run: dict[str, Any]) -> list[str]:
     """Where the orchestrator's CPU went, and where its extra threads came from."""
     per_call = run["cpu_s"] * 1000 / run["tool_calls"]
@@ -195,20 +215,10 @@ def orchestrator_notes(conversations: int, run: dict[str, Any]) -> list[str]:
     notes = [
         f"At {conversations:,} conversations the orchestrator used {per_call:.2f} ms of CPU per "
         f"tool call: {listed}; the rest ({rest:.2f} ms) is the model client's HTTP requests "
-        "and responses (openai, httpx), the agent loop and asyncio. One process runs one "
+        "and responses (openai over aiohttp), the agent loop and asyncio. One process runs one "
         "thread of Python at a time, so it cannot do more than about "
         f"{1000 / per_call:.0f} tool calls/s however idle the workers are."
     ]
-    transform = probed.get("openai request transform", 0.0)
-    if transform >= 0.2 * per_call:
-        notes.append(
-            f"openai's chat.completions.create passes every message and tool schema through "
-            f"its async_maybe_transform on each turn ({transform:.2f} ms per tool call here). "
-            "toolq's messages and tool schemas are already plain wire-format dicts, so "
-            "api/llm.py could send them with client.post('/chat/completions', body=..., "
-            "cast_to=ChatCompletion) (streaming: stream=True, stream_cls=AsyncStream"
-            "[ChatCompletionChunk]) and skip it."
-        )
     ran = run["default_executor_runs"]
     extra = [n for n in run["thread_names_at_peak"] if n.startswith("asyncio")]
     if extra and "get_platform" in ran:

@@ -140,8 +140,8 @@ def throughput_case(by_concurrency: dict[int, dict[str, Any]], calls: int) -> Ca
 SUBSCRIBE_NOTE = (
     "toolq's caller SUBSCRIBEs to Celery's result channel for every call, and UNSUBSCRIBEs "
     "later, though its answers come through its own reply list: two Redis round trips per "
-    "call in the one thread that publishes. api/dispatch.py's _publish can pass "
-    "ignore_result=True to send_task, which makes Celery skip backend.on_task_call."
+    "call in the one thread that publishes. Sending with ignore_result=True makes Celery "
+    "skip backend.on_task_call."
 )
 
 
