@@ -35,7 +35,14 @@ _DRAIN_BATCH = 512
 #: The most calls sent in one batch: enough to amortise the round trip, small enough that the
 #: first call of a burst does not wait long for the last.
 _SEND_BATCH = 256
-_RETRY_POLICY = {"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5}
+#: A call that cannot be sent is answered this long before its deadline, so that the caller
+#: hears why rather than only that no answer came.
+_ANSWER_MARGIN_S = 0.5
+
+
+def _retry_pause(failures: int) -> float:
+    """Seconds before sending again after ``failures`` failed tries in a row."""
+    return min(0.1 * 2.0 ** (failures - 1), 2.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +57,7 @@ class Dispatcher:
 
     def __init__(self, settings: Settings, *, celery_app: Celery | None = None) -> None:
         self._settings = settings
-        self._app = celery_app or create_app(settings)
+        self._app = celery_app or _fail_fast(create_app(settings))
         self._redis = aioredis.Redis.from_url(settings.redis_url, health_check_interval=30)
         self.id = uuid.uuid4().hex
         self.reply_key = keys.reply(self.id)
@@ -144,63 +151,89 @@ class Dispatcher:
             self._pending.pop(request.tool_call_id, None)
 
     def _send_loop(self) -> None:
-        """The sending thread: whatever has queued up goes out together."""
+        """The sending thread: whatever has queued up goes out together.
+
+        Calls that could not be sent are tried again, with what has queued up since, after a
+        growing pause, for as long as their deadlines allow: a broker that blinks costs a
+        delay, and one that stays away is reported before the callers' deadlines pass.
+        """
         # Held between batches: taking a producer from Celery's pool for each would cost a
         # good part of a lone call's publish.
         producer: Any = None
-        while (first := self._outbox.get()) is not None:
-            batch = [first]
-            while len(batch) < _SEND_BATCH:
-                try:
-                    item = self._outbox.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    self._outbox.put(None)  # seen again once this batch is out
-                    break
-                batch.append(item)
+        unsent: list[_Outgoing] = []
+        failures = 0
+        while True:
+            pause = _retry_pause(failures) if unsent else None
+            if not self._take(unsent, pause):
+                break
+            tried_at = time.monotonic()
             try:
                 producer = producer or self._app.producer_pool.acquire(block=True)
-                self._send(batch, producer)
+                while unsent:
+                    self._send(unsent[:_SEND_BATCH], producer)
+                    del unsent[:_SEND_BATCH]  # sent: not sent again if a later part fails
             except Exception as exc:
                 # A producer that failed is not trusted again.
                 if producer is not None:
                     _release(producer)
                 producer = None
-                failed = self._send_each(batch, exc)
-                assert self._loop is not None
-                try:
-                    self._loop.call_soon_threadsafe(_answer_failures, failed)
-                except RuntimeError:  # the loop is closed: nobody waits any more
-                    break
+                failures += 1
+                if failures == 1:
+                    log.warning("cannot send tool calls (%s); trying again", exc)
+                # The next try may take as long as this one did (kombu's own reconnecting).
+                took = time.monotonic() - tried_at
+                unsent = self._give_up_on(unsent, exc, _retry_pause(failures) + took)
+            else:
+                failures = 0
         if producer is not None:
             _release(producer)
+
+    def _take(self, unsent: list[_Outgoing], pause: float | None) -> bool:
+        """Add to ``unsent`` what the outbox holds: after waiting for the first call when
+        ``pause`` is None, else what comes during the whole pause. False once closing."""
+        if pause is None:
+            item = self._outbox.get()
+            while item is not None:
+                unsent.append(item)
+                try:
+                    item = self._outbox.get_nowait()
+                except queue.Empty:
+                    return True
+            return False
+        until = time.monotonic() + pause
+        while (left := until - time.monotonic()) > 0:
+            try:
+                item = self._outbox.get(timeout=left)
+            except queue.Empty:
+                break
+            if item is None:
+                return False
+            unsent.append(item)
+        return True
 
     def _send(self, batch: list[_Outgoing], producer: Any) -> None:
         if len(batch) == 1:
             self._publish(batch[0].request, batch[0].pool, producer)
             return
+        # One Redis round trip for the batch (kombu's Producer.batch); other brokers publish
+        # each message at once. Should it fail, delivery of the batch is uncertain and it is
+        # sent again: a duplicate is answered once, since results are stored once per call.
         with producer.batch(_SEND_BATCH):
             for item in batch:
                 self._publish(item.request, item.pool, producer)
 
-    def _send_each(
-        self, batch: list[_Outgoing], exc: Exception
-    ) -> list[tuple[_Outgoing, ToolCallResult]]:
-        """After a failed send: the calls that still cannot be sent, with their answers."""
-        if len(batch) == 1:  # it has had its retries
-            return [(batch[0], _unsent(batch[0].request, batch[0].pool, exc))]
-        # Delivery of the batch is uncertain: each call is sent again on its own, with retries.
-        # A duplicate is answered once: results are stored once per call id.
-        log.warning("sending %d calls at once failed (%s); sending each", len(batch), exc)
-        for index, item in enumerate(batch):
+    def _give_up_on(self, unsent: list[_Outgoing], exc: Exception, pause: float) -> list[_Outgoing]:
+        """Answer the calls whose deadline comes before the next try; the others stay."""
+        cutoff = time.time() + pause + _ANSWER_MARGIN_S
+        late = [item for item in unsent if item.request.deadline <= cutoff]
+        if late:
+            assert self._loop is not None
+            failed = [(item, _unsent(item.request, item.pool, exc)) for item in late]
             try:
-                self._publish(item.request, item.pool)
-            except Exception as again:
-                # Still failing after its retries: the broker is down. The rest of the batch
-                # is answered now rather than after a round of retries each.
-                return [(rest, _unsent(rest.request, rest.pool, again)) for rest in batch[index:]]
-        return []
+                self._loop.call_soon_threadsafe(_answer_failures, failed)
+            except RuntimeError:  # the loop is closed: nobody waits any more
+                return []
+        return [item for item in unsent if item.request.deadline > cutoff]
 
     def _publish(self, request: ToolCallRequest, pool: str, producer: Any = None) -> None:
         soft = request.timeout_ms / 1000
@@ -220,8 +253,8 @@ class Dispatcher:
             kwargsrepr="{}",
             soft_time_limit=soft,
             time_limit=soft + self._settings.hard_limit_grace_s,
-            retry=True,
-            retry_policy=_RETRY_POLICY,
+            # The sending loop retries, for as long as each call's deadline allows.
+            retry=False,
         )
 
     async def _read_replies(self) -> None:
@@ -316,6 +349,15 @@ def _unsent(request: ToolCallRequest, pool: str, exc: Exception) -> ToolCallResu
         f"Error: the call to {request.tool} could not be sent to the {pool!r} queue: "
         f"{type(exc).__name__}: {exc}",
     )
+
+
+def _fail_fast(app: Celery) -> Celery:
+    """Connecting gives up at once: the sending loop tries again for as long as each call's
+    deadline allows, and kombu's own reconnecting would hold it several seconds per try."""
+    options = dict(app.conf.broker_transport_options or {})
+    options.update(max_retries=1, interval_start=0, interval_step=0.1, interval_max=0.1)
+    app.conf.broker_transport_options = options
+    return app
 
 
 def _release(producer: Any) -> None:
