@@ -198,19 +198,21 @@ async def test_an_unserialisable_result_is_a_structured_error() -> None:
     assert "weird" in error["message"]
 
 
+class Limit(Exception):
+    """Stands for a worker's time-limit signal."""
+
+
+class HitsItsLimit(ExecutableTool):
+    name = "slow"
+    description = "Hits its limit."
+
+    def execute(self, args: dict[str, Any]) -> str:
+        raise Limit
+
+
 async def test_passthrough_exceptions_escape_for_the_worker() -> None:
-    class Limit(Exception):
-        pass
-
-    class Slow(ExecutableTool):
-        name = "slow"
-        description = "Hits its limit."
-
-        def execute(self, args: dict[str, Any]) -> str:
-            raise Limit
-
     registry = ToolRegistry(passthrough=(Limit,))
-    registry.register(Slow())
+    registry.register(HitsItsLimit())
     with pytest.raises(Limit):
         await registry.execute("slow", {})
 
@@ -262,18 +264,8 @@ def test_run_blocking_answers_exactly_as_run_does(name: str, args: Any) -> None:
 
 
 def test_run_blocking_lets_passthrough_exceptions_escape() -> None:
-    class Limit(Exception):
-        pass
-
-    class Slow(ExecutableTool):
-        name = "slow"
-        description = "Hits its limit."
-
-        def execute(self, args: dict[str, Any]) -> str:
-            raise Limit
-
     registry = ToolRegistry(passthrough=(Limit,))
-    registry.register(Slow())
+    registry.register(HitsItsLimit())
     loop = asyncio.new_event_loop()
     try:
         with pytest.raises(Limit):
