@@ -111,16 +111,20 @@ async def _converse(
     stream: bool,
     console: Console,
 ) -> dict[str, Any]:
-    async with Agent(client, options, settings=settings) as agent:
-        answer = ""
-        if stream:
-            async for event in agent.stream_chat(prompt):
-                render_event(event, console)
-                if isinstance(event, FinalAnswer):
-                    answer = event.text
-        else:
-            answer = await agent.chat(prompt)
-        return {"answer": answer, **agent.transcript()}
+    try:
+        async with Agent(client, options, settings=settings) as agent:
+            answer = ""
+            if stream:
+                async for event in agent.stream_chat(prompt):
+                    render_event(event, console)
+                    if isinstance(event, FinalAnswer):
+                        answer = event.text
+            else:
+                answer = await agent.chat(prompt)
+            return {"answer": answer, **agent.transcript()}
+    finally:
+        # In this loop: the client's connections belong to it.
+        await (client.aclose() if isinstance(client, ChatModel) else client.close())
 
 
 def render_event(event: AgentEvent, console: Console) -> None:

@@ -80,6 +80,8 @@ def test_demo_runs_on_a_fresh_local_stack() -> None:
         assert f"✓ {tool} in" in done.stdout
     assert "6 tool calls (0 failed)" in done.stdout
     assert "Sunny" in done.stdout
+    # The model client's connections are closed, not left for the garbage collector to report.
+    assert "Unclosed" not in done.stdout + done.stderr
 
 
 def test_run_prints_the_answer_and_the_transcript(
@@ -97,6 +99,7 @@ def test_run_prints_the_answer_and_the_transcript(
     assert transcript["usage"]["total_tokens"] > 0
     workspace = Path(fleet.settings.workspace_root) / transcript["run_id"]
     assert (workspace / "todo.txt").read_text() == "buy bread"
+    assert "Unclosed" not in plain.stderr + as_json.stderr
 
 
 def test_run_streams_text_and_tool_activity(fleet: WorkerFleet, model: ScriptedServer) -> None:
