@@ -61,18 +61,59 @@ def noop_spec(settings: Settings) -> ToolSpec:
         client.close()
 
 
+class WorkersReady:
+    """Waits until every worker is back to waiting for work (its consumer blocked in BRPOP).
+
+    A worker of concurrency 1 acknowledges a task, sends its events and asks for the next
+    message after the task has answered: a call sent the moment the previous answer arrives
+    waits for that too. Agents send their next call after a model turn, by which time the
+    worker is waiting; this is how the "worker ready" round trips are sent.
+    """
+
+    def __init__(self, url: str) -> None:
+        self._client = redis.Redis.from_url(url)
+        self.idle = 0
+        self.gave_up = 0
+
+    def waiting(self) -> int:
+        clients = self._client.client_list()
+        return sum(1 for c in clients if c.get("cmd") == "brpop" and "b" in c.get("flags", ""))
+
+    def learn(self) -> None:
+        """How many consumers wait when nothing runs (a consumer re-issues BRPOP each second,
+        so the most seen over a few looks)."""
+        self.idle = max(self.waiting() for _ in range(20))
+
+    def wait(self, bound_s: float = 2.0) -> None:
+        deadline = time.monotonic() + bound_s
+        while self.waiting() < self.idle:
+            if time.monotonic() > deadline:
+                self.gave_up += 1
+                return
+
+    def close(self) -> None:
+        self._client.close()
+
+
 async def interleaved_round_trips(
-    settings: Settings, bare: BareWorker, calls: int, warmup: int
+    settings: Settings,
+    bare: BareWorker,
+    calls: int,
+    warmup: int,
+    ready: WorkersReady | None = None,
 ) -> tuple[list[float], list[float]]:
     """Milliseconds per call of toolq (``build_request`` then ``call``) and of bare Celery
     (``apply_async().get()``), one call at a time, in alternating blocks: a burst of other work
-    on the machine then hits both alike."""
+    on the machine then hits both alike. With ``ready``, each call is sent once the workers
+    wait for work again."""
     spec = noop_spec(settings)
     toolq: list[float] = []
     baseline: list[float] = []
     async with Dispatcher(settings) as dispatcher:
 
         async def one_toolq() -> float:
+            if ready is not None:
+                ready.wait()
             started = time.perf_counter()
             request = dispatcher.build_request(
                 spec, tool_call_id=uuid.uuid4().hex, run_id=RUN_ID, arguments={}
@@ -82,14 +123,19 @@ async def interleaved_round_trips(
                 raise RuntimeError(f"the noop call failed: {result.output}")
             return (time.perf_counter() - started) * 1000
 
+        def one_baseline() -> float:
+            if ready is not None:
+                ready.wait()
+            return one_bare(bare)
+
         for _ in range(warmup):
             await one_toolq()
-            one_bare(bare)
+            one_baseline()
         while len(toolq) < calls:
             block = min(BLOCK, calls - len(toolq))
             toolq += [await one_toolq() for _ in range(block)]
             # Blocking the loop is harmless here: no toolq call is waiting meanwhile.
-            baseline += [one_bare(bare) for _ in range(block)]
+            baseline += [one_baseline() for _ in range(block)]
     return toolq, baseline
 
 
@@ -198,7 +244,11 @@ def round_trip_case(
     settings: Settings, bare: BareWorker, calls: int, warmup: int, fast_calls: int
 ) -> CaseResult:
     """Run the four round trips, then time toolq's parts; needs workers of concurrency 1."""
-    toolq, baseline = asyncio.run(interleaved_round_trips(settings, bare, calls, warmup))
+    toolq_next, baseline_next = asyncio.run(interleaved_round_trips(settings, bare, calls, warmup))
+    ready = WorkersReady(settings.redis_url)
+    ready.learn()
+    toolq, baseline = asyncio.run(interleaved_round_trips(settings, bare, calls, 0, ready))
+    ready.close()
     raw = raw_redis_round_trips(settings.redis_url, fast_calls, warmup)
     direct = asyncio.run(in_process_calls(fast_calls, warmup, sync_in_thread=False))
     threaded = asyncio.run(in_process_calls(fast_calls, warmup, sync_in_thread=True))
@@ -211,21 +261,38 @@ def round_trip_case(
     stats = {
         TOOLQ: summarize(toolq),
         BARE: summarize(baseline),
+        f"{TOOLQ}, back to back": summarize(toolq_next),
+        f"{BARE}, back to back": summarize(baseline_next),
         RAW_REDIS: summarize(raw),
         IN_PROCESS: summarize(direct),
         f"{IN_PROCESS}, sync tool in a thread": summarize(threaded),
     }
-    result.figures = {"latency": stats, "toolq_parts_mean_ms": parts}
-    result.notes.append(parts_note(parts))
+    result.figures = {
+        "latency": stats,
+        "toolq_parts_mean_ms": parts,
+        "worker_ready_waits_given_up": ready.gave_up,
+        "consumers_waiting_when_idle": ready.idle,
+    }
+    result.notes += [parts_note(parts), BACK_TO_BACK_NOTE]
     for pct, goal in (("p50", 1.0), ("p95", None), ("p99", 1.2)):
         result.comparisons.append(
             Comparison(
-                metric=f"round trip {pct}",
+                metric=f"round trip {pct}, worker ready",
                 value=stats[TOOLQ][f"{pct}_ms"],
                 baseline=stats[BARE][f"{pct}_ms"],
                 baseline_name=BARE,
                 unit="ms",
                 goal=goal,
+            )
+        )
+    for pct in ("p50", "p99"):
+        result.comparisons.append(
+            Comparison(
+                metric=f"round trip {pct}, back to back",
+                value=stats[f"{TOOLQ}, back to back"][f"{pct}_ms"],
+                baseline=stats[f"{BARE}, back to back"][f"{pct}_ms"],
+                baseline_name=BARE,
+                unit="ms",
             )
         )
     result.comparisons.append(
@@ -253,6 +320,18 @@ def parts_note(parts: dict[str, Any]) -> str:
         f"{parts['build_registry per call (worker)']:.3f} ms."
         + (PRE_RUN_TRIPS if {"get", "set"} <= set(commands) else "")
     )
+
+
+BACK_TO_BACK_NOTE = (
+    'Two ways of sending calls one at a time. "Worker ready": each call goes once every '
+    "worker waits for work again, as an agent's next call comes after a model turn. \"Back "
+    'to back": each call goes the moment the previous answer arrives. A worker of concurrency '
+    "1 acknowledges a task, sends its events and asks for the next message only after the "
+    "task has answered, so back to back each call also waits for the end of that work on the "
+    "previous one; toolq's answer arrives earlier (the worker pushes it to the caller's list "
+    "while Celery's result still travels through its backend and pub/sub), so more of that "
+    "wait falls on toolq's next call."
+)
 
 
 PRE_RUN_TRIPS = (
