@@ -222,9 +222,12 @@ class Dispatcher:
             for item in batch:
                 self._publish(item.request, item.pool, producer)
 
-    def _give_up_on(self, unsent: list[_Outgoing], exc: Exception, pause: float) -> list[_Outgoing]:
-        """Answer the calls whose deadline comes before the next try; the others stay."""
-        cutoff = time.time() + pause + _ANSWER_MARGIN_S
+    def _give_up_on(
+        self, unsent: list[_Outgoing], exc: Exception, next_try_s: float
+    ) -> list[_Outgoing]:
+        """Answer the calls whose deadline comes before the next try is over (``next_try_s``
+        from now); the others stay."""
+        cutoff = time.time() + next_try_s + _ANSWER_MARGIN_S
         late = [item for item in unsent if item.request.deadline <= cutoff]
         if late:
             assert self._loop is not None
