@@ -32,8 +32,8 @@ from api.llm import (
     Usage,
 )
 from api.remote_tool import RemoteTool
-from worker.protocol import RUN_ID_PATTERN, ToolCallResult
-from worker.settings import Settings, get_settings
+from api.settings import OrchestratorSettings, get_settings
+from worker.protocol import RUN_ID_PATTERN
 from worker.tools.context import Message, ToolContext, ToolContextSnapshot
 from worker.tools.interface import ExecutableTool
 from worker.tools.registry import ToolRegistry
@@ -92,7 +92,7 @@ class Agent:
         *,
         dispatcher: Dispatcher | None = None,
         fleet: Fleet | None = None,
-        settings: Settings | None = None,
+        settings: OrchestratorSettings | None = None,
     ) -> None:
         self._settings = settings or get_settings()
         self.options = options or AgentOptions()
@@ -118,7 +118,11 @@ class Agent:
         self._fleet = (fleet or load_fleet(self._settings.redis_url)).require_tools()
         for spec in self._fleet.tools.values():
             proxy = RemoteTool.for_spec(spec)(
-                self._dispatcher, self.run_id, self._snapshot, self._next_wire_id
+                self._dispatcher,
+                self.run_id,
+                self._snapshot,
+                self._next_task_id,
+                self.options.tool_timeout_ms,
             )
             self.registry.register(proxy)
             if not spec.enabled_by_default:
@@ -263,35 +267,20 @@ class Agent:
             )
 
     async def _run_one(self, call: ToolCallSpec, turn: int) -> ToolCallRecord:
+        # Fleet tools, local tools, unknown and disabled ones: the registry answers for all.
         started = time.perf_counter()
-        tool = self.registry.get(call.name)
-        if isinstance(tool, RemoteTool) and self.registry.is_tool_enabled(call.name):
-            result = await tool.call(
-                self._next_wire_id(), call.arguments, self.options.tool_timeout_ms
-            )
-        else:
-            # Unknown, disabled and local tools: the registry answers, here.
-            run_started = time.perf_counter()
-            outcome = await self.registry.run(call.name, call.arguments)
-            result = ToolCallResult(
-                tool_call_id=call.id,
-                tool=call.name,
-                output=outcome.output,
-                is_error=outcome.is_error,
-                error_kind=outcome.error_kind,
-                duration_ms=round((time.perf_counter() - run_started) * 1000, 3),
-                worker=ORCHESTRATOR,
-            )
+        outcome = await self.registry.run(call.name, call.arguments, tool_call_id=call.id)
+        wall_ms = round((time.perf_counter() - started) * 1000, 3)
         return ToolCallRecord(
             id=call.id,
             name=call.name,
             arguments=call.arguments,
-            output=result.output,
-            is_error=result.is_error,
-            error_kind=result.error_kind,
-            duration_ms=result.duration_ms,
-            wall_ms=round((time.perf_counter() - started) * 1000, 3),
-            worker=result.worker,
+            output=outcome.output,
+            is_error=outcome.is_error,
+            error_kind=outcome.error_kind,
+            duration_ms=wall_ms if outcome.duration_ms is None else outcome.duration_ms,
+            wall_ms=wall_ms,
+            worker=outcome.worker or ORCHESTRATOR,
             turn=turn,
         )
 
@@ -329,7 +318,8 @@ class Agent:
             session_context_file_path=self.options.session_context_file_path,
         )
 
-    def _next_wire_id(self) -> str:
+    def _next_task_id(self) -> str:
+        """The next call's id on the wire (its Celery task id), distinct per attempt."""
         self._call_seq += 1
         return f"{self.run_id}.{self._attempt}.{self._call_seq}"
 

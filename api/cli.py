@@ -10,8 +10,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from worker.settings import get_settings
-from worker.tools.interface import POOLS
+from api.settings import get_settings
+from worker.protocol import POOLS
 
 app = typer.Typer(
     name="toolq",
@@ -33,7 +33,7 @@ def worker(
     """Start a worker of one pool (the same as: celery -A worker.app worker -Q POOL)."""
     if pool not in POOLS:
         raise typer.BadParameter(f"pool must be one of {', '.join(POOLS)}", param_hint="--pool")
-    from api.local import worker_argv
+    from api.local.stack import worker_argv
 
     argv = worker_argv(pool, node=f"{pool}@%h", concurrency=concurrency, loglevel=loglevel)
     os.execv(sys.executable, argv)
@@ -50,7 +50,7 @@ def run(
     as_json: Annotated[bool, typer.Option("--json", help="Print the whole transcript.")] = False,
 ) -> None:
     """Run one conversation against OPENAI_BASE_URL / OPENAI_API_KEY and print the answer."""
-    from api.commands import run_conversation
+    from api.commands.conversation import run_conversation
 
     code = run_conversation(
         prompt,
@@ -69,7 +69,7 @@ def run(
 @app.command()
 def demo() -> None:
     """A scripted conversation on a local stack: needs no API key."""
-    from api.commands import run_demo
+    from api.commands.conversation import run_demo
 
     raise typer.Exit(run_demo(console=console, err=err))
 
@@ -77,7 +77,7 @@ def demo() -> None:
 @app.command()
 def tools() -> None:
     """The fleet's tools: pool, on by default or not, live workers serving each."""
-    from api.commands import show_tools
+    from api.commands.conversation import show_tools
 
     raise typer.Exit(show_tools(console=console))
 
@@ -85,7 +85,7 @@ def tools() -> None:
 @app.command()
 def status() -> None:
     """Queue depths, live workers per pool, calls in flight."""
-    from api.commands import show_status
+    from api.commands.conversation import show_status
 
     raise typer.Exit(show_status(console=console))
 
@@ -98,7 +98,7 @@ def batch(
     model: Annotated[str | None, typer.Option(help="Default model for lines without one.")] = None,
 ) -> None:
     """Run many conversations; rerun the same command to resume."""
-    from api.batch_cli import run_batch_command
+    from api.batch.command import run_batch_command
 
     raise typer.Exit(
         run_batch_command(input_path, output, concurrency=concurrency, model=model, err=err)
@@ -111,7 +111,7 @@ def serve(
     port: Annotated[int, typer.Option(help="Port.")] = 8000,
 ) -> None:
     """The HTTP API (runs, batches, tools, SSE events, metrics)."""
-    from api.server import serve as serve_api
+    from api.http.app import serve as serve_api
 
     serve_api(host=host, port=port)
 
@@ -123,7 +123,7 @@ def scripted_llm(
     port: Annotated[int, typer.Option(help="Port.")] = 8900,
 ) -> None:
     """An OpenAI-compatible server that replays scripted answers (for tests and demos)."""
-    from api.scripted import serve as serve_scripted
+    from api.scripted.server import serve as serve_scripted
 
     serve_scripted(script, host, port)
 
@@ -135,3 +135,7 @@ def main() -> None:
         err.print(f"[red]Invalid TOOLQ_ settings:[/red] {exc}")
         sys.exit(2)
     app()
+
+
+if __name__ == "__main__":
+    main()

@@ -23,12 +23,17 @@ import redis.asyncio as aioredis
 from celery import Celery
 from redis.exceptions import RedisError
 
-from worker import keys
-from worker.app import create_app
-from worker.manifest import ToolSpec
-from worker.protocol import TASK_NAME, ErrorKind, ToolCallRequest, ToolCallResult
-from worker.settings import Settings
-from worker.tools.context import ToolContextSnapshot
+from api.broker import producer_app
+from worker.protocol import (
+    TASK_NAME,
+    ErrorKind,
+    ToolCallRequest,
+    ToolCallResult,
+    ToolContextSnapshot,
+    ToolSpec,
+    keys,
+)
+from worker.settings import FleetSettings
 
 log = logging.getLogger(__name__)
 _DRAIN_BATCH = 512
@@ -55,9 +60,9 @@ class _Outgoing:
 class Dispatcher:
     """Sends ``ToolCallRequest``s as Celery tasks and resolves their results."""
 
-    def __init__(self, settings: Settings, *, celery_app: Celery | None = None) -> None:
+    def __init__(self, settings: FleetSettings, *, celery_app: Celery | None = None) -> None:
         self._settings = settings
-        self._app = celery_app or _fail_fast(create_app(settings))
+        self._app = celery_app or _fail_fast(producer_app(settings))
         self._redis = aioredis.Redis.from_url(settings.redis_url, health_check_interval=30)
         self.id = uuid.uuid4().hex
         self.reply_key = keys.reply(self.id)
@@ -111,8 +116,9 @@ class Dispatcher:
         self,
         spec: ToolSpec,
         *,
-        tool_call_id: str,
+        task_id: str,
         run_id: str,
+        tool_call_id: str | None = None,
         arguments: str | dict[str, Any],
         context: ToolContextSnapshot | None = None,
         timeout_ms: int | None = None,
@@ -122,6 +128,7 @@ class Dispatcher:
         limit = min(max(limit, 1), self._settings.max_timeout_ms)
         wait_s = limit / 1000 + self._settings.hard_limit_grace_s + self._settings.reply_margin_s
         return ToolCallRequest(
+            task_id=task_id,
             tool_call_id=tool_call_id,
             run_id=run_id,
             tool=spec.name,
@@ -138,7 +145,7 @@ class Dispatcher:
             await self.start()
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[ToolCallResult] = loop.create_future()
-        self._pending[request.tool_call_id] = answer
+        self._pending[request.task_id] = answer
         sent_at = time.monotonic()
         self._outbox.put(_Outgoing(request, pool, answer))
         try:
@@ -148,7 +155,7 @@ class Dispatcher:
         except TimeoutError:
             return await self._no_answer(request, pool, time.monotonic() - sent_at)
         finally:
-            self._pending.pop(request.tool_call_id, None)
+            self._pending.pop(request.task_id, None)
 
     def _send_loop(self) -> None:
         """The sending thread: whatever has queued up goes out together.
@@ -243,7 +250,7 @@ class Dispatcher:
         self._app.send_task(
             TASK_NAME,
             args=[request.model_dump(mode="json")],
-            task_id=request.tool_call_id,
+            task_id=request.task_id,
             queue=pool,
             routing_key=pool,
             producer=producer,
@@ -293,7 +300,7 @@ class Dispatcher:
         except ValueError:
             log.error("dropping a malformed reply: %.200r", raw)
             return
-        future = self._pending.get(result.tool_call_id)
+        future = self._pending.get(result.task_id)
         if future is not None and not future.done():
             future.set_result(result)
         # Anything else is a late answer to a call its caller gave up on: dropped.
@@ -303,10 +310,10 @@ class Dispatcher:
     ) -> ToolCallResult:
         """Say why nothing came back: no worker, a worker that died, or the store unreachable."""
         try:
-            stored = await self._redis.get(keys.result(request.tool_call_id))
+            stored = await self._redis.get(keys.result(request.task_id))
             if stored:
                 return ToolCallResult.model_validate_json(stored)
-            started_by = await self._redis.get(keys.started(request.tool_call_id))
+            started_by = await self._redis.get(keys.started(request.task_id))
             workers = [k async for k in self._redis.scan_iter(keys.worker_heartbeats(pool))]
         except (RedisError, OSError) as exc:
             why = f"the broker/result store is unreachable ({exc})"
@@ -376,7 +383,7 @@ def _answer_failures(failed: list[tuple[_Outgoing, ToolCallResult]]) -> None:
 
 def _failure(request: ToolCallRequest, kind: ErrorKind, message: str) -> ToolCallResult:
     return ToolCallResult(
-        tool_call_id=request.tool_call_id,
+        task_id=request.task_id,
         tool=request.tool,
         output=message,
         is_error=True,

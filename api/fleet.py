@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import redis
 
-from worker.app import create_app
-from worker.manifest import ToolSpec, live_workers, read_manifest
-from worker.settings import Settings
-from worker.tools.interface import POOLS
+from api.broker import producer_app
+from worker.protocol import POOLS, ToolSpec, WorkerInfo, keys
+from worker.settings import FleetSettings
 
 #: Where kombu's Redis transport keeps delivered, unacknowledged messages.
 UNACKED_HASH = "unacked"
@@ -25,7 +23,7 @@ class NoWorkersError(RuntimeError):
 @dataclass(frozen=True)
 class Fleet:
     tools: dict[str, ToolSpec]
-    workers: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    workers: dict[str, list[WorkerInfo]] = field(default_factory=dict)
 
     def serves(self, name: str) -> bool:
         spec = self.tools.get(name)
@@ -52,7 +50,22 @@ def load_fleet(redis_url: str) -> Fleet:
         client.close()
 
 
-def queue_depths(settings: Settings) -> dict[str, int]:
+def read_manifest(client: redis.Redis) -> dict[str, ToolSpec]:
+    """The tools workers have published, in their registration order."""
+    raw: dict[bytes, bytes] = client.hgetall(keys.MANIFEST)  # type: ignore[assignment]
+    specs = [ToolSpec.model_validate_json(v) for v in raw.values()]
+    return {s.name: s for s in sorted(specs, key=lambda s: (s.position, s.name))}
+
+
+def live_workers(client: redis.Redis, pool: str) -> list[WorkerInfo]:
+    """The workers of ``pool`` whose heartbeat has not expired."""
+    names = list(client.scan_iter(match=keys.worker_heartbeats(pool), count=500))
+    if not names:
+        return []
+    return [WorkerInfo.model_validate_json(v) for v in client.mget(names) if v]
+
+
+def queue_depths(settings: FleetSettings) -> dict[str, int]:
     """Messages waiting in each pool's queue."""
     broker = settings.effective_broker_url
     if broker.startswith(("redis", "rediss")):
@@ -69,7 +82,7 @@ def queue_depths(settings: Settings) -> dict[str, int]:
         finally:
             client.close()
     depths: dict[str, int] = {}
-    with create_app(settings).connection_for_write() as conn:
+    with producer_app(settings).connection_for_write() as conn:
         for pool in POOLS:
             try:
                 declared = conn.default_channel.queue_declare(queue=pool, passive=True)
@@ -80,7 +93,7 @@ def queue_depths(settings: Settings) -> dict[str, int]:
     return depths
 
 
-def calls_in_flight(settings: Settings) -> int:
+def calls_in_flight(settings: FleetSettings) -> int:
     """Calls taken by a worker and not yet acknowledged."""
     broker = settings.effective_broker_url
     if broker.startswith(("redis", "rediss")):
@@ -89,5 +102,5 @@ def calls_in_flight(settings: Settings) -> int:
             return int(client.hlen(UNACKED_HASH))
         finally:
             client.close()
-    active = create_app(settings).control.inspect(timeout=1.0).active() or {}
+    active = producer_app(settings).control.inspect(timeout=1.0).active() or {}
     return sum(len(tasks) for tasks in active.values())

@@ -29,7 +29,7 @@ from openai.types.chat import (
 )
 from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCall
 
-from worker.settings import Settings, get_settings
+from api.settings import OrchestratorSettings, get_settings
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class RetryPolicy:
             raise ValueError("RetryPolicy delays and jitter cannot be negative")
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> RetryPolicy:
+    def from_settings(cls, settings: OrchestratorSettings) -> RetryPolicy:
         """``llm_max_retries`` counts retries, so one more attempt than that."""
         return cls(attempts=settings.llm_max_retries + 1)
 
@@ -245,7 +245,7 @@ class ChatModel:
             self._client._platform = get_platform()
 
     @classmethod
-    def from_env(cls, settings: Settings | None = None) -> ChatModel:
+    def from_env(cls, settings: OrchestratorSettings | None = None) -> ChatModel:
         """A client for OPENAI_BASE_URL (default: OpenAI) with OPENAI_API_KEY."""
         settings = settings or get_settings()
         base_url = os.environ.get("OPENAI_BASE_URL") or None

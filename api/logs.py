@@ -15,7 +15,7 @@ from contextvars import ContextVar, Token
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from worker.settings import Settings, get_settings
+from worker.settings import FleetSettings
 
 _run_id: ContextVar[str | None] = ContextVar("toolq_run_id", default=None)
 _tool_call_id: ContextVar[str | None] = ContextVar("toolq_tool_call_id", default=None)
@@ -129,19 +129,21 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
 _HANDLER_MARK = "_toolq_handler"
 
 
-def wants_json(settings: Settings, stream: TextIO) -> bool:
+def wants_json(settings: FleetSettings, stream: TextIO) -> bool:
     if settings.log_format != "auto":
         return settings.log_format == "json"
     return not (hasattr(stream, "isatty") and stream.isatty())
 
 
-def configure_logging(settings: Settings | None = None, *, stream: TextIO | None = None) -> None:
+def configure_logging(
+    settings: FleetSettings | None = None, *, stream: TextIO | None = None
+) -> None:
     """Send the root logger's records to stderr (or ``stream``) in the format that suits it.
 
     TOOLQ_LOG_FORMAT (auto, json, text) and TOOLQ_LOG_LEVEL choose; calling again replaces the
     handler this installed rather than adding a second one.
     """
-    settings = settings or get_settings()
+    settings = settings or FleetSettings()
     handler: logging.Handler = (
         logging.StreamHandler(stream) if stream is not None else _StderrHandler()
     )

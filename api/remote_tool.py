@@ -1,4 +1,4 @@
-"""A worker tool as the orchestrator's registry sees it: a proxy whose execute dispatches."""
+"""A worker tool as the orchestrator's registry sees it: a proxy that sends the call to its pool."""
 
 from __future__ import annotations
 
@@ -8,10 +8,8 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from api.dispatch import Dispatcher
-from worker.manifest import ToolSpec
-from worker.protocol import ToolCallResult
-from worker.tools.context import ToolContextSnapshot
-from worker.tools.interface import ExecutableTool
+from worker.protocol import ToolContextSnapshot, ToolSpec
+from worker.tools.interface import ProxyTool, ToolOutcome
 
 
 class AnyArgs(BaseModel):
@@ -20,7 +18,7 @@ class AnyArgs(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-class RemoteTool(ExecutableTool):
+class RemoteTool(ProxyTool):
     """Runs on the pool that serves it. Build one with ``RemoteTool.for_spec``."""
 
     spec: ClassVar[ToolSpec]
@@ -31,12 +29,14 @@ class RemoteTool(ExecutableTool):
         dispatcher: Dispatcher,
         run_id: str,
         context: Callable[[], ToolContextSnapshot],
-        new_call_id: Callable[[], str],
+        new_task_id: Callable[[], str],
+        timeout_ms: int | None = None,
     ) -> None:
         self._dispatcher = dispatcher
         self._run_id = run_id
         self._context = context
-        self._new_call_id = new_call_id
+        self._new_task_id = new_task_id
+        self._timeout_ms = timeout_ms
 
     @classmethod
     def for_spec(cls, spec: ToolSpec) -> type[RemoteTool]:
@@ -56,33 +56,20 @@ class RemoteTool(ExecutableTool):
     def get_schema(cls) -> dict[str, Any]:
         return cls.spec.schema_for_model()
 
-    async def call(
-        self,
-        tool_call_id: str,
-        arguments: str | dict[str, Any],
-        timeout_ms: int | None = None,
-    ) -> ToolCallResult:
+    async def forward(
+        self, arguments: dict[str, Any] | str | None, tool_call_id: str | None
+    ) -> ToolOutcome:
         """Send the arguments as the model gave them; the context is read now, at sending."""
         request = self._dispatcher.build_request(
             self.spec,
+            task_id=self._new_task_id(),
             tool_call_id=tool_call_id,
             run_id=self._run_id,
-            arguments=arguments,
+            arguments=arguments if arguments is not None else {},
             context=self._context(),
-            timeout_ms=timeout_ms,
+            timeout_ms=self._timeout_ms,
         )
-        return await self._dispatcher.call(request, self.spec.pool)
-
-    async def execute(self, args: dict[str, Any]) -> str:
-        result = await self.call(self._new_call_id(), args)
-        if result.is_error:
-            raise RemoteToolError(result.output)
-        return result.output
-
-
-class RemoteToolError(Exception):
-    """A worker answered with an error; its text is already meant for the model."""
-
-    def __str__(self) -> str:
-        text = super().__str__()
-        return text.removeprefix("Error: ")
+        result = await self._dispatcher.call(request, self.spec.pool)
+        return ToolOutcome(
+            result.output, result.error_kind, worker=result.worker, duration_ms=result.duration_ms
+        )

@@ -12,7 +12,7 @@ from celery import Celery
 from kombu import Queue
 
 from worker.app import celery_config
-from worker.settings import Settings, get_settings
+from worker.settings import WorkerSettings, get_worker_settings
 
 QUEUE = "bare"
 NOOP_TASK = "bench.bare_noop"
@@ -22,7 +22,7 @@ def noop() -> str:
     return "ok"
 
 
-def create_app(settings: Settings) -> Celery:
+def create_app(settings: WorkerSettings) -> Celery:
     """A Celery app with toolq's configuration (prefork, prefetch 1, acks_late, JSON)."""
     config: dict[str, Any] = {
         **celery_config(settings),
@@ -35,4 +35,4 @@ def create_app(settings: Settings) -> Celery:
     return bare
 
 
-app = create_app(get_settings())
+app = create_app(get_worker_settings())

@@ -13,12 +13,12 @@ from typing import Any
 import redis
 
 from api.dispatch import Dispatcher
-from api.local import LocalStack
+from api.fleet import read_manifest
+from api.local.stack import LocalStack
 from bench.procinfo import status_kb
 from bench.round_trip import RUN_ID
 from bench.stats import CaseResult, Comparison
-from worker.manifest import read_manifest
-from worker.settings import Settings
+from worker.settings import WorkerSettings
 
 GOAL_MB = 64.0
 TIMEOUT_MS = 300_000
@@ -28,7 +28,7 @@ def command(size_bytes: int) -> str:
     return f"head -c {size_bytes} /dev/zero | tr '\\0' x"
 
 
-async def call_run_bash(settings: Settings, line: str) -> tuple[float, dict[str, Any]]:
+async def call_run_bash(settings: WorkerSettings, line: str) -> tuple[float, dict[str, Any]]:
     """Seconds until the answer, and run_bash's answer."""
     client = redis.Redis.from_url(settings.redis_url)
     spec = read_manifest(client)["run_bash"]
@@ -36,7 +36,7 @@ async def call_run_bash(settings: Settings, line: str) -> tuple[float, dict[str,
     async with Dispatcher(settings) as dispatcher:
         request = dispatcher.build_request(
             spec,
-            tool_call_id=uuid.uuid4().hex,
+            task_id=uuid.uuid4().hex,
             run_id=RUN_ID,
             arguments={"command": line, "timeout": TIMEOUT_MS},
         )
@@ -57,7 +57,7 @@ def shell_seconds(line: str) -> float:
     return time.perf_counter() - started
 
 
-def big_output_case(settings: Settings, stack: LocalStack, size_bytes: int) -> CaseResult:
+def big_output_case(settings: WorkerSettings, stack: LocalStack, size_bytes: int) -> CaseResult:
     """Needs a sandbox worker of concurrency 1 that has already run a call (warm)."""
     main, *children = stack.pids("worker-sandbox")
     processes = {"main": main, **{f"child {pid}": pid for pid in children}}

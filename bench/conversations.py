@@ -19,12 +19,12 @@ from typing import Any
 
 import redis
 
-from api.local import LocalStack, free_port, worker_environment
+from api.local.stack import LocalStack, free_port, worker_environment
 from bench.cost import redis_cpu_seconds
 from bench.procinfo import cpu_seconds
 from bench.stack import python_path, wait_until
 from bench.stats import CaseResult, Comparison
-from worker.settings import Settings
+from worker.settings import WorkerSettings
 
 TURNS_WITH_TOOLS = 3
 CALLS_PER_TURN = 2
@@ -50,13 +50,22 @@ def _answers(port: int) -> bool:
 
 @contextlib.contextmanager
 def scripted_model() -> Iterator[tuple[str, int]]:
-    """``python -m api.scripted`` on a free port; yields its base URL and pid."""
+    """``toolq scripted-llm`` on a free port; yields its base URL and pid."""
     with tempfile.TemporaryDirectory(prefix="toolq-bench-llm-") as folder:
         path = Path(folder) / "noop.json"
         path.write_text(json.dumps(script()))
         port = free_port()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "api.scripted", "--port", str(port), "--script", str(path)],
+            [
+                sys.executable,
+                "-m",
+                "api.cli",
+                "scripted-llm",
+                "--port",
+                str(port),
+                "--script",
+                str(path),
+            ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -71,7 +80,7 @@ def scripted_model() -> Iterator[tuple[str, int]]:
             proc.wait(10)
 
 
-def run_orchestrator(settings: Settings, llm_url: str, conversations: int) -> dict[str, Any]:
+def run_orchestrator(settings: WorkerSettings, llm_url: str, conversations: int) -> dict[str, Any]:
     env = {**os.environ, **worker_environment(settings), "PYTHONPATH": python_path()}
     done = subprocess.run(
         [
@@ -101,7 +110,7 @@ def run_orchestrator(settings: Settings, llm_url: str, conversations: int) -> di
 
 
 def conversations_case(
-    settings: Settings,
+    settings: WorkerSettings,
     stack: LocalStack,
     concurrency: int,
     bare_tasks_per_s: float,

@@ -27,9 +27,9 @@ from api.agent import Agent, AgentOptions
 from api.dispatch import Dispatcher
 from api.fleet import load_fleet
 from api.llm import ChatModel
+from api.settings import get_settings
 from bench.probes import CpuProbe
 from bench.procinfo import status_kb
-from worker.settings import get_settings
 
 MODEL = "scripted"
 PROMPT = "go"

@@ -12,7 +12,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from api.local import redis_server_binary
+from api.local.stack import redis_server_binary
 from bench.stats import CaseResult, Comparison
 
 

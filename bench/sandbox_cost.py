@@ -11,18 +11,18 @@ import uuid
 import redis
 
 from api.dispatch import Dispatcher
+from api.fleet import read_manifest
 from bench.round_trip import RUN_ID
 from bench.sandbox_layers import COMMAND, SHELL_ONLY, LayerTimings
 from bench.stats import CaseResult, Comparison, summarize
-from worker.manifest import read_manifest
-from worker.settings import Settings
+from worker.settings import WorkerSettings
 
 OVERHEAD_GOAL_MS = 2.0
 POOL = "run_bash 'true' through the sandbox pool"
 
 
 async def pool_timings(
-    settings: Settings, calls: int, warmup: int
+    settings: WorkerSettings, calls: int, warmup: int
 ) -> tuple[list[float], list[str]]:
     """run_bash 'true' round trips through the sandbox pool, and the layers the pool used."""
     client = redis.Redis.from_url(settings.redis_url)
@@ -34,7 +34,7 @@ async def pool_timings(
         for index in range(warmup + calls):
             started = time.perf_counter()
             request = dispatcher.build_request(
-                spec, tool_call_id=uuid.uuid4().hex, run_id=RUN_ID, arguments={"command": COMMAND}
+                spec, task_id=uuid.uuid4().hex, run_id=RUN_ID, arguments={"command": COMMAND}
             )
             result = await dispatcher.call(request, spec.pool)
             elapsed = (time.perf_counter() - started) * 1000
@@ -47,7 +47,7 @@ async def pool_timings(
 
 
 def sandbox_case(
-    settings: Settings,
+    settings: WorkerSettings,
     layers: LayerTimings,
     noop_p50_ms: float,
     calls: int,

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import redis
 
-from api.local import LocalStack, free_port, redis_server_binary, worker_environment
+from api.local.stack import LocalStack, free_port, redis_server_binary, worker_environment
 from bench import bare_celery
-from worker.settings import Settings
+from worker.settings import WorkerSettings
 
 REPO = Path(__file__).resolve().parents[1]
 PLUGIN = "bench.noop_plugin"
@@ -38,8 +38,8 @@ def python_path() -> str:
     return os.pathsep.join(filter(None, [str(REPO), previous]))
 
 
-def bench_settings(broker_url: str, workspace_root: Path) -> Settings:
-    return Settings(
+def bench_settings(broker_url: str, workspace_root: Path) -> WorkerSettings:
+    return WorkerSettings(
         broker_url=broker_url,
         result_backend=broker_url,
         workspace_root=workspace_root,
@@ -90,7 +90,7 @@ def _pings(client: redis.Redis) -> bool:
 
 @contextlib.contextmanager
 def toolq_workers(
-    settings: Settings, concurrency: int, pools: tuple[str, ...]
+    settings: WorkerSettings, concurrency: int, pools: tuple[str, ...]
 ) -> Iterator[LocalStack]:
     """toolq's own workers (``celery -A worker.app worker``), one per pool."""
     os.environ["PYTHONPATH"] = python_path()
@@ -105,7 +105,7 @@ def toolq_workers(
 class BareWorker:
     """``celery -A bench.bare_celery worker`` with the flags toolq's local workers get."""
 
-    def __init__(self, settings: Settings, concurrency: int) -> None:
+    def __init__(self, settings: WorkerSettings, concurrency: int) -> None:
         # Kept open for the worker's lifetime and deleted when closed in ``stop``.
         self._log = tempfile.NamedTemporaryFile(prefix="toolq-bench-bare-", suffix=".log")  # noqa: SIM115
         env = {**os.environ, **worker_environment(settings), "PYTHONPATH": python_path()}
@@ -165,7 +165,7 @@ class BareWorker:
 
 
 @contextlib.contextmanager
-def bare_worker(settings: Settings, concurrency: int) -> Iterator[BareWorker]:
+def bare_worker(settings: WorkerSettings, concurrency: int) -> Iterator[BareWorker]:
     worker = BareWorker(settings, concurrency)
     try:
         worker.wait_ready()

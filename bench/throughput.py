@@ -12,23 +12,23 @@ from typing import Any
 from celery.result import ResultSet
 
 from api.dispatch import Dispatcher
-from api.local import LocalStack
+from api.local.stack import LocalStack
 from bench.cost import CostMeter
 from bench.procinfo import process_tree
 from bench.round_trip import RUN_ID, noop_spec
 from bench.stack import BareWorker
 from bench.stats import CaseResult, Comparison
-from worker.settings import Settings
+from worker.settings import WorkerSettings
 
 
-async def toolq_throughput(settings: Settings, calls: int) -> float:
+async def toolq_throughput(settings: WorkerSettings, calls: int) -> float:
     """Calls per second with ``calls`` sent at once through one Dispatcher."""
     spec = noop_spec(settings)
     async with Dispatcher(settings) as dispatcher:
 
         async def one() -> bool:
             request = dispatcher.build_request(
-                spec, tool_call_id=uuid.uuid4().hex, run_id=RUN_ID, arguments={}
+                spec, task_id=uuid.uuid4().hex, run_id=RUN_ID, arguments={}
             )
             return not (await dispatcher.call(request, spec.pool)).is_error
 
@@ -55,7 +55,7 @@ Measured = tuple[float, dict[str, Any]]
 
 
 def measure(
-    settings: Settings,
+    settings: WorkerSettings,
     stack: LocalStack,
     bare: BareWorker,
     calls: int,

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from api.local import LocalStack, free_port, redis_server_argv
-from worker.settings import Settings
+from api.local.stack import LocalStack, free_port, redis_server_argv
+from api.settings import OrchestratorSettings
+from worker.settings import FleetSettings, WorkerSettings
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_PLUGINS = ["worker.tools.weather", "tests.plugins.probe_tools"]
@@ -69,7 +70,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     server.stop()
 
 
-def fleet_settings(broker_url: str, workspace_root: Path, **overrides: object) -> Settings:
+def fleet_settings(broker_url: str, workspace_root: Path, **overrides: object) -> WorkerSettings:
     values: dict[str, object] = {
         "broker_url": broker_url,
         "workspace_root": workspace_root,
@@ -80,13 +81,19 @@ def fleet_settings(broker_url: str, workspace_root: Path, **overrides: object) -
         "reply_margin_s": 2.0,
     }
     values.update(overrides)
-    return Settings(**values)  # type: ignore[arg-type]
+    return WorkerSettings(**values)  # type: ignore[arg-type]
+
+
+def orchestrator_settings(fleet: FleetSettings, **overrides: object) -> OrchestratorSettings:
+    """An orchestrator's settings for the fleet that ``fleet`` describes."""
+    values = fleet.model_dump(include=set(FleetSettings.model_fields)) | overrides
+    return OrchestratorSettings(**values)
 
 
 class WorkerFleet:
     """Real ``celery -A worker.app worker`` processes of both pools on a given broker."""
 
-    def __init__(self, settings: Settings, concurrency: int = 2) -> None:
+    def __init__(self, settings: WorkerSettings, concurrency: int = 2) -> None:
         self.settings = settings
         self._stack = LocalStack(settings, concurrency=concurrency)
 

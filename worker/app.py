@@ -7,12 +7,12 @@ from typing import Any
 from celery import Celery
 from kombu import Queue
 
-from worker.settings import Settings, get_settings
-from worker.tools.interface import POOLS
+from worker.protocol import POOLS
+from worker.settings import WorkerSettings, get_worker_settings
 
 
-def celery_config(settings: Settings) -> dict[str, Any]:
-    """Settings for at-least-once delivery that toolq makes safe (see worker/executor.py)."""
+def celery_config(settings: WorkerSettings) -> dict[str, Any]:
+    """WorkerSettings for at-least-once delivery that toolq makes safe (see worker/executor.py)."""
     broker = settings.effective_broker_url
     config: dict[str, Any] = {
         "broker_url": broker,
@@ -46,10 +46,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     return config
 
 
-def create_app(settings: Settings | None = None) -> Celery:
+def create_celery_app(settings: WorkerSettings | None = None) -> Celery:
     celery_app = Celery("toolq", include=["worker.tasks"])
-    celery_app.config_from_object(celery_config(settings or get_settings()))
+    celery_app.config_from_object(celery_config(settings or get_worker_settings()))
     return celery_app
 
 
-app = create_app()
+app = create_celery_app()

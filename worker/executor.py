@@ -15,14 +15,14 @@ from pydantic import ValidationError
 
 from worker.capping import cap_text
 from worker.plugins import load_plugins, register_plugins
-from worker.protocol import ErrorKind, ToolCallRequest, ToolCallResult
+from worker.protocol import ErrorKind, ToolCallRequest, ToolCallResult, keys
 from worker.results import ResultStore
 from worker.sandbox import SandboxConfig
-from worker.settings import Settings
-from worker.tools.context import ToolContext
+from worker.settings import WorkerSettings
 from worker.tools.factory import create_default_tool_registry
 from worker.tools.interface import ExecutableTool
 from worker.tools.registry import ToolRegistry
+from worker.tools.runtime import CallRuntime, CurrentWorkspace, current_context, running
 from worker.tools.workspace import Workspace
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ class TimeLimitReached(Exception):
     """Raised into a running tool when its soft time limit passes (mapped from Celery's)."""
 
 
-def sandbox_owner(settings: Settings) -> tuple[int, int] | None:
+def sandbox_owner(settings: WorkerSettings) -> tuple[int, int] | None:
     """The (uid, gid) that must own run workspaces: run_bash's user, when the worker is root."""
     if os.geteuid() != 0:
         return None
@@ -47,17 +47,19 @@ def sandbox_owner(settings: Settings) -> tuple[int, int] | None:
 
 
 def build_registry(
-    settings: Settings,
-    context: ToolContext,
-    workspace: Workspace,
-    passthrough: tuple[type[BaseException], ...] = (),
+    settings: WorkerSettings, passthrough: tuple[type[BaseException], ...] = ()
 ) -> ToolRegistry:
-    """Built-in tools plus plugins, as every worker of this fleet has them."""
+    """Built-in tools plus plugins, as every worker of this fleet has them: built once per
+    process, each tool acting on the workspace and conversation of the call in hand."""
     registry = ToolRegistry(passthrough=passthrough, sync_in_thread=False)
+    context, workspace = current_context(), CurrentWorkspace()
     create_default_tool_registry(
         context, workspace, sandbox=SandboxConfig.from_settings(settings), registry=registry
     )
     register_plugins(load_plugins(tuple(settings.plugins)), registry, context, workspace)
+    # The caller decides what is enabled; a worker runs whatever reaches its pool.
+    for name in registry.get_tool_names():
+        registry.enable(name)
     return registry
 
 
@@ -67,7 +69,7 @@ class Executor:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: WorkerSettings,
         store: ResultStore,
         worker_name: str,
         time_limit: tuple[type[BaseException], ...] = (TimeLimitReached,),
@@ -83,6 +85,7 @@ class Executor:
         # a small tool does.
         self._loop = asyncio.new_event_loop()
         self._workspaces: OrderedDict[str, Workspace] = OrderedDict()
+        self._registry = build_registry(settings, time_limit)
 
     def handle(self, raw: Any, pool: str | None) -> ToolCallResult:
         """Answer one message from the queue of ``pool``; never raises for bad input."""
@@ -90,22 +93,21 @@ class Executor:
             request = ToolCallRequest.model_validate(raw)
         except ValidationError as exc:
             return self._reject_bad_request(raw, exc)
-        context = ToolContext.from_snapshot(request.context)
-        workspace = self._workspace(request.run_id)
-        registry = build_registry(self._settings, context, workspace, self._time_limit)
-        tool = registry.get(request.tool)
+        runtime = CallRuntime(self._workspace(request.run_id), request.context)
+        tool = self._registry.get(request.tool)
         previous = None
         if tool is not None and not tool.idempotent:
             # At most once: a finished call is answered from the store, and a call cut short
             # elsewhere is found by its start marker. A tool safe to repeat skips this round
             # trip; running it again is harmless and the store keeps its first answer.
-            begin = self._store.begin(request.tool_call_id, self._worker)
+            begin = self._store.begin(request.task_id, self._worker)
             if begin.stored is not None:
                 self._store.reply_again(begin.stored, request.reply_to)
                 return begin.stored
             previous = begin.previous
         started = time.perf_counter()
-        result = self._run(request, pool, registry, tool, previous)
+        with running(runtime):
+            result = self._run(request, pool, tool, previous)
         result.duration_ms = round((time.perf_counter() - started) * 1000, 3)
         return self._store.store(result, request.reply_to)
 
@@ -127,7 +129,6 @@ class Executor:
         self,
         request: ToolCallRequest,
         pool: str | None,
-        registry: ToolRegistry,
         tool: ExecutableTool | None,
         previous: str | None,
     ) -> ToolCallResult:
@@ -148,9 +149,8 @@ class Executor:
             refusal = self._refusal(request, tool, pool, previous)
             if refusal is not None:
                 return refusal
-            registry.enable(tool.name)  # the caller enabled it; the pool check is the gate
         try:
-            outcome = registry.run_blocking(request.tool, request.arguments, self._loop)
+            outcome = self._registry.run_blocking(request.tool, request.arguments, self._loop)
         except self._time_limit:
             return self._error(
                 request,
@@ -161,7 +161,7 @@ class Executor:
         if tool is None or not tool.caps_own_output:
             output, truncated = cap_text(output, self._settings.output_cap_bytes)
         return ToolCallResult(
-            tool_call_id=request.tool_call_id,
+            task_id=request.task_id,
             tool=request.tool,
             output=output,
             is_error=outcome.is_error,
@@ -188,7 +188,7 @@ class Executor:
                 "outcome is unknown and it was not run again because it has effects.",
             )
         if previous is not None:
-            log.warning("re-running interrupted idempotent call %s", request.tool_call_id)
+            log.warning("re-running interrupted idempotent call %s", request.task_id)
         return None
 
     def _workspace(self, run_id: str) -> Workspace:
@@ -212,7 +212,7 @@ class Executor:
 
     def _error(self, request: ToolCallRequest, kind: ErrorKind, message: str) -> ToolCallResult:
         return ToolCallResult(
-            tool_call_id=request.tool_call_id,
+            task_id=request.task_id,
             tool=request.tool,
             output=message,
             is_error=True,
@@ -227,7 +227,7 @@ class Executor:
         )
         data = raw if isinstance(raw, dict) else {}
         result = ToolCallResult(
-            tool_call_id=str(data.get("tool_call_id") or "unknown"),
+            task_id=str(data.get("task_id") or "unknown"),
             tool=str(data.get("tool") or "unknown"),
             output=f"Error: the worker received an invalid request ({fields}).",
             is_error=True,
@@ -235,7 +235,7 @@ class Executor:
             worker=self._worker,
         )
         reply_to = data.get("reply_to")
-        if isinstance(reply_to, str) and reply_to.startswith("toolq:reply:"):
+        if isinstance(reply_to, str) and keys.is_reply(reply_to):
             self._store.reply_again(result, reply_to)
         log.error("invalid tool call request: %s", fields)
         return result

@@ -3,62 +3,28 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
 
 import redis
-from pydantic import BaseModel
 
-from worker import keys
-from worker.settings import Settings
-from worker.tools.context import ToolContext
-from worker.tools.interface import Pool
-from worker.tools.workspace import Workspace
+from worker.protocol import Pool, ToolSpec, WorkerInfo, keys
+from worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 HEARTBEAT_INTERVAL_S = 5.0
 HEARTBEAT_TTL_S = 15
 
 
-class ToolSpec(BaseModel):
-    """One tool as the fleet serves it."""
-
-    name: str
-    description: str
-    parameters: dict[str, Any]
-    pool: Pool
-    enabled_by_default: bool
-    idempotent: bool
-    default_timeout_ms: int
-    timeout_argument: str | None = None
-    #: Registration order on the worker, so every caller lists tools the same way.
-    position: int = 0
-
-    def schema_for_model(self) -> dict[str, Any]:
-        return {
-            "type": "function",
-            "function": {
-                "name": self.name,
-                "description": self.description,
-                "parameters": self.parameters,
-            },
-        }
-
-
-def fleet_tool_specs(settings: Settings) -> list[ToolSpec]:
+def fleet_tool_specs(settings: WorkerSettings) -> list[ToolSpec]:
     """Every tool a worker with these settings has, in registration order."""
     from worker.executor import build_registry
 
-    registry = build_registry(
-        settings, ToolContext(), Workspace(tempfile.gettempdir()), passthrough=()
-    )
+    registry = build_registry(settings)
     specs = []
     for position, name in enumerate(registry.get_tool_names()):
         tool = registry.get(name)
@@ -88,41 +54,25 @@ def publish_manifest(client: redis.Redis, specs: Iterable[ToolSpec], pools: Iter
     pipe.execute()
 
 
-def read_manifest(client: redis.Redis) -> dict[str, ToolSpec]:
-    raw: dict[bytes, bytes] = client.hgetall(keys.MANIFEST)  # type: ignore[assignment]
-    specs = [ToolSpec.model_validate_json(v) for v in raw.values()]
-    return {s.name: s for s in sorted(specs, key=lambda s: (s.position, s.name))}
-
-
-def live_workers(client: redis.Redis, pool: str) -> list[dict[str, Any]]:
-    names = list(client.scan_iter(match=keys.worker_heartbeats(pool), count=500))
-    if not names:
-        return []
-    values = client.mget(names)
-    return [json.loads(v) for v in values if v]
-
-
 class Heartbeat:
     """Keeps ``toolq:worker:<pool>:<name>`` and the manifest alive while the worker runs."""
 
     def __init__(
-        self, client: redis.Redis, worker: str, pools: Iterable[str], specs: list[ToolSpec]
+        self, client: redis.Redis, worker: str, pools: Iterable[Pool], specs: list[ToolSpec]
     ) -> None:
         self._redis = client
         self._specs = specs
         self._worker = worker
-        self._pools = sorted(set(pools))
+        self._pools: list[Pool] = sorted(set(pools))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="toolq-heartbeat", daemon=True)
-        self._info = json.dumps(
-            {
-                "worker": worker,
-                "pools": self._pools,
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-                "started": time.time(),
-            }
-        )
+        self._info = WorkerInfo(
+            worker=worker,
+            pools=self._pools,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            started=time.time(),
+        ).model_dump_json()
 
     def start(self) -> None:
         self.beat()

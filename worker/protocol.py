@@ -1,4 +1,9 @@
-"""The wire contract between orchestrator and workers: one request, one result, JSON only."""
+"""The wire contract between orchestrator and workers, defined once: JSON only.
+
+Everything that crosses between the two floors is here: the pools and the task name, a call and
+its answer, the conversation state a call carries, a tool as the fleet serves it, a worker's
+heartbeat, why a call failed, and the Redis keys both sides read and write.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +11,27 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from worker.tools.context import ToolContextSnapshot
+#: The worker pools: ``tools`` for file, search, session and plugin tools; ``sandbox`` for
+#: commands (run_bash), kept on workers of their own.
+Pool = Literal["tools", "sandbox"]
+POOLS: tuple[Pool, ...] = ("tools", "sandbox")
 
+#: The one Celery task a tool call is.
 TASK_NAME = "toolq.execute_tool"
 
-#: Why a call failed. The first five come from the registry; the rest from the layers around it.
-ErrorKind = Literal[
-    "unknown_tool",  # no tool of that name on the fleet
+#: Why a call failed, as the registry itself tells: it knows nothing of queues or workers.
+RegistryErrorKind = Literal[
+    "unknown_tool",  # no tool of that name
     "tool_disabled",  # the tool exists but is switched off
     "invalid_arguments",  # malformed JSON, wrong types, missing or unknown fields
     "tool_error",  # the tool raised
     "unserializable_result",  # the tool returned something JSON cannot hold
-    "timeout",  # the tool ran past its deadline and was stopped
+    "timeout",  # the tool ran past its deadline and was stopped (or not waited for)
+]
+
+#: Why a call failed: the registry's kinds, then those of the layers around it.
+ErrorKind = Literal[
+    RegistryErrorKind,
     "interrupted",  # the worker died mid-call; the tool has effects, so it is not run again
     "wrong_pool",  # the call reached a worker whose pool does not serve the tool
     "bad_request",  # the message was not a valid request
@@ -27,13 +41,68 @@ ErrorKind = Literal[
 
 RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
+#: A message of the conversation, as the chat API has it.
+Message = dict[str, Any]
+
+
+class ToolContextSnapshot(BaseModel):
+    """The agent state tools may read, at one moment: what travels with a tool call."""
+
+    system_prompt: str = ""
+    session_context: list[Message] = Field(default_factory=list)
+    session_context_file_path: str = "session_context.json"
+
+
+class ToolSpec(BaseModel):
+    """One tool as the fleet serves it: what workers publish and callers build proxies from."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    pool: Pool
+    enabled_by_default: bool
+    idempotent: bool
+    default_timeout_ms: int
+    timeout_argument: str | None = None
+    #: Registration order on the worker, so every caller lists tools the same way.
+    position: int = 0
+
+    def schema_for_model(self) -> dict[str, Any]:
+        """The tool as the chat API's ``tools`` list takes it."""
+        return function_tool(self.name, self.description, self.parameters)
+
+
+def function_tool(name: str, description: str, parameters: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAI ``{"type": "function", ...}`` envelope of one tool."""
+    return {
+        "type": "function",
+        "function": {"name": name, "description": description, "parameters": parameters},
+    }
+
+
+class WorkerInfo(BaseModel):
+    """A live worker, as its heartbeat says."""
+
+    worker: str = Field(description="Celery's node name, e.g. tools@host.")
+    pools: list[Pool]
+    host: str
+    pid: int
+    started: float = Field(description="Epoch seconds.")
+
 
 class ToolCallRequest(BaseModel):
     """One tool call, as the orchestrator sends it."""
 
     model_config = ConfigDict(extra="forbid")
 
-    tool_call_id: str = Field(min_length=1, max_length=256, description="Also the task id.")
+    task_id: str = Field(
+        min_length=1,
+        max_length=256,
+        description="The call's id on the wire, also its Celery task id: unique per attempt.",
+    )
+    tool_call_id: str | None = Field(
+        None, max_length=256, description="The model's id for the call, for logs."
+    )
     run_id: str = Field(pattern=RUN_ID_PATTERN, description="Names the run's workspace folder.")
     tool: str = Field(min_length=1, max_length=256)
     arguments: str | dict[str, Any] = Field(description="As the model sent them: raw JSON or dict.")
@@ -48,7 +117,7 @@ class ToolCallResult(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    tool_call_id: str
+    task_id: str
     tool: str
     output: str = Field(description="Text for the model, capped at the output limit.")
     is_error: bool = False
@@ -56,3 +125,45 @@ class ToolCallResult(BaseModel):
     duration_ms: float = 0.0
     truncated: bool = False
     worker: str | None = Field(None, description="hostname:pid of the process that ran it.")
+
+
+class RedisKeys:
+    """Every Redis key workers and callers share, in one place."""
+
+    PREFIX = "toolq"
+    #: Hash of tool name -> ToolSpec JSON, written by workers with every heartbeat.
+    MANIFEST = f"{PREFIX}:manifest"
+    REPLY_PREFIX = f"{PREFIX}:reply:"
+
+    @staticmethod
+    def result(task_id: str) -> str:
+        """The one stored answer to a call: first write wins."""
+        return f"{RedisKeys.PREFIX}:result:{task_id}"
+
+    @staticmethod
+    def started(task_id: str) -> str:
+        """Set when a worker begins a call: a second delivery finds it and knows the first was
+        cut."""
+        return f"{RedisKeys.PREFIX}:started:{task_id}"
+
+    @staticmethod
+    def reply(dispatcher_id: str) -> str:
+        """A caller's inbox: workers push answers here, one reader drains it."""
+        return f"{RedisKeys.REPLY_PREFIX}{dispatcher_id}"
+
+    @staticmethod
+    def is_reply(key: str) -> bool:
+        return key.startswith(RedisKeys.REPLY_PREFIX)
+
+    @staticmethod
+    def worker_heartbeat(pool: str, worker: str) -> str:
+        """A live worker's WorkerInfo, expiring unless refreshed."""
+        return f"{RedisKeys.PREFIX}:worker:{pool}:{worker}"
+
+    @staticmethod
+    def worker_heartbeats(pool: str) -> str:
+        """Pattern matching every live worker of a pool."""
+        return f"{RedisKeys.PREFIX}:worker:{pool}:*"
+
+
+keys = RedisKeys()

@@ -1,4 +1,4 @@
-"""Results stored once per tool_call_id, and the start marker that makes redelivery safe."""
+"""Results stored once per task_id, and the start marker that makes redelivery safe."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ from typing import Any, cast
 
 import redis
 
-from worker import keys
-from worker.protocol import ToolCallResult
+from worker.protocol import ToolCallResult, keys
 
 # Store the result unless one exists, then push whichever is stored to the caller's inbox:
 # a redelivered call that ran again still answers with the first outcome. (GET then SET rather
@@ -53,15 +52,15 @@ class ResultStore:
         self._store = client.register_script(_STORE_ONCE)
         self._begin = client.register_script(_BEGIN)
 
-    def get(self, tool_call_id: str) -> ToolCallResult | None:
-        raw = self._redis.get(keys.result(tool_call_id))
+    def get(self, task_id: str) -> ToolCallResult | None:
+        raw = self._redis.get(keys.result(task_id))
         return ToolCallResult.model_validate_json(raw) if raw else None
 
     def store(self, result: ToolCallResult, reply_to: str | None) -> ToolCallResult:
         """Keep the first result for this call and send the kept one to ``reply_to``."""
         payload = result.model_dump_json()
         kept = self._store(
-            keys=[keys.result(result.tool_call_id), reply_to or ""], args=[payload, self._ttl_s]
+            keys=[keys.result(result.task_id), reply_to or ""], args=[payload, self._ttl_s]
         )
         if kept == payload.encode() or kept == payload:
             return result
@@ -74,10 +73,10 @@ class ResultStore:
             pipe.expire(reply_to, self._ttl_s)
             pipe.execute()
 
-    def begin(self, tool_call_id: str, worker: str) -> Begin:
+    def begin(self, task_id: str, worker: str) -> Begin:
         """The stored answer of a finished call, or mark the call started by ``worker``."""
         state, value = self._begin(
-            keys=[keys.result(tool_call_id), keys.started(tool_call_id)],
+            keys=[keys.result(task_id), keys.started(task_id)],
             args=[worker, self._ttl_s],
         )
         state = state.decode() if isinstance(state, bytes) else state

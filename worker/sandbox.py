@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Literal, get_args
 
 if TYPE_CHECKING:
-    from worker.settings import Settings
+    from worker.settings import WorkerSettings
 
 Isolation = Literal["auto", "namespaces", "process"]
 
@@ -88,7 +88,7 @@ class SandboxConfig:
                 raise ValueError(f"sandbox {field} must be positive")
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> SandboxConfig:
+    def from_settings(cls, settings: WorkerSettings) -> SandboxConfig:
         return cls(
             user=settings.sandbox_user,
             isolation=settings.sandbox_isolation,

@@ -1,4 +1,5 @@
-"""Every setting of workers and orchestrator, read from ``TOOLQ_*`` environment variables."""
+"""Settings read from ``TOOLQ_*`` environment variables: what the whole fleet shares, and what
+only workers need. The orchestrator's own settings are in ``api.settings``."""
 
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 LOCAL_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
-class Settings(BaseSettings):
-    """One place for configuration; a misspelt ``TOOLQ_`` variable is an error, not a default."""
+class FleetSettings(BaseSettings):
+    """What workers and callers must agree on: where the broker is, deadlines, the output cap.
+
+    A misspelt field is an error, not a default (``extra="forbid"``).
+    """
 
     model_config = SettingsConfigDict(env_prefix="TOOLQ_", extra="forbid", frozen=True)
 
@@ -24,17 +28,9 @@ class Settings(BaseSettings):
     result_backend: str | None = Field(
         None, description="Redis URL for results; defaults to the broker URL when that is Redis."
     )
-    workspace_root: Path = Field(
-        Path(tempfile.gettempdir()) / "toolq" / "workspaces",
-        description="Each run works in <workspace_root>/<run_id>, shared by both pools.",
+    default_timeout_ms: int = Field(
+        30_000, gt=0, description="A call's deadline when neither the call nor its tool sets one."
     )
-    plugins: Annotated[list[str], NoDecode] = Field(
-        default_factory=list, description="Comma-separated modules whose tools workers load."
-    )
-    disabled_tools: Annotated[list[str], NoDecode] = Field(
-        default_factory=list, description="Comma-separated tools this fleet refuses to run."
-    )
-    default_timeout_ms: int = Field(30_000, gt=0, description="A call's deadline when none given.")
     max_timeout_ms: int = Field(600_000, gt=0, description="The largest deadline a call may ask.")
     hard_limit_grace_s: float = Field(
         5.0, gt=0, description="Seconds past the soft limit before the worker child is replaced."
@@ -44,32 +40,8 @@ class Settings(BaseSettings):
     )
     output_cap_bytes: int = Field(51_200, gt=0, description="Cap on a tool's answer (50 KB).")
     result_ttl_s: int = Field(86_400, gt=0, description="How long results are kept.")
-    concurrency: int | None = Field(None, gt=0, description="Worker processes per worker.")
-
-    sandbox_user: str = Field("nobody", description="run_bash's user when the worker is root.")
-    sandbox_isolation: Literal["auto", "namespaces", "process"] = Field(
-        "auto", description="auto: PID+network namespaces where they work, else process groups."
-    )
-    sandbox_memory_mb: int = Field(1024, gt=0, description="run_bash address-space limit.")
-    sandbox_max_processes: int = Field(256, gt=0, description="run_bash process limit.")
-    sandbox_file_size_mb: int = Field(256, gt=0, description="run_bash largest file written.")
-
-    model: str = Field("gpt-4o-mini", description="Chat model name for toolq run and batch.")
-    llm_timeout_s: float = Field(60.0, gt=0, description="One model request's timeout.")
-    llm_max_retries: int = Field(4, ge=0, description="Retries of a failed model request.")
-    max_turns: int = Field(20, gt=0, description="Model turns per conversation.")
-
-    api_token: str | None = Field(None, description="Bearer token for the HTTP API.")
-    api_max_body_bytes: int = Field(1_048_576, gt=0, description="Largest request body.")
     log_format: Literal["auto", "json", "text"] = Field("auto", description="auto: JSON off a TTY.")
     log_level: str = Field("INFO", description="Python logging level.")
-
-    @field_validator("plugins", "disabled_tools", mode="before")
-    @classmethod
-    def _split_commas(cls, value: object) -> object:
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        return value
 
     @property
     def local_mode(self) -> bool:
@@ -99,6 +71,37 @@ class Settings(BaseSettings):
         return self.max_timeout_ms / 1000 + self.hard_limit_grace_s
 
 
+class WorkerSettings(FleetSettings):
+    """A worker's settings: its workspaces, its tools, its sandbox."""
+
+    workspace_root: Path = Field(
+        Path(tempfile.gettempdir()) / "toolq" / "workspaces",
+        description="Each run works in <workspace_root>/<run_id>, shared by both pools.",
+    )
+    plugins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Comma-separated modules whose tools workers load."
+    )
+    disabled_tools: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Comma-separated tools this fleet refuses to run."
+    )
+    concurrency: int | None = Field(None, gt=0, description="Worker processes per worker.")
+
+    sandbox_user: str = Field("nobody", description="run_bash's user when the worker is root.")
+    sandbox_isolation: Literal["auto", "namespaces", "process"] = Field(
+        "auto", description="auto: PID+network namespaces where they work, else process groups."
+    )
+    sandbox_memory_mb: int = Field(1024, gt=0, description="run_bash address-space limit.")
+    sandbox_max_processes: int = Field(256, gt=0, description="run_bash process limit.")
+    sandbox_file_size_mb: int = Field(256, gt=0, description="run_bash largest file written.")
+
+    @field_validator("plugins", "disabled_tools", mode="before")
+    @classmethod
+    def _split_commas(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+
 @lru_cache(maxsize=1)
-def get_settings() -> Settings:
-    return Settings()
+def get_worker_settings() -> WorkerSettings:
+    return WorkerSettings()

@@ -20,7 +20,7 @@ from worker.manifest import Heartbeat, fleet_tool_specs
 from worker.protocol import TASK_NAME
 from worker.results import ResultStore
 from worker.sandbox import SandboxConfig, SandboxError, sweep_orphans
-from worker.settings import get_settings
+from worker.settings import get_worker_settings
 
 log = logging.getLogger(__name__)
 _heartbeat: list[Heartbeat] = []
@@ -29,7 +29,7 @@ _heartbeat: list[Heartbeat] = []
 @lru_cache(maxsize=1)
 def executor() -> Executor:
     """One per process, made after the fork so no connection is shared between children."""
-    settings = get_settings()
+    settings = get_worker_settings()
     client = redis.Redis.from_url(settings.redis_url, health_check_interval=30)
     store = ResultStore(client, settings.result_ttl_s)
     name = f"{socket.gethostname()}:{os.getpid()}"
@@ -91,7 +91,7 @@ def _fresh_process(**_: Any) -> None:
     executor.cache_clear()
     # A new pool process often replaces one that was killed mid-call: end what it left running.
     try:
-        found = sweep_orphans(SandboxConfig.from_settings(get_settings()))
+        found = sweep_orphans(SandboxConfig.from_settings(get_worker_settings()))
     except SandboxError as exc:
         log.warning("cannot sweep orphaned commands: %s", exc)
     else:
@@ -101,7 +101,7 @@ def _fresh_process(**_: Any) -> None:
 
 @worker_ready.connect  # type: ignore[untyped-decorator]
 def _announce(sender: Any, **_: Any) -> None:
-    settings = get_settings()
+    settings = get_worker_settings()
     pools = [q for q in sender.app.amqp.queues.consume_from if q in ("tools", "sandbox")]
     client = redis.Redis.from_url(settings.redis_url)
     beat = Heartbeat(client, sender.hostname, pools, fleet_tool_specs(settings))

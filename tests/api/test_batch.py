@@ -15,25 +15,16 @@ from typing import Any, cast
 import pytest
 from rich.console import Console
 
-from api import batch_cli
-from api.batch import (
-    BatchItem,
-    OutputBusyError,
-    ResultLog,
-    batch_key,
-    batch_run_id,
-    parse_item,
-    run_item,
-    run_items,
-    scan_input,
-)
+from api.batch import command as batch_cli
+from api.batch.items import BatchItem, parse_item, scan_input
+from api.batch.results import OutputBusyError, ResultLog
+from api.batch.runner import batch_key, batch_run_id, run_item, run_items
 from api.dispatch import Dispatcher
 from api.fleet import Fleet
 from api.llm import ChatModel, ModelError, ModelTurn, RetryPolicy, ToolCallSpec, Usage
 from api.logs import current_context
-from worker.manifest import ToolSpec
-from worker.protocol import RUN_ID_PATTERN, ToolCallResult
-from worker.settings import Settings
+from api.settings import OrchestratorSettings
+from worker.protocol import RUN_ID_PATTERN, ToolCallResult, ToolSpec, WorkerInfo
 
 RECORD_KEYS = {
     "id",
@@ -251,7 +242,7 @@ class FakeDispatcher:
 
     async def call(self, request: Any, pool: str) -> ToolCallResult:
         return ToolCallResult(
-            tool_call_id=request.tool_call_id,
+            task_id=request.task_id,
             tool=request.tool,
             output=f"echo {request.arguments}",
             duration_ms=1.5,
@@ -268,8 +259,11 @@ ECHO = ToolSpec(
     idempotent=True,
     default_timeout_ms=1000,
 )
-FLEET = Fleet(tools={"echo": ECHO}, workers={"tools": [{"hostname": "fake"}], "sandbox": []})
-SETTINGS = Settings(broker_url="redis://127.0.0.1:1/0", model="settings-model", max_turns=7)
+FAKE_WORKER = WorkerInfo(worker="tools@fake", pools=["tools"], host="fake", pid=1, started=0)
+FLEET = Fleet(tools={"echo": ECHO}, workers={"tools": [FAKE_WORKER], "sandbox": []})
+SETTINGS = OrchestratorSettings(
+    broker_url="redis://127.0.0.1:1/0", model="settings-model", max_turns=7
+)
 
 
 def tool_then_answer(messages: list[dict[str, Any]]) -> ModelTurn:

@@ -24,8 +24,8 @@ from api.llm import (
     Usage,
     model_client,
 )
-from api.scripted import Script, ScriptedServer
-from worker.settings import Settings
+from api.scripted.server import Script, ScriptedServer
+from api.settings import OrchestratorSettings
 
 LONG_TEXT = 'quotes " and \\ backslashes, ünïcödé and {braces} ' * 6
 SCRIPTS: dict[str, list[dict[str, Any]]] = {
@@ -415,7 +415,7 @@ async def test_from_env_talks_to_a_keyless_server(
     monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
 
-    async with ChatModel.from_env(Settings(llm_max_retries=2)) as from_env:
+    async with ChatModel.from_env(OrchestratorSettings(llm_max_retries=2)) as from_env:
         turn = await from_env.complete(model="scripted:answer", messages=user("env"))
 
     assert turn.content == "Hello, env!"
@@ -429,7 +429,7 @@ def test_from_env_without_key_or_server_says_what_to_set(
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
 
     with pytest.raises(ModelError, match="OPENAI_API_KEY is not set"):
-        ChatModel.from_env(Settings())
+        ChatModel.from_env(OrchestratorSettings())
 
 
 class RecordingProvider:

@@ -19,7 +19,7 @@ from api.logs import (
     current_context,
     log_context,
 )
-from worker.settings import Settings
+from api.settings import OrchestratorSettings
 
 log = logging.getLogger("toolq.test")
 
@@ -41,8 +41,8 @@ def _restore_loggers() -> Iterator[None]:
         logging.getLogger(name).setLevel(level)
 
 
-def settings(**values: Any) -> Settings:
-    return Settings(broker_url="redis://127.0.0.1:1/0", **values)
+def settings(**values: Any) -> OrchestratorSettings:
+    return OrchestratorSettings(broker_url="redis://127.0.0.1:1/0", **values)
 
 
 def json_lines(stream: io.StringIO) -> list[dict[str, Any]]:

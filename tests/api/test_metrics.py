@@ -10,10 +10,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.events import AgentEvent, FinalAnswer, TextDelta, ToolCallFinished, ToolCallStarted
-from api.metrics import ApiMetrics, default_metrics, record_event
-from api.server import create_app
+from api.http.app import create_app
+from api.http.metrics import ApiMetrics, default_metrics, record_event
+from api.settings import OrchestratorSettings
 from tests.api.test_server import AUTH, StubExecutor, api_settings
-from worker.settings import Settings
 
 
 def sample(text: str, name: str, **labels: str) -> float | None:
@@ -146,7 +146,7 @@ async def scrape_app(queue_depths: object) -> httpx.Response:
 async def test_the_metrics_route_reads_queue_depths_at_scrape_time() -> None:
     readings = iter([{"tools": 3, "sandbox": 1}])
 
-    def depths(_: Settings) -> Mapping[str, int]:
+    def depths(_: OrchestratorSettings) -> Mapping[str, int]:
         return next(readings)
 
     response = await scrape_app(depths)
@@ -158,7 +158,7 @@ async def test_the_metrics_route_reads_queue_depths_at_scrape_time() -> None:
 
 
 async def test_an_unreachable_broker_does_not_break_the_scrape() -> None:
-    def depths(_: Settings) -> Mapping[str, int]:
+    def depths(_: OrchestratorSettings) -> Mapping[str, int]:
         raise ConnectionRefusedError("broker down")
 
     response = await scrape_app(depths)

@@ -16,7 +16,7 @@ from openai.types.chat import (
     ChatCompletionMessageParam,
 )
 
-from api.scripted import DEFAULT_SCRIPT_PATH, Script, ScriptedServer, main
+from api.scripted.server import DEFAULT_SCRIPT_PATH, Script, ScriptedServer, main
 from worker.tools.bash import RunBashTool
 from worker.tools.filesystem import ReadFileTool, WriteFileTool
 from worker.tools.interface import ExecutableTool

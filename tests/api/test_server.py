@@ -22,20 +22,19 @@ from fastapi import FastAPI
 from openai import AsyncOpenAI
 
 from api.agent import AgentOptions
-from api.auth import is_loopback
-from api.batch import BatchItem
+from api.batch.items import BatchItem
 from api.dispatch import Dispatcher
 from api.fleet import Fleet
+from api.http.app import create_app, serve
+from api.http.auth import is_loopback
+from api.http.metrics import ApiMetrics
+from api.http.runner import SHUTDOWN_ERROR, AgentExecutor, Executor, ExecutorFactory
+from api.http.state import ApiStore
 from api.llm import ChatModel, RetryPolicy
-from api.local import free_port
-from api.metrics import ApiMetrics
-from api.runner import SHUTDOWN_ERROR, AgentExecutor, Executor, ExecutorFactory
-from api.scripted import Script, ScriptedServer
-from api.server import create_app, serve
-from api.state import ApiStore
-from worker.manifest import ToolSpec
-from worker.settings import Settings
-from worker.tools.interface import Pool
+from api.local.stack import free_port
+from api.scripted.server import Script, ScriptedServer
+from api.settings import OrchestratorSettings
+from worker.protocol import Pool, ToolSpec, WorkerInfo
 
 TOKEN = "correct-horse-battery-staple"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -56,18 +55,21 @@ def tool(name: str, pool: Pool = "tools", enabled: bool = True) -> ToolSpec:
 
 FLEET = Fleet(
     tools={"read_file": tool("read_file"), "run_bash": tool("run_bash", "sandbox", False)},
-    workers={"tools": [{"worker": "tools@test"}], "sandbox": []},
+    workers={
+        "tools": [WorkerInfo(worker="tools@test", pools=["tools"], host="test", pid=1, started=0)],
+        "sandbox": [],
+    },
 )
 
 
-def api_settings(**overrides: Any) -> Settings:
+def api_settings(**overrides: Any) -> OrchestratorSettings:
     values: dict[str, Any] = {
         "broker_url": "redis://127.0.0.1:1/0",
         "api_token": TOKEN,
         "api_max_body_bytes": BODY_LIMIT,
     }
     values.update(overrides)
-    return Settings(**values)
+    return OrchestratorSettings(**values)
 
 
 class StubExecutor:
@@ -609,7 +611,7 @@ def model_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScriptedS
         yield server
 
 
-def real_executor(server: ScriptedServer, settings: Settings) -> ExecutorFactory:
+def real_executor(server: ScriptedServer, settings: OrchestratorSettings) -> ExecutorFactory:
     def make(store: ApiStore, metrics: ApiMetrics, replica: str) -> Executor:
         client = AsyncOpenAI(base_url=server.base_url, api_key="test", max_retries=0, timeout=90)
         return AgentExecutor(

@@ -18,9 +18,10 @@ import typer.main
 from celery import Celery
 from celery.app.utils import find_app
 
+from api.settings import OrchestratorSettings
 from tests.deploy import deployfiles as files
-from worker.settings import Settings
-from worker.tools.interface import POOLS
+from worker.protocol import POOLS
+from worker.settings import WorkerSettings
 
 K8S_VERSION = "1.30"
 SANDBOX = "worker-sandbox"
@@ -92,13 +93,26 @@ def settings_from_files(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name)
 
 
-def settings_of(environment: dict[str, str]) -> Settings:
+#: Every TOOLQ_ setting is a field of one of these (or of both, where they share it).
+SETTINGS_CLASSES = (WorkerSettings, OrchestratorSettings)
+SETTING_NAMES = {name for cls in SETTINGS_CLASSES for name in cls.model_fields}
+
+
+def settings_of(environment: dict[str, str]) -> WorkerSettings:
+    """The worker settings there, after checking every TOOLQ_ value against the settings
+    classes that read it."""
     values = {
         name.removeprefix("TOOLQ_").lower(): files.interpolated(value)
         for name, value in environment.items()
         if name.startswith("TOOLQ_")
     }
-    return Settings.model_validate(values)
+    assert set(values) <= SETTING_NAMES, set(values) - SETTING_NAMES
+    OrchestratorSettings.model_validate(
+        {k: v for k, v in values.items() if k in OrchestratorSettings.model_fields}
+    )
+    return WorkerSettings.model_validate(
+        {k: v for k, v in values.items() if k in WorkerSettings.model_fields}
+    )
 
 
 def manifest_id(entry: tuple[str, files.Manifest]) -> str:
@@ -492,7 +506,7 @@ def deploy_texts() -> dict[str, str]:
 
 
 def test_every_toolq_variable_named_is_a_setting() -> None:
-    fields = {f"TOOLQ_{name.upper()}" for name in Settings.model_fields}
+    fields = {f"TOOLQ_{name.upper()}" for name in SETTING_NAMES}
     unknown = {
         (source, variable)
         for source, text in deploy_texts().items()
@@ -514,9 +528,7 @@ def test_every_setting_is_documented() -> None:
     text = files.DEPLOY_DOC.read_text()
     if files.README.exists():
         text += files.README.read_text()
-    missing = [
-        name for name in Settings.model_fields if not re.search(rf"\bTOOLQ_{name.upper()}\b", text)
-    ]
+    missing = [name for name in SETTING_NAMES if not re.search(rf"\bTOOLQ_{name.upper()}\b", text)]
     assert missing == []
 
 

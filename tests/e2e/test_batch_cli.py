@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from api.local import worker_environment
-from api.scripted import Script, ScriptedServer
+from api.local.stack import worker_environment
+from api.scripted.server import Script, ScriptedServer
 from tests.conftest import WorkerFleet, wait_for
 from tests.scripts import WRITE_THEN_READ
 

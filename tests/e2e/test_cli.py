@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from api.local import worker_environment
-from api.scripted import Script, ScriptedServer
+from api.local.stack import worker_environment
+from api.scripted.server import Script, ScriptedServer
 from tests.conftest import WorkerFleet
 
 pytestmark = pytest.mark.e2e

@@ -10,10 +10,10 @@ import pytest
 import redis
 
 from api.dispatch import Dispatcher
+from api.fleet import read_manifest
 from tests.conftest import WorkerFleet
-from worker.manifest import ToolSpec, read_manifest
-from worker.protocol import ToolCallResult
-from worker.settings import Settings
+from worker.protocol import ToolCallResult, ToolSpec
+from worker.settings import WorkerSettings
 
 pytestmark = pytest.mark.integration
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 class Caller:
     """Calls tools by name on a fleet, the way the orchestrator does."""
 
-    def __init__(self, dispatcher: Dispatcher, settings: Settings, run_id: str) -> None:
+    def __init__(self, dispatcher: Dispatcher, settings: WorkerSettings, run_id: str) -> None:
         self.dispatcher = dispatcher
         self.settings = settings
         self.run_id = run_id
@@ -52,13 +52,13 @@ class Caller:
         *,
         pool: str | None = None,
         timeout_ms: int | None = None,
-        tool_call_id: str | None = None,
+        task_id: str | None = None,
         run_id: str | None = None,
     ) -> ToolCallResult:
         spec = self.spec(tool, pool)
         request = self.dispatcher.build_request(
             spec,
-            tool_call_id=tool_call_id or f"call-{uuid.uuid4().hex}",
+            task_id=task_id or f"call-{uuid.uuid4().hex}",
             run_id=run_id or self.run_id,
             arguments=arguments,
             timeout_ms=timeout_ms,

@@ -13,8 +13,8 @@ from openai import AsyncOpenAI
 from api.agent import Agent, AgentOptions
 from api.events import FinalAnswer, TextDelta, ToolCallFinished, ToolCallStarted
 from api.llm import ChatModel, ModelError, RetryPolicy
-from api.scripted import Script, ScriptedServer
-from tests.conftest import WorkerFleet
+from api.scripted.server import Script, ScriptedServer
+from tests.conftest import WorkerFleet, orchestrator_settings
 from worker.tools.interface import ExecutableTool
 
 pytestmark = pytest.mark.integration
@@ -47,7 +47,11 @@ def make_agent(
     servers.append(server)
     client = AsyncOpenAI(base_url=server.base_url, api_key="test", max_retries=0, timeout=10)
     provider = ChatModel(client, policy or RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.05))
-    return Agent(provider, AgentOptions(model="scripted", **options), settings=fleet.settings)
+    return Agent(
+        provider,
+        AgentOptions(model="scripted", **options),
+        settings=orchestrator_settings(fleet.settings),
+    )
 
 
 def workspace(fleet: WorkerFleet, agent: Agent) -> Path:

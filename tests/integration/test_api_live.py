@@ -16,9 +16,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.local import free_port, worker_environment
-from api.runner import SHUTDOWN_ERROR
-from api.scripted import Script, ScriptedServer
+from api.http.runner import SHUTDOWN_ERROR
+from api.local.stack import free_port, worker_environment
+from api.scripted.server import Script, ScriptedServer
 from tests.conftest import WorkerFleet, wait_for
 
 pytestmark = pytest.mark.integration

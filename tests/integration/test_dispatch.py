@@ -14,9 +14,9 @@ import pytest
 import redis
 
 from api.dispatch import Dispatcher
-from api.local import free_port
+from api.local.stack import free_port
 from tests.conftest import RedisServer, fleet_settings
-from worker.manifest import ToolSpec
+from worker.protocol import ToolSpec
 
 pytestmark = pytest.mark.integration
 
@@ -48,7 +48,7 @@ async def test_queued_calls_carry_their_request_but_show_monitors_only_the_tool(
         requests = [
             dispatcher.build_request(
                 WRITE,
-                tool_call_id=f"call-{index}-{uuid.uuid4().hex}",
+                task_id=f"call-{index}-{uuid.uuid4().hex}",
                 run_id="run-1",
                 arguments={"path": "a.txt", "content": SECRET},
                 timeout_ms=100,
@@ -66,7 +66,7 @@ async def test_queued_calls_carry_their_request_but_show_monitors_only_the_tool(
     client.close()
 
     assert len(queued) == calls
-    sent = {request.tool_call_id: request for request in requests}
+    sent = {request.task_id: request for request in requests}
     for message in queued:
         headers = message["headers"]
         assert headers["task"] == "toolq.execute_tool"
@@ -86,7 +86,7 @@ async def test_an_unreachable_broker_answers_every_call_before_its_deadline(
     async with Dispatcher(settings) as dispatcher:
         requests = [
             dispatcher.build_request(
-                WRITE, tool_call_id=f"call-{index}", run_id="run-1", arguments={}, timeout_ms=2000
+                WRITE, task_id=f"call-{index}", run_id="run-1", arguments={}, timeout_ms=2000
             )
             for index in range(50)
         ]
@@ -96,7 +96,7 @@ async def test_an_unreachable_broker_answers_every_call_before_its_deadline(
     # Tried again until the deadline came near, then said why: not a bare "no answer".
     assert {r.error_kind for r in results} == {"broker_unavailable"}
     assert all("could not be sent to the 'tools' queue" in r.output for r in results)
-    assert sorted(r.tool_call_id for r in results) == sorted(r.tool_call_id for r in requests)
+    assert sorted(r.task_id for r in results) == sorted(r.task_id for r in requests)
     assert answered_at < min(r.deadline for r in requests)
 
 
@@ -110,7 +110,7 @@ async def test_calls_sent_while_the_broker_is_down_go_out_when_it_is_back(
         async with Dispatcher(settings) as dispatcher:
             requests = [
                 dispatcher.build_request(
-                    WRITE, tool_call_id=f"call-{index}", run_id="run-1", arguments={}
+                    WRITE, task_id=f"call-{index}", run_id="run-1", arguments={}
                 )
                 for index in range(20)
             ]
@@ -132,4 +132,4 @@ async def test_calls_sent_while_the_broker_is_down_go_out_when_it_is_back(
         broker.stop()
 
     assert answered_early == []
-    assert sorted(set(queued)) == sorted(r.tool_call_id for r in requests)
+    assert sorted(set(queued)) == sorted(r.task_id for r in requests)

@@ -14,9 +14,9 @@ import pytest
 import redis
 from kombu import Connection, Exchange, Producer
 
+from api.fleet import read_manifest
 from tests.conftest import WorkerFleet, wait_for
 from tests.integration.conftest import Caller
-from worker.manifest import read_manifest
 
 pytestmark = pytest.mark.integration
 
@@ -149,8 +149,8 @@ async def test_a_non_json_message_is_refused_and_the_worker_keeps_serving(
 
 
 async def test_a_redelivered_call_that_finished_is_not_run_again(call: Caller) -> None:
-    first = await call("slow_write", {"marker": "once"}, tool_call_id="fixed-id-1")
-    again = await call("slow_write", {"marker": "once"}, tool_call_id="fixed-id-1")
+    first = await call("slow_write", {"marker": "once"}, task_id="fixed-id-1")
+    again = await call("slow_write", {"marker": "once"}, task_id="fixed-id-1")
     assert again.output == first.output
     assert (workspace(call) / "once.runs").read_text().count("\n") == 1
 

@@ -15,8 +15,8 @@ import pytest
 from api.dispatch import Dispatcher
 from tests.conftest import RedisServer, WorkerFleet, fleet_settings, wait_for
 from tests.integration.conftest import Caller
-from worker.app import create_app
-from worker.tools.interface import POOLS
+from worker.app import create_celery_app
+from worker.protocol import POOLS
 
 pytestmark = pytest.mark.integration
 AMQP_URL = os.environ.get("TOOLQ_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
@@ -44,7 +44,7 @@ def amqp_fleet(
         AMQP_URL, root, result_backend=redis_server.url.rsplit("/", 1)[0] + "/7"
     )
     # The queues live in RabbitMQ's default vhost: start from empty ones.
-    with create_app(settings).connection_for_write() as conn:
+    with create_celery_app(settings).connection_for_write() as conn:
         channel = conn.default_channel
         for pool in POOLS:
             channel.queue_declare(queue=pool, durable=True, auto_delete=False)

@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
-from api.local import redis_server_binary, worker_environment
+from api.local.stack import redis_server_binary, worker_environment
 from tests.conftest import REPO, fleet_settings, wait_for
 from tests.netns.hosts import Host, Network, Started, netns_unavailable
-from worker import keys
-from worker.settings import Settings
+from worker.protocol import keys
+from worker.settings import WorkerSettings
 
 pytestmark = [pytest.mark.netns, pytest.mark.integration]
 
@@ -66,11 +66,11 @@ class Cluster:
     tools_a: Host
     tools_b: Host
     sandbox: Host
-    settings: Settings
+    settings: WorkerSettings
     workdir: Path
     workers: list[Started]
 
-    def environment(self, settings: Settings | None = None, **extra: str) -> dict[str, str]:
+    def environment(self, settings: WorkerSettings | None = None, **extra: str) -> dict[str, str]:
         """The machine's environment without toolq or model settings, then these."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLQ_", "OPENAI_"))}
         env["PYTHONPATH"] = str(REPO)  # workers import the test plugins
@@ -198,7 +198,7 @@ def scripted_model(cluster: Cluster, steps: list[dict[str, Any]]) -> Iterator[Sc
         "scripted-model",
         [
             sys.executable,
-            *f"-m api.scripted --host 0.0.0.0 --port {MODEL_PORT}".split(),
+            *f"-m api.cli scripted-llm --host 0.0.0.0 --port {MODEL_PORT}".split(),
             "--script",
             str(script),
         ],

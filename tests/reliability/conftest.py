@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from api.local import LocalStack
+from api.local.stack import LocalStack
 from tests.conftest import REPO, RedisServer, WorkerFleet, fleet_settings
 from tests.reliability.report import Outcome, Report, Row, machine_header
-from worker.settings import Settings
+from worker.settings import WorkerSettings
 
 REPORT_PATH = REPO / "docs" / "RELIABILITY.md"
 RELIABILITY_DIR = "tests/reliability/"
@@ -189,7 +189,7 @@ class Stack:
     extra: list[LocalStack] = field(default_factory=list)
 
     @property
-    def settings(self) -> Settings:
+    def settings(self) -> WorkerSettings:
         return self.fleet.settings
 
     @property

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from api.local import redis_server_binary
+from api.local.stack import redis_server_binary
 from worker.sandbox import SandboxConfig, SandboxError, describe_isolation
 
 #: The order of the report's sections; a row's category must be one of these.

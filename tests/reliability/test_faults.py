@@ -19,15 +19,15 @@ from typing import Any
 import pytest
 
 from api.dispatch import Dispatcher
-from api.local import worker_environment
-from api.scripted import Script, ScriptedServer
+from api.local.stack import worker_environment
+from api.scripted.server import Script, ScriptedServer
 from tests.conftest import WorkerFleet, wait_for
 from tests.integration.conftest import Caller
 from tests.reliability.conftest import Stack, alive, ancestors, find_process, start_stack
 from tests.reliability.report import Counts, Report
 from tests.scripts import WRITE_THEN_READ
 from worker.manifest import HEARTBEAT_INTERVAL_S
-from worker.settings import Settings
+from worker.settings import WorkerSettings
 
 pytestmark = pytest.mark.integration
 
@@ -269,7 +269,9 @@ async def test_a_tool_past_its_hard_limit_has_its_child_replaced_and_the_pool_se
 # --- The batch command under faults -------------------------------------------------------------
 
 
-def batch_environment(settings: Settings, server: ScriptedServer, **extra: str) -> dict[str, str]:
+def batch_environment(
+    settings: WorkerSettings, server: ScriptedServer, **extra: str
+) -> dict[str, str]:
     return {
         **os.environ,
         **worker_environment(settings),

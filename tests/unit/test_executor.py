@@ -12,13 +12,11 @@ import fakeredis
 import pytest
 
 from api.dispatch import Dispatcher
-from worker import keys
 from worker.capping import cap_text
 from worker.executor import Executor
-from worker.manifest import ToolSpec
-from worker.protocol import ToolCallResult
+from worker.protocol import ToolCallResult, ToolSpec, keys
 from worker.results import ResultStore
-from worker.settings import Settings
+from worker.settings import WorkerSettings
 
 REPLY = "toolq:reply:test"
 
@@ -29,8 +27,8 @@ def client() -> fakeredis.FakeRedis:
 
 
 @pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    return Settings(
+def settings(tmp_path: Path) -> WorkerSettings:
+    return WorkerSettings(
         broker_url="redis://localhost:1/0",
         workspace_root=tmp_path,
         plugins=["tests.plugins.probe_tools"],
@@ -40,13 +38,13 @@ def settings(tmp_path: Path) -> Settings:
 
 
 @pytest.fixture
-def executor(settings: Settings, client: fakeredis.FakeRedis) -> Executor:
+def executor(settings: WorkerSettings, client: fakeredis.FakeRedis) -> Executor:
     return Executor(settings, ResultStore(client, 60), "test-worker:1")
 
 
 def request(tool: str, arguments: dict[str, Any] | str, **extra: Any) -> dict[str, Any]:
     body: dict[str, Any] = {
-        "tool_call_id": extra.pop("tool_call_id", f"id-{tool}-{time.monotonic_ns()}"),
+        "task_id": extra.pop("task_id", f"id-{tool}-{time.monotonic_ns()}"),
         "run_id": "run-1",
         "tool": tool,
         "arguments": arguments,
@@ -67,13 +65,13 @@ def test_a_call_is_run_stored_and_answered(executor: Executor, client: fakeredis
     assert not result.is_error
     assert result.worker == "test-worker:1"
     assert replies(client) == [result]
-    assert client.get(keys.result(result.tool_call_id)) is not None
+    assert client.get(keys.result(result.task_id)) is not None
 
 
 def test_a_finished_call_delivered_again_is_answered_without_running(
-    executor: Executor, client: fakeredis.FakeRedis, settings: Settings
+    executor: Executor, client: fakeredis.FakeRedis, settings: WorkerSettings
 ) -> None:
-    body = request("slow_write", {"marker": "m"}, tool_call_id="same")
+    body = request("slow_write", {"marker": "m"}, task_id="same")
     first = executor.handle(body, "tools")
     second = executor.handle(body, "tools")
     assert second == first
@@ -87,7 +85,7 @@ def test_an_interrupted_call_is_rerun_only_when_safe(
     executor: Executor, client: fakeredis.FakeRedis, tool: str, kind: str | None
 ) -> None:
     client.set(keys.started("cut"), "dead-worker:9")
-    result = executor.handle(request(tool, {"marker": "x"}, tool_call_id="cut"), "tools")
+    result = executor.handle(request(tool, {"marker": "x"}, task_id="cut"), "tools")
     assert result.error_kind == kind
     if kind:
         assert "dead-worker:9" in result.output
@@ -112,7 +110,7 @@ def test_a_fleet_disabled_tool_is_refused(executor: Executor) -> None:
     assert result.error_kind == "tool_disabled"
 
 
-@pytest.mark.parametrize("raw", ["text", 42, {"tool": "x"}, {"tool_call_id": "i", "run_id": "../"}])
+@pytest.mark.parametrize("raw", ["text", 42, {"tool": "x"}, {"task_id": "i", "run_id": "../"}])
 def test_a_malformed_request_gets_a_bad_request_answer(
     executor: Executor, client: fakeredis.FakeRedis, raw: Any
 ) -> None:
@@ -142,7 +140,7 @@ def test_answers_are_capped_but_run_bash_keeps_its_own_json(executor: Executor) 
 def test_the_hard_limit_answer_names_the_limit(
     executor: Executor, client: fakeredis.FakeRedis
 ) -> None:
-    executor.store_timeout(request("stubborn", {}, tool_call_id="stuck"), 2.5)
+    executor.store_timeout(request("stubborn", {}, task_id="stuck"), 2.5)
     (answer,) = replies(client)
     assert answer.error_kind == "timeout"
     assert "2.5 s" in answer.output
@@ -173,17 +171,17 @@ def _spec(**overrides: Any) -> ToolSpec:
 
 
 async def test_a_call_deadline_follows_the_tools_own_timeout_within_the_maximum(
-    settings: Settings,
+    settings: WorkerSettings,
 ) -> None:
     dispatcher = Dispatcher(settings.model_copy(update={"max_timeout_ms": 60_000}))
     try:
         build = dispatcher.build_request
-        assert build(_spec(), tool_call_id="a", run_id="r", arguments={}).timeout_ms == 30_000
-        own = build(_spec(), tool_call_id="b", run_id="r", arguments='{"timeout": 2000}')
+        assert build(_spec(), task_id="a", run_id="r", arguments={}).timeout_ms == 30_000
+        own = build(_spec(), task_id="b", run_id="r", arguments='{"timeout": 2000}')
         assert own.timeout_ms == 3000  # its own limit plus time to report
-        huge = build(_spec(), tool_call_id="c", run_id="r", arguments={"timeout": 10**9})
+        huge = build(_spec(), task_id="c", run_id="r", arguments={"timeout": 10**9})
         assert huge.timeout_ms == 60_000
-        override = build(_spec(), tool_call_id="d", run_id="r", arguments={}, timeout_ms=500)
+        override = build(_spec(), task_id="d", run_id="r", arguments={}, timeout_ms=500)
         assert override.timeout_ms == 500
         assert override.reply_to == dispatcher.reply_key
         assert override.deadline > time.time()
@@ -192,7 +190,7 @@ async def test_a_call_deadline_follows_the_tools_own_timeout_within_the_maximum(
 
 
 def test_a_runs_workspace_removed_between_calls_is_made_again(
-    executor: Executor, settings: Settings
+    executor: Executor, settings: WorkerSettings
 ) -> None:
     first = executor.handle(request("write_file", {"path": "a.txt", "content": "one"}), "tools")
     run_root = Path(settings.workspace_root) / "run-1"

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from worker.sandbox import SandboxConfig, run_sandboxed
-from worker.settings import get_settings
+from worker.settings import get_worker_settings
 from worker.tools.interface import ExecutableTool
 from worker.tools.workspace import Workspace, WorkspaceError, shown
 
@@ -75,7 +75,9 @@ class RunBashTool(ExecutableTool):
 
     def __init__(self, workspace: Workspace, config: SandboxConfig | None = None) -> None:
         self._workspace = workspace
-        self._config = config if config is not None else SandboxConfig.from_settings(get_settings())
+        self._config = (
+            config if config is not None else SandboxConfig.from_settings(get_worker_settings())
+        )
 
     def execute(self, args: dict[str, Any]) -> str:
         cwd = self._directory(args.get("cwd"))

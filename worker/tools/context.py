@@ -3,19 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-from pydantic import BaseModel, Field
+from worker.protocol import Message, ToolContextSnapshot
 
-Message = dict[str, Any]
-
-
-class ToolContextSnapshot(BaseModel):
-    """A ToolContext's values at one moment: what travels with a tool call."""
-
-    system_prompt: str = ""
-    session_context: list[Message] = Field(default_factory=list)
-    session_context_file_path: str = "session_context.json"
+__all__ = ["Message", "ToolContext", "ToolContextSnapshot"]
 
 
 class ToolContext:

@@ -4,14 +4,29 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable
-from typing import Any, ClassVar, Literal
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-Pool = Literal["tools", "sandbox"]
-#: The worker pools: ``tools`` for file, search, session and plugin tools; ``sandbox`` for
-#: commands (run_bash), kept on workers of their own.
-POOLS: tuple[Pool, ...] = ("tools", "sandbox")
+from worker.protocol import ErrorKind, Pool, function_tool
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutcome:
+    """What one call produced: the text for the model and, for a failure, its kind.
+
+    A tool run elsewhere also says where it ran and for how long.
+    """
+
+    output: str
+    error_kind: ErrorKind | None = None
+    worker: str | None = None
+    duration_ms: float | None = None
+
+    @property
+    def is_error(self) -> bool:
+        return self.error_kind is not None
 
 
 class NoArgs(BaseModel):
@@ -54,14 +69,21 @@ class ExecutableTool(ABC):
     @classmethod
     def get_schema(cls) -> dict[str, Any]:
         """The OpenAI tool definition, derived from ``Args``."""
-        return {
-            "type": "function",
-            "function": {
-                "name": cls.name,
-                "description": cls.description,
-                "parameters": parameters_schema(cls.Args),
-            },
-        }
+        return function_tool(cls.name, cls.description, parameters_schema(cls.Args))
+
+
+class ProxyTool(ExecutableTool):
+    """A tool that runs elsewhere (on a worker): it takes the call as the model made it and
+    answers with a ``ToolOutcome``; the registry neither validates nor serialises for it."""
+
+    @abstractmethod
+    async def forward(
+        self, arguments: dict[str, Any] | str | None, tool_call_id: str | None
+    ) -> ToolOutcome:
+        """Run the call where the tool lives and answer for it; never raises for its failures."""
+
+    async def execute(self, args: dict[str, Any]) -> str:
+        return (await self.forward(args, None)).output
 
 
 _SCHEMA_CACHE: dict[type[BaseModel], dict[str, Any]] = {}

@@ -5,37 +5,18 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-from worker.tools.interface import ExecutableTool
+from worker.tools.interface import ExecutableTool, ProxyTool, ToolOutcome
 
-ToolErrorKind = Literal[
-    "unknown_tool",
-    "tool_disabled",
-    "invalid_arguments",
-    "tool_error",
-    "unserializable_result",
-]
+__all__ = ["DuplicateToolError", "ToolOutcome", "ToolRegistry"]
 
 
 class DuplicateToolError(ValueError):
     """A tool with this name is registered already."""
-
-
-@dataclass(frozen=True, slots=True)
-class ToolOutcome:
-    """What one call produced: the text for the model and, for a failure, its kind."""
-
-    output: str
-    error_kind: ToolErrorKind | None = None
-
-    @property
-    def is_error(self) -> bool:
-        return self.error_kind is not None
 
 
 class ToolRegistry:
@@ -106,8 +87,14 @@ class ToolRegistry:
         """Run a tool and answer with text for the model; never raises."""
         return (await self.run(name, args)).output
 
-    async def run(self, name: str, args: dict[str, Any] | str | None) -> ToolOutcome:
-        """Like ``execute``, but tells a failure apart from an answer."""
+    async def run(
+        self, name: str, args: dict[str, Any] | str | None, *, tool_call_id: str | None = None
+    ) -> ToolOutcome:
+        """Like ``execute``, but tells a failure apart from an answer. ``tool_call_id`` is the
+        model's id for the call, passed on to a tool that runs elsewhere."""
+        tool = self._tools.get(name)
+        if isinstance(tool, ProxyTool) and self._enabled[name]:
+            return await tool.forward(args, tool_call_id)
         found = self._prepare(name, args)
         if isinstance(found, ToolOutcome):
             return found

@@ -100,6 +100,13 @@ def file_kind(mode: int) -> str:
     return next((words for test, words in kinds if test(mode)), "not a regular file")
 
 
+@dataclass(frozen=True, slots=True)
+class _Location:
+    root: Path
+    text: str
+    owner: tuple[int, int] | None
+
+
 class Workspace:
     """One directory that file tools may use, and the only place they may use.
 
@@ -108,10 +115,27 @@ class Workspace:
     """
 
     def __init__(self, root: Path | str, owner: tuple[int, int] | None = None) -> None:
-        self.owner = owner
-        self._ensure_root(Path(root).absolute())
-        self.root = Path(os.path.realpath(root))
-        self._root = str(self.root)
+        self._ensure_root(Path(root).absolute(), owner)
+        real = Path(os.path.realpath(root))
+        self._where: _Location | None = _Location(real, str(real), owner)
+
+    @property
+    def _location(self) -> _Location:
+        assert self._where is not None
+        return self._where
+
+    @property
+    def root(self) -> Path:
+        """The workspace directory, symbolic links resolved."""
+        return self._location.root
+
+    @property
+    def owner(self) -> tuple[int, int] | None:
+        return self._location.owner
+
+    @property
+    def _root(self) -> str:
+        return self._location.text
 
     # -- resolving names ----------------------------------------------------------------------
 
@@ -376,7 +400,8 @@ class Workspace:
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _ensure_root(self, root: Path) -> None:
+    @staticmethod
+    def _ensure_root(root: Path, owner: tuple[int, int] | None) -> None:
         if root.is_dir():
             return
         root.parent.mkdir(parents=True, exist_ok=True)
@@ -388,8 +413,8 @@ class Workspace:
             raise WorkspaceError(
                 f"the workspace {str(root)!r} exists but is not a directory"
             ) from None
-        if self.owner is not None:
-            os.chown(root, *self.owner, follow_symlinks=False)
+        if owner is not None:
+            os.chown(root, *owner, follow_symlinks=False)
 
     def _resolve(self, path: str, *, follow_last: bool) -> Path:
         """Resolve ``path`` like the kernel would, but only below the root.
@@ -482,7 +507,7 @@ class Workspace:
         try:
             fd = os.open(self._root, _DIR_FLAGS)
         except FileNotFoundError:
-            self._ensure_root(self.root)
+            self._ensure_root(self.root, self.owner)
             fd = os.open(self._root, _DIR_FLAGS)
         return fd
 

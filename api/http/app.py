@@ -30,15 +30,15 @@ from redis.exceptions import RedisError
 
 from api import fleet as fleet_module
 from api.agent import AgentOptions
-from api.auth import BodySizeLimit, is_loopback, token_guard
-from api.batch import BatchItem
+from api.batch.items import BatchItem
 from api.fleet import Fleet
+from api.http.auth import BodySizeLimit, is_loopback, token_guard
+from api.http.metrics import CONTENT_TYPE, ApiMetrics
+from api.http.runner import AgentExecutor, Executor, ExecutorFactory
+from api.http.state import ACTIVE, DONE, ApiStore, BatchState, ReplicaLease, RunState
 from api.llm import ChatModel, ModelError
-from api.local import LocalStackError, fleet_for
-from api.metrics import CONTENT_TYPE, ApiMetrics
-from api.runner import AgentExecutor, Executor, ExecutorFactory
-from api.state import ACTIVE, DONE, ApiStore, BatchState, ReplicaLease, RunState
-from worker.settings import Settings, get_settings
+from api.local.stack import LocalStackError, fleet_for
+from api.settings import OrchestratorSettings, get_settings
 
 log = logging.getLogger(__name__)
 
@@ -117,12 +117,12 @@ class Health(BaseModel):
 class Services:
     """What the routes use; one set per app."""
 
-    settings: Settings
+    settings: OrchestratorSettings
     store: ApiStore
     executor: Executor
     metrics: ApiMetrics
     replica: str
-    queue_depths: Callable[[Settings], Mapping[str, int]]
+    queue_depths: Callable[[OrchestratorSettings], Mapping[str, int]]
 
 
 def _services(request: Request) -> Services:
@@ -134,12 +134,12 @@ Svc = Annotated[Services, Depends(_services)]
 
 
 def create_app(
-    settings: Settings | None = None,
+    settings: OrchestratorSettings | None = None,
     *,
     redis: aioredis.Redis | None = None,
     executor: ExecutorFactory | None = None,
     model: ChatModel | None = None,
-    queue_depths: Callable[[Settings], Mapping[str, int]] = fleet_module.queue_depths,
+    queue_depths: Callable[[OrchestratorSettings], Mapping[str, int]] = fleet_module.queue_depths,
     lease_ttl_s: float = 15.0,
 ) -> FastAPI:
     """The API app on a configured fleet (``settings`` with a broker).
@@ -199,7 +199,7 @@ def create_app(
     return app
 
 
-def _agent_executor(settings: Settings, model: ChatModel) -> ExecutorFactory:
+def _agent_executor(settings: OrchestratorSettings, model: ChatModel) -> ExecutorFactory:
     def make(store: ApiStore, metrics: ApiMetrics, replica: str) -> Executor:
         return AgentExecutor(settings, store, metrics, model, replica=replica)
 
@@ -552,7 +552,7 @@ async def _healthz(services: Svc) -> JSONResponse:
 # --- Serving -------------------------------------------------------------------------------------
 
 
-def serve(host: str, port: int, *, settings: Settings | None = None) -> None:
+def serve(host: str, port: int, *, settings: OrchestratorSettings | None = None) -> None:
     """Serve the API until interrupted. Without a broker (local mode) a private Redis and one
     worker per pool run for the server's lifetime."""
     from api.logs import configure_logging

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 from typing import Any
 
 from openai import AsyncOpenAI, OpenAIError
@@ -22,11 +21,10 @@ from api.events import (
 )
 from api.fleet import NoWorkersError, calls_in_flight, load_fleet, queue_depths
 from api.llm import ChatModel, ModelError, model_client
-from api.local import LocalStackError, fleet_for
-from worker.settings import Settings, get_settings
-from worker.tools.interface import POOLS
+from api.local.stack import LocalStackError, fleet_for
+from api.settings import OrchestratorSettings, get_settings
+from worker.protocol import POOLS
 
-DEMO_SCRIPT = Path(__file__).parent / "scripts" / "demo.json"
 DEMO_PROMPT = (
     "Write a short note about toolq to notes.txt, read it back, find where it mentions Celery, "
     "list the text files, count its bytes in the sandbox, and tell me the weather in Paris."
@@ -73,7 +71,7 @@ def run_conversation(
 
 
 def run_demo(*, console: Console, err: Console) -> int:
-    from api.scripted import Script, ScriptedServer
+    from api.scripted.server import DEFAULT_SCRIPT_PATH, Script, ScriptedServer
 
     settings = get_settings()
     console.print("[bold]toolq demo[/bold]: a scripted model, real workers, real tools.")
@@ -81,7 +79,7 @@ def run_demo(*, console: Console, err: Console) -> int:
         console.print("Starting a local stack (Redis + a tools and a sandbox worker)...")
     try:
         with (
-            ScriptedServer(Script.load(DEMO_SCRIPT)) as server,
+            ScriptedServer(Script.load(DEFAULT_SCRIPT_PATH)) as server,
             fleet_for(settings, plugins=DEMO_PLUGINS) as fleet_settings,
         ):
             client = model_client(
@@ -106,7 +104,7 @@ def run_demo(*, console: Console, err: Console) -> int:
 async def _converse(
     client: AsyncOpenAI | ChatModel,
     options: AgentOptions,
-    settings: Settings,
+    settings: OrchestratorSettings,
     prompt: str,
     stream: bool,
     console: Console,

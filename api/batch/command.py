@@ -17,30 +17,22 @@ from openai import OpenAIError
 from redis.exceptions import RedisError
 from rich.console import Console
 
-from api.batch import (
-    BatchItem,
-    InputScan,
-    OutputBusyError,
-    ResultLog,
-    batch_key,
-    batch_run_id,
-    run_item,
-    run_items,
-    scan_input,
-)
-from api.dispatch import Dispatcher
-from api.fleet import NoWorkersError, load_fleet
-from api.llm import ChatModel, ModelError
-from api.local import LocalStackError, fleet_for
-from api.logs import configure_logging
-from api.progress import (
+from api.batch.items import BatchItem, InputScan, scan_input
+from api.batch.progress import (
     BatchOutcome,
     BatchStats,
     ProgressDisplay,
     progress_display,
     summary_lines,
 )
-from worker.settings import Settings, get_settings
+from api.batch.results import OutputBusyError, ResultLog
+from api.batch.runner import batch_key, batch_run_id, run_item, run_items
+from api.dispatch import Dispatcher
+from api.fleet import NoWorkersError, load_fleet
+from api.llm import ChatModel, ModelError
+from api.local.stack import LocalStackError, fleet_for
+from api.logs import configure_logging
+from api.settings import OrchestratorSettings, get_settings
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +116,7 @@ class _BatchRun:
     concurrency: int
     err: Console
 
-    async def execute(self, settings: Settings) -> bool:
+    async def execute(self, settings: OrchestratorSettings) -> bool:
         """Run the pending items; True when a signal stopped the batch."""
         fleet = load_fleet(settings.redis_url).require_tools()
         key = batch_key(self.results.path)

@@ -9,6 +9,7 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import SecretStr
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 bearer_scheme = HTTPBearer(
@@ -18,9 +19,9 @@ bearer_scheme = HTTPBearer(
 )
 
 
-def token_guard(token: str | None) -> Callable[..., Awaitable[None]]:
+def token_guard(token: SecretStr | None) -> Callable[..., Awaitable[None]]:
     """A dependency that admits requests bearing ``token``; every request when it is None."""
-    expected = token.encode() if token else None
+    expected = token.get_secret_value().encode() if token else None
 
     async def require_token(
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],

@@ -22,15 +22,16 @@ from typing import Any, Protocol, cast
 from redis.exceptions import RedisError
 
 from api.agent import Agent, AgentOptions
-from api.batch import BatchItem, batch_run_id, run_item, run_items
+from api.batch.items import BatchItem
+from api.batch.runner import batch_run_id, run_item, run_items
 from api.dispatch import Dispatcher
 from api.events import AgentEvent, FinalAnswer, ToolCallFinished, ToolCallStarted, event_to_dict
 from api.fleet import Fleet, load_fleet
+from api.http.metrics import ApiMetrics, RunObserver
+from api.http.state import CANCEL_CHANNEL, ApiStore, BatchStatus, RunStatus
 from api.llm import ChatModel, ModelError
 from api.logs import log_context
-from api.metrics import ApiMetrics, RunObserver
-from api.state import CANCEL_CHANNEL, ApiStore, BatchStatus, RunStatus
-from worker.settings import Settings
+from api.settings import OrchestratorSettings
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class AgentExecutor:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: OrchestratorSettings,
         store: ApiStore,
         metrics: ApiMetrics,
         model: ChatModel,

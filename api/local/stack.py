@@ -21,8 +21,9 @@ from types import TracebackType
 
 import redis
 
-from worker import keys
-from worker.settings import Settings
+from api.settings import OrchestratorSettings
+from worker.protocol import keys
+from worker.settings import WorkerSettings, get_worker_settings
 
 START_TIMEOUT_S = 60.0
 SUPERVISE_INTERVAL_S = 0.5
@@ -82,7 +83,7 @@ class LocalStack:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: WorkerSettings,
         *,
         plugins: list[str] | None = None,
         concurrency: int = 2,
@@ -123,7 +124,7 @@ class LocalStack:
             settings = settings.model_copy(update={"broker_url": url, "result_backend": url})
         self.start_workers(settings)
 
-    def start_workers(self, settings: Settings) -> None:
+    def start_workers(self, settings: WorkerSettings) -> None:
         self.settings = settings.model_copy(update={"plugins": self._plugins})
         env = {**os.environ, **worker_environment(self.settings)}
         for pool in self._pools:
@@ -244,7 +245,7 @@ class LocalStack:
         )
 
 
-def worker_environment(settings: Settings) -> dict[str, str]:
+def worker_environment(settings: WorkerSettings) -> dict[str, str]:
     """The TOOLQ_ variables that give a worker process these settings."""
     return {
         f"TOOLQ_{name.upper()}": ",".join(value) if isinstance(value, list) else str(value)
@@ -260,10 +261,16 @@ def _pings(client: redis.Redis) -> bool:
 
 
 @contextlib.contextmanager
-def fleet_for(settings: Settings, *, plugins: list[str] | None = None) -> Iterator[Settings]:
-    """The configured fleet, or a local stack when no broker is configured."""
+def fleet_for(
+    settings: OrchestratorSettings, *, plugins: list[str] | None = None
+) -> Iterator[OrchestratorSettings]:
+    """The configured fleet, or a local stack when no broker is configured.
+
+    The local workers take their own settings from this process's ``TOOLQ_*`` variables, as
+    workers started by hand would.
+    """
     if not settings.local_mode:
         yield settings
         return
-    with LocalStack(settings, plugins=plugins) as stack:
-        yield stack.settings
+    with LocalStack(get_worker_settings(), plugins=plugins) as stack:
+        yield settings.with_fleet(stack.settings)

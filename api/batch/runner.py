@@ -1,0 +1,185 @@
+"""Running a batch's items: one conversation each, so many at a time, each to its output line."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+import logging
+import re
+import time
+from collections.abc import (
+    AsyncIterable,
+    Awaitable,
+    Callable,
+    Iterable,
+)
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Literal
+
+from api.agent import DEFAULT_SYSTEM_PROMPT, Agent, AgentOptions
+from api.batch.items import BatchItem
+from api.dispatch import Dispatcher
+from api.fleet import Fleet
+from api.llm import ChatModel, ModelError, Usage
+from api.logs import log_context
+from api.settings import OrchestratorSettings
+
+log = logging.getLogger(__name__)
+
+#: Characters of an item id kept in its run_id; the hash suffix keeps shortened ids apart.
+RUN_ID_ITEM_CHARS = 40
+
+Status = Literal["ok", "error"]
+
+
+_NOT_IN_RUN_ID = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def batch_key(output: Path) -> str:
+    """Names a batch by its output file: reruns with the same output use the same workspaces."""
+    return hashlib.sha256(str(output.resolve()).encode()).hexdigest()[:8]
+
+
+def batch_run_id(key: str, item_id: str) -> str:
+    """A run_id (and so a workspace) per item: readable, valid, and distinct for distinct ids."""
+    readable = _NOT_IN_RUN_ID.sub("_", item_id)[:RUN_ID_ITEM_CHARS]
+    digest = hashlib.sha256(item_id.encode()).hexdigest()[:6]
+    return f"b-{key}-{readable}-{digest}"
+
+
+async def run_item(
+    item: BatchItem,
+    *,
+    model: ChatModel,
+    dispatcher: Dispatcher,
+    fleet: Fleet,
+    settings: OrchestratorSettings,
+    run_id: str,
+    default_model: str | None = None,
+) -> dict[str, Any]:
+    """Run one conversation to its output record; a failure is a record with status "error".
+
+    Raises only ``CancelledError``.
+    """
+    started = time.perf_counter()
+    model_name = item.model or default_model or settings.model
+    agent: Agent | None = None
+    with log_context(run_id=run_id):
+        try:
+            options = AgentOptions(
+                model=model_name,
+                run_id=run_id,
+                enable=item.enable,
+                max_turns=item.max_turns or settings.max_turns,
+                system_prompt=item.system_prompt or DEFAULT_SYSTEM_PROMPT,
+            )
+            agent = Agent(model, options, dispatcher=dispatcher, fleet=fleet, settings=settings)
+            answer = await agent.chat(item.prompt)
+        except (ModelError, ValueError) as exc:
+            log.warning("conversation %r failed: %s", item.id, exc)
+            return _record(item, run_id, model_name, agent, started, error=str(exc))
+        except Exception as exc:  # a bug must cost one conversation, not the whole batch
+            log.exception("conversation %r failed unexpectedly", item.id)
+            error = f"unexpected {type(exc).__name__}: {exc}"
+            return _record(item, run_id, model_name, agent, started, error=error)
+        finally:
+            if agent is not None:
+                await agent.close()
+        log.debug("conversation %r finished: %s", item.id, agent.stop_reason)
+        return _record(item, run_id, model_name, agent, started, answer=answer)
+
+
+def _record(
+    item: BatchItem,
+    run_id: str,
+    model_name: str,
+    agent: Agent | None,
+    started: float,
+    *,
+    answer: str | None = None,
+    error: str | None = None,
+) -> dict[str, Any]:
+    """The output line: what the conversation said and did, as far as it got."""
+    transcript = (
+        agent.transcript()
+        if agent is not None
+        else {
+            "model": model_name,
+            "stop_reason": None,
+            "messages": [],
+            "tool_calls": [],
+            "usage": asdict(Usage()),
+        }
+    )
+    status: Status = "ok" if error is None else "error"
+    return {
+        "id": item.id,
+        "status": status,
+        "answer": answer,
+        "error": error,
+        "stop_reason": transcript["stop_reason"],
+        "run_id": run_id,
+        "model": transcript["model"],
+        "duration_s": round(time.perf_counter() - started, 3),
+        "usage": transcript["usage"],
+        "tool_calls": transcript["tool_calls"],
+        "messages": transcript["messages"],
+    }
+
+
+async def run_items(
+    items: AsyncIterable[BatchItem] | Iterable[BatchItem],
+    *,
+    concurrency: int,
+    runner: Callable[[BatchItem], Awaitable[dict[str, Any]]],
+    on_result: Callable[[dict[str, Any]], Awaitable[None] | None],
+) -> None:
+    """Run every item through ``runner``, ``concurrency`` at a time, passing each result on.
+
+    ``concurrency`` coroutines pull items as they free up, so a file of any size costs that many
+    tasks. A runner or ``on_result`` that raises stops the others and the error propagates;
+    cancelling this cancels every conversation in flight.
+    """
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+    next_item = _puller(items)
+
+    async def work() -> None:
+        while (item := await next_item()) is not None:
+            result = await runner(item)
+            handled = on_result(result)
+            if inspect.isawaitable(handled):
+                await handled
+
+    workers = [asyncio.create_task(work(), name=f"batch-{n}") for n in range(concurrency)]
+    try:
+        await asyncio.gather(*workers)
+    finally:
+        for worker in workers:
+            worker.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+
+
+def _puller(
+    items: AsyncIterable[BatchItem] | Iterable[BatchItem],
+) -> Callable[[], Awaitable[BatchItem | None]]:
+    """The next item, or None at the end, safe to await from many coroutines at once."""
+    if isinstance(items, AsyncIterable):
+        iterator = aiter(items)
+        # An async generator refuses a second anext() while the first is suspended.
+        lock = asyncio.Lock()
+
+        async def pull_async() -> BatchItem | None:
+            async with lock:
+                return await anext(iterator, None)
+
+        return pull_async
+
+    sync_iterator = iter(items)
+
+    async def pull() -> BatchItem | None:
+        return next(sync_iterator, None)
+
+    return pull

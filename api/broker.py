@@ -1,0 +1,35 @@
+"""The orchestrator's own Celery app: a producer of tool calls, with no worker code in it.
+
+It speaks the same messages as the workers' app (JSON only, one queue per pool) but never
+imports it, so sending a call builds no task registry and loads no tool.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from kombu import Queue
+
+from worker.protocol import POOLS
+from worker.settings import FleetSettings
+
+
+def producer_config(settings: FleetSettings) -> dict[str, Any]:
+    return {
+        "broker_url": settings.effective_broker_url,
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        # The queues as workers declare them: a RabbitMQ queue declared twice must match.
+        "task_queues": [Queue(pool, routing_key=pool) for pool in POOLS],
+        "task_default_queue": POOLS[0],
+        # Task-sent events: monitors see calls while they wait in a queue.
+        "task_send_sent_event": False,
+    }
+
+
+def producer_app(settings: FleetSettings) -> Celery:
+    """A Celery app that only sends: the dispatcher's, and ``toolq status``'s for queue depths."""
+    app = Celery("toolq-orchestrator", set_as_current=False)
+    app.config_from_object(producer_config(settings))
+    return app

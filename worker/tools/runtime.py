@@ -1,0 +1,62 @@
+"""What one call runs with: its run's workspace and conversation.
+
+A worker builds its tools once per process; the executor sets the call's runtime around each
+call, and the tools' workspace and context, being views of it, act on the call in hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+from worker.protocol import ToolContextSnapshot
+from worker.tools.context import ToolContext
+from worker.tools.workspace import Workspace, _Location
+
+
+@dataclass(frozen=True, slots=True)
+class CallRuntime:
+    """The run a call belongs to: where it works and what the conversation holds."""
+
+    workspace: Workspace
+    context: ToolContextSnapshot
+
+
+_current: ContextVar[CallRuntime] = ContextVar("toolq_call_runtime")
+
+
+def current_runtime() -> CallRuntime:
+    try:
+        return _current.get()
+    except LookupError:
+        raise RuntimeError(
+            "no tool call is running: tools built for a worker act only inside one"
+        ) from None
+
+
+@contextmanager
+def running(runtime: CallRuntime) -> Iterator[None]:
+    """Make ``runtime`` the current call's for the duration of the block."""
+    token = _current.set(runtime)
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+class CurrentWorkspace(Workspace):
+    """The workspace of whichever call is running: tools built once serve every run."""
+
+    def __init__(self) -> None:
+        self._where = None
+
+    @property
+    def _location(self) -> _Location:
+        return current_runtime().workspace._location
+
+
+def current_context() -> ToolContext:
+    """The conversation of whichever call is running."""
+    return ToolContext(source=lambda: current_runtime().context)
