@@ -310,8 +310,8 @@ def parts_note(parts: dict[str, Any]) -> str:
         f"with {sum(commands.values()):g} Redis round trips ({listed}) at about "
         f"{parts['one Redis GET round trip']:.3f} ms each; a bare Celery task stores its result "
         "with one pipelined round trip (SETEX + PUBLISH). The caller's build_request costs "
-        f"{parts['build_request + JSON body (caller)']:.3f} ms; the registry, built once per worker "
-        f"process, {parts['build_registry, once per process (worker)']:.3f} ms."
+        f"{parts['build_request + JSON body (caller)']:.3f} ms; the registry, built once per "
+        f"worker process, {parts['build_registry, once per process (worker)']:.3f} ms."
         + (PRE_RUN_TRIPS if {"get", "set"} <= set(commands) else "")
     )
 

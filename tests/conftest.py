@@ -1,18 +1,23 @@
-"""Shared fixtures: a private Redis server, and real worker fleets on it."""
+"""Shared fixtures: a private Redis server, real worker fleets on it, a caller of their tools."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
+from api.dispatch import Dispatcher
+from api.fleet import read_manifest
 from api.local.stack import LocalStack, free_port, redis_server_argv
 from api.settings import OrchestratorSettings
+from worker.protocol import ToolCallResult, ToolSpec
 from worker.settings import FleetSettings, WorkerSettings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -133,3 +138,57 @@ def _python_path() -> Iterator[None]:
         os.environ.pop("PYTHONPATH", None)
     else:
         os.environ["PYTHONPATH"] = previous
+
+
+class Caller:
+    """Calls tools by name on a fleet, the way the orchestrator does."""
+
+    def __init__(self, dispatcher: Dispatcher, settings: WorkerSettings, run_id: str) -> None:
+        self.dispatcher = dispatcher
+        self.settings = settings
+        self.run_id = run_id
+        client = redis.Redis.from_url(settings.redis_url)
+        self.specs = read_manifest(client)
+        client.close()
+
+    def spec(self, tool: str, pool: str | None = None) -> ToolSpec:
+        known = self.specs.get(tool)
+        if known is not None and pool is None:
+            return known
+        # A tool the fleet does not have, or a known one sent to another pool: crafted calls.
+        base = known or ToolSpec(
+            name=tool,
+            description="",
+            parameters={},
+            pool="tools",
+            enabled_by_default=True,
+            idempotent=False,
+            default_timeout_ms=5000,
+        )
+        return base.model_copy(update={"pool": pool or base.pool})
+
+    async def __call__(
+        self,
+        tool: str,
+        arguments: dict[str, Any] | str,
+        *,
+        pool: str | None = None,
+        timeout_ms: int | None = None,
+        task_id: str | None = None,
+        run_id: str | None = None,
+    ) -> ToolCallResult:
+        spec = self.spec(tool, pool)
+        request = self.dispatcher.build_request(
+            spec,
+            task_id=task_id or f"call-{uuid.uuid4().hex}",
+            run_id=run_id or self.run_id,
+            arguments=arguments,
+            timeout_ms=timeout_ms,
+        )
+        return await self.dispatcher.call(request, spec.pool)
+
+
+@pytest.fixture
+async def call(fleet: WorkerFleet) -> AsyncIterator[Caller]:
+    async with Dispatcher(fleet.settings) as dispatcher:
+        yield Caller(dispatcher, fleet.settings, f"run-{uuid.uuid4().hex[:12]}")

@@ -25,12 +25,11 @@ from typing import Any
 import pytest
 
 from api.dispatch import Dispatcher
-from tests.conftest import REPO
-from tests.integration.conftest import Caller
+from tests.conftest import REPO, Caller
 from tests.reliability.conftest import Stack, start_stack
 from tests.reliability.report import Counts, Report, Row
-from tests.tools.conftest import MARKER, SECRET, Layout, make_layout
 from tests.traversal import NUL_PATH_CALLS, outside_targets
+from tests.worker.tools.conftest import MARKER, SECRET, Layout, make_layout
 from worker.protocol import ToolCallResult
 
 pytestmark = pytest.mark.integration
@@ -234,7 +233,7 @@ async def test_no_traversal_payload_reaches_outside_the_workspace(
             f"at {rate:.0f} calls/s all {total:,} payloads for all {len(PATH_CASES)} cases "
             f"({full_calls:,} calls) would take about {full_calls / rate / 60:.0f} minutes, so "
             "the queue test sends the sample in the notes; every payload against every tool "
-            "runs in-process in tests/tools/test_traversal.py (same tools, same workspace "
+            "runs in-process in tests/worker/tools/test_traversal.py (same tools, same workspace "
             "checks), and RELIABILITY_FULL_CORPUS=1 sends the whole corpus through the queue.",
         )
     for case, probe in probes.items():

@@ -21,8 +21,7 @@ import pytest
 from api.dispatch import Dispatcher
 from api.local.stack import worker_environment
 from api.scripted.server import Script, ScriptedServer
-from tests.conftest import WorkerFleet, wait_for
-from tests.integration.conftest import Caller
+from tests.conftest import Caller, WorkerFleet, wait_for
 from tests.reliability.conftest import Stack, alive, ancestors, find_process, start_stack
 from tests.reliability.report import Counts, Report
 from tests.scripts import WRITE_THEN_READ

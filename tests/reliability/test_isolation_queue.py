@@ -24,8 +24,7 @@ from typing import Any
 import pytest
 
 from api.dispatch import Dispatcher
-from tests.conftest import wait_for
-from tests.integration.conftest import Caller
+from tests.conftest import Caller, wait_for
 from tests.reliability.conftest import Stack, alive, find_process, processes, start_stack
 from tests.reliability.report import Counts, Report
 from worker.protocol import ToolCallResult

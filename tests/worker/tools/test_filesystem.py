@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from tests.tools.conftest import SECRET, Layout
 from tests.traversal import NUL_PATH_CALLS
+from tests.worker.tools.conftest import SECRET, Layout
 from worker.tools.filesystem import (
     OUTPUT_CAP_BYTES,
     ListDirTool,

@@ -15,8 +15,7 @@ import redis
 from kombu import Connection, Exchange, Producer
 
 from api.fleet import read_manifest
-from tests.conftest import WorkerFleet, wait_for
-from tests.integration.conftest import Caller
+from tests.conftest import Caller, WorkerFleet, wait_for
 
 pytestmark = pytest.mark.integration
 

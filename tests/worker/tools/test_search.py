@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tools.conftest import MARKER, SECRET, Layout
+from tests.worker.tools.conftest import MARKER, SECRET, Layout
 from worker.tools.filesystem import OUTPUT_CAP_BYTES
 from worker.tools.registry import ToolRegistry
 from worker.tools.search import SearchFilesTool, SearchTextTool

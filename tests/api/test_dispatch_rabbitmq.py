@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from api.dispatch import Dispatcher
-from tests.conftest import RedisServer, WorkerFleet, fleet_settings, wait_for
-from tests.integration.conftest import Caller
+from tests.conftest import Caller, RedisServer, WorkerFleet, fleet_settings, wait_for
 from worker.app import create_celery_app
 from worker.protocol import POOLS
 

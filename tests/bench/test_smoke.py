@@ -11,7 +11,7 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CASES = {"round_trip", "throughput", "conversations", "run_bash", "big_output", "search_text"}
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.tools.conftest import Layout, make_registry
+from tests.worker.tools.conftest import Layout, make_registry
 from worker.tools.context import ToolContext, ToolContextSnapshot
 from worker.tools.session_context import SaveSessionContextTool
 from worker.tools.workspace import Workspace

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.tools.conftest import MARKER, SECRET, Layout, make_layout, make_registry
+from tests.worker.tools.conftest import MARKER, SECRET, Layout, make_layout, make_registry
 from worker.tools.context import ToolContext
 from worker.tools.registry import ToolRegistry
 from worker.tools.workspace import Workspace

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.tools.conftest import MARKER, SECRET, Layout, make_registry
+from tests.conftest import REPO
 from tests.traversal import outside_targets
+from tests.worker.tools.conftest import MARKER, SECRET, Layout, make_registry
 from worker.tools.workspace import Workspace
 
-CORPUS = Path(__file__).resolve().parents[2] / ".." / "shared" / "corpus" / "path-traversal"
+CORPUS = REPO.parent / "shared" / "corpus" / "path-traversal"
 #: The corpus's placeholder for "the file to steal": here, the canary next to the workspace.
 PLACEHOLDER_TARGET = "sentinel/canary.txt"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tools.conftest import SECRET, Layout, make_registry
+from tests.worker.tools.conftest import SECRET, Layout, make_registry
 from worker.tools.registry import ToolRegistry
 from worker.tools.workspace import Workspace, WorkspaceError
 
