@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast lint typecheck fmt bench demo clean
+.PHONY: install test test-fast lint typecheck fmt bench demo reliability-report clean
 
 install: $(STAMP)
 
@@ -22,6 +22,10 @@ test: install
 
 test-fast: install
 	$(BIN)/pytest -m "not integration and not e2e and not netns"
+
+# Refreshes the committed docs/RELIABILITY.md from a full run of the reliability tests.
+reliability-report: install
+	RELIABILITY_REPORT=docs/RELIABILITY.md $(BIN)/pytest tests/reliability tests/api/http
 
 lint: install
 	$(BIN)/ruff check .

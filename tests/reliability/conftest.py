@@ -18,8 +18,13 @@ from tests.conftest import REPO, RedisServer, WorkerFleet, fleet_settings
 from tests.reliability.report import Outcome, Report, Row, machine_header
 from worker.settings import WorkerSettings
 
-REPORT_PATH = REPO / "docs" / "RELIABILITY.md"
+#: The committed copy, refreshed by `make reliability-report`; `make test` leaves it alone.
+COMMITTED_REPORT = REPO / "docs" / "RELIABILITY.md"
+#: Where a run writes its report instead of the test output (``make reliability-report``).
+REPORT_PATH_VARIABLE = "RELIABILITY_REPORT"
 RELIABILITY_DIR = "tests/reliability/"
+#: The HTTP API's tests, whose bad-input cases the report includes.
+HTTP_API_DIR = "tests/api/http/"
 
 #: The HTTP API's bad-input tests (another file's): included in the report as they ran.
 HTTP_API_TESTS = {
@@ -85,6 +90,8 @@ class _Observer:
 
     def __init__(self) -> None:
         self.http_api: dict[str, Outcome] = defaultdict(Outcome)
+        #: The file each HTTP API test ran from, to name it in the report.
+        self.http_api_files: dict[str, str] = {}
         self.ran: dict[str, int] = defaultdict(int)
         self.collected: set[str] = set()
         self.reported: set[str] = set()
@@ -121,7 +128,8 @@ class _Observer:
                 kind = "xfailed" if hasattr(report, "wasxfail") else report.outcome
                 self.ran[kind] += 1
                 self.reported.add(report.nodeid)
-        elif path.endswith("tests/api/test_server.py") and function in HTTP_API_TESTS:
+        elif path.startswith(HTTP_API_DIR) and function in HTTP_API_TESTS:
+            self.http_api_files[function] = path
             outcome = self.http_api[function]
             if report.when == "call" and report.passed:
                 outcome.passed += 1
@@ -144,8 +152,9 @@ def pytest_configure(config: pytest.Config) -> None:
 def report(
     pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Report]:
-    """The session's report, written when the last test is done: to docs/RELIABILITY.md after
-    a full run of the reliability tests, to the session's temporary directory otherwise."""
+    """The session's report, written when the last test is done: to the session's temporary
+    directory (the test output), or to the path in RELIABILITY_REPORT after a full run of
+    the reliability tests."""
     collected = Report()
     yield collected
     _add_http_api_rows(collected)
@@ -158,8 +167,12 @@ def report(
     args = " ".join(pytestconfig.invocation_params.args) or "(the whole suite)"
     started = _OBSERVER.started or time.monotonic()
     header = machine_header(f"pytest {args}", time.monotonic() - started, f"tests: {ran}")
-    path = tmp_path_factory.getbasetemp() / REPORT_PATH.name if missing else REPORT_PATH
-    path.parent.mkdir(exist_ok=True)
+    chosen = os.environ.get(REPORT_PATH_VARIABLE)
+    if chosen and not missing:
+        path = Path(chosen).absolute()
+    else:
+        path = tmp_path_factory.getbasetemp() / COMMITTED_REPORT.name
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(collected.render(header))
     _OBSERVER.written = (path, f" (partial run: {missing})" if missing else "")
 
@@ -167,7 +180,7 @@ def report(
 def _add_http_api_rows(collected: Report) -> None:
     for function, (case, expected) in HTTP_API_TESTS.items():
         outcome = _OBSERVER.http_api.get(function)
-        where = f"`tests/api/test_server.py::{function}`"
+        where = f"`{_OBSERVER.http_api_files.get(function, HTTP_API_DIR)}::{function}`"
         row = Row("HTTP API bad input", case, expected)
         if outcome is None or outcome.passed + outcome.failed == 0:
             row.observed = f"covered by {where}; not run in this session"

@@ -1,4 +1,4 @@
-"""The reliability report: rows that tests record, written as docs/RELIABILITY.md at the end."""
+"""The reliability report: rows that tests record, rendered as Markdown at the end of a run."""
 
 from __future__ import annotations
 
@@ -174,9 +174,8 @@ def machine_header(command: str, duration_s: float, outcome: str) -> list[str]:
         f"- Python {platform.python_version()}, Celery {_version('celery')}, "
         f"kombu {_version('kombu')}, redis-py {_version('redis')}, {_redis_server_version()}",
         f"- run_bash isolation here: {_isolation()}",
-        "- Regenerate: `make test` (the whole suite) or `.venv/bin/pytest tests/reliability` "
-        "(add `tests/api/test_server.py` to fill in the HTTP API rows); a partial run writes "
-        "its report to pytest's temporary directory instead.",
+        "- Regenerate: `make reliability-report` (the reliability tests and the HTTP API's); "
+        "`make test` writes the same report to pytest's temporary directory and prints where.",
     ]
 
 
