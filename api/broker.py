@@ -23,8 +23,6 @@ def producer_config(settings: FleetSettings) -> dict[str, Any]:
         # The queues as workers declare them: a RabbitMQ queue declared twice must match.
         "task_queues": [Queue(pool, routing_key=pool) for pool in POOLS],
         "task_default_queue": POOLS[0],
-        # Task-sent events: monitors see calls while they wait in a queue.
-        "task_send_sent_event": False,
     }
 
 
