@@ -111,7 +111,7 @@ def serve(
     port: Annotated[int, typer.Option(help="Port.")] = 8000,
 ) -> None:
     """The HTTP API (runs, batches, tools, SSE events, metrics)."""
-    from api.http.app import serve as serve_api
+    from api.http.server import serve as serve_api
 
     serve_api(host=host, port=port)
 

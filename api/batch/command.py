@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import resource
 import shlex
 import signal
@@ -26,15 +25,13 @@ from api.batch.progress import (
     summary_lines,
 )
 from api.batch.results import OutputBusyError, ResultLog
-from api.batch.runner import batch_key, batch_run_id, run_item, run_items
+from api.batch.runner import batch_run_id, batch_tag_for_output, run_item, run_items
 from api.dispatch import Dispatcher
 from api.fleet import NoWorkersError, load_fleet
 from api.llm import ChatModel, ModelError
 from api.local.stack import LocalStackError, fleet_for
 from api.logs import configure_logging
 from api.settings import OrchestratorSettings, get_settings
-
-log = logging.getLogger(__name__)
 
 #: Bad input lines printed one by one; past this only their count (the summary has it too).
 BAD_LINES_SHOWN = 100
@@ -90,7 +87,7 @@ def run_batch_command(
         except KeyboardInterrupt:  # before the batch's own signal handling was in place
             interrupted = True
         except (NoWorkersError, LocalStackError, RedisError, OSError, ValueError) as exc:
-            err.print(f"Error: {_reason(exc)}", markup=False, soft_wrap=True)
+            _say(err, f"Error: {_reason(exc)}")
             broken = exc
         finally:
             stats.stop()
@@ -119,7 +116,7 @@ class _BatchRun:
     async def execute(self, settings: OrchestratorSettings) -> bool:
         """Run the pending items; True when a signal stopped the batch."""
         fleet = load_fleet(settings.redis_url).require_tools()
-        key = batch_key(self.results.path)
+        tag = batch_tag_for_output(self.results.path)
         display = progress_display(self.stats, self.err)
 
         async with Dispatcher(settings) as dispatcher, self.chat_model:
@@ -131,7 +128,7 @@ class _BatchRun:
                     dispatcher=dispatcher,
                     fleet=fleet,
                     settings=settings,
-                    run_id=batch_run_id(key, item.id),
+                    run_id=batch_run_id(tag, item.id),
                     default_model=self.default_model,
                 )
 
@@ -182,11 +179,10 @@ def _signals_cancel(
             err.print("Still stopping: waiting for the cancelled conversations to unwind.")
             return
         stop.by = signum.name
-        err.print(
+        _say(
+            err,
             f"{signum.name}: stopping; conversations in flight are cancelled, finished ones are "
             "saved.",
-            markup=False,
-            soft_wrap=True,
         )
         work.cancel()
 
@@ -213,35 +209,32 @@ def allow_open_files(wanted: int, err: Console) -> None:
     if allowed > soft:
         resource.setrlimit(resource.RLIMIT_NOFILE, (allowed, hard))
     if allowed < wanted:
-        err.print(
+        _say(
+            err,
             f"Warning: this concurrency needs about {wanted} open files and the limit is "
             f"{allowed}; raise it (ulimit -n) or lower --concurrency.",
-            markup=False,
-            soft_wrap=True,
         )
 
 
 def _report_output(results: ResultLog, err: Console) -> None:
     if results.truncated_bytes:
-        err.print(
+        _say(
+            err,
             f"{results.path}: removed an unfinished last line ({results.truncated_bytes} bytes) "
             "left by an interrupted run.",
-            markup=False,
-            soft_wrap=True,
         )
     if results.unreadable_lines:
         numbers = ", ".join(map(str, results.unreadable_lines[:10]))
-        err.print(
+        _say(
+            err,
             f"{results.path}: ignoring {len(results.unreadable_lines)} lines that are not "
             f"results (lines {numbers}); their items will run again.",
-            markup=False,
-            soft_wrap=True,
         )
 
 
 def _report_bad_lines(scan: InputScan, err: Console) -> None:
     for bad in scan.bad_lines[:BAD_LINES_SHOWN]:
-        err.print(f"{scan.path}:{bad.number}: skipped: {bad.reason}", markup=False, soft_wrap=True)
+        _say(err, f"{scan.path}:{bad.number}: skipped: {bad.reason}")
     hidden = len(scan.bad_lines) - BAD_LINES_SHOWN
     if hidden > 0:
         err.print(f"{scan.path}: ... and {hidden} more bad lines skipped.", markup=False)
@@ -267,7 +260,7 @@ def _print_summary(
         resume_command=resume,
     )
     for line in summary_lines(stats, outcome):
-        err.print(line, markup=False, soft_wrap=True)
+        _say(err, line)
 
 
 def _resume_command(input_path: Path, output: Path, concurrency: int, model: str | None) -> str:
@@ -277,8 +270,13 @@ def _resume_command(input_path: Path, output: Path, concurrency: int, model: str
     return shlex.join(argv)
 
 
+def _say(err: Console, text: str) -> None:
+    """A line to the user as it is: no markup read into paths or errors, long lines whole."""
+    err.print(text, markup=False, soft_wrap=True)
+
+
 def _usage_error(err: Console, message: str) -> int:
-    err.print(f"Error: {message}", markup=False, soft_wrap=True)
+    _say(err, f"Error: {message}")
     return EXIT_USAGE
 
 

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import (
-    Iterator,
-    Mapping,
-)
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,7 +52,7 @@ def parse_item(raw: bytes | str) -> BatchItem:
     try:
         return BatchItem.model_validate(value)
     except ValidationError as exc:
-        raise ValueError(_describe(exc)) from None
+        raise ValueError(_validation_problems(exc)) from None
 
 
 def _json_kind(value: object) -> str:
@@ -63,7 +60,8 @@ def _json_kind(value: object) -> str:
     return kinds.get(type(value), "a number")
 
 
-def _describe(exc: ValidationError) -> str:
+def _validation_problems(exc: ValidationError) -> str:
+    """What is wrong with a line that is a JSON object but not an item, field by field."""
     allowed = ", ".join(BatchItem.model_fields)
     problems = []
     for error in exc.errors():
@@ -90,7 +88,7 @@ class InputScan:
     def items(self) -> Iterator[BatchItem]:
         """The items still to run, read again from the file as they are needed."""
         wanted = set(self.pending)
-        for number, raw in _numbered_lines(self.path):
+        for number, raw in numbered_lines(self.path):
             if number in wanted:
                 try:
                     yield parse_item(raw)
@@ -105,7 +103,7 @@ def scan_input(path: Path, done: Mapping[str, str]) -> InputScan:
     """
     scan = InputScan(path)
     first_line: dict[str, int] = {}
-    for number, raw in _numbered_lines(path):
+    for number, raw in numbered_lines(path):
         if not raw.strip():
             continue
         try:
@@ -128,6 +126,7 @@ def scan_input(path: Path, done: Mapping[str, str]) -> InputScan:
     return scan
 
 
-def _numbered_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+def numbered_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """A file's lines as bytes, numbered from 1: a line need not be UTF-8 to be reported."""
     with path.open("rb") as lines:
         yield from enumerate(lines, start=1)

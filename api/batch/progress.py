@@ -98,7 +98,7 @@ def progress_line(stats: BatchStats) -> str:
     return (
         f"batch: {stats.done}/{stats.total} done{percent}, {stats.failed} failed, "
         f"{stats.rate:.1f} conversations/s, {stats.tool_rate:.1f} tool calls/s, "
-        f"ETA {_duration(eta) if eta is not None else '?'}"
+        f"ETA {_readable_duration(eta) if eta is not None else '?'}"
     )
 
 
@@ -209,7 +209,7 @@ def summary_lines(stats: BatchStats, outcome: BatchOutcome) -> list[str]:
         f"Tool calls: {stats.tool_calls} ({stats.tool_rate:.1f}/s), {stats.tool_errors} failed "
         f"({error_rate:.1f}%)"
     )
-    lines.append(f"Wall time: {_duration(stats.elapsed)}; results in {outcome.output}")
+    lines.append(f"Wall time: {_readable_duration(stats.elapsed)}; results in {outcome.output}")
     if outcome.interrupted or outcome.error is not None:
         left = stats.total - stats.done
         lines.append(
@@ -219,7 +219,7 @@ def summary_lines(stats: BatchStats, outcome: BatchOutcome) -> list[str]:
     return lines
 
 
-def _duration(seconds: float) -> str:
+def _readable_duration(seconds: float) -> str:
     if seconds < 60:
         return f"{seconds:.1f} s"
     minutes, secs = divmod(round(seconds), 60)

@@ -11,14 +11,12 @@ import fcntl
 import json
 import os
 import time
-from collections.abc import (
-    Mapping,
-)
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from api.batch.items import _numbered_lines
+from api.batch.items import numbered_lines
 
 #: How often, at most, finished lines are forced to disk while a batch runs (and once at the end).
 #: A killed process loses nothing either way: every line is in the kernel as soon as it is written.
@@ -123,13 +121,10 @@ def read_done(path: Path) -> tuple[dict[str, str], list[int]]:
     """Ids in the output with their status, and the numbers of lines that are not records."""
     done: dict[str, str] = {}
     unreadable: list[int] = []
-    for number, raw in _numbered_lines(path):
+    for number, raw in numbered_lines(path):
         try:
             record = json.loads(raw)
             done[str(record["id"])] = str(record.get("status", "error"))
         except (ValueError, TypeError, KeyError):
             unreadable.append(number)
     return done, unreadable
-
-
-# --- Running ------------------------------------------------------------------------------------

@@ -8,12 +8,7 @@ import inspect
 import logging
 import re
 import time
-from collections.abc import (
-    AsyncIterable,
-    Awaitable,
-    Callable,
-    Iterable,
-)
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal
@@ -31,22 +26,23 @@ log = logging.getLogger(__name__)
 #: Characters of an item id kept in its run_id; the hash suffix keeps shortened ids apart.
 RUN_ID_ITEM_CHARS = 40
 
-Status = Literal["ok", "error"]
-
+#: An output record's status: the conversation answered, or failed (``error`` says why).
+RecordStatus = Literal["ok", "error"]
 
 _NOT_IN_RUN_ID = re.compile(r"[^A-Za-z0-9._-]+")
 
 
-def batch_key(output: Path) -> str:
-    """Names a batch by its output file: reruns with the same output use the same workspaces."""
+def batch_tag_for_output(output: Path) -> str:
+    """The tag in a batch's run ids, from its output file: reruns with the same output use the
+    same workspaces."""
     return hashlib.sha256(str(output.resolve()).encode()).hexdigest()[:8]
 
 
-def batch_run_id(key: str, item_id: str) -> str:
+def batch_run_id(batch_tag: str, item_id: str) -> str:
     """A run_id (and so a workspace) per item: readable, valid, and distinct for distinct ids."""
     readable = _NOT_IN_RUN_ID.sub("_", item_id)[:RUN_ID_ITEM_CHARS]
     digest = hashlib.sha256(item_id.encode()).hexdigest()[:6]
-    return f"b-{key}-{readable}-{digest}"
+    return f"b-{batch_tag}-{readable}-{digest}"
 
 
 async def run_item(
@@ -113,7 +109,7 @@ def _record(
             "usage": asdict(Usage()),
         }
     )
-    status: Status = "ok" if error is None else "error"
+    status: RecordStatus = "ok" if error is None else "error"
     return {
         "id": item.id,
         "status": status,

@@ -28,7 +28,10 @@ from api.dispatch import Dispatcher
 from api.events import AgentEvent, FinalAnswer, ToolCallFinished, ToolCallStarted, event_to_dict
 from api.fleet import Fleet, load_fleet
 from api.http.metrics import ApiMetrics, RunObserver
-from api.http.state import CANCEL_CHANNEL, ApiStore, BatchStatus, RunStatus
+from api.http.state.batches import BatchStatus
+from api.http.state.keys import CANCEL_CHANNEL
+from api.http.state.runs import RunStatus
+from api.http.state.store import ApiStore
 from api.llm import ChatModel, ModelError
 from api.logs import log_context
 from api.settings import OrchestratorSettings
@@ -47,7 +50,7 @@ FINISH_ATTEMPTS = 5
 RECANCEL_S = 0.05
 
 
-class Executor(Protocol):
+class RunExecutor(Protocol):
     """What the HTTP routes need from whatever executes runs and batches."""
 
     async def start(self) -> None: ...
@@ -67,7 +70,7 @@ class Executor(Protocol):
     ) -> None: ...
 
 
-ExecutorFactory = Callable[[ApiStore, ApiMetrics, str], Executor]
+RunExecutorFactory = Callable[[ApiStore, ApiMetrics, str], RunExecutor]
 
 
 class AgentExecutor:
@@ -257,7 +260,7 @@ class AgentExecutor:
         concurrency: int,
         default_model: str | None,
     ) -> None:
-        key = batch_id.removeprefix("batch-")[:8]
+        tag = batch_id.removeprefix("batch-")[:8]
 
         async def run_one(item: BatchItem) -> dict[str, Any]:
             await self._store.batch_item_started(batch_id)
@@ -267,7 +270,7 @@ class AgentExecutor:
                 dispatcher=self._dispatcher,
                 fleet=await self.fleet(),
                 settings=self._settings,
-                run_id=batch_run_id(key, item.id),
+                run_id=batch_run_id(tag, item.id),
                 default_model=default_model,
             )
 

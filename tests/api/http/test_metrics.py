@@ -13,7 +13,7 @@ from api.events import AgentEvent, FinalAnswer, TextDelta, ToolCallFinished, Too
 from api.http.app import create_app
 from api.http.metrics import ApiMetrics, default_metrics, record_event
 from api.settings import OrchestratorSettings
-from tests.api.http.test_app import AUTH, StubExecutor, api_settings
+from tests.api.http.conftest import AUTH, StubExecutor, api_settings
 
 
 def sample(text: str, name: str, **labels: str) -> float | None:

@@ -18,7 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api.http.runner import SHUTDOWN_ERROR
 from api.local.stack import free_port, worker_environment
-from api.scripted.server import Script, ScriptedServer
+from api.scripted.server import ScriptedServer
+from tests.api.http.conftest import scripted_model
 from tests.conftest import WorkerFleet, wait_for
 
 pytestmark = pytest.mark.integration
@@ -136,10 +137,7 @@ class Replica:
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScriptedServer]:
-    scripts = tmp_path_factory.mktemp("api-scripts")
-    for name, steps in SCRIPTS.items():
-        (scripts / f"{name}.json").write_text(json.dumps({"steps": steps}))
-    with ScriptedServer(Script.from_steps([{"content": "default"}]), scripts_dir=scripts) as server:
+    with scripted_model(SCRIPTS, tmp_path_factory.mktemp("api-scripts")) as server:
         yield server
 
 

@@ -1,30 +1,53 @@
-"""Batch runs without processes: input lines, output records, resume, and the concurrency bound."""
+"""Running a batch's items without processes: run ids, one conversation's record, the bound on
+conversations in flight, and resuming a stopped batch."""
 
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import re
-import resource
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
-from rich.console import Console
 
-from api.batch import command as batch_cli
-from api.batch.items import BatchItem, parse_item, scan_input
-from api.batch.results import OutputBusyError, ResultLog
-from api.batch.runner import batch_key, batch_run_id, run_item, run_items
+from api.batch.items import BatchItem, scan_input
+from api.batch.results import ResultLog
+from api.batch.runner import batch_run_id, batch_tag_for_output, run_item, run_items
 from api.dispatch import Dispatcher
 from api.fleet import Fleet
 from api.llm import ChatModel, ModelError, ModelTurn, RetryPolicy, ToolCallSpec, Usage
 from api.logs import current_context
 from api.settings import OrchestratorSettings
+from tests.api.batch.conftest import record, write_lines
 from worker.protocol import RUN_ID_PATTERN, ToolCallResult, ToolSpec, WorkerInfo
+
+# --- Run ids -------------------------------------------------------------------------------------
+
+
+def test_run_ids_are_valid_stable_and_distinct(tmp_path: Path) -> None:
+    key = batch_tag_for_output(tmp_path / "out.jsonl")
+    ids = ["a b", "a/b", "a_b", "ünï", "../../etc", "x" * 500, "."]
+    run_ids = [batch_run_id(key, item_id) for item_id in ids]
+    assert all(re.fullmatch(RUN_ID_PATTERN, run_id) for run_id in run_ids)
+    assert len(set(run_ids)) == len(ids)
+    assert all("/" not in run_id for run_id in run_ids)
+    assert batch_run_id(key, "a b") == run_ids[0]
+    assert batch_run_id(batch_tag_for_output(tmp_path / "other.jsonl"), "a b") != run_ids[0]
+    assert run_ids[0].startswith(f"b-{key}-a_b-")
+
+
+def test_the_batch_tag_follows_the_file_not_the_spelling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert batch_tag_for_output(Path("out.jsonl")) == batch_tag_for_output(tmp_path / "out.jsonl")
+
+
+# --- One conversation ----------------------------------------------------------------------------
+
 
 RECORD_KEYS = {
     "id",
@@ -39,178 +62,6 @@ RECORD_KEYS = {
     "tool_calls",
     "messages",
 }
-
-
-def write_lines(path: Path, lines: Sequence[str | dict[str, Any]]) -> Path:
-    text = "".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines)
-    path.write_text(text)
-    return path
-
-
-# --- Input lines --------------------------------------------------------------------------------
-
-
-def test_an_item_takes_its_optional_fields() -> None:
-    item = parse_item(
-        json.dumps(
-            {
-                "id": "a",
-                "prompt": "hi",
-                "system_prompt": "be brief",
-                "model": "m",
-                "enable": ["run_bash"],
-                "max_turns": 3,
-            }
-        )
-    )
-    assert item == BatchItem(
-        id="a", prompt="hi", system_prompt="be brief", model="m", enable=["run_bash"], max_turns=3
-    )
-    assert parse_item(b'{"id": "b", "prompt": "p"}').enable == []
-
-
-@pytest.mark.parametrize(
-    ("line", "reason"),
-    [
-        ("not json", "not JSON"),
-        ('{"id": "a", "prompt": "p"', "not JSON"),
-        ('["id", "prompt"]', "not a JSON object but an array"),
-        ('"text"', "not a JSON object but a string"),
-        ('{"prompt": "p"}', "missing 'id'"),
-        ('{"id": "a"}', "missing 'prompt'"),
-        ('{"id": "a", "prompt": "p", "temperature": 1}', "unknown field 'temperature'"),
-        ('{"id": "", "prompt": "p"}', "id: String should have at least 1 character"),
-        ('{"id": 7, "prompt": "p"}', "id: Input should be a valid string"),
-        ('{"id": "a", "prompt": "p", "max_turns": 0}', "max_turns: Input should be greater"),
-        ('{"id": "a", "prompt": "p", "enable": "run_bash"}', "enable: Input should be a valid"),
-    ],
-)
-def test_a_bad_line_says_what_is_wrong(line: str, reason: str) -> None:
-    with pytest.raises(ValueError, match=re.escape(reason)):
-        parse_item(line)
-
-
-def test_a_line_that_is_not_utf8_is_bad() -> None:
-    with pytest.raises(ValueError, match="not UTF-8"):
-        parse_item(b'{"id": "a", "prompt": "\xff"}')
-
-
-def test_bad_lines_are_reported_by_number_and_the_good_ones_run(tmp_path: Path) -> None:
-    path = write_lines(
-        tmp_path / "in.jsonl",
-        [
-            {"id": "a", "prompt": "one"},
-            "{broken",
-            "",
-            {"id": "b", "prompt": "two"},
-            {"id": "a", "prompt": "again"},
-            {"id": "c"},
-            "   ",
-            {"id": "d", "prompt": "four"},
-        ],
-    )
-    scan = scan_input(path, {})
-    assert [(bad.number, bad.reason.split(" (")[0]) for bad in scan.bad_lines] == [
-        (2, "not JSON"),
-        (5, "duplicate id 'a'"),
-        (6, "missing 'prompt'"),
-    ]
-    assert "first on line 1" in scan.bad_lines[1].reason
-    assert [item.id for item in scan.items()] == ["a", "b", "d"]
-    assert [item.prompt for item in scan.items()] == ["one", "two", "four"]
-
-
-def test_ids_already_in_the_output_are_skipped_and_counted(tmp_path: Path) -> None:
-    path = write_lines(
-        tmp_path / "in.jsonl",
-        [{"id": name, "prompt": "p"} for name in ("a", "b", "c", "d")],
-    )
-    scan = scan_input(path, {"b": "ok", "d": "error", "zz": "ok"})
-    assert [item.id for item in scan.items()] == ["a", "c"]
-    assert (scan.already_done, scan.already_failed) == (2, 1)
-
-
-# --- The output file ----------------------------------------------------------------------------
-
-
-def record(item_id: str, status: str = "ok", **extra: Any) -> dict[str, Any]:
-    return {"id": item_id, "status": status, "answer": "ü", **extra}
-
-
-def test_records_are_whole_lines_and_a_reopened_log_knows_them(tmp_path: Path) -> None:
-    out = tmp_path / "out.jsonl"
-    with ResultLog.open(out) as results:
-        results.append(record("a"))
-        results.append(record("b", "error"))
-    lines = out.read_text().splitlines(keepends=True)
-    assert all(line.endswith("\n") for line in lines)
-    assert [json.loads(line)["id"] for line in lines] == ["a", "b"]
-    with ResultLog.open(out) as again:
-        assert again.done == {"a": "ok", "b": "error"}
-        assert again.truncated_bytes == 0
-        again.append(record("c"))
-    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["a", "b", "c"]
-
-
-def test_a_partial_last_line_is_cut_away_on_open(tmp_path: Path) -> None:
-    out = tmp_path / "out.jsonl"
-    whole = json.dumps(record("a")) + "\n"
-    torn = json.dumps(record("b"))[:25]
-    out.write_text(whole + torn)
-    with ResultLog.open(out) as results:
-        assert results.truncated_bytes == len(torn.encode())
-        assert results.done == {"a": "ok"}
-        results.append(record("b"))
-    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["a", "b"]
-
-
-def test_an_output_that_is_only_a_partial_line_becomes_empty(tmp_path: Path) -> None:
-    out = tmp_path / "out.jsonl"
-    out.write_bytes(b'{"id": "a", "sta' * 10_000)  # longer than one backwards read
-    with ResultLog.open(out) as results:
-        assert results.done == {}
-    assert out.read_bytes() == b""
-
-
-def test_lines_that_are_not_records_are_reported_and_their_items_run_again(
-    tmp_path: Path,
-) -> None:
-    out = write_lines(tmp_path / "out.jsonl", [record("a"), "garbage", {"no_id": 1}])
-    with ResultLog.open(out) as results:
-        assert results.done == {"a": "ok"}
-        assert results.unreadable_lines == [2, 3]
-
-
-def test_two_batches_cannot_append_to_one_output(tmp_path: Path) -> None:
-    out = tmp_path / "out.jsonl"
-    with ResultLog.open(out), pytest.raises(OutputBusyError, match="another toolq batch"):
-        ResultLog.open(out)
-    ResultLog.open(out).close()  # free again once the first one closed
-
-
-# --- Run ids ------------------------------------------------------------------------------------
-
-
-def test_run_ids_are_valid_stable_and_distinct(tmp_path: Path) -> None:
-    key = batch_key(tmp_path / "out.jsonl")
-    ids = ["a b", "a/b", "a_b", "ünï", "../../etc", "x" * 500, "."]
-    run_ids = [batch_run_id(key, item_id) for item_id in ids]
-    assert all(re.fullmatch(RUN_ID_PATTERN, run_id) for run_id in run_ids)
-    assert len(set(run_ids)) == len(ids)
-    assert all("/" not in run_id for run_id in run_ids)
-    assert batch_run_id(key, "a b") == run_ids[0]
-    assert batch_run_id(batch_key(tmp_path / "other.jsonl"), "a b") != run_ids[0]
-    assert run_ids[0].startswith(f"b-{key}-a_b-")
-
-
-def test_the_batch_key_follows_the_file_not_the_spelling(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.chdir(tmp_path)
-    assert batch_key(Path("out.jsonl")) == batch_key(tmp_path / "out.jsonl")
-
-
-# --- One conversation ---------------------------------------------------------------------------
 
 
 class FakeModel(ChatModel):
@@ -259,8 +110,14 @@ ECHO = ToolSpec(
     idempotent=True,
     default_timeout_ms=1000,
 )
+
+
 FAKE_WORKER = WorkerInfo(worker="tools@fake", pools=["tools"], host="fake", pid=1, started=0)
+
+
 FLEET = Fleet(tools={"echo": ECHO}, workers={"tools": [FAKE_WORKER], "sandbox": []})
+
+
 SETTINGS = OrchestratorSettings(
     broker_url="redis://127.0.0.1:1/0", model="settings-model", max_turns=7
 )
@@ -397,7 +254,7 @@ async def test_the_conversation_runs_under_its_run_id_in_the_logs() -> None:
     assert current_context() == {}
 
 
-# --- Many conversations ---------------------------------------------------------------------------
+# --- Many conversations --------------------------------------------------------------------------
 
 
 def items(count: int) -> list[BatchItem]:
@@ -432,13 +289,21 @@ class GatedRunner:
         return {"id": item.id, "status": "ok"}
 
 
-async def test_exactly_concurrency_conversations_are_in_flight() -> None:
-    runner = GatedRunner(expected_peak=4)
+async def fill(
+    count: int, concurrency: int
+) -> tuple[GatedRunner, list[dict[str, Any]], asyncio.Task[None]]:
+    """A batch of ``count`` items held at the gate once ``concurrency`` of them are in flight."""
+    runner = GatedRunner(expected_peak=concurrency)
     results: list[dict[str, Any]] = []
     task = asyncio.create_task(
-        run_items(items(13), concurrency=4, runner=runner, on_result=results.append)
+        run_items(items(count), concurrency=concurrency, runner=runner, on_result=results.append)
     )
     await asyncio.wait_for(runner.full.wait(), 5)
+    return runner, results, task
+
+
+async def test_exactly_concurrency_conversations_are_in_flight() -> None:
+    runner, results, task = await fill(13, concurrency=4)
     for _ in range(5):  # give a fifth conversation every chance to start
         await asyncio.sleep(0)
     assert runner.in_flight == 4
@@ -470,12 +335,7 @@ async def test_async_items_and_an_async_result_handler_work_too() -> None:
 
 
 async def test_cancelling_the_batch_cancels_conversations_in_flight_and_keeps_results() -> None:
-    runner = GatedRunner(expected_peak=3)
-    results: list[dict[str, Any]] = []
-    task = asyncio.create_task(
-        run_items(items(10), concurrency=3, runner=runner, on_result=results.append)
-    )
-    await asyncio.wait_for(runner.full.wait(), 5)
+    runner, results, task = await fill(10, concurrency=3)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -501,7 +361,7 @@ async def test_concurrency_below_one_is_refused() -> None:
         await run_items([], concurrency=0, runner=GatedRunner(1), on_result=print)
 
 
-# --- Resume -------------------------------------------------------------------------------------
+# --- Resume --------------------------------------------------------------------------------------
 
 
 async def test_a_stopped_batch_resumes_without_rerunning_what_finished(tmp_path: Path) -> None:
@@ -547,88 +407,3 @@ async def test_a_stopped_batch_resumes_without_rerunning_what_finished(tmp_path:
     assert not set(runs) & set(finished_first)
     finished = [json.loads(line)["id"] for line in out.read_text().splitlines()]
     assert sorted(finished) == sorted(f"i{n}" for n in range(12))
-
-
-# --- The command's own checks -------------------------------------------------------------------
-
-
-def command_output(run: Callable[[Console], int]) -> tuple[int, str]:
-    console = Console(record=True, width=200, file=io.StringIO())
-    code = run(console)
-    return code, console.export_text()
-
-
-def test_a_missing_input_file_is_a_usage_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(batch_cli, "configure_logging", lambda settings: None)
-    code, text = command_output(
-        lambda err: batch_cli.run_batch_command(
-            tmp_path / "missing.jsonl", tmp_path / "out.jsonl", concurrency=4, model=None, err=err
-        ),
-    )
-    assert code == 2
-    assert "input file not found" in text
-    assert "missing.jsonl" in text
-    assert not (tmp_path / "out.jsonl").exists()
-
-
-def test_no_model_api_is_a_usage_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(batch_cli, "configure_logging", lambda settings: None)
-    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
-    source = write_lines(tmp_path / "in.jsonl", [{"id": "a", "prompt": "p"}])
-    code, text = command_output(
-        lambda err: batch_cli.run_batch_command(
-            source, tmp_path / "out.jsonl", concurrency=4, model=None, err=err
-        ),
-    )
-    assert code == 2
-    assert "no model API configured" in text
-    assert "OPENAI_API_KEY" in text
-
-
-def test_a_batch_with_nothing_left_to_do_needs_no_fleet(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(batch_cli, "configure_logging", lambda settings: None)
-    monkeypatch.setenv("OPENAI_API_KEY", "test")
-    source = write_lines(tmp_path / "in.jsonl", [{"id": "a", "prompt": "p"}, "oops"])
-    out = write_lines(tmp_path / "out.jsonl", [record("a")])
-    code, text = command_output(
-        lambda err: batch_cli.run_batch_command(source, out, concurrency=4, model=None, err=err),
-    )
-    assert code == 1  # the bad line
-    assert "in.jsonl:2: skipped: not JSON" in text
-    assert "0 ok, 0 error, 1 bad lines skipped, 1 already done" in text
-
-
-class FakeLimits:
-    def __init__(self, soft: int, hard: int) -> None:
-        self.limits = (soft, hard)
-
-    def getrlimit(self, which: int) -> tuple[int, int]:
-        return self.limits
-
-    def setrlimit(self, which: int, limits: tuple[int, int]) -> None:
-        self.limits = limits
-
-
-@pytest.mark.parametrize(
-    ("soft", "hard", "after", "warned"),
-    [
-        (1024, 4096, (1256, 4096), False),
-        (1024, 1100, (1100, 1100), True),
-        (20000, 20000, (20000, 20000), False),
-    ],
-)
-def test_the_open_file_limit_is_raised_for_a_large_concurrency(
-    monkeypatch: pytest.MonkeyPatch, soft: int, hard: int, after: tuple[int, int], warned: bool
-) -> None:
-    limits = FakeLimits(soft, hard)
-    monkeypatch.setattr(resource, "getrlimit", limits.getrlimit)
-    monkeypatch.setattr(resource, "setrlimit", limits.setrlimit)
-    console = Console(record=True, width=200, file=io.StringIO())
-    batch_cli.allow_open_files(1256, console)
-    assert limits.limits == after
-    assert ("raise it (ulimit -n) or lower --concurrency" in console.export_text()) == warned

@@ -1,0 +1,54 @@
+"""``/v1/batches``: start many conversations at once, read their progress and results."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Path, Query, Response
+from fastapi.exceptions import RequestValidationError
+
+from api.http.bodies import START_REFUSED, Accepted, BatchRequest, Problem
+from api.http.services import Svc, tool_errors, working_fleet
+from api.http.state.batches import BatchState
+
+router = APIRouter(tags=["batches"])
+
+
+@router.post("/v1/batches", status_code=202, response_model=Accepted, responses=START_REFUSED)
+async def _create_batch(body: BatchRequest, services: Svc, response: Response) -> Accepted:
+    """Start many conversations; progress and results at /v1/batches/{id}."""
+    fleet = await working_fleet(services)
+    errors = [
+        error
+        for index, item in enumerate(body.items)
+        for error in tool_errors(("items", index), item.enable, [], fleet)
+    ]
+    if errors:
+        raise RequestValidationError(errors)
+    batch_id = f"batch-{uuid.uuid4().hex}"
+    await services.store.create_batch(
+        batch_id, total=len(body.items), concurrency=body.concurrency, replica=services.replica
+    )
+    services.executor.submit_batch(batch_id, body.items, body.concurrency, body.model)
+    response.headers["Location"] = f"/v1/batches/{batch_id}"
+    return Accepted(id=batch_id, status="queued")
+
+
+@router.get(
+    "/v1/batches/{batch_id}",
+    response_model=BatchState,
+    responses={404: {"model": Problem, "description": "No such batch."}},
+)
+async def _get_batch(
+    batch_id: Annotated[str, Path(min_length=1, max_length=200)],
+    services: Svc,
+    offset: Annotated[int, Query(ge=0, description="First result to return.")] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000, description="Results per page.")] = 100,
+) -> BatchState:
+    """Progress (total, done, ok, error, running) and a page of output records, in the order
+    they finished."""
+    state = await services.store.get_batch(batch_id, offset=offset, limit=limit)
+    if state is None:
+        raise HTTPException(404, f"no batch {batch_id!r}")
+    return state

@@ -1,0 +1,150 @@
+"""``/v1/runs``: start a conversation, read its state, follow its events, cancel it."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, HTTPException, Path, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import StreamingResponse
+
+from api.http.bodies import START_REFUSED, Accepted, Problem, Responses, RunRequest
+from api.http.services import Services, Svc, tool_errors, working_fleet
+from api.http.state.keys import ACTIVE, DONE
+from api.http.state.runs import RunState
+
+#: How long ``POST /cancel`` waits for the run to stop before answering 202 "cancelling".
+CANCEL_WAIT_S = 5.0
+#: An SSE stream sends a comment this often while nothing happens (and checks the run is alive).
+SSE_IDLE_S = 5.0
+STREAM_ID = re.compile(r"^\d+(-\d+)?$")
+
+RunId = Annotated[str, Path(min_length=1, max_length=200, description="The run's id.")]
+NOT_FOUND: Responses = {404: {"model": Problem, "description": "No such run."}}
+
+router = APIRouter(tags=["runs"])
+
+
+@router.post("/v1/runs", status_code=202, response_model=Accepted, responses=START_REFUSED)
+async def _create_run(body: RunRequest, services: Svc, response: Response) -> Accepted:
+    """Start a conversation; it runs in the background. Follow it at /v1/runs/{id}/events."""
+    fleet = await working_fleet(services)
+    errors = tool_errors(("options",), body.options.enable, body.options.disable, fleet)
+    if errors:
+        raise RequestValidationError(errors)
+    run_id = f"run-{uuid.uuid4().hex}"
+    defaults: dict[str, Any] = {}
+    if body.options.run_id is None:
+        defaults["run_id"] = run_id
+    if "max_turns" not in body.options.model_fields_set:
+        defaults["max_turns"] = services.settings.max_turns
+    options = body.options.model_copy(update=defaults)
+    await services.store.create_run(
+        run_id, body.prompt, options.model_dump(mode="json"), services.replica
+    )
+    services.executor.submit_run(run_id, body.prompt, options)
+    response.headers["Location"] = f"/v1/runs/{run_id}"
+    return Accepted(id=run_id, status="queued")
+
+
+@router.get("/v1/runs/{run_id}", response_model=RunState, responses=NOT_FOUND)
+async def _get_run(run_id: RunId, services: Svc) -> RunState:
+    """A run's status, answer, usage, error and transcript."""
+    state = await services.store.get_run(run_id)
+    if state is None:
+        raise HTTPException(404, f"no run {run_id!r}")
+    return state
+
+
+@router.get(
+    "/v1/runs/{run_id}/events",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "content": {"text/event-stream": {}},
+            "description": "The run's events so far, then live ones, then `done`.",
+        },
+        **NOT_FOUND,
+    },
+)
+async def _run_events(
+    run_id: RunId,
+    services: Svc,
+    last_event_id: Annotated[
+        str | None,
+        Header(description="Resume after this event id (sent by EventSource on reconnect)."),
+    ] = None,
+) -> StreamingResponse:
+    """Server-sent events: what happened so far, then live, ending with a `done` event."""
+    if last_event_id is not None and not STREAM_ID.match(last_event_id):
+        raise HTTPException(400, f"Last-Event-ID {last_event_id!r} is not an event id of this API")
+    if await services.store.get_run(run_id) is None:
+        raise HTTPException(404, f"no run {run_id!r}")
+    return StreamingResponse(
+        _event_stream(services, run_id, last_event_id or "0"),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _event_stream(services: Services, run_id: str, after: str) -> AsyncIterator[bytes]:
+    store = services.store
+    ended_before = False
+    while True:
+        entries = await store.read_events(run_id, after, block_ms=int(SSE_IDLE_S * 1000))
+        for entry_id, event in entries:
+            after = entry_id
+            yield _event_frame(entry_id, event)
+            if event.get("type") == DONE:
+                return
+        if entries:
+            continue
+        # Quiet: is the run still going? Reading it also fails a run whose replica died.
+        state = await store.get_run(run_id)
+        if state is None or (state.status not in ACTIVE and ended_before):
+            # Its events expired (or were trimmed) before its end was read: say how it ended.
+            status = state.status if state else "unknown"
+            error = state.error if state else "the run's record has expired"
+            done = {"type": DONE, "status": status, "error": error, "stop_reason": None}
+            yield _event_frame("0", done)
+            return
+        ended_before = state.status not in ACTIVE
+        yield b": keep-alive\n\n"
+
+
+def _event_frame(entry_id: str, event: Mapping[str, Any]) -> bytes:
+    """One server-sent event: its stream id, its type as the event name, its JSON."""
+    data = json.dumps(event, separators=(",", ":"))
+    return f"id: {entry_id}\nevent: {event.get('type', 'message')}\ndata: {data}\n\n".encode()
+
+
+@router.post(
+    "/v1/runs/{run_id}/cancel",
+    response_model=Accepted,
+    responses={
+        202: {"model": Accepted, "description": "Asked to stop; it has not stopped yet."},
+        409: {"model": Problem, "description": "The run had already ended."},
+        **NOT_FOUND,
+    },
+)
+async def _cancel_run(run_id: RunId, services: Svc, response: Response) -> Accepted:
+    """Stop a run; 200 once it has stopped, 202 if it is still stopping after a few seconds."""
+    outcome = await services.store.request_cancel(run_id)
+    if outcome is None:
+        raise HTTPException(404, f"no run {run_id!r}")
+    if outcome == "cancelled_now":
+        services.metrics.record_run("cancelled")
+        return Accepted(id=run_id, status="cancelled")
+    if outcome != "cancelling":
+        raise HTTPException(409, f"run {run_id!r} has already ended: {outcome}")
+    state = await services.store.wait_until_ended(run_id, CANCEL_WAIT_S)
+    if state is None or state.status in ACTIVE:
+        response.status_code = 202
+        return Accepted(id=run_id, status="cancelling")
+    if state.status != "cancelled":
+        raise HTTPException(409, f"run {run_id!r} ended ({state.status}) before it could stop")
+    return Accepted(id=run_id, status="cancelled")

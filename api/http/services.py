@@ -1,0 +1,77 @@
+"""What every route is given: its app's services, and the fleet checks runs and batches share."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import Depends, HTTPException, Request
+from redis.exceptions import RedisError
+
+from api.fleet import Fleet
+from api.http.metrics import ApiMetrics
+from api.http.runner import RunExecutor
+from api.http.state.store import ApiStore
+from api.settings import OrchestratorSettings
+
+
+@dataclass
+class Services:
+    """What the routes use; one set per app."""
+
+    settings: OrchestratorSettings
+    store: ApiStore
+    executor: RunExecutor
+    metrics: ApiMetrics
+    replica: str
+    queue_depths: Callable[[OrchestratorSettings], Mapping[str, int]]
+
+
+def _services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+#: A route's parameter of this type is given its app's services.
+Svc = Annotated[Services, Depends(_services)]
+
+
+async def reachable_fleet(services: Services) -> Fleet:
+    """The fleet as the workers last published it, or 503 when it cannot be read."""
+    try:
+        return await services.executor.fleet()
+    except (RedisError, OSError) as exc:
+        raise HTTPException(503, f"the broker/result store is unreachable: {exc}") from exc
+
+
+async def working_fleet(services: Services) -> Fleet:
+    """The fleet, or 503 when no tools can run (no workers, or the store unreachable)."""
+    fleet = await reachable_fleet(services)
+    if not fleet.tools:
+        raise HTTPException(
+            503, "no toolq worker has published its tools: start workers (toolq worker)"
+        )
+    return fleet
+
+
+def tool_errors(
+    field: tuple[str | int, ...], enable: list[str], disable: list[str], fleet: Fleet
+) -> list[dict[str, Any]]:
+    """Tools asked for that the fleet does not have, as validation errors."""
+    errors: list[dict[str, Any]] = []
+    known = ", ".join(fleet.tools) or "none"
+
+    def refuse(option: str, index: int, msg: str) -> None:
+        errors.append({"loc": ("body", *field, option, index), "msg": msg, "type": "value_error"})
+
+    for index, name in enumerate(enable):
+        if name not in fleet.tools:
+            refuse("enable", index, f"no worker serves a tool named {name!r} (tools: {known})")
+        elif not fleet.serves(name):
+            pool = fleet.tools[name].pool
+            refuse("enable", index, f"no live worker serves the {pool!r} pool of {name!r}")
+    for index, name in enumerate(disable):
+        if name not in fleet.tools:
+            refuse("disable", index, f"no worker serves a tool named {name!r} (tools: {known})")
+    return errors

@@ -1,0 +1,138 @@
+"""Records in Redis whose status changes in one step: the ground the run and batch stores share.
+
+Status changes go through one Lua script that applies them only from the statuses allowed, so a
+run or a batch ends once, whoever (its replica, a cancel, or the reaper of a dead replica) gets
+there first.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.typing import EncodableT, FieldT
+
+from api.http.state.keys import ACTIVE_RUNS, replica_lease_key
+
+#: A hash's fields and values, as redis-py writes them.
+HashFields = dict[FieldT, EncodableT]
+
+#: Events kept per run; a late reader of a longer run misses the oldest text deltas only.
+EVENTS_MAXLEN = 10_000
+
+# KEYS: state hash, companion key (events stream or results list), active set.
+# ARGV: ",allowed,statuses,", member to drop from the active set or "", TTL seconds or "0",
+#       event JSON to append to the stream or "", stream MAXLEN, then field/value pairs.
+_TRANSITION = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status or not string.find(ARGV[1], ',' .. status .. ',', 1, true) then
+  return 0
+end
+for i = 6, #ARGV, 2 do
+  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+if ARGV[4] ~= '' then
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'event', ARGV[4])
+end
+if ARGV[2] ~= '' then
+  redis.call('SREM', KEYS[3], ARGV[2])
+end
+if ARGV[3] ~= '0' then
+  redis.call('EXPIRE', KEYS[1], ARGV[3])
+  redis.call('EXPIRE', KEYS[2], ARGV[3])
+end
+return 1
+"""
+
+
+class RecordStore:
+    """The Redis client, how long ended work is kept, and the one way a status changes."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        retention_s: int,
+        lease_ttl_s: float = 15.0,
+        events_maxlen: int = EVENTS_MAXLEN,
+    ) -> None:
+        self.redis = client
+        self.retention_s = retention_s
+        self.lease_ttl_s = lease_ttl_s
+        self.events_maxlen = events_maxlen
+        self._transition = client.register_script(_TRANSITION)
+
+    async def _create(self, key: str, record_id: str, fields: HashFields, active_set: str) -> None:
+        """A new record, queued and in its set of active work, where the reaper will find it."""
+        record: HashFields = {
+            "id": record_id,
+            "status": "queued",
+            "created_at": repr(time.time()),
+        }
+        record.update(fields)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(key, mapping=record)
+            pipe.sadd(active_set, record_id)
+            await pipe.execute()
+
+    async def _apply(
+        self,
+        key: str,
+        companion: str,
+        allowed: Iterable[str],
+        fields: Mapping[str, str],
+        *,
+        event: Mapping[str, Any] | None = None,
+        active: tuple[str, str] | None = None,
+        now: str | None = None,
+    ) -> bool:
+        """Set ``fields`` (and ``now`` to the time) if the status is one of ``allowed``.
+
+        ``active`` (set, member) marks an ending: the member leaves the set of active work and
+        the keys expire after the retention time.
+        """
+        fields = dict(fields)
+        if now is not None:
+            fields[now] = repr(time.time())
+        ending = active is not None
+        args: list[str | int] = [
+            "," + ",".join(allowed) + ",",
+            active[1] if active else "",
+            self.retention_s if ending else 0,
+            json.dumps(event) if event is not None else "",
+            self.events_maxlen,
+        ]
+        for name, value in fields.items():
+            args += [name, value]
+        set_key = active[0] if active else ACTIVE_RUNS
+        applied = await self._transition(keys=[key, companion, set_key], args=args)
+        return bool(applied)
+
+    async def _hash(self, key: str) -> dict[str, str]:
+        raw = await self.redis.hgetall(key)
+        return {text(name): text(value) for name, value in raw.items()}
+
+    async def _members(self, key: str) -> list[str]:
+        return [text(member) for member in await self.redis.smembers(key)]
+
+    async def _lease_expired(self, replica: str) -> bool:
+        return not await self.redis.exists(replica_lease_key(replica))
+
+
+def lost_error(replica: str, what: str) -> str:
+    """Why a run or batch failed when the replica executing it went away."""
+    return (
+        f"the API replica {replica} that executed this {what} stopped (its lease expired) "
+        f"before the {what} ended; start it again"
+    )
+
+
+def text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def optional_float(value: str | None) -> float | None:
+    return float(value) if value else None

@@ -1,0 +1,212 @@
+"""Runs in Redis: a hash per run (``toolq:api:run:<id>``) and a stream of its events.
+
+A run read while active whose replica's lease has expired is failed there and then, so a reader
+never waits on a run nobody executes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, cast
+
+from pydantic import BaseModel, Field
+
+from api.http.state.keys import (
+    ACTIVE,
+    ACTIVE_RUNS,
+    CANCEL_CHANNEL,
+    DONE,
+    run_cancel_key,
+    run_events_key,
+    run_state_key,
+)
+from api.http.state.records import HashFields, RecordStore, lost_error, optional_float, text
+
+RunStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+
+
+class RunState(BaseModel):
+    """What ``GET /v1/runs/{id}`` answers."""
+
+    id: str
+    status: RunStatus
+    prompt: str
+    options: dict[str, Any]
+    replica: str = Field(description="The API replica that executes the run.")
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    answer: str | None = None
+    stop_reason: str | None = None
+    error: str | None = None
+    usage: dict[str, int] = Field(default_factory=dict)
+    transcript: dict[str, Any] | None = Field(
+        None, description="Messages and tool calls so far; complete once the run has ended."
+    )
+
+
+class RunStore(RecordStore):
+    """Reads and writes runs and their events."""
+
+    async def create_run(
+        self, run_id: str, prompt: str, options: Mapping[str, Any], replica: str
+    ) -> None:
+        fields: HashFields = {"prompt": prompt, "options": json.dumps(options), "replica": replica}
+        await self._create(run_state_key(run_id), run_id, fields, ACTIVE_RUNS)
+
+    async def get_run(self, run_id: str) -> RunState | None:
+        fields = await self._hash(run_state_key(run_id))
+        if not fields:
+            return None
+        if fields["status"] in ACTIVE and await self._reap_run(run_id, fields["replica"]):
+            fields = await self._hash(run_state_key(run_id))
+        return _run_state(fields)
+
+    async def mark_running(self, run_id: str) -> bool:
+        """queued -> running; False when it was cancelled or reaped before it could start."""
+        return await self._apply(
+            run_state_key(run_id),
+            run_events_key(run_id),
+            ("queued",),
+            {"status": "running"},
+            now="started_at",
+        )
+
+    async def save_transcript(self, run_id: str, transcript: Mapping[str, Any]) -> None:
+        await self._apply(
+            run_state_key(run_id),
+            run_events_key(run_id),
+            ("running",),
+            {"transcript": json.dumps(transcript)},
+        )
+
+    async def add_event(self, run_id: str, event: Mapping[str, Any]) -> str:
+        entry = await self.redis.xadd(
+            run_events_key(run_id),
+            {"event": json.dumps(event)},
+            maxlen=self.events_maxlen,
+            approximate=True,
+        )
+        return text(entry)
+
+    async def finish_run(
+        self,
+        run_id: str,
+        status: RunStatus,
+        *,
+        error: str | None = None,
+        answer: str | None = None,
+        stop_reason: str | None = None,
+        transcript: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """End an active run and append its ``done`` event; False if it had already ended."""
+        fields: dict[str, str] = {"status": status}
+        if error is not None:
+            fields["error"] = error
+        if answer is not None:
+            fields["answer"] = answer
+        if stop_reason is not None:
+            fields["stop_reason"] = stop_reason
+        if transcript is not None:
+            fields["transcript"] = json.dumps(transcript)
+        done = {"type": DONE, "status": status, "error": error, "stop_reason": stop_reason}
+        return await self._apply(
+            run_state_key(run_id),
+            run_events_key(run_id),
+            ACTIVE,
+            fields,
+            event=done,
+            active=(ACTIVE_RUNS, run_id),
+            now="finished_at",
+        )
+
+    async def read_events(
+        self, run_id: str, after: str, *, block_ms: int, count: int = 500
+    ) -> list[tuple[str, dict[str, Any]]]:
+        """Events after the stream id ``after`` ("0" for all), waiting up to ``block_ms``."""
+        reply: Any = await self.redis.xread(
+            {run_events_key(run_id): after}, count=count, block=block_ms or None
+        )
+        entries: list[tuple[str, dict[str, Any]]] = []
+        for _stream, items in reply or []:
+            for entry_id, values in items:
+                raw = values.get(b"event", values.get("event"))
+                entries.append((text(entry_id), json.loads(raw)))
+        return entries
+
+    async def wait_until_ended(self, run_id: str, timeout_s: float) -> RunState | None:
+        """The run once it has ended, or as it is when ``timeout_s`` runs out."""
+        deadline = time.monotonic() + timeout_s
+        last: Any = await self.redis.xrevrange(run_events_key(run_id), count=1)
+        after = text(last[0][0]) if last else "0"
+        while True:
+            state = await self.get_run(run_id)
+            remaining = deadline - time.monotonic()
+            if state is None or state.status not in ACTIVE or remaining <= 0:
+                return state
+            entries = await self.read_events(run_id, after, block_ms=max(int(remaining * 1000), 1))
+            if entries:
+                after = entries[-1][0]
+
+    async def request_cancel(
+        self, run_id: str
+    ) -> RunStatus | Literal["cancelled_now", "cancelling"] | None:
+        """Cancel a run: "cancelled_now" if it had not started, "cancelling" if it runs (its
+        replica is told), its final status if it had already ended, None if unknown."""
+        if await self._apply(
+            run_state_key(run_id),
+            run_events_key(run_id),
+            ("queued",),
+            {"status": "cancelled"},
+            event={"type": DONE, "status": "cancelled", "error": None, "stop_reason": None},
+            active=(ACTIVE_RUNS, run_id),
+            now="finished_at",
+        ):
+            return "cancelled_now"
+        state = await self.get_run(run_id)
+        if state is None:
+            return None
+        if state.status != "running":
+            return state.status
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(run_cancel_key(run_id), "1", ex=self.retention_s)
+            pipe.publish(CANCEL_CHANNEL, run_id)
+            await pipe.execute()
+        return "cancelling"
+
+    async def cancels_requested(self, run_ids: Sequence[str]) -> set[str]:
+        """Which of these runs someone asked to cancel."""
+        if not run_ids:
+            return set()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for run_id in run_ids:
+                pipe.exists(run_cancel_key(run_id))
+            found = await pipe.execute()
+        return {run_id for run_id, hit in zip(run_ids, found, strict=True) if hit}
+
+    async def _reap_run(self, run_id: str, replica: str) -> bool:
+        """Fail an active run whose replica's lease expired; True if this ended it."""
+        if not await self._lease_expired(replica):
+            return False
+        return await self.finish_run(run_id, "failed", error=lost_error(replica, "run"))
+
+
+def _run_state(fields: dict[str, str]) -> RunState:
+    transcript = json.loads(fields["transcript"]) if fields.get("transcript") else None
+    return RunState(
+        id=fields["id"],
+        status=cast(RunStatus, fields["status"]),
+        prompt=fields["prompt"],
+        options=json.loads(fields["options"]),
+        replica=fields["replica"],
+        created_at=float(fields["created_at"]),
+        started_at=optional_float(fields.get("started_at")),
+        finished_at=optional_float(fields.get("finished_at")),
+        answer=fields.get("answer"),
+        stop_reason=fields.get("stop_reason"),
+        error=fields.get("error"),
+        usage=(transcript or {}).get("usage", {}),
+        transcript=transcript,
+    )

@@ -1,0 +1,153 @@
+"""What the HTTP API's tests share: an app on fakeredis, a stub executor, a client, SSE parsing.
+
+Redis is fakeredis; runs execute either nowhere (a stub executor, to look at the HTTP surface)
+or on the real executor against a scripted model and a fleet view whose tools are never called.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import fakeredis
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from api.agent import AgentOptions
+from api.batch.items import BatchItem
+from api.fleet import Fleet
+from api.http.app import create_app
+from api.scripted.server import Script, ScriptedServer
+from api.settings import OrchestratorSettings
+from worker.protocol import Pool, ToolSpec, WorkerInfo
+
+TOKEN = "correct-horse-battery-staple"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+BODY_LIMIT = 64 * 1024
+
+
+def tool(name: str, pool: Pool = "tools", enabled: bool = True) -> ToolSpec:
+    return ToolSpec(
+        name=name,
+        description=f"{name} for tests",
+        parameters={"type": "object", "properties": {}},
+        pool=pool,
+        enabled_by_default=enabled,
+        idempotent=True,
+        default_timeout_ms=1000,
+    )
+
+
+FLEET = Fleet(
+    tools={"read_file": tool("read_file"), "run_bash": tool("run_bash", "sandbox", False)},
+    workers={
+        "tools": [WorkerInfo(worker="tools@test", pools=["tools"], host="test", pid=1, started=0)],
+        "sandbox": [],
+    },
+)
+
+
+def api_settings(**overrides: Any) -> OrchestratorSettings:
+    values: dict[str, Any] = {
+        "broker_url": "redis://127.0.0.1:1/0",
+        "api_token": TOKEN,
+        "api_max_body_bytes": BODY_LIMIT,
+    }
+    values.update(overrides)
+    return OrchestratorSettings(**values)
+
+
+class StubExecutor:
+    """Takes runs and batches and executes nothing."""
+
+    def __init__(self, fleet: Fleet = FLEET) -> None:
+        self._fleet = fleet
+        self.runs: list[tuple[str, str, AgentOptions]] = []
+        self.batches: list[tuple[str, list[BatchItem], int]] = []
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def fleet(self) -> Fleet:
+        return self._fleet
+
+    def submit_run(self, run_id: str, prompt: str, options: AgentOptions) -> None:
+        self.runs.append((run_id, prompt, options))
+
+    def submit_batch(
+        self,
+        batch_id: str,
+        items: Sequence[BatchItem],
+        concurrency: int,
+        default_model: str | None = None,
+    ) -> None:
+        self.batches.append((batch_id, list(items), concurrency))
+
+
+@asynccontextmanager
+async def serving(app: FastAPI, headers: dict[str, str] = AUTH) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://toolq", headers=headers) as client,
+    ):
+        yield client
+
+
+def fake_redis(server: fakeredis.FakeServer) -> fakeredis.FakeAsyncRedis:
+    return fakeredis.FakeAsyncRedis(server=server)
+
+
+# Not named redis_server: that is the real Redis the session's worker fleet runs on.
+@pytest.fixture
+def fake_server() -> fakeredis.FakeServer:
+    return fakeredis.FakeServer()
+
+
+@pytest.fixture
+def stub() -> StubExecutor:
+    return StubExecutor()
+
+
+@pytest.fixture
+def app(fake_server: fakeredis.FakeServer, stub: StubExecutor) -> FastAPI:
+    return create_app(api_settings(), redis=fake_redis(fake_server), executor=lambda *_: stub)
+
+
+@pytest.fixture
+async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    async with serving(app) as api:
+        yield api
+
+
+@contextmanager
+def scripted_model(
+    scripts: Mapping[str, list[dict[str, Any]]], where: Path
+) -> Iterator[ScriptedServer]:
+    """A model server that answers ``scripted:<name>`` from ``scripts`` (written to ``where``)
+    and any other model with "default"."""
+    for name, steps in scripts.items():
+        (where / f"{name}.json").write_text(json.dumps({"steps": steps}))
+    with ScriptedServer(Script.from_steps([{"content": "default"}]), scripts_dir=where) as server:
+        yield server
+
+
+def sse_events(text: str) -> list[dict[str, Any]]:
+    """The data of each event of an SSE body, with its id and event name added."""
+    events = []
+    for block in text.split("\n\n"):
+        fields = dict(
+            line.split(": ", 1) for line in block.splitlines() if line and not line.startswith(":")
+        )
+        if "data" in fields:
+            event = json.loads(fields["data"])
+            assert fields["event"] == event["type"]
+            events.append({"_id": fields["id"], **event})
+    return events

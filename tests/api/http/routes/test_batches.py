@@ -1,0 +1,61 @@
+"""``/v1/batches`` on a stub executor: what is accepted and refused, progress and paged results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import fakeredis
+import httpx
+import pytest
+
+from api.http.state.store import ApiStore
+from tests.api.http.conftest import StubExecutor, fake_redis
+
+
+async def test_a_batch_is_accepted_and_its_progress_and_results_are_paged(
+    client: httpx.AsyncClient, stub: StubExecutor, fake_server: fakeredis.FakeServer
+) -> None:
+    items = [{"id": f"q{n}", "prompt": f"question {n}"} for n in range(3)]
+    response = await client.post("/v1/batches", json={"items": items, "concurrency": 2})
+    assert response.status_code == 202
+    batch_id = response.json()["id"]
+    assert [item.id for item in stub.batches[0][1]] == ["q0", "q1", "q2"]
+    assert stub.batches[0][2] == 2
+
+    store = ApiStore(fake_redis(fake_server), retention_s=60)
+    assert await store.mark_batch_running(batch_id)
+    for n, status in enumerate(["ok", "error"]):
+        await store.batch_item_started(batch_id)
+        await store.add_batch_result(batch_id, {"id": f"q{n}", "status": status})
+    await store.batch_item_started(batch_id)
+
+    batch = (await client.get(f"/v1/batches/{batch_id}")).json()
+    assert batch["status"] == "running"
+    assert batch["progress"] == {"total": 3, "done": 2, "ok": 1, "error": 1, "running": 1}
+    assert [r["id"] for r in batch["results"]] == ["q0", "q1"]
+    page = (await client.get(f"/v1/batches/{batch_id}", params={"offset": 1, "limit": 5})).json()
+    assert [r["id"] for r in page["results"]] == ["q1"]
+    bad_page = await client.get(f"/v1/batches/{batch_id}", params={"limit": 0})
+    assert bad_page.status_code == 422
+    assert bad_page.json()["errors"][0]["field"] == "limit"
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "reason"),
+    [
+        ({"items": []}, "items", "at least 1 item"),
+        ({"items": [{"id": "a"}]}, "items.0.prompt", "Field required"),
+        ({"items": [{"id": "a", "prompt": "p"}] * 2}, "body", "duplicate item id 'a'"),
+        ({"items": [{"id": "a", "prompt": "p"}], "concurrency": 0}, "concurrency", "greater"),
+        ({"items": [{"id": "a", "prompt": "p", "enable": ["x"]}]}, "items.0.enable.0", "'x'"),
+    ],
+)
+async def test_an_invalid_batch_is_refused_naming_the_field(
+    client: httpx.AsyncClient, stub: StubExecutor, body: dict[str, Any], field: str, reason: str
+) -> None:
+    response = await client.post("/v1/batches", json=body)
+    assert response.status_code == 422
+    errors = response.json()["errors"]
+    assert errors[0]["field"] == field
+    assert reason in errors[0]["message"]
+    assert stub.batches == []
