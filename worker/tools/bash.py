@@ -11,7 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from worker.sandbox import SandboxConfig, run_sandboxed
 from worker.settings import get_worker_settings
 from worker.tools.interface import ExecutableTool
-from worker.tools.workspace import Workspace, WorkspaceError, shown
+from worker.tools.paths import WorkspaceError, shown
+from worker.tools.workspace import Workspace
 
 MAX_TIMEOUT_MS = 600_000
 

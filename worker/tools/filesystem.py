@@ -9,15 +9,15 @@ from typing import Any, BinaryIO
 from pydantic import BaseModel, ConfigDict, Field
 
 from worker.tools.interface import ExecutableTool
-from worker.tools.workspace import (
+from worker.tools.paths import (
     PathNotFoundError,
-    Workspace,
     WorkspaceError,
     counted,
     file_kind,
     printable,
     shown,
 )
+from worker.tools.workspace import Workspace
 
 #: The worker's cap on an answer; tools that may say a lot stay below it themselves.
 OUTPUT_CAP_BYTES = 51_200

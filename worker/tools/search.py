@@ -20,15 +20,15 @@ from worker.tools.filesystem import (
     OUTPUT_CAP_BYTES,
     WorkspaceTool,
 )
-from worker.tools.workspace import (
+from worker.tools.paths import (
     PathNotFoundError,
-    Workspace,
     WorkspaceError,
     counted,
     file_kind,
     printable,
     shown,
 )
+from worker.tools.workspace import Workspace
 
 #: A whole search, however many files, gets this long before it answers with what it has.
 DEFAULT_TIME_BUDGET_S = 5.0

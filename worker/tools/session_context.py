@@ -11,7 +11,8 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from worker.tools.context import ToolContext
 from worker.tools.interface import ExecutableTool
-from worker.tools.workspace import Workspace, WorkspaceError, counted, shown
+from worker.tools.paths import WorkspaceError, counted, shown
+from worker.tools.workspace import Workspace
 
 
 class SaveSessionContextArgs(BaseModel):

@@ -14,8 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from worker.tools.context import ToolContext
 from worker.tools.interface import ExecutableTool
+from worker.tools.paths import printable
 from worker.tools.registry import ToolRegistry
-from worker.tools.workspace import Workspace, printable
+from worker.tools.workspace import Workspace
 
 LOWEST_F = 65
 HIGHEST_F = 75
