@@ -1,5 +1,5 @@
-"""What the sandbox is told, and the names its parts share: the configuration, the error, the
-isolation layers, the environment and the time bounds."""
+"""What the sandbox is told, and what its parts share: the configuration, the error, the
+command's environment and the time bound on killing it."""
 
 from __future__ import annotations
 
@@ -20,14 +20,6 @@ SHELL = "/bin/sh"
 MARKER_VARIABLE = "TOOLQ_SANDBOX_ID"
 #: How long killed processes may take to be gone before we stop waiting for them.
 REAP_BOUND_S = 5.0
-
-LAYER_PROCESS_GROUP = "process-group"
-LAYER_CLEAN_ENV = "clean-environment"
-LAYER_RLIMITS = "rlimits"
-LAYER_NO_NEW_PRIVS = "no-new-privileges"
-LAYER_PID_NS = "pid-namespace"
-LAYER_NET_NS = "network-namespace"
-LAYER_USER_NS = "user-namespace"
 
 
 class SandboxError(RuntimeError):

@@ -11,20 +11,16 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from worker.sandbox.config import (
-    LAYER_CLEAN_ENV,
-    LAYER_NET_NS,
-    LAYER_NO_NEW_PRIVS,
-    LAYER_PID_NS,
-    LAYER_PROCESS_GROUP,
-    LAYER_RLIMITS,
-    LAYER_USER_NS,
-    MARKER_VARIABLE,
-    SAFE_PATH,
-    SHELL,
-    SandboxConfig,
-    SandboxError,
-)
+from worker.sandbox.config import MARKER_VARIABLE, SAFE_PATH, SHELL, SandboxConfig, SandboxError
+
+#: The layers a command can get, as ``describe_isolation`` and every result name them.
+LAYER_PROCESS_GROUP = "process-group"
+LAYER_CLEAN_ENV = "clean-environment"
+LAYER_RLIMITS = "rlimits"
+LAYER_NO_NEW_PRIVS = "no-new-privileges"
+LAYER_PID_NS = "pid-namespace"
+LAYER_NET_NS = "network-namespace"
+LAYER_USER_NS = "user-namespace"
 
 
 def describe_isolation(config: SandboxConfig) -> list[str]:
