@@ -18,6 +18,19 @@ import pytest
 from worker.protocol import ToolCallResult
 from worker.sandbox import SandboxConfig, SandboxError, describe_isolation
 
+#: The built-in tools, in the order a worker registers and publishes them.
+BUILT_INS = [
+    "read_file",
+    "write_file",
+    "save_session_context",
+    "list_dir",
+    "mkdir",
+    "remove",
+    "move",
+    "search_text",
+    "search_files",
+    "run_bash",
+]
 #: The caller's inbox in requests made by ``request``.
 REPLY = "toolq:reply:test"
 

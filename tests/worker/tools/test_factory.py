@@ -6,25 +6,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tests.worker.conftest import BUILT_INS
 from worker.capping import DEFAULT_OUTPUT_CAP_BYTES
 from worker.sandbox import SandboxConfig
 from worker.tools.context import ToolContext
 from worker.tools.factory import create_default_tool_registry
 from worker.tools.registry import ToolRegistry
 from worker.tools.workspace import Workspace
-
-BUILT_INS = [
-    "read_file",
-    "write_file",
-    "save_session_context",
-    "list_dir",
-    "mkdir",
-    "remove",
-    "move",
-    "search_text",
-    "search_files",
-    "run_bash",
-]
 
 
 def default_tools(
