@@ -24,6 +24,7 @@ from typing import Any
 
 from worker import sandbox
 from worker.sandbox import Isolation, SandboxConfig, SandboxError, describe_isolation, run_sandboxed
+from worker.sandbox.plan import plan_for
 
 COMMAND = "true"
 TIMEOUT_MS = 10_000
@@ -82,8 +83,8 @@ class Timer:
         config = SandboxConfig(isolation=isolation)
         base_env = {"PATH": sandbox.SAFE_PATH, "HOME": str(self.folder), "PWD": str(self.folder)}
         try:
-            # A private helper: if the sandbox changes its insides, this series is left out.
-            plan = sandbox._plan(config, os.geteuid())
+            # The plan is the sandbox's inside: if it changes, this series is left out.
+            plan = plan_for(config, os.geteuid())
             argv, env = plan.command_line(
                 COMMAND, base_env, {}, uuid.uuid4().hex, TIMEOUT_MS, config
             )

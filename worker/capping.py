@@ -1,17 +1,36 @@
-"""The output cap: no answer longer than the limit, cut on a character boundary, with a notice."""
+"""The output cap: its default, and text cut to it on a character boundary, with a notice."""
 
 from __future__ import annotations
+
+#: The longest answer a tool gives, in bytes of UTF-8, unless ``TOOLQ_OUTPUT_CAP_BYTES`` says.
+DEFAULT_OUTPUT_CAP_BYTES = 51_200
+#: Room kept under the cap for the notice a tool adds when it leaves something out.
+NOTICE_RESERVE_BYTES = 512
+
+
+def answer_budget(cap_bytes: int) -> int:
+    """How many bytes of an answer a tool may fill before its closing notice.
+
+    Half the cap at least: under a cap too small for the whole notice the generic cap still
+    applies, and the answer keeps some content.
+    """
+    return max(cap_bytes - NOTICE_RESERVE_BYTES, cap_bytes // 2)
+
+
+def fit_utf8(text: str, limit: int) -> tuple[str, bool]:
+    """``text`` cut to at most ``limit`` bytes of UTF-8 on a character boundary; whether cut."""
+    encoded = text.encode("utf-8", "surrogatepass")
+    if len(encoded) <= limit:
+        return text, False
+    # "ignore" drops a multi-byte character cut in half at the boundary.
+    return encoded[:limit].decode("utf-8", "ignore"), True
 
 
 def cap_text(text: str, cap_bytes: int) -> tuple[str, bool]:
     """``text`` within ``cap_bytes`` of UTF-8, notice included; and whether it was cut."""
-    encoded = text.encode("utf-8", errors="surrogatepass")
-    if len(encoded) <= cap_bytes:
+    size = len(text.encode("utf-8", errors="surrogatepass"))
+    if size <= cap_bytes:
         return text, False
-    notice = (
-        f"\n[output truncated: {len(encoded):,} bytes in all, the first {cap_bytes:,} bytes shown]"
-    )
-    keep = max(cap_bytes - len(notice.encode()), 0)
-    # errors="ignore" drops a multi-byte character cut in half at the boundary.
-    head = encoded[:keep].decode("utf-8", errors="ignore")
+    notice = f"\n[output truncated: {size:,} bytes in all, the first {cap_bytes:,} bytes shown]"
+    head, _ = fit_utf8(text, max(cap_bytes - len(notice.encode()), 0))
     return head + notice, True

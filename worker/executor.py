@@ -54,7 +54,11 @@ def build_registry(
     registry = ToolRegistry(passthrough=passthrough, sync_in_thread=False)
     context, workspace = current_context(), CurrentWorkspace()
     create_default_tool_registry(
-        context, workspace, sandbox=SandboxConfig.from_settings(settings), registry=registry
+        context,
+        workspace,
+        output_cap_bytes=settings.output_cap_bytes,
+        sandbox=SandboxConfig.from_settings(settings),
+        registry=registry,
     )
     register_plugins(load_plugins(tuple(settings.plugins)), registry, context, workspace)
     # The caller decides what is enabled; a worker runs whatever reaches its pool.
@@ -157,9 +161,10 @@ class Executor:
                 "timeout",
                 f"Error: {request.tool} timed out after {request.timeout_ms} ms and was stopped.",
             )
-        output, truncated = outcome.output, False
+        output, truncated = outcome.output, outcome.truncated
         if tool is None or not tool.caps_own_output:
-            output, truncated = cap_text(output, self._settings.output_cap_bytes)
+            output, cut = cap_text(output, self._settings.output_cap_bytes)
+            truncated = truncated or cut
         return ToolCallResult(
             task_id=request.task_id,
             tool=request.tool,

@@ -29,6 +29,8 @@ def fleet_tool_specs(settings: WorkerSettings) -> list[ToolSpec]:
     for position, name in enumerate(registry.get_tool_names()):
         tool = registry.get(name)
         assert tool is not None
+        own = tool.default_timeout_ms
+        default_timeout_ms = settings.default_timeout_ms if own is None else own
         specs.append(
             ToolSpec(
                 name=name,
@@ -37,7 +39,7 @@ def fleet_tool_specs(settings: WorkerSettings) -> list[ToolSpec]:
                 pool=tool.pool,
                 enabled_by_default=tool.enabled_by_default and name not in settings.disabled_tools,
                 idempotent=tool.idempotent,
-                default_timeout_ms=min(tool.default_timeout_ms, settings.max_timeout_ms),
+                default_timeout_ms=min(default_timeout_ms, settings.max_timeout_ms),
                 timeout_argument=tool.timeout_argument,
                 position=position,
             )

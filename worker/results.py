@@ -52,10 +52,6 @@ class ResultStore:
         self._store = client.register_script(_STORE_ONCE)
         self._begin = client.register_script(_BEGIN)
 
-    def get(self, task_id: str) -> ToolCallResult | None:
-        raw = self._redis.get(keys.result(task_id))
-        return ToolCallResult.model_validate_json(raw) if raw else None
-
     def store(self, result: ToolCallResult, reply_to: str | None) -> ToolCallResult:
         """Keep the first result for this call and send the kept one to ``reply_to``."""
         payload = result.model_dump_json()

@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from worker.capping import DEFAULT_OUTPUT_CAP_BYTES
+
 LOCAL_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
@@ -38,7 +40,9 @@ class FleetSettings(BaseSettings):
     reply_margin_s: float = Field(
         10.0, gt=0, description="Seconds past a call's deadline before the caller gives up."
     )
-    output_cap_bytes: int = Field(51_200, gt=0, description="Cap on a tool's answer (50 KB).")
+    output_cap_bytes: int = Field(
+        DEFAULT_OUTPUT_CAP_BYTES, gt=0, description="Cap on every tool's answer (50 KB)."
+    )
     result_ttl_s: int = Field(86_400, gt=0, description="How long results are kept.")
     log_format: Literal["auto", "json", "text"] = Field("auto", description="auto: JSON off a TTY.")
     log_level: str = Field("INFO", description="Python logging level.")

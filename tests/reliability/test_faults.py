@@ -226,9 +226,10 @@ async def test_the_command_of_a_killed_worker_child_does_not_outlive_it(
 #: What it means when a killed worker child's command lives on.
 ORPHANED_COMMAND = (
     "the command of a worker child killed mid-call ran on after the call was answered, with no "
-    "time limit any more: worker/sandbox.py must tie the command's wrapper (prlimit, unshare, "
-    "setpriv, the shell) to the worker child with a parent-death signal at every step, and "
-    "sweep the leftovers of dead children where there is no PID namespace."
+    "time limit any more: worker/sandbox/plan.py must tie the command's wrapper (prlimit, "
+    "unshare, setpriv, the shell) to the worker child with a parent-death signal at every step, "
+    "and worker/sandbox/sweep.py must sweep the leftovers of dead children where there is no PID "
+    "namespace."
 )
 
 

@@ -12,13 +12,12 @@ import fakeredis
 import pytest
 
 from api.dispatch import Dispatcher
+from tests.worker.conftest import REPLY, replies, request
 from worker.capping import cap_text
 from worker.executor import Executor
-from worker.protocol import ToolCallResult, ToolSpec, keys
+from worker.protocol import ToolSpec, keys
 from worker.results import ResultStore
 from worker.settings import WorkerSettings
-
-REPLY = "toolq:reply:test"
 
 
 @pytest.fixture
@@ -40,24 +39,6 @@ def settings(tmp_path: Path) -> WorkerSettings:
 @pytest.fixture
 def executor(settings: WorkerSettings, client: fakeredis.FakeRedis) -> Executor:
     return Executor(settings, ResultStore(client, 60), "test-worker:1")
-
-
-def request(tool: str, arguments: dict[str, Any] | str, **extra: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "task_id": extra.pop("task_id", f"id-{tool}-{time.monotonic_ns()}"),
-        "run_id": "run-1",
-        "tool": tool,
-        "arguments": arguments,
-        "timeout_ms": 5000,
-        "deadline": time.time() + 60,
-        "reply_to": REPLY,
-    }
-    body.update(extra)
-    return body
-
-
-def replies(client: fakeredis.FakeRedis) -> list[ToolCallResult]:
-    return [ToolCallResult.model_validate_json(r) for r in client.lrange(REPLY, 0, -1)]
 
 
 def test_a_call_is_run_stored_and_answered(executor: Executor, client: fakeredis.FakeRedis) -> None:

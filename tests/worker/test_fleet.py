@@ -16,6 +16,7 @@ from kombu import Connection, Exchange, Producer
 
 from api.fleet import read_manifest
 from tests.conftest import Caller, WorkerFleet, wait_for
+from tests.worker.conftest import BUILT_INS
 
 pytestmark = pytest.mark.integration
 
@@ -62,18 +63,7 @@ async def test_run_bash_runs_on_the_sandbox_pool(call: Caller) -> None:
 
 async def test_the_manifest_tells_tools_pools_and_defaults(call: Caller) -> None:
     specs = call.specs
-    assert list(specs)[:10] == [
-        "read_file",
-        "write_file",
-        "save_session_context",
-        "list_dir",
-        "mkdir",
-        "remove",
-        "move",
-        "search_text",
-        "search_files",
-        "run_bash",
-    ]
+    assert list(specs)[:10] == BUILT_INS
     assert not specs["remove"].enabled_by_default and not specs["run_bash"].enabled_by_default
     assert specs["read_file"].enabled_by_default and specs["read_file"].idempotent
     assert specs["get_current_weather"].pool == "tools"

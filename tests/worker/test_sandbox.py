@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import secrets
 import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO, wait_for
+from tests.worker.conftest import NOBODY, namespaces_unavailable
 from worker import sandbox
 from worker.sandbox import (
     SandboxConfig,
@@ -25,27 +24,11 @@ from worker.sandbox import (
     describe_isolation,
     run_sandboxed,
 )
+from worker.sandbox import plan as sandbox_plan
 
-NOBODY = pwd.getpwnam("nobody")
 as_root = pytest.mark.skipif(
     os.geteuid() != 0, reason="commands run as another user, under rlimits, only for a root worker"
 )
-
-
-def namespaces_unavailable() -> str | None:
-    try:
-        describe_isolation(SandboxConfig(isolation="namespaces"))
-    except SandboxError as exc:
-        return str(exc)
-    return None
-
-
-@pytest.fixture(params=["process", pytest.param("namespaces", marks=pytest.mark.netns)])
-def mode(request: pytest.FixtureRequest) -> str:
-    isolation: str = request.param
-    if isolation == "namespaces" and (reason := namespaces_unavailable()):
-        pytest.skip(f"this machine gives no PID/network namespaces: {reason}")
-    return isolation
 
 
 @pytest.fixture
@@ -54,20 +37,11 @@ def namespaced() -> None:
         pytest.skip(f"this machine gives no PID/network namespaces: {reason}")
 
 
-@pytest.fixture
-def workdir() -> Iterator[Path]:
-    root = Path(tempfile.mkdtemp(prefix="toolq-sandbox-"))
-    if os.geteuid() == 0:
-        os.chown(root, NOBODY.pw_uid, NOBODY.pw_gid)
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
-
-
 def run(
-    command: str, workdir: Path, config: SandboxConfig, timeout_ms: int = 5_000
+    command: str, sandbox_dir: Path, config: SandboxConfig, timeout_ms: int = 5_000
 ) -> SandboxResult:
     return run_sandboxed(
-        command, cwd=workdir, home=workdir, env={}, timeout_ms=timeout_ms, config=config
+        command, cwd=sandbox_dir, home=sandbox_dir, env={}, timeout_ms=timeout_ms, config=config
     )
 
 
@@ -115,21 +89,21 @@ def test_describe_isolation_names_the_layers_of_each_setting(mode: str) -> None:
 
 
 @as_root
-def test_runs_as_the_unprivileged_user_without_extra_groups(mode: str, workdir: Path) -> None:
-    result = run("id -u; id -G", workdir, config_for(mode))
+def test_runs_as_the_unprivileged_user_without_extra_groups(mode: str, sandbox_dir: Path) -> None:
+    result = run("id -u; id -G", sandbox_dir, config_for(mode))
 
     assert result.stdout == f"{NOBODY.pw_uid}\n{NOBODY.pw_gid}\n"
 
 
 @as_root
-def test_cannot_signal_or_trace_the_worker(mode: str, workdir: Path) -> None:
+def test_cannot_signal_or_trace_the_worker(mode: str, sandbox_dir: Path) -> None:
     if shutil.which("python3", path=sandbox.SAFE_PATH) is None:
         pytest.skip("no python3 on the sandbox's PATH to call ptrace with")
     worker = os.getpid()
     attach = f"import ctypes; print(ctypes.CDLL(None).ptrace(16, {worker}, 0, 0))"
 
-    signal_result = run(f"kill -0 {worker}", workdir, config_for(mode))
-    trace_result = run(f"python3 -c '{attach}'", workdir, config_for(mode))
+    signal_result = run(f"kill -0 {worker}", sandbox_dir, config_for(mode))
+    trace_result = run(f"python3 -c '{attach}'", sandbox_dir, config_for(mode))
 
     assert signal_result.exit_code != 0
     assert trace_result.stdout == "-1\n"
@@ -151,27 +125,27 @@ def reaped() -> Iterator[None]:
 
 @as_root
 @pytest.mark.usefixtures("reaped")
-def test_a_fork_bomb_is_stopped_and_the_worker_goes_on(mode: str, workdir: Path) -> None:
+def test_a_fork_bomb_is_stopped_and_the_worker_goes_on(mode: str, sandbox_dir: Path) -> None:
     token = f"bomb-{secrets.token_hex(8)}"  # every copy of the bomb carries it in its argv
     # The shells on top only exec: once the bomb fills the process limit, nothing can fork.
     bomb = f"exec bash -c ':(){{ :|:& }};: {token}; exec sleep 10'"
 
-    result = run(bomb, workdir, config_for(mode), timeout_ms=1_000)
+    result = run(bomb, sandbox_dir, config_for(mode), timeout_ms=1_000)
 
     assert result.timed_out is True
     assert "fork: retry: Resource temporarily unavailable" in result.stderr
     assert not [pid for pid in _pids() if any(token.encode() in a for a in _cmdline(pid))]
     wait_until_reaped()
-    assert run("echo alive", workdir, config_for(mode)).stdout == "alive\n"
+    assert run("echo alive", sandbox_dir, config_for(mode)).stdout == "alive\n"
 
 
 @as_root
-def test_a_memory_hog_is_stopped(mode: str, workdir: Path) -> None:
+def test_a_memory_hog_is_stopped(mode: str, sandbox_dir: Path) -> None:
     if shutil.which("python3", path=sandbox.SAFE_PATH) is None:
         pytest.skip("no python3 on the sandbox's PATH")
     hog = "python3 -c 'block = bytearray(2 * 1024**3); print(len(block))'"
 
-    result = run(hog, workdir, config_for(mode, memory_mb=512))
+    result = run(hog, sandbox_dir, config_for(mode, memory_mb=512))
 
     assert result.exit_code == 1
     assert result.stdout == ""
@@ -179,19 +153,21 @@ def test_a_memory_hog_is_stopped(mode: str, workdir: Path) -> None:
 
 
 @as_root
-def test_a_file_cannot_grow_past_the_limit(mode: str, workdir: Path) -> None:
-    result = run("dd if=/dev/zero of=big bs=1M count=3", workdir, config_for(mode, file_size_mb=1))
+def test_a_file_cannot_grow_past_the_limit(mode: str, sandbox_dir: Path) -> None:
+    result = run(
+        "dd if=/dev/zero of=big bs=1M count=3", sandbox_dir, config_for(mode, file_size_mb=1)
+    )
 
     assert result.exit_code != 0
-    assert (workdir / "big").stat().st_size <= 1024 * 1024
+    assert (sandbox_dir / "big").stat().st_size <= 1024 * 1024
 
 
-def test_the_network_is_out_of_reach_only_in_a_namespace(mode: str, workdir: Path) -> None:
+def test_the_network_is_out_of_reach_only_in_a_namespace(mode: str, sandbox_dir: Path) -> None:
     if shutil.which("bash", path=sandbox.SAFE_PATH) is None:
         pytest.skip("no bash to open a TCP connection with")
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
-        result = run(f"bash -c 'exec 3<>/dev/tcp/127.0.0.1/{port}'", workdir, config_for(mode))
+        result = run(f"bash -c 'exec 3<>/dev/tcp/127.0.0.1/{port}'", sandbox_dir, config_for(mode))
 
     if mode == "namespaces":
         assert result.exit_code != 0
@@ -202,31 +178,31 @@ def test_the_network_is_out_of_reach_only_in_a_namespace(mode: str, workdir: Pat
 
 @pytest.mark.netns
 @pytest.mark.usefixtures("namespaced")
-def test_a_pid_namespace_kills_leftovers_that_hide_from_the_sweep(workdir: Path) -> None:
+def test_a_pid_namespace_kills_leftovers_that_hide_from_the_sweep(sandbox_dir: Path) -> None:
     token = f"0.{secrets.randbelow(10**9):09d}1"
     hidden = (
         f"env -i setsid sh -c 'touch ready; exec sleep 300 {token}' & "
         "for i in $(seq 500); do [ -e ready ] && break; sleep 0.01; done"
     )
 
-    run(hidden, workdir, config_for("namespaces"))
+    run(hidden, sandbox_dir, config_for("namespaces"))
 
     assert not [pid for pid in _pids() if token.encode() in _cmdline(pid)]
 
 
 def test_auto_falls_back_to_process_isolation_without_namespaces(
-    workdir: Path, monkeypatch: pytest.MonkeyPatch
+    sandbox_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reason = "unshare: unshare failed: Operation not permitted"
-    monkeypatch.setattr(sandbox, "_namespace_failure", lambda argv: reason)
-    sandbox._plan.cache_clear()
+    monkeypatch.setattr(sandbox_plan, "namespace_failure", lambda argv: reason)
+    sandbox_plan.plan_for.cache_clear()
     try:
         layers = describe_isolation(SandboxConfig(isolation="auto"))
-        result = run("echo still works", workdir, SandboxConfig(isolation="auto"))
+        result = run("echo still works", sandbox_dir, SandboxConfig(isolation="auto"))
         with pytest.raises(SandboxError, match="Operation not permitted"):
             describe_isolation(SandboxConfig(isolation="namespaces"))
     finally:
-        sandbox._plan.cache_clear()
+        sandbox_plan.plan_for.cache_clear()
 
     assert "pid-namespace" not in layers
     assert "network-namespace" not in layers
@@ -241,7 +217,7 @@ def test_a_missing_sandbox_user_is_a_clear_error() -> None:
 
 
 @as_root
-def test_a_worker_that_is_not_root_isolates_what_it_can(workdir: Path) -> None:
+def test_a_worker_that_is_not_root_isolates_what_it_can(sandbox_dir: Path) -> None:
     script = (
         "import json, pathlib\n"
         "from worker.sandbox import SandboxConfig, describe_isolation, run_sandboxed\n"
@@ -253,41 +229,41 @@ def test_a_worker_that_is_not_root_isolates_what_it_can(workdir: Path) -> None:
         "    print(json.dumps([mode, describe_isolation(config), result.stdout]))\n"
     )
 
-    done = _run_as_nobody(script, workdir)
+    done = _run_as_nobody(script, sandbox_dir)
 
     answers = {mode: (layers, out) for mode, layers, out in map(json.loads, done.splitlines())}
     assert answers["process"] == (
         ["process-group", "clean-environment", "rlimits"],
-        f"{NOBODY.pw_uid}\n{workdir}\n",
+        f"{NOBODY.pw_uid}\n{sandbox_dir}\n",
     )
     auto_layers, auto_out = answers["auto"]
     if "user-namespace" in auto_layers:  # unprivileged user namespaces work here
         assert auto_layers[3:] == ["pid-namespace", "network-namespace", "user-namespace"]
-        assert auto_out == f"0\n{workdir}\n"  # root inside, the worker's user outside
+        assert auto_out == f"0\n{sandbox_dir}\n"  # root inside, the worker's user outside
     else:
         assert auto_layers == ["process-group", "clean-environment", "rlimits"]
 
 
-def _run_as_nobody(script: str, workdir: Path) -> str:
+def _run_as_nobody(script: str, sandbox_dir: Path) -> str:
     """Run ``script`` with this interpreter as nobody; skip when nobody cannot run it."""
     drop = ["setpriv", f"--reuid={NOBODY.pw_uid}", f"--regid={NOBODY.pw_gid}", "--clear-groups"]
     env = {"PATH": sandbox.SAFE_PATH, "PYTHONPATH": str(REPO)}
     probe = subprocess.run(
         [*drop, sys.executable, "-c", "import worker.sandbox"],
-        cwd=workdir, env=env, capture_output=True, text=True, timeout=60, check=False,
+        cwd=sandbox_dir, env=env, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     if probe.returncode != 0:
         pytest.skip(f"nobody cannot run this interpreter: {probe.stderr.strip()[-200:]}")
     done = subprocess.run(
         [*drop, sys.executable, "-c", script],
-        cwd=workdir, env=env, capture_output=True, text=True, timeout=60, check=False,
+        cwd=sandbox_dir, env=env, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return done.stdout
 
 
 @as_root
-def test_an_unprivileged_worker_still_limits_its_commands(workdir: Path) -> None:
+def test_an_unprivileged_worker_still_limits_its_commands(sandbox_dir: Path) -> None:
     """Lowering one's own rlimits needs no privilege: a worker that is not root applies them."""
     script = (
         "import pathlib\n"
@@ -299,11 +275,11 @@ def test_an_unprivileged_worker_still_limits_its_commands(workdir: Path) -> None
         "print('rlimits' in result.isolation, result.stdout.strip())\n"
     )
 
-    applied, code = _run_as_nobody(script, workdir).split()[:2]
+    applied, code = _run_as_nobody(script, sandbox_dir).split()[:2]
 
     assert applied == "True"
     assert code != "0"
-    assert (workdir / "big").stat().st_size <= 1024 * 1024
+    assert (sandbox_dir / "big").stat().st_size <= 1024 * 1024
 
 
 def _sleeps(tag: str) -> list[int]:
@@ -320,14 +296,14 @@ def _sleeps(tag: str) -> list[int]:
     return found
 
 
-def test_a_worker_killed_mid_call_leaves_no_command_running(mode: str, workdir: Path) -> None:
+def test_a_worker_killed_mid_call_leaves_no_command_running(mode: str, sandbox_dir: Path) -> None:
     """With namespaces the command dies with its worker; without, the next worker sweeps it."""
     tag = f"{secrets.randbelow(10**6)}.25"
     script = (
         "from pathlib import Path\n"
         "from worker.sandbox import SandboxConfig, run_sandboxed\n"
-        f"run_sandboxed('sleep 300 {tag}; echo', cwd=Path({str(workdir)!r}), "
-        f"home=Path({str(workdir)!r}), env={{}}, timeout_ms=60000, "
+        f"run_sandboxed('sleep 300 {tag}; echo', cwd=Path({str(sandbox_dir)!r}), "
+        f"home=Path({str(sandbox_dir)!r}), env={{}}, timeout_ms=60000, "
         f"config=SandboxConfig(isolation={mode!r}))\n"
     )
     worker = subprocess.Popen(

@@ -6,20 +6,21 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, Field, field_validator
 
 from worker.sandbox import SandboxConfig, run_sandboxed
 from worker.settings import get_worker_settings
-from worker.tools.interface import ExecutableTool
-from worker.tools.workspace import Workspace, WorkspaceError, shown
+from worker.tools.interface import ExecutableTool, ToolArgs
+from worker.tools.paths import WorkspaceError, shown
+from worker.tools.workspace import Workspace
 
 MAX_TIMEOUT_MS = 600_000
+#: A command's time limit when the call gives none.
+DEFAULT_TIMEOUT_MS = 30_000
 
 
-class RunBashArgs(BaseModel):
+class RunBashArgs(ToolArgs):
     """Arguments of run_bash."""
-
-    model_config = ConfigDict(extra="forbid")
 
     command: str = Field(
         min_length=1, description="The command line, run by /bin/sh -c (POSIX shell syntax)."
@@ -31,7 +32,7 @@ class RunBashArgs(BaseModel):
         None, description='Extra environment variables, e.g. {"DEBUG": "1"}.'
     )
     timeout: int = Field(
-        30_000,
+        DEFAULT_TIMEOUT_MS,
         gt=0,
         le=MAX_TIMEOUT_MS,
         description="Milliseconds before the command and everything it started are killed.",
@@ -70,7 +71,7 @@ class RunBashTool(ExecutableTool):
     idempotent = False
     enabled_by_default = False
     caps_own_output = True
-    default_timeout_ms = 30_000
+    default_timeout_ms = DEFAULT_TIMEOUT_MS
     timeout_argument = "timeout"
 
     def __init__(self, workspace: Workspace, config: SandboxConfig | None = None) -> None:
@@ -86,7 +87,7 @@ class RunBashTool(ExecutableTool):
             cwd=cwd,
             home=self._workspace.root,
             env=args.get("env") or {},
-            timeout_ms=args.get("timeout", self.default_timeout_ms),
+            timeout_ms=args.get("timeout", DEFAULT_TIMEOUT_MS),
             config=self._config,
         )
         answer = {

@@ -6,48 +6,39 @@ import codecs
 import stat
 from typing import Any, BinaryIO
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from worker.tools.interface import ExecutableTool
-from worker.tools.workspace import (
+from worker.capping import DEFAULT_OUTPUT_CAP_BYTES, answer_budget, fit_utf8
+from worker.tools.interface import ExecutableTool, ToolArgs, TruncatedText
+from worker.tools.paths import (
     PathNotFoundError,
-    Workspace,
     WorkspaceError,
     counted,
     file_kind,
     printable,
     shown,
 )
+from worker.tools.workspace import Workspace
 
-#: The worker's cap on an answer; tools that may say a lot stay below it themselves.
-OUTPUT_CAP_BYTES = 51_200
-#: Room kept under the cap for a tool's closing notice.
-NOTICE_RESERVE_BYTES = 512
 #: How much of a file is checked for NUL bytes to tell binary from text.
 BINARY_PROBE_BYTES = 8192
 
 
 class WorkspaceTool(ExecutableTool):
-    """A tool that works on the files of one workspace."""
+    """A tool that works on the files of one workspace; what it may say a lot of, it cuts to
+    fit ``output_cap_bytes`` itself, with a notice of what was left out."""
 
-    def __init__(self, workspace: Workspace) -> None:
+    def __init__(
+        self, workspace: Workspace, *, output_cap_bytes: int = DEFAULT_OUTPUT_CAP_BYTES
+    ) -> None:
         self.workspace = workspace
-
-
-def fit_utf8(text: str, limit: int) -> tuple[str, bool]:
-    """``text`` cut to at most ``limit`` bytes of UTF-8 on a character boundary; whether cut."""
-    encoded = text.encode("utf-8", "surrogatepass")
-    if len(encoded) <= limit:
-        return text, False
-    return encoded[:limit].decode("utf-8", "ignore"), True
+        self.output_cap_bytes = output_cap_bytes
 
 
 # -- read_file ---------------------------------------------------------------------------------
 
 
-class ReadFileArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ReadFileArgs(ToolArgs):
     path: str = Field(description="The file to read, relative to the workspace, e.g. 'src/app.py'.")
     encoding: str = Field(
         "utf-8",
@@ -68,7 +59,7 @@ class ReadFileTool(WorkspaceTool):
         codec = text_codec(args["encoding"])
         target = self.workspace.resolve(args["path"])
         where = self.workspace.relative(target)
-        budget = OUTPUT_CAP_BYTES - NOTICE_RESERVE_BYTES
+        budget = answer_budget(self.output_cap_bytes)
         with self.workspace.open_for_reading(target) as (file, info):
             try:
                 head = _read_at_most(file, budget + 1)
@@ -87,10 +78,10 @@ class ReadFileTool(WorkspaceTool):
         text, cut = fit_utf8(text, budget)
         if not (more_on_disk or cut):
             return text
-        return text + (
-            f"\n\n[read_file: {where} has {info.st_size:,} bytes; only its first "
+        return TruncatedText(
+            f"{text}\n\n[read_file: {where} has {info.st_size:,} bytes; only its first "
             f"{len(text):,} characters are shown because answers are capped at "
-            f"{OUTPUT_CAP_BYTES:,} bytes. Use search_text to find the lines you need.]"
+            f"{self.output_cap_bytes:,} bytes. Use search_text to find the lines you need.]"
         )
 
 
@@ -139,9 +130,7 @@ def _decode(data: bytes, codec: str, *, final: bool, where: str) -> str:
 # -- write_file --------------------------------------------------------------------------------
 
 
-class WriteFileArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class WriteFileArgs(ToolArgs):
     path: str = Field(
         description="The file to write, relative to the workspace; missing parent directories "
         "are created."
@@ -182,9 +171,7 @@ class WriteFileTool(WorkspaceTool):
 # -- list_dir ----------------------------------------------------------------------------------
 
 
-class ListDirArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ListDirArgs(ToolArgs):
     path: str = Field(".", description="The directory to list, relative to the workspace.")
 
 
@@ -204,7 +191,7 @@ class ListDirTool(WorkspaceTool):
         if not entries:
             return f"{where} is empty."
         header = f"{where} ({counted(len(entries), 'entry', 'entries')}):"
-        budget = OUTPUT_CAP_BYTES - NOTICE_RESERVE_BYTES - len(header.encode())
+        budget = answer_budget(self.output_cap_bytes) - len(header.encode())
         lines: list[str] = []
         for entry in entries:
             line = _describe(entry.name, entry.stat.st_mode, entry.stat.st_size, entry.link_target)
@@ -213,10 +200,11 @@ class ListDirTool(WorkspaceTool):
                 break
             lines.append(line)
         left_out = len(entries) - len(lines)
-        if left_out:
-            more = counted(left_out, "more entry", "more entries")
-            lines.append(f"[{more} not shown: the answer is capped]")
-        return "\n".join([header, *lines])
+        if not left_out:
+            return "\n".join([header, *lines])
+        more = counted(left_out, "more entry", "more entries")
+        lines.append(f"[{more} not shown: the answer is capped]")
+        return TruncatedText("\n".join([header, *lines]))
 
 
 def _describe(name: str, mode: int, size: int, link_target: str | None) -> str:
@@ -233,9 +221,7 @@ def _describe(name: str, mode: int, size: int, link_target: str | None) -> str:
 # -- mkdir -------------------------------------------------------------------------------------
 
 
-class MkdirArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class MkdirArgs(ToolArgs):
     path: str = Field(
         description="The directory to create, relative to the workspace; parents are created "
         "too, and an existing directory is fine."
@@ -259,9 +245,7 @@ class MkdirTool(WorkspaceTool):
 # -- remove ------------------------------------------------------------------------------------
 
 
-class RemoveArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class RemoveArgs(ToolArgs):
     path: str = Field(
         description="The file or directory to remove, relative to the workspace; directories "
         "are removed with everything in them."
@@ -298,9 +282,7 @@ class RemoveTool(WorkspaceTool):
 # -- move --------------------------------------------------------------------------------------
 
 
-class MoveArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class MoveArgs(ToolArgs):
     source: str = Field(description="The file or directory to move, relative to the workspace.")
     destination: str = Field(
         description="The new path, relative to the workspace. If it is an existing directory, "

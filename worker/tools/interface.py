@@ -23,25 +23,39 @@ class ToolOutcome:
     error_kind: ErrorKind | None = None
     worker: str | None = None
     duration_ms: float | None = None
+    #: The tool left part of its answer out to fit the output cap.
+    truncated: bool = False
 
     @property
     def is_error(self) -> bool:
         return self.error_kind is not None
 
 
-class NoArgs(BaseModel):
-    """Arguments of a tool that takes none."""
+class TruncatedText(str):
+    """An answer its tool cut to fit the output cap, with a notice of what was left out: the
+    call's result says it was truncated."""
+
+    __slots__ = ()
+
+
+class ToolArgs(BaseModel):
+    """Base of a tool's arguments: a parameter the tool does not have is refused, not ignored."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+class NoArgs(ToolArgs):
+    """Arguments of a tool that takes none."""
 
 
 class ExecutableTool(ABC):
     """A tool the model can call.
 
-    Subclasses set ``name``, ``description`` and ``Args`` (a pydantic model; omit it for a tool
-    without parameters) and implement ``execute``, plain or ``async``. ``execute`` receives the
-    validated arguments as a plain ``dict`` with defaults filled in, and returns a ``str`` or any
-    value the registry can serialise to JSON.
+    Subclasses set ``name``, ``description`` and ``Args`` (a pydantic model, usually a
+    ``ToolArgs``; omit it for a tool without parameters) and implement ``execute``, plain or
+    ``async``. ``execute`` receives the validated arguments as a plain ``dict`` with defaults
+    filled in, and returns a ``str`` (a ``TruncatedText`` when it cut its answer to the output
+    cap) or any value the registry can serialise to JSON.
     """
 
     name: ClassVar[str]
@@ -52,12 +66,14 @@ class ExecutableTool(ABC):
     pool: ClassVar[Pool] = "tools"
     #: Safe to run twice: a call interrupted mid-run (its worker died) is run again only if True.
     idempotent: ClassVar[bool] = False
-    #: Starts disabled when registered by the default factory.
+    #: Offered to the model unless the caller says otherwise; False makes the tool opt-in (the
+    #: default factory registers it disabled, and the fleet's manifest says so).
     enabled_by_default: ClassVar[bool] = True
     #: The tool caps its own output (and keeps it valid JSON); the generic text cap is skipped.
     caps_own_output: ClassVar[bool] = False
-    #: Deadline applied when the caller gives none, in milliseconds.
-    default_timeout_ms: ClassVar[int] = 30_000
+    #: Deadline applied when the caller gives none, in milliseconds; None: the fleet's default
+    #: (``TOOLQ_DEFAULT_TIMEOUT_MS``).
+    default_timeout_ms: ClassVar[int | None] = None
     #: An argument that sets the tool's own time limit in ms (run_bash's ``timeout``): the call's
     #: deadline then follows it, so the tool can stop itself and report before the worker must.
     timeout_argument: ClassVar[str | None] = None

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-from worker.tools.interface import ExecutableTool, ProxyTool, ToolOutcome
+from worker.tools.interface import ExecutableTool, ProxyTool, ToolOutcome, TruncatedText
 
 __all__ = ["DuplicateToolError", "ToolOutcome", "ToolRegistry"]
 
@@ -212,7 +212,7 @@ def validate_arguments(
 
 def serialise_result(name: str, result: Any) -> ToolOutcome:
     if isinstance(result, str):
-        return ToolOutcome(result)
+        return ToolOutcome(str(result), truncated=isinstance(result, TruncatedText))
     try:
         return ToolOutcome(
             json.dumps(result, ensure_ascii=False, allow_nan=False, default=to_jsonable_python)

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from worker.protocol import ToolContextSnapshot
 from worker.tools.context import ToolContext
-from worker.tools.workspace import Workspace, _Location
+from worker.tools.paths import _Location
+from worker.tools.workspace import Workspace
 
 
 @dataclass(frozen=True, slots=True)

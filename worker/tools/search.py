@@ -12,23 +12,20 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import regex
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
-from worker.tools.filesystem import (
-    BINARY_PROBE_BYTES,
-    NOTICE_RESERVE_BYTES,
-    OUTPUT_CAP_BYTES,
-    WorkspaceTool,
-)
-from worker.tools.workspace import (
+from worker.capping import DEFAULT_OUTPUT_CAP_BYTES, answer_budget
+from worker.tools.filesystem import BINARY_PROBE_BYTES, WorkspaceTool
+from worker.tools.interface import ToolArgs, TruncatedText
+from worker.tools.paths import (
     PathNotFoundError,
-    Workspace,
     WorkspaceError,
     counted,
     file_kind,
     printable,
     shown,
 )
+from worker.tools.workspace import Workspace
 
 #: A whole search, however many files, gets this long before it answers with what it has.
 DEFAULT_TIME_BUDGET_S = 5.0
@@ -58,6 +55,11 @@ class _Collected:
         self.budget -= size
         self.lines.append(line)
 
+    def answer(self, notes: list[str]) -> str:
+        """The lines kept, then ``notes``; marked truncated when some did not fit."""
+        text = "\n".join([*self.lines, *notes])
+        return TruncatedText(text) if self.left_out else text
+
 
 def _remaining(deadline: float) -> float:
     left = deadline - time.monotonic()
@@ -66,12 +68,42 @@ def _remaining(deadline: float) -> float:
     return left
 
 
+class SearchTool(WorkspaceTool):
+    """A search of the workspace: it answers within the output cap and its time budget, with
+    notes of what did not fit and of a search cut short."""
+
+    idempotent = True
+
+    def __init__(
+        self,
+        workspace: Workspace,
+        *,
+        output_cap_bytes: int = DEFAULT_OUTPUT_CAP_BYTES,
+        time_budget_s: float = DEFAULT_TIME_BUDGET_S,
+    ) -> None:
+        super().__init__(workspace, output_cap_bytes=output_cap_bytes)
+        self.time_budget_s = time_budget_s
+
+    def _collect(self) -> _Collected:
+        return _Collected(answer_budget(self.output_cap_bytes))
+
+    def _left_out_note(self, left_out: str, advice: str) -> str:
+        return (
+            f"[{left_out} not shown: the answer is capped at {self.output_cap_bytes:,} bytes. "
+            f"{advice}]"
+        )
+
+    def _time_up_note(self, advice: str) -> str:
+        return (
+            f"[search stopped after its {self.time_budget_s:g} s time limit; results are "
+            f"incomplete. {advice}]"
+        )
+
+
 # -- search_text -------------------------------------------------------------------------------
 
 
-class SearchTextArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class SearchTextArgs(ToolArgs):
     query: str = Field(min_length=1, description="The text (or regular expression) to find.")
     paths: list[str] = Field(
         min_length=1,
@@ -92,20 +124,13 @@ class SearchTextArgs(BaseModel):
 LineMatcher = Callable[[str, float], bool]
 
 
-class SearchTextTool(WorkspaceTool):
+class SearchTextTool(SearchTool):
     name = "search_text"
     description = (
         "Search files in the workspace line by line for text or a regular expression. Answers "
         "with 'path:line_number:line' for each matching line; binary files are skipped."
     )
     Args = SearchTextArgs
-    idempotent = True
-
-    def __init__(
-        self, workspace: Workspace, *, time_budget_s: float = DEFAULT_TIME_BUDGET_S
-    ) -> None:
-        super().__init__(workspace)
-        self.time_budget_s = time_budget_s
 
     def execute(self, args: dict[str, Any]) -> str:
         query: str = args["query"]
@@ -113,7 +138,7 @@ class SearchTextTool(WorkspaceTool):
         resolved = (self.workspace.resolve(p) for p in dict.fromkeys(args["paths"]))
         targets = list(dict.fromkeys(resolved))
         deadline = time.monotonic() + self.time_budget_s
-        found = _Collected(OUTPUT_CAP_BYTES - NOTICE_RESERVE_BYTES)
+        found = self._collect()
         search = _TextSearch(self.workspace, matches, found, deadline)
         problems: list[str] = []
         timed_out = False
@@ -132,22 +157,15 @@ class SearchTextTool(WorkspaceTool):
             notes.append(f"[{counted(search.binary_skipped, 'binary file')} skipped]")
         if found.left_out:
             more = "at least " if timed_out else ""
-            notes.append(
-                f"[{more}{counted(found.left_out, 'more match', 'more matches')} not shown: "
-                f"the answer is capped at {OUTPUT_CAP_BYTES:,} bytes. Narrow the search.]"
-            )
+            left_out = more + counted(found.left_out, "more match", "more matches")
+            notes.append(self._left_out_note(left_out, "Narrow the search."))
         if timed_out:
-            notes.append(
-                f"[search stopped after its {self.time_budget_s:g} s time limit; results are "
-                "incomplete. Search fewer files or use a simpler pattern.]"
-            )
-        if not found.lines:
+            notes.append(self._time_up_note("Search fewer files or use a simpler pattern."))
+        if not found.lines and not found.left_out:
             what = "the regular expression" if args["regex"] else "the text"
             where = ", ".join(shown(self.workspace.relative(t)) for t in targets)
-            lines = [f"No lines match {what} {shown(query)} in {where}."]
-        else:
-            lines = found.lines
-        return "\n".join([*lines, *notes])
+            return "\n".join([f"No lines match {what} {shown(query)} in {where}.", *notes])
+        return found.answer(notes)
 
 
 def _line_matcher(query: str, is_regex: bool) -> LineMatcher:
@@ -230,9 +248,7 @@ class _TextSearch:
 # -- search_files ------------------------------------------------------------------------------
 
 
-class SearchFilesArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class SearchFilesArgs(ToolArgs):
     pattern: str = Field(
         min_length=1,
         description="A glob relative to `path`: '*' and '?' match within one name, '[abc]' one "
@@ -242,7 +258,7 @@ class SearchFilesArgs(BaseModel):
     path: str = Field(".", description="The directory to search in, relative to the workspace.")
 
 
-class SearchFilesTool(WorkspaceTool):
+class SearchFilesTool(SearchTool):
     name = "search_files"
     description = (
         "Find files and directories in the workspace whose paths match a glob pattern such as "
@@ -250,13 +266,6 @@ class SearchFilesTool(WorkspaceTool):
         "directories end with '/'."
     )
     Args = SearchFilesArgs
-    idempotent = True
-
-    def __init__(
-        self, workspace: Workspace, *, time_budget_s: float = DEFAULT_TIME_BUDGET_S
-    ) -> None:
-        super().__init__(workspace)
-        self.time_budget_s = time_budget_s
 
     def execute(self, args: dict[str, Any]) -> str:
         pattern: str = args["pattern"]
@@ -289,27 +298,22 @@ class SearchFilesTool(WorkspaceTool):
         return self._answer(sorted(hits), pattern, base, timed_out)
 
     def _answer(self, hits: list[str], pattern: str, base: Path, timed_out: bool) -> str:
-        collected = _Collected(OUTPUT_CAP_BYTES - NOTICE_RESERVE_BYTES)
+        collected = self._collect()
         for hit in hits:
             collected.add(hit)
         notes: list[str] = []
         if collected.left_out:
-            notes.append(
-                f"[{counted(collected.left_out, 'more path')} not shown: the answer is capped at "
-                f"{OUTPUT_CAP_BYTES:,} bytes. Use a narrower pattern.]"
-            )
+            more = counted(collected.left_out, "more path")
+            notes.append(self._left_out_note(more, "Use a narrower pattern."))
         if timed_out:
-            notes.append(
-                f"[search stopped after its {self.time_budget_s:g} s time limit; results are "
-                "incomplete. Use a narrower pattern or path.]"
-            )
-        if not collected.lines:
+            notes.append(self._time_up_note("Use a narrower pattern or path."))
+        if not collected.lines and not collected.left_out:
             where = self.workspace.relative(base)
             line = f"No paths match {shown(pattern)} in {shown(where)}."
             if "/" not in pattern.rstrip("/") and not timed_out:
                 line += f" ('*' stays in one directory: try '**/{printable(pattern)}'.)"
             return "\n".join([line, *notes])
-        return "\n".join([*collected.lines, *notes])
+        return collected.answer(notes)
 
 
 @dataclass(frozen=True)

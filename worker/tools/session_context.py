@@ -6,17 +6,16 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from worker.tools.context import ToolContext
-from worker.tools.interface import ExecutableTool
-from worker.tools.workspace import Workspace, WorkspaceError, counted, shown
+from worker.tools.interface import ExecutableTool, ToolArgs
+from worker.tools.paths import WorkspaceError, counted, shown
+from worker.tools.workspace import Workspace
 
 
-class SaveSessionContextArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class SaveSessionContextArgs(ToolArgs):
     reason: str = Field(description="Why the session context is being saved; stored with it.")
 
 

@@ -10,20 +10,19 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from worker.tools.context import ToolContext
-from worker.tools.interface import ExecutableTool
+from worker.tools.interface import ExecutableTool, ToolArgs
+from worker.tools.paths import printable
 from worker.tools.registry import ToolRegistry
-from worker.tools.workspace import Workspace, printable
+from worker.tools.workspace import Workspace
 
 LOWEST_F = 65
 HIGHEST_F = 75
 
 
-class GetCurrentWeatherArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class GetCurrentWeatherArgs(ToolArgs):
     location: str = Field(min_length=1, description="City and region, e.g. 'Boston, MA'.")
 
 

@@ -4,20 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import secrets
-import shutil
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import wait_for
-from worker.sandbox import SandboxConfig, SandboxError, describe_isolation
+from worker.sandbox import SandboxConfig, describe_isolation
 from worker.tools.bash import RunBashArgs, RunBashTool
 from worker.tools.registry import ToolRegistry
 from worker.tools.workspace import Workspace
@@ -25,31 +21,10 @@ from worker.tools.workspace import Workspace
 CAP = 51_200
 
 
-def namespaces_unavailable() -> str | None:
-    try:
-        describe_isolation(SandboxConfig(isolation="namespaces"))
-    except SandboxError as exc:
-        return str(exc)
-    return None
-
-
-@pytest.fixture(params=["process", pytest.param("namespaces", marks=pytest.mark.netns)])
-def mode(request: pytest.FixtureRequest) -> str:
-    isolation: str = request.param
-    if isolation == "namespaces" and (reason := namespaces_unavailable()):
-        pytest.skip(f"this machine gives no PID/network namespaces: {reason}")
-    return isolation
-
-
 @pytest.fixture
-def sandbox_workspace() -> Iterator[Workspace]:
-    """A workspace the sandbox user may use: under /tmp, owned by that user when we are root."""
-    root = Path(tempfile.mkdtemp(prefix="toolq-bash-"))
-    if os.geteuid() == 0:
-        entry = pwd.getpwnam("nobody")
-        os.chown(root, entry.pw_uid, entry.pw_gid)
-    yield Workspace(root)
-    shutil.rmtree(root, ignore_errors=True)
+def sandbox_workspace(sandbox_dir: Path) -> Workspace:
+    """A workspace the sandbox user may use."""
+    return Workspace(sandbox_dir)
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ import pytest
 
 from tests.traversal import NUL_PATH_CALLS
 from tests.worker.tools.conftest import SECRET, Layout
+from worker.capping import DEFAULT_OUTPUT_CAP_BYTES
 from worker.tools.filesystem import (
-    OUTPUT_CAP_BYTES,
     ListDirTool,
     MkdirTool,
     MoveTool,
@@ -28,7 +28,7 @@ as_root = pytest.mark.skipif(os.geteuid() != 0, reason="making device files need
 
 
 def fits_the_cap(answer: str) -> bool:
-    return len(answer.encode("utf-8")) <= OUTPUT_CAP_BYTES
+    return len(answer.encode("utf-8")) <= DEFAULT_OUTPUT_CAP_BYTES
 
 
 def test_tool_flags() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.worker.tools.conftest import MARKER, SECRET, Layout
-from worker.tools.filesystem import OUTPUT_CAP_BYTES
+from worker.capping import DEFAULT_OUTPUT_CAP_BYTES
 from worker.tools.registry import ToolRegistry
 from worker.tools.search import SearchFilesTool, SearchTextTool
 from worker.tools.workspace import Workspace
@@ -121,7 +121,7 @@ async def test_many_matches_are_capped_with_a_count(
 ) -> None:
     (workspace.root / "many.txt").write_text("match this line, it is long enough\n" * 5000)
     answer = await registry.execute("search_text", {"query": "match", "paths": ["many.txt"]})
-    assert len(answer.encode()) <= OUTPUT_CAP_BYTES
+    assert len(answer.encode()) <= DEFAULT_OUTPUT_CAP_BYTES
     shown = answer.count("many.txt:")
     assert 0 < shown < 5000
     assert f"[{5000 - shown:,} more matches not shown" in answer
@@ -217,7 +217,7 @@ async def test_many_paths_are_capped_with_a_count(
     for number in range(300):
         (workspace.root / "many" / f"{long_name}-{number:03}.txt").touch()
     answer = await registry.execute("search_files", {"pattern": "**/*.txt"})
-    assert len(answer.encode()) <= OUTPUT_CAP_BYTES
+    assert len(answer.encode()) <= DEFAULT_OUTPUT_CAP_BYTES
     shown = answer.count("many/generated")
     assert f"[{300 - shown:,} more paths not shown" in answer
     assert answer.split("\n")[:2] == [f"many/{long_name}-000.txt", f"many/{long_name}-001.txt"]

@@ -1,0 +1,114 @@
+"""The Celery task around the executor: which messages reach it, which pool a call is for, and
+the answer given for a call whose worker child was replaced."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import fakeredis
+import pytest
+from celery.contrib.testing.mocks import TaskMessage
+from celery.exceptions import InvalidTaskError, TimeLimitExceeded
+
+from tests.worker.conftest import replies, request
+from worker import tasks
+from worker.app import app
+from worker.executor import Executor
+from worker.protocol import TASK_NAME
+from worker.results import ResultStore
+from worker.settings import WorkerSettings
+
+
+@pytest.fixture
+def client() -> fakeredis.FakeRedis:
+    return fakeredis.FakeRedis()
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> WorkerSettings:
+    return WorkerSettings(broker_url="redis://localhost:1/0", workspace_root=tmp_path)
+
+
+@pytest.fixture
+def executor(
+    settings: WorkerSettings, client: fakeredis.FakeRedis, monkeypatch: pytest.MonkeyPatch
+) -> Executor:
+    """The process's executor, on fakeredis."""
+    made = Executor(settings, ResultStore(client, 60), "test-worker:1")
+    monkeypatch.setattr(tasks, "executor", lambda: made)
+    return made
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "a JSON string",
+        {"tool": "read_file"},
+        [[], {}],
+        [{}, {}, {}],
+        [[], [], {}],
+        [[], {}, {}, {}],
+    ],
+)
+def test_a_body_that_is_not_args_kwargs_embed_is_refused(body: Any) -> None:
+    message = SimpleNamespace(payload=body)
+
+    with pytest.raises(InvalidTaskError, match=r"message body is not \[args, kwargs, embed\]"):
+        tasks.ValidatedRequest(message, app=app, task=app.tasks[TASK_NAME])
+
+
+def test_a_celery_message_is_taken_with_its_request() -> None:
+    body = request("read_file", {"path": "a.txt"})
+    message = TaskMessage(TASK_NAME, args=[body])
+
+    taken = tasks.ValidatedRequest(message, app=app, task=app.tasks[TASK_NAME])
+
+    assert taken.task_name == TASK_NAME
+    assert taken.args == [body]
+
+
+def test_the_queue_a_call_came_from_is_the_pool_it_runs_for(
+    executor: Executor, client: fakeredis.FakeRedis, settings: WorkerSettings
+) -> None:
+    (Path(settings.workspace_root) / "run-1").mkdir()
+    (Path(settings.workspace_root) / "run-1" / "a.txt").write_text("hello")
+
+    tasks.execute_tool.apply(args=(request("read_file", {"path": "a.txt"}),), routing_key="tools")
+    tasks.execute_tool.apply(args=(request("read_file", {"path": "a.txt"}),), routing_key="sandbox")
+
+    served, refused = replies(client)
+    assert served.output == "hello"
+    assert refused.error_kind == "wrong_pool"
+    assert "this worker serves 'sandbox'" in refused.output
+
+
+def test_a_call_past_its_hard_limit_is_answered_as_timed_out(
+    executor: Executor, client: fakeredis.FakeRedis
+) -> None:
+    body = request("read_file", {"path": "a.txt"}, task_id="stuck")
+
+    tasks.execute_tool.on_failure(TimeLimitExceeded(7.5), "stuck", (body,), {}, None)
+    tasks.execute_tool.on_failure(RuntimeError("other"), "stuck", (body,), {}, None)
+
+    (answer,) = replies(client)
+    assert answer.task_id == "stuck"
+    assert answer.error_kind == "timeout"
+    assert "hard time limit of 7.5 s" in answer.output
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox user matters only to a root worker")
+def test_a_new_process_starts_even_when_the_sandbox_cannot_sweep(
+    settings: WorkerSettings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    broken = settings.model_copy(update={"sandbox_user": "toolq-no-such-user"})
+    monkeypatch.setattr(tasks, "get_worker_settings", lambda: broken)
+
+    with caplog.at_level(logging.WARNING, logger="worker.tasks"):
+        tasks._fresh_process()
+
+    assert "cannot sweep orphaned commands" in caplog.text
+    assert "'toolq-no-such-user' does not exist" in caplog.text

@@ -1,0 +1,90 @@
+"""The default tool set: which tools, in what order, which are on, and the cap they answer in."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.worker.conftest import BUILT_INS
+from worker.capping import DEFAULT_OUTPUT_CAP_BYTES
+from worker.sandbox import SandboxConfig
+from worker.tools.context import ToolContext
+from worker.tools.factory import create_default_tool_registry
+from worker.tools.registry import ToolRegistry
+from worker.tools.workspace import Workspace
+
+
+def default_tools(
+    workspace: Workspace | Path, output_cap_bytes: int = DEFAULT_OUTPUT_CAP_BYTES
+) -> ToolRegistry:
+    return create_default_tool_registry(
+        ToolContext("You are a test."),
+        workspace,
+        output_cap_bytes=output_cap_bytes,
+        sandbox=SandboxConfig(isolation="process"),
+    )
+
+
+def test_the_ten_built_ins_in_order_remove_and_run_bash_off(workspace: Workspace) -> None:
+    registry = default_tools(workspace)
+
+    assert registry.get_tool_names() == BUILT_INS
+    enabled = [name for name in BUILT_INS if registry.is_tool_enabled(name)]
+    assert enabled == [name for name in BUILT_INS if name not in ("remove", "run_bash")]
+
+
+async def test_a_disabled_built_in_is_refused_until_enabled(workspace: Workspace) -> None:
+    registry = default_tools(workspace)
+    (workspace.root / "a.txt").write_text("to go")
+
+    refused = await registry.run("remove", {"path": "a.txt"})
+    registry.enable("remove")
+    removed = await registry.run("remove", {"path": "a.txt"})
+
+    assert refused.error_kind == "tool_disabled"
+    assert removed.output == "Removed a.txt."
+    assert not (workspace.root / "a.txt").exists()
+
+
+async def test_a_path_is_made_a_workspace(tmp_path: Path) -> None:
+    registry = default_tools(tmp_path / "new-run")
+
+    answer = await registry.execute("write_file", {"path": "a.txt", "content": "hi"})
+
+    assert answer == "Wrote 2 bytes to a.txt."
+    assert (tmp_path / "new-run" / "a.txt").read_text() == "hi"
+
+
+async def test_every_tool_that_may_say_a_lot_answers_within_the_cap_it_is_given(
+    sandbox_dir: Path,
+) -> None:
+    registry = default_tools(Workspace(sandbox_dir), output_cap_bytes=700)
+    registry.enable("run_bash")
+    (sandbox_dir / "big.txt").write_text("word\n" * 20_000)
+    for number in range(100):
+        (sandbox_dir / f"file-{number:03}.txt").touch()
+
+    calls: dict[str, dict[str, Any]] = {
+        "read_file": {"path": "big.txt"},
+        "list_dir": {"path": "."},
+        "search_text": {"query": "word", "paths": ["."]},
+        "search_files": {"pattern": "*.txt"},
+    }
+    answers = {tool: await registry.run(tool, arguments) for tool, arguments in calls.items()}
+    bash = await registry.run("run_bash", {"command": "cat big.txt"})
+
+    for tool, outcome in answers.items():
+        assert len(outcome.output.encode()) <= 700, tool
+        assert outcome.truncated, tool
+    assert json.loads(bash.output)["stdout"].endswith("showing the first 700 of 100,000 bytes]")
+
+
+async def test_without_a_cap_the_default_applies(workspace: Workspace) -> None:
+    registry = default_tools(workspace)
+    (workspace.root / "big.txt").write_text("word\n" * 20_000)
+
+    read = await registry.run("read_file", {"path": "big.txt"})
+
+    assert DEFAULT_OUTPUT_CAP_BYTES // 2 < len(read.output.encode()) <= DEFAULT_OUTPUT_CAP_BYTES
+    assert f"capped at {DEFAULT_OUTPUT_CAP_BYTES:,} bytes" in read.output

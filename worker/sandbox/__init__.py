@@ -1,0 +1,55 @@
+"""Running one shell command in isolation, with its output capped while it is read.
+
+Layers, strongest last: the command runs in a session of its own with a minimal environment,
+and everything it started is killed when it ends. When the worker is root it runs as an
+unprivileged user under resource limits, without a way to gain privileges. Where the machine
+allows it (see ``describe_isolation``), it gets private PID and network namespaces: nothing it
+starts outlives it and it cannot reach the network or see other processes.
+
+The parts: ``config`` (what the sandbox is told), ``plan`` (the layers, which of them this
+machine gives, and the command line that sets them up), ``output`` (the capped streams and the
+pump reading them), ``ending`` (killing, reaping, the result), ``sweep`` (finding marked
+processes), and ``run`` (one command from start to end).
+"""
+
+from worker.sandbox.config import (
+    MARKER_VARIABLE,
+    SAFE_PATH,
+    SHELL,
+    Isolation,
+    SandboxConfig,
+    SandboxError,
+)
+from worker.sandbox.ending import SandboxResult
+from worker.sandbox.plan import (
+    LAYER_CLEAN_ENV,
+    LAYER_NET_NS,
+    LAYER_NO_NEW_PRIVS,
+    LAYER_PID_NS,
+    LAYER_PROCESS_GROUP,
+    LAYER_RLIMITS,
+    LAYER_USER_NS,
+    describe_isolation,
+)
+from worker.sandbox.run import run_sandboxed
+from worker.sandbox.sweep import sweep_orphans
+
+__all__ = [
+    "LAYER_CLEAN_ENV",
+    "LAYER_NET_NS",
+    "LAYER_NO_NEW_PRIVS",
+    "LAYER_PID_NS",
+    "LAYER_PROCESS_GROUP",
+    "LAYER_RLIMITS",
+    "LAYER_USER_NS",
+    "MARKER_VARIABLE",
+    "SAFE_PATH",
+    "SHELL",
+    "Isolation",
+    "SandboxConfig",
+    "SandboxError",
+    "SandboxResult",
+    "describe_isolation",
+    "run_sandboxed",
+    "sweep_orphans",
+]

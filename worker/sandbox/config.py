@@ -1,0 +1,59 @@
+"""What the sandbox is told, and what its parts share: the configuration, the error, the
+command's environment and the time bound on killing it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, get_args
+
+from worker.capping import DEFAULT_OUTPUT_CAP_BYTES
+
+if TYPE_CHECKING:
+    from worker.settings import WorkerSettings
+
+Isolation = Literal["auto", "namespaces", "process"]
+
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SHELL = "/bin/sh"
+#: Marks every process of one command (when no PID namespace collects them) so that those
+#: that left its session can still be found and killed.
+MARKER_VARIABLE = "TOOLQ_SANDBOX_ID"
+#: How long killed processes may take to be gone before we stop waiting for them.
+REAP_BOUND_S = 5.0
+
+
+class SandboxError(RuntimeError):
+    """The sandbox cannot run commands as configured; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxConfig:
+    """How commands are isolated and limited."""
+
+    user: str = "nobody"
+    isolation: Isolation = "auto"
+    memory_mb: int = 1024
+    max_processes: int = 256
+    file_size_mb: int = 256
+    output_cap_bytes: int = DEFAULT_OUTPUT_CAP_BYTES
+
+    def __post_init__(self) -> None:
+        if self.isolation not in get_args(Isolation):
+            raise ValueError(
+                f"sandbox isolation must be one of {', '.join(get_args(Isolation))}, "
+                f"not {self.isolation!r}"
+            )
+        for field in ("memory_mb", "max_processes", "file_size_mb", "output_cap_bytes"):
+            if getattr(self, field) <= 0:
+                raise ValueError(f"sandbox {field} must be positive")
+
+    @classmethod
+    def from_settings(cls, settings: WorkerSettings) -> SandboxConfig:
+        return cls(
+            user=settings.sandbox_user,
+            isolation=settings.sandbox_isolation,
+            memory_mb=settings.sandbox_memory_mb,
+            max_processes=settings.sandbox_max_processes,
+            file_size_mb=settings.sandbox_file_size_mb,
+            output_cap_bytes=settings.output_cap_bytes,
+        )

@@ -1,0 +1,98 @@
+"""Finding commands by the marker in their environment, for when no PID namespace holds them:
+the leftovers of one command when it ends, and the orphans of worker processes that died."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+from worker.sandbox.config import MARKER_VARIABLE, REAP_BOUND_S, SandboxConfig
+from worker.sandbox.plan import plan_for
+
+
+def sweep_orphans(config: SandboxConfig) -> int:
+    """Kill commands whose worker process died mid-call; returns how many were found.
+
+    Without a PID namespace, a command's children outlive a worker process killed with SIGKILL
+    (only the shell has the parent-death signal). A worker calls this when it starts a process.
+    """
+    plan = plan_for(config, os.geteuid())
+    if plan.sweep_uid is None:
+        return 0
+    prefix = f"{MARKER_VARIABLE}=".encode()
+    orphans = 0
+    for pid in _processes_of(plan.sweep_uid):
+        for entry in _environ(pid).split(b"\0"):
+            if entry.startswith(prefix):
+                owner, _, _ = entry[len(prefix) :].partition(b"-")
+                if owner.isdigit() and not _alive(int(owner)):
+                    _kill_if_marked(pid, entry + b"\0")
+                    orphans += 1
+                break
+    return orphans
+
+
+def sweep_marked(marker: str, uid: int) -> None:
+    """Kill every live process of ``uid`` carrying ``marker``, those that left the session too.
+
+    A killed process keeps its environment until it has exited, so the sweep ends when none
+    is found: nothing of the command is running any more.
+    """
+    needle = f"{MARKER_VARIABLE}={marker}\0".encode()
+    deadline = time.monotonic() + REAP_BOUND_S
+    pause = 0.001
+    while True:
+        found = [pid for pid in _processes_of(uid) if needle in _environ(pid)]
+        if not found or time.monotonic() > deadline:
+            return
+        for pid in found:
+            _kill_if_marked(pid, needle)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _processes_of(uid: int) -> Iterator[int]:
+    own = os.getpid()
+    with os.scandir("/proc") as entries:
+        for entry in entries:
+            if not entry.name.isdigit() or int(entry.name) == own:
+                continue
+            with contextlib.suppress(OSError):
+                if entry.stat(follow_symlinks=False).st_uid == uid:
+                    yield int(entry.name)
+
+
+def _environ(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as environ:
+            return environ.read()
+    except OSError:
+        return b""
+
+
+def _kill_if_marked(pid: int, needle: bytes) -> None:
+    # Checked again through a pidfd, so a pid reused meanwhile is never signalled.
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return
+    try:
+        if needle in _environ(pid):
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except OSError:
+        pass
+    finally:
+        os.close(pidfd)
