@@ -1,9 +1,12 @@
-"""The output cap: its default, and text cut to it on a character boundary, with a notice."""
+"""The output caps: their defaults, and text cut to a cap on a character boundary, with a notice."""
 
 from __future__ import annotations
 
 #: The longest answer a tool gives, in bytes of UTF-8, unless ``TOOLQ_OUTPUT_CAP_BYTES`` says.
 DEFAULT_OUTPUT_CAP_BYTES = 51_200
+#: The most bytes one service operation moves unless ``TOOLQ_TRANSFER_MAX_BYTES`` says: files
+#: read or written whole, a command's output stream. Inspect reads files up to 100 MiB.
+DEFAULT_TRANSFER_MAX_BYTES = 100 * 1024 * 1024
 #: Room kept under the cap for the notice a tool adds when it leaves something out.
 NOTICE_RESERVE_BYTES = 512
 

@@ -22,6 +22,7 @@ from worker.settings import WorkerSettings
 from worker.tools.factory import create_default_tool_registry
 from worker.tools.interface import ExecutableTool
 from worker.tools.registry import ToolRegistry
+from worker.tools.service import service_tools
 from worker.tools.runtime import CallRuntime, CurrentWorkspace, current_context, running
 from worker.tools.workspace import Workspace
 
@@ -53,14 +54,17 @@ def build_registry(
     process, each tool acting on the workspace and conversation of the call in hand."""
     registry = ToolRegistry(passthrough=passthrough, sync_in_thread=False)
     context, workspace = current_context(), CurrentWorkspace()
+    sandbox = SandboxConfig.from_settings(settings)
     create_default_tool_registry(
         context,
         workspace,
         output_cap_bytes=settings.output_cap_bytes,
-        sandbox=SandboxConfig.from_settings(settings),
+        sandbox=sandbox,
         registry=registry,
     )
     register_plugins(load_plugins(tuple(settings.plugins)), registry, context, workspace)
+    for tool in service_tools(workspace, sandbox, settings.transfer_max_bytes):
+        registry.register(tool)
     # The caller decides what is enabled; a worker runs whatever reaches its pool.
     for name in registry.get_tool_names():
         registry.enable(name)

@@ -42,6 +42,7 @@ def fleet_tool_specs(settings: WorkerSettings) -> list[ToolSpec]:
                 default_timeout_ms=min(default_timeout_ms, settings.max_timeout_ms),
                 timeout_argument=tool.timeout_argument,
                 position=position,
+                for_model=tool.for_model,
             )
         )
     return specs

@@ -66,6 +66,9 @@ class ToolSpec(BaseModel):
     timeout_argument: str | None = None
     #: Registration order on the worker, so every caller lists tools the same way.
     position: int = 0
+    #: False for a service operation (files in and out, commands with input): callers use it,
+    #: models never see it.
+    for_model: bool = True
 
     def schema_for_model(self) -> dict[str, Any]:
         """The tool as the chat API's ``tools`` list takes it."""

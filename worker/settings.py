@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from worker.capping import DEFAULT_OUTPUT_CAP_BYTES
+from worker.capping import DEFAULT_OUTPUT_CAP_BYTES, DEFAULT_TRANSFER_MAX_BYTES
 
 LOCAL_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -89,6 +89,12 @@ class WorkerSettings(FleetSettings):
         default_factory=list, description="Comma-separated tools this fleet refuses to run."
     )
     concurrency: int | None = Field(None, gt=0, description="Worker processes per worker.")
+    transfer_max_bytes: int = Field(
+        DEFAULT_TRANSFER_MAX_BYTES,
+        gt=0,
+        description="The most bytes one service operation moves: a file read or written whole, "
+        "a command's output stream (batch task files and artifacts, sandbox file transfer).",
+    )
 
     sandbox_user: str = Field("nobody", description="run_bash's user when the worker is root.")
     sandbox_isolation: Literal["auto", "namespaces", "process"] = Field(

@@ -8,7 +8,7 @@ import os
 import pwd
 import shutil
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from worker.sandbox.config import MARKER_VARIABLE, SAFE_PATH, SHELL, SandboxConfig, SandboxError
@@ -57,7 +57,7 @@ class Plan:
 
     def command_line(
         self,
-        command: str,
+        command: str | Sequence[str],
         base_env: dict[str, str],
         env: Mapping[str, str],
         marker: str,
@@ -68,7 +68,7 @@ class Plan:
         if marker:
             base_env = {**base_env, MARKER_VARIABLE: marker}
         requested = {k: v for k, v in env.items() if k != MARKER_VARIABLE}
-        shell = [SHELL, "-c", command]
+        shell = [SHELL, "-c", command] if isinstance(command, str) else list(command)
         if not self.wrapped:
             return shell, {**base_env, **requested}
         argv: list[str] = []

@@ -7,7 +7,9 @@ import os
 import subprocess
 import time
 import uuid
-from collections.abc import Mapping
+import contextlib
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from worker.sandbox.config import SAFE_PATH, SandboxConfig, SandboxError
@@ -21,15 +23,18 @@ DRAIN_BOUND_S = 0.5
 
 
 def run_sandboxed(
-    command: str,
+    command: str | Sequence[str],
     *,
     cwd: Path,
     home: Path,
     env: Mapping[str, str],
     timeout_ms: int,
     config: SandboxConfig,
+    stdin: bytes | None = None,
 ) -> SandboxResult:
-    """Run ``/bin/sh -c command`` in ``cwd``, kill everything it started, report the outcome."""
+    """Run ``command`` in ``cwd`` (a string through ``/bin/sh -c``, a sequence as the argv),
+    with ``stdin`` as its input (none by default), kill everything it started, report the
+    outcome."""
     plan = plan_for(config, os.geteuid())
     # The marker names the worker process too, so a later sweep can tell an orphan (its worker
     # was killed mid-call) from a command still running for a live worker.
@@ -44,15 +49,16 @@ def run_sandboxed(
     argv, process_env = plan.command_line(command, base_env, env, marker, timeout_ms, config)
     started = time.monotonic()
     try:
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=cwd,
-            env=process_env,
-            start_new_session=True,  # also detaches from any terminal, so no TIOCSTI tricks
-        )
+        with _input_file(stdin) as input_fd:
+            proc = subprocess.Popen(
+                argv,
+                stdin=input_fd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=cwd,
+                env=process_env,
+                start_new_session=True,  # also detaches from any terminal, so no TIOCSTI tricks
+            )
     except OSError as exc:
         raise SandboxError(f"the command could not be started: {exc.strerror or exc}") from exc
     assert proc.stdout is not None and proc.stderr is not None
@@ -72,3 +78,16 @@ def run_sandboxed(
         stdout.close()
         stderr.close()
     return build_result(stdout, stderr, returncode, timed_out, timeout_ms, started, plan.layers)
+
+
+@contextlib.contextmanager
+def _input_file(data: bytes | None) -> Iterator[int]:
+    """The command's standard input: nothing, or ``data`` in an unlinked temporary file. A file,
+    not a pipe: the command reads it at its own pace and the worker never blocks writing it."""
+    if data is None:
+        yield subprocess.DEVNULL
+        return
+    with tempfile.TemporaryFile() as file:
+        file.write(data)
+        file.seek(0)
+        yield file.fileno()

@@ -77,6 +77,9 @@ class ExecutableTool(ABC):
     #: An argument that sets the tool's own time limit in ms (run_bash's ``timeout``): the call's
     #: deadline then follows it, so the tool can stop itself and report before the worker must.
     timeout_argument: ClassVar[str | None] = None
+    #: Offered to models; False for service operations that only callers use (worker/tools/
+    #: service.py): the Agent, the API's tool list and the MCP server leave them out.
+    for_model: ClassVar[bool] = True
 
     @abstractmethod
     def execute(self, args: dict[str, Any]) -> Any | Awaitable[Any]:
