@@ -83,7 +83,10 @@ def run_demo(*, console: Console, err: Console) -> int:
             fleet_for(settings, plugins=DEMO_PLUGINS) as fleet_settings,
         ):
             client = model_client(
-                base_url=server.base_url, api_key="scripted", timeout=settings.llm_timeout_s
+                base_url=server.base_url,
+                api_key="scripted",
+                timeout=settings.llm_timeout_s,
+                max_retries=settings.llm_max_retries,
             )
             options = AgentOptions(model="scripted", enable=["run_bash"])
             transcript = asyncio.run(
