@@ -71,7 +71,8 @@ def run_conversation(
 
 
 def run_demo(*, console: Console, err: Console) -> int:
-    from api.scripted.server import DEFAULT_SCRIPT_PATH, Script, ScriptedServer
+    from api.scripted.script import DEFAULT_SCRIPT_PATH, Script
+    from api.scripted.server import ScriptedServer
 
     settings = get_settings()
     console.print("[bold]toolq demo[/bold]: a scripted model, real workers, real tools.")

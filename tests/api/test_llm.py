@@ -24,7 +24,8 @@ from api.llm import (
     Usage,
     model_client,
 )
-from api.scripted.server import Script, ScriptedServer
+from api.scripted.script import Script
+from api.scripted.server import ScriptedServer
 from api.settings import OrchestratorSettings
 
 LONG_TEXT = 'quotes " and \\ backslashes, ünïcödé and {braces} ' * 6

@@ -32,7 +32,8 @@ from api.http.runner import SHUTDOWN_ERROR, AgentExecutor, Executor, ExecutorFac
 from api.http.state import ApiStore
 from api.llm import ChatModel, RetryPolicy
 from api.local.stack import free_port
-from api.scripted.server import Script, ScriptedServer
+from api.scripted.script import Script
+from api.scripted.server import ScriptedServer
 from api.settings import OrchestratorSettings
 from worker.protocol import Pool, ToolSpec, WorkerInfo
 

@@ -18,7 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api.http.runner import SHUTDOWN_ERROR
 from api.local.stack import free_port, worker_environment
-from api.scripted.server import Script, ScriptedServer
+from api.scripted.script import Script
+from api.scripted.server import ScriptedServer
 from tests.conftest import WorkerFleet, wait_for
 
 pytestmark = pytest.mark.integration

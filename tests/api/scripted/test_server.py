@@ -15,8 +15,11 @@ from openai.types.chat import (
     ChatCompletionMessageFunctionToolCall,
     ChatCompletionMessageParam,
 )
+from typer.testing import CliRunner
 
-from api.scripted.server import DEFAULT_SCRIPT_PATH, Script, ScriptedServer, main
+from api.cli import app
+from api.scripted.script import DEFAULT_SCRIPT_PATH, Script
+from api.scripted.server import ScriptedServer
 from worker.tools.bash import RunBashTool
 from worker.tools.filesystem import ReadFileTool, WriteFileTool
 from worker.tools.interface import ExecutableTool
@@ -353,14 +356,13 @@ def test_script_files_with_mistakes_are_refused_with_the_file_named(tmp_path: Pa
         Script.load(tmp_path / "missing.json")
 
 
-def test_the_command_line_reports_a_bad_script_and_exits_2(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    with pytest.raises(SystemExit) as caught:
-        main(["--port", "0", "--script", str(tmp_path / "missing.json")])
+def test_the_command_line_reports_a_bad_script_and_exits_2(tmp_path: Path) -> None:
+    argv = ["scripted-llm", "--port", "0", "--script", str(tmp_path / "missing.json")]
 
-    assert caught.value.code == 2
-    assert "missing.json" in capsys.readouterr().err
+    result = CliRunner().invoke(app, argv)
+
+    assert result.exit_code == 2
+    assert "missing.json" in result.stderr
 
 
 def test_the_demo_calls_each_demo_tool_with_valid_arguments() -> None:
