@@ -24,9 +24,9 @@ from api.llm import (
     Usage,
     model_client,
 )
-from api.scripted.script import Script
 from api.scripted.server import ScriptedServer
 from api.settings import OrchestratorSettings
+from tests.conftest import scripted_server
 
 LONG_TEXT = 'quotes " and \\ backslashes, ünïcödé and {braces} ' * 6
 SCRIPTS: dict[str, list[dict[str, Any]]] = {
@@ -83,11 +83,8 @@ MakeModel = Callable[..., ChatModel]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScriptedServer]:
-    scripts_dir = tmp_path_factory.mktemp("scripts")
-    for name, steps in SCRIPTS.items():
-        (scripts_dir / f"{name}.json").write_text(json.dumps({"steps": steps}))
-    with ScriptedServer(Script.from_steps([{"content": "default"}]), scripts_dir=scripts_dir) as s:
-        yield s
+    with scripted_server(tmp_path_factory.mktemp("scripts"), SCRIPTS) as running:
+        yield running
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from api.cli import app
 from api.scripted.script import DEFAULT_SCRIPT_PATH, Script
 from api.scripted.server import ScriptedServer
+from tests.conftest import scripted_server
 from worker.tools.bash import RunBashTool
 from worker.tools.filesystem import ReadFileTool, WriteFileTool
 from worker.tools.interface import ExecutableTool
@@ -62,11 +63,8 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScriptedServer]:
-    scripts_dir = tmp_path_factory.mktemp("scripts")
-    for name, steps in SCRIPTS.items():
-        (scripts_dir / f"{name}.json").write_text(json.dumps({"steps": steps}))
-    default = Script.from_steps([{"content": "the default script"}])
-    with ScriptedServer(default, scripts_dir=scripts_dir) as running:
+    directory = tmp_path_factory.mktemp("scripts")
+    with scripted_server(directory, SCRIPTS, default="the default script") as running:
         yield running
 
 
