@@ -24,17 +24,17 @@ from api.events import (
 from api.fleet import Fleet, load_fleet
 from api.llm import (
     ChatModel,
+    ModelToolCall,
     ModelTurn,
     RetryPolicy,
     StreamRestarted,
-    ToolCallSpec,
     TurnDone,
     Usage,
 )
 from api.remote_tool import RemoteTool
 from api.settings import OrchestratorSettings, get_settings
 from worker.protocol import RUN_ID_PATTERN
-from worker.tools.context import Message, ToolContext, ToolContextSnapshot
+from worker.tools.context import Message, ToolContextSnapshot
 from worker.tools.interface import ExecutableTool
 from worker.tools.registry import ToolRegistry
 
@@ -133,11 +133,6 @@ class Agent:
             self.disable_tool(name)
 
     # -- tools ---------------------------------------------------------------------------------
-
-    @property
-    def context(self) -> ToolContext:
-        """A live view of this conversation's state, for local tools."""
-        return ToolContext(source=self._snapshot)
 
     def get_tools(self) -> list[dict[str, Any]]:
         return self.registry.get_enabled_schemas()
@@ -240,7 +235,7 @@ class Agent:
         )
 
     async def _run_tool_calls(
-        self, calls: list[ToolCallSpec], turn: int
+        self, calls: list[ModelToolCall], turn: int
     ) -> AsyncIterator[AgentEvent]:
         """All calls of a turn at once; tool messages go back in the order the model gave."""
         for call in calls:
@@ -266,7 +261,7 @@ class Agent:
                 {"role": "tool", "tool_call_id": call.id, "content": record.output}
             )
 
-    async def _run_one(self, call: ToolCallSpec, turn: int) -> ToolCallRecord:
+    async def _run_one(self, call: ModelToolCall, turn: int) -> ToolCallRecord:
         # Fleet tools, local tools, unknown and disabled ones: the registry answers for all.
         started = time.perf_counter()
         outcome = await self.registry.run(call.name, call.arguments, tool_call_id=call.id)

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from api.settings import get_settings
 from worker.protocol import POOLS
@@ -125,7 +126,11 @@ def scripted_llm(
     """An OpenAI-compatible server that replays scripted answers (for tests and demos)."""
     from api.scripted.server import serve as serve_scripted
 
-    serve_scripted(script, host, port)
+    try:
+        serve_scripted(script, host, port)
+    except ValueError as exc:  # the script file is missing or not a script
+        err.print("[red]Error:[/red]", escape(str(exc)), soft_wrap=True)
+        raise typer.Exit(2) from None
 
 
 def main() -> None:

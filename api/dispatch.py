@@ -23,10 +23,10 @@ import redis.asyncio as aioredis
 from celery import Celery
 from redis.exceptions import RedisError
 
+from api.backoff import Backoff
 from api.broker import producer_app
 from worker.protocol import (
     TASK_NAME,
-    ErrorKind,
     ToolCallRequest,
     ToolCallResult,
     ToolContextSnapshot,
@@ -43,11 +43,9 @@ _SEND_BATCH = 256
 #: A call that cannot be sent is answered this long before its deadline, so that the caller
 #: hears why rather than only that no answer came.
 _ANSWER_MARGIN_S = 0.5
-
-
-def _retry_pause(failures: int) -> float:
-    """Seconds before sending again after ``failures`` failed tries in a row."""
-    return min(0.1 * 2.0 ** (failures - 1), 2.0)
+#: The pause before trying the broker or the result store again after failures in a row: short
+#: enough that a blink costs little, growing so that an outage is not hammered.
+_RECONNECT = Backoff(first_s=0.1, cap_s=2.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +168,7 @@ class Dispatcher:
         unsent: list[_Outgoing] = []
         failures = 0
         while True:
-            pause = _retry_pause(failures) if unsent else None
+            pause = _RECONNECT.delay(failures) if unsent else None
             if not self._take(unsent, pause):
                 break
             tried_at = time.monotonic()
@@ -189,7 +187,7 @@ class Dispatcher:
                     log.warning("cannot send tool calls (%s); trying again", exc)
                 # The next try may take as long as this one did (kombu's own reconnecting).
                 took = time.monotonic() - tried_at
-                unsent = self._give_up_on(unsent, exc, _retry_pause(failures) + took)
+                unsent = self._give_up_on(unsent, exc, _RECONNECT.delay(failures) + took)
             else:
                 failures = 0
         if producer is not None:
@@ -268,7 +266,7 @@ class Dispatcher:
         )
 
     async def _read_replies(self) -> None:
-        delay = 0.1
+        failures = 0
         while not self._closing:
             try:
                 item = await self._redis.blpop([self.reply_key], timeout=1)
@@ -284,15 +282,16 @@ class Dispatcher:
                     )
                     for raw in more or []:
                         self._deliver(raw)
-                delay = 0.1
+                failures = 0
             except (RedisError, OSError) as exc:
                 if self._closing:
                     return
                 # The result store restarted or the network blinked: keep trying; calls still
                 # waiting fall back to their deadline and to the stored result.
+                failures += 1
+                delay = _RECONNECT.delay(failures)
                 log.warning("reply reader: %s; retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
 
     def _deliver(self, raw: bytes | str) -> None:
         try:
@@ -330,7 +329,7 @@ class Dispatcher:
                 )
             else:
                 why = f"none of the {len(workers)} live {pool!r} workers took it in time"
-        return _failure(
+        return ToolCallResult.failure(
             request,
             "no_answer",
             f"Error: no answer for {request.tool} after {waited:.1f} s: {why}.",
@@ -353,7 +352,7 @@ def _argument_timeout(spec: ToolSpec, arguments: str | dict[str, Any]) -> int | 
 
 
 def _unsent(request: ToolCallRequest, pool: str, exc: Exception) -> ToolCallResult:
-    return _failure(
+    return ToolCallResult.failure(
         request,
         "broker_unavailable",
         f"Error: the call to {request.tool} could not be sent to the {pool!r} queue: "
@@ -379,13 +378,3 @@ def _answer_failures(failed: list[tuple[_Outgoing, ToolCallResult]]) -> None:
     for item, result in failed:
         if not item.answer.done():
             item.answer.set_result(result)
-
-
-def _failure(request: ToolCallRequest, kind: ErrorKind, message: str) -> ToolCallResult:
-    return ToolCallResult(
-        task_id=request.task_id,
-        tool=request.tool,
-        output=message,
-        is_error=True,
-        error_kind=kind,
-    )

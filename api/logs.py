@@ -26,6 +26,9 @@ CONTEXT_FIELDS = ("run_id", "tool_call_id")
 #: Libraries that log every request at INFO: a batch of a thousand conversations would drown
 #: its own messages in theirs.
 CHATTY_LOGGERS = ("httpx", "httpx2", "httpcore", "openai")
+#: Where the openai client logs its retries of model requests, at INFO (each request it logs at
+#: DEBUG): a model API that keeps failing should show, as toolq's own retries do.
+RETRY_LOGGERS = ("openai._base_client",)
 
 # The attributes every LogRecord has; anything else on a record came from ``extra=``.
 _STANDARD_ATTRIBUTES = frozenset(
@@ -164,3 +167,5 @@ def configure_logging(
         )
     for name in CHATTY_LOGGERS:
         logging.getLogger(name).setLevel(max(logging.WARNING, root.level))
+    for name in RETRY_LOGGERS:
+        logging.getLogger(name).setLevel(max(logging.INFO, root.level))

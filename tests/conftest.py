@@ -1,14 +1,17 @@
-"""Shared fixtures: a private Redis server, real worker fleets on it, a caller of their tools."""
+"""Shared fixtures: a private Redis server, real worker fleets on it, a caller of their tools,
+a scripted model."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
@@ -17,8 +20,11 @@ from api.dispatch import Dispatcher
 from api.fleet import read_manifest
 from api.local.stack import LocalStack, free_port, redis_server_argv
 from api.settings import OrchestratorSettings
-from worker.protocol import ToolCallResult, ToolSpec
+from worker.protocol import Pool, ToolCallResult, ToolSpec
 from worker.settings import FleetSettings, WorkerSettings
+
+if TYPE_CHECKING:
+    from api.scripted.server import ScriptedServer
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_PLUGINS = ["worker.tools.weather", "tests.plugins.probe_tools"]
@@ -32,6 +38,34 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0, what: str = "
             return
         time.sleep(0.02)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def tool_spec(name: str, pool: Pool = "tools", **fields: Any) -> ToolSpec:
+    """A tool as a fleet would publish it: off-fleet, or crafted for a test."""
+    values: dict[str, Any] = {
+        "description": "",
+        "parameters": {},
+        "enabled_by_default": True,
+        "idempotent": False,
+        "default_timeout_ms": 5000,
+    }
+    return ToolSpec(name=name, pool=pool, **(values | fields))
+
+
+@contextlib.contextmanager
+def scripted_server(
+    directory: Path, scripts: Mapping[str, list[dict[str, Any]]], default: str = "default"
+) -> Iterator[ScriptedServer]:
+    """A scripted model that answers ``scripted:<name>`` with ``scripts[name]``'s steps (written
+    to ``directory``) and any other model name with ``default``."""
+    # Imported here: FastAPI and uvicorn are no concern of the worker tests.
+    from api.scripted.script import Script
+    from api.scripted.server import ScriptedServer
+
+    for name, steps in scripts.items():
+        (directory / f"{name}.json").write_text(json.dumps({"steps": steps}))
+    with ScriptedServer(Script.from_steps([{"content": default}]), scripts_dir=directory) as server:
+        yield server
 
 
 class RedisServer:
@@ -156,15 +190,7 @@ class Caller:
         if known is not None and pool is None:
             return known
         # A tool the fleet does not have, or a known one sent to another pool: crafted calls.
-        base = known or ToolSpec(
-            name=tool,
-            description="",
-            parameters={},
-            pool="tools",
-            enabled_by_default=True,
-            idempotent=False,
-            default_timeout_ms=5000,
-        )
+        base = known or tool_spec(tool)
         return base.model_copy(update={"pool": pool or base.pool})
 
     async def __call__(

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from worker.capping import cap_text
 from worker.plugins import load_plugins, register_plugins
-from worker.protocol import ErrorKind, ToolCallRequest, ToolCallResult, keys
+from worker.protocol import ToolCallRequest, ToolCallResult, keys
 from worker.results import ResultStore
 from worker.sandbox import SandboxConfig
 from worker.settings import WorkerSettings
@@ -125,11 +125,12 @@ class Executor:
             request = ToolCallRequest.model_validate(raw)
         except ValidationError:
             return
-        result = self._error(
+        result = ToolCallResult.failure(
             request,
             "timeout",
             f"Error: {request.tool} did not stop by its hard time limit of {limit_s:g} s; "
             "the worker process running it was replaced.",
+            self._worker,
         )
         self._store.store(result, request.reply_to)
 
@@ -141,17 +142,19 @@ class Executor:
         previous: str | None,
     ) -> ToolCallResult:
         if self._clock() > request.deadline:
-            return self._error(
+            return ToolCallResult.failure(
                 request,
                 "timeout",
                 f"Error: {request.tool} was not started: its deadline passed while it waited in "
                 "the queue.",
+                self._worker,
             )
         if request.tool in self._settings.disabled_tools:
-            return self._error(
+            return ToolCallResult.failure(
                 request,
                 "tool_disabled",
                 f"Error: tool {request.tool!r} is not available (disabled on this fleet).",
+                self._worker,
             )
         if tool is not None:
             refusal = self._refusal(request, tool, pool, previous)
@@ -160,10 +163,11 @@ class Executor:
         try:
             outcome = self._registry.run_blocking(request.tool, request.arguments, self._loop)
         except self._time_limit:
-            return self._error(
+            return ToolCallResult.failure(
                 request,
                 "timeout",
                 f"Error: {request.tool} timed out after {request.timeout_ms} ms and was stopped.",
+                self._worker,
             )
         output, truncated = outcome.output, outcome.truncated
         if tool is None or not tool.caps_own_output:
@@ -183,18 +187,20 @@ class Executor:
         self, request: ToolCallRequest, tool: ExecutableTool, pool: str | None, previous: str | None
     ) -> ToolCallResult | None:
         if tool.pool != pool:
-            return self._error(
+            return ToolCallResult.failure(
                 request,
                 "wrong_pool",
                 f"Error: tool {tool.name!r} runs only on the {tool.pool!r} pool; this worker "
                 f"serves {pool!r}. The call was refused.",
+                self._worker,
             )
         if previous is not None and not tool.idempotent:
-            return self._error(
+            return ToolCallResult.failure(
                 request,
                 "interrupted",
                 f"Error: {tool.name} was interrupted (worker {previous} stopped mid-call); its "
                 "outcome is unknown and it was not run again because it has effects.",
+                self._worker,
             )
         if previous is not None:
             log.warning("re-running interrupted idempotent call %s", request.task_id)
@@ -218,16 +224,6 @@ class Executor:
         if len(self._workspaces) > _WORKSPACES_KEPT:
             self._workspaces.popitem(last=False)
         return workspace
-
-    def _error(self, request: ToolCallRequest, kind: ErrorKind, message: str) -> ToolCallResult:
-        return ToolCallResult(
-            task_id=request.task_id,
-            tool=request.tool,
-            output=message,
-            is_error=True,
-            error_kind=kind,
-            worker=self._worker,
-        )
 
     def _reject_bad_request(self, raw: Any, exc: ValidationError) -> ToolCallResult:
         fields = "; ".join(

@@ -129,6 +129,20 @@ class ToolCallResult(BaseModel):
     truncated: bool = False
     worker: str | None = Field(None, description="hostname:pid of the process that ran it.")
 
+    @classmethod
+    def failure(
+        cls, request: ToolCallRequest, kind: ErrorKind, message: str, worker: str | None = None
+    ) -> ToolCallResult:
+        """The answer to ``request`` when it failed for ``kind``; ``message`` is for the model."""
+        return cls(
+            task_id=request.task_id,
+            tool=request.tool,
+            output=message,
+            is_error=True,
+            error_kind=kind,
+            worker=worker,
+        )
+
 
 class RedisKeys:
     """Every Redis key workers and callers share, in one place."""

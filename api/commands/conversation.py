@@ -71,7 +71,8 @@ def run_conversation(
 
 
 def run_demo(*, console: Console, err: Console) -> int:
-    from api.scripted.server import DEFAULT_SCRIPT_PATH, Script, ScriptedServer
+    from api.scripted.script import DEFAULT_SCRIPT_PATH, Script
+    from api.scripted.server import ScriptedServer
 
     settings = get_settings()
     console.print("[bold]toolq demo[/bold]: a scripted model, real workers, real tools.")
@@ -83,7 +84,10 @@ def run_demo(*, console: Console, err: Console) -> int:
             fleet_for(settings, plugins=DEMO_PLUGINS) as fleet_settings,
         ):
             client = model_client(
-                base_url=server.base_url, api_key="scripted", timeout=settings.llm_timeout_s
+                base_url=server.base_url,
+                api_key="scripted",
+                timeout=settings.llm_timeout_s,
+                max_retries=settings.llm_max_retries,
             )
             options = AgentOptions(model="scripted", enable=["run_bash"])
             transcript = asyncio.run(

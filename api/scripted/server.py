@@ -1,21 +1,12 @@
 """A local OpenAI-compatible chat server that replays scripted answers.
 
-It stands in for a real model in tests, in ``toolq demo`` and in benchmarks. A script is a list of
-steps; the step played is the number of assistant messages already in the request, so the server
-keeps no conversation state and any number of conversations can share it.
-
-A step's strings may contain two placeholders, replaced by plain text substitution (no other
-braces are touched): ``{prompt}``, the last user message, and ``{last_tool_result}``, the last
-tool message (empty when there is none). When the steps run out, the last step that has only
-``content`` is played again, or "Done." when there is none.
-
-A step may carry a ``fault``, played ``times`` times per conversation before the step's normal
-answer; attempts are counted per distinct list of messages, which is what a retry resends.
+It stands in for a real model in tests, in ``toolq demo`` (and ``toolq scripted-llm``) and in
+benchmarks. ``api.scripted.script`` says what it answers and when it fails; this module writes
+those answers as the chat completions API does, plays the faults, and serves them.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import hashlib
@@ -24,294 +15,36 @@ import json
 import socket
 import threading
 import time
-import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import TracebackType
-from typing import Annotated, Any, Literal, Self
+from typing import Any, Self
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import Receive, Scope, Send
 
-SHIPPED_SCRIPTS_DIR = Path(__file__).parent / "scripts"
-DEFAULT_SCRIPT_PATH = SHIPPED_SCRIPTS_DIR / "demo.json"
+from api.scripted.script import (
+    DEFAULT_SCRIPT_PATH,
+    SHIPPED_SCRIPTS_DIR,
+    CutFault,
+    Fault,
+    GarbageFault,
+    Script,
+    StatusFault,
+    count_prompt_tokens,
+    load_scripts,
+    problems,
+)
+
 MODEL_PREFIX = "scripted:"
 DEFAULT_MODEL = "scripted"
 
-# Small pieces so that clients really have to reassemble text and tool-call arguments.
-CONTENT_PIECE_CHARS = 16
-ARGUMENTS_PIECE_CHARS = 8
 
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class _FaultBase(_Strict):
-    times: int = Field(1, ge=1, description="Failed attempts per conversation before the answer.")
-
-
-class StatusFault(_FaultBase):
-    """Answer with an HTTP error status."""
-
-    kind: Literal["status"]
-    status: int = Field(500, ge=400, le=599)
-    retry_after: float | None = Field(None, ge=0, description="Seconds, sent as Retry-After.")
-
-
-class GarbageFault(_FaultBase):
-    """Answer 200 with a body that is not JSON."""
-
-    kind: Literal["garbage"]
-
-
-class CutFault(_FaultBase):
-    """Send part of the answer, then close the connection."""
-
-    kind: Literal["cut"]
-
-
-class StallFault(_FaultBase):
-    """Wait before answering, to run past a client's timeout."""
-
-    kind: Literal["stall"]
-    seconds: float = Field(gt=0)
-
-
-Fault = Annotated[StatusFault | GarbageFault | CutFault | StallFault, Field(discriminator="kind")]
-
-
-class ScriptedToolCall(_Strict):
-    """A tool call the scripted model makes."""
-
-    name: str = Field(min_length=1)
-    arguments: dict[str, Any] | str = Field(
-        default_factory=dict, description="An object, or a raw string sent as is (may be bad JSON)."
-    )
-    id: str | None = Field(None, description="Generated when absent; '' sends an empty id.")
-
-
-class Step(_Strict):
-    """One assistant turn: text, tool calls, or both; optionally preceded by failures."""
-
-    content: str | None = None
-    tool_calls: list[ScriptedToolCall] = Field(default_factory=list)
-    fault: Fault | None = None
-
-    @model_validator(mode="after")
-    def _says_something(self) -> Self:
-        if self.content is None and not self.tool_calls:
-            raise ValueError("a step needs 'content', 'tool_calls' or both")
-        return self
-
-
-class Script(_Strict):
-    """The answers a scripted model gives, in order."""
-
-    description: str = ""
-    steps: list[Step] = Field(min_length=1)
-
-    @classmethod
-    def load(cls, path: Path) -> Script:
-        """Read a script file; a bad file raises ``ValueError`` naming it and the problem."""
-        try:
-            return cls.model_validate_json(Path(path).read_bytes())
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(map(str, error['loc'])) or 'script'}: {error['msg']}"
-                for error in exc.errors()
-            )
-            raise ValueError(f"invalid script {path}: {problems}") from exc
-        except OSError as exc:
-            raise ValueError(f"cannot read script {path}: {exc.strerror or exc}") from exc
-
-    @classmethod
-    def from_steps(cls, steps: Sequence[Step | Mapping[str, Any]]) -> Script:
-        return cls.model_validate({"steps": steps})
-
-    def step_for(self, assistant_turns: int) -> Step:
-        """The step to play after ``assistant_turns`` answers; past the end, a closing answer."""
-        if assistant_turns < len(self.steps):
-            return self.steps[assistant_turns]
-        for step in reversed(self.steps):
-            if step.content is not None and not step.tool_calls:
-                return Step(content=step.content)
-        return Step(content="Done.")
-
-
-# --- Rendering a step into an answer -------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _ToolCall:
-    id: str
-    name: str
-    arguments: str
-
-
-@dataclass(frozen=True)
-class _Answer:
-    content: str | None
-    tool_calls: list[_ToolCall]
-
-    @property
-    def finish_reason(self) -> str:
-        return "tool_calls" if self.tool_calls else "stop"
-
-    @property
-    def completion_tokens(self) -> int:
-        text = (self.content or "") + "".join(c.name + c.arguments for c in self.tool_calls)
-        return _rough_tokens(text)
-
-
-def _rough_tokens(text: str) -> int:
-    return max(1, len(text) // 4)
-
-
-def _message_text(message: dict[str, Any]) -> str:
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content parts: keep the text ones
-        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
-    return ""
-
-
-def _last_text(messages: list[dict[str, Any]], role: str) -> str:
-    for message in reversed(messages):
-        if message.get("role") == role:
-            return _message_text(message)
-    return ""
-
-
-def _substitute(value: Any, variables: dict[str, str]) -> Any:
-    if isinstance(value, str):
-        for name, replacement in variables.items():
-            value = value.replace(name, replacement)
-        return value
-    if isinstance(value, dict):
-        return {key: _substitute(item, variables) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_substitute(item, variables) for item in value]
-    return value
-
-
-def _render(step: Step, messages: list[dict[str, Any]]) -> _Answer:
-    variables = {
-        "{prompt}": _last_text(messages, "user"),
-        "{last_tool_result}": _last_text(messages, "tool"),
-    }
-    calls = []
-    for call in step.tool_calls:
-        arguments = _substitute(call.arguments, variables)
-        calls.append(
-            _ToolCall(
-                id=f"call_{uuid.uuid4().hex[:24]}" if call.id is None else call.id,
-                name=call.name,
-                arguments=arguments if isinstance(arguments, str) else json.dumps(arguments),
-            )
-        )
-    content = None if step.content is None else _substitute(step.content, variables)
-    return _Answer(content=content, tool_calls=calls)
-
-
-# --- Wire format ---------------------------------------------------------------------------------
-
-
-def _completion(answer: _Answer, model: str, prompt_tokens: int) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": answer.content, "refusal": None}
-    if answer.tool_calls:
-        message["tool_calls"] = [
-            {
-                "id": call.id,
-                "type": "function",
-                "function": {"name": call.name, "arguments": call.arguments},
-            }
-            for call in answer.tool_calls
-        ]
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "system_fingerprint": None,
-        "choices": [
-            {
-                "index": 0,
-                "message": message,
-                "logprobs": None,
-                "finish_reason": answer.finish_reason,
-            }
-        ],
-        "usage": _usage(prompt_tokens, answer.completion_tokens),
-    }
-
-
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
-
-
-def _pieces(text: str, size: int) -> Iterator[str]:
-    for start in range(0, len(text), size):
-        yield text[start : start + size]
-
-
-def _chunk_deltas(answer: _Answer) -> Iterator[tuple[dict[str, Any], str | None]]:
-    """(delta, finish_reason) pairs in the order OpenAI streams them."""
-    if answer.content is not None or not answer.tool_calls:
-        yield {"role": "assistant", "content": "", "refusal": None}, None
-        for piece in _pieces(answer.content or "", CONTENT_PIECE_CHARS):
-            yield {"content": piece}, None
-    for index, call in enumerate(answer.tool_calls):
-        head = {
-            "index": index,
-            "id": call.id,
-            "type": "function",
-            "function": {"name": call.name, "arguments": ""},
-        }
-        if index == 0 and answer.content is None:
-            yield {"role": "assistant", "content": None, "tool_calls": [head]}, None
-        else:
-            yield {"tool_calls": [head]}, None
-        for piece in _pieces(call.arguments, ARGUMENTS_PIECE_CHARS):
-            yield {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}, None
-    yield {}, answer.finish_reason
-
-
-def _sse_events(
-    answer: _Answer, model: str, prompt_tokens: int, include_usage: bool
-) -> list[bytes]:
-    base: dict[str, Any] = {
-        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": model,
-        "system_fingerprint": None,
-    }
-    if include_usage:
-        base["usage"] = None
-    events = []
-    for delta, finish_reason in _chunk_deltas(answer):
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        events.append(_sse({**base, "choices": [choice]}))
-    if include_usage:
-        usage = _usage(prompt_tokens, answer.completion_tokens)
-        events.append(_sse({**base, "choices": [], "usage": usage}))
-    events.append(b"data: [DONE]\n\n")
-    return events
-
-
-def _sse(payload: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+# --- Answers that fail ---------------------------------------------------------------------------
 
 
 def _error(status: int, message: str, code: str | None = None, **headers: str) -> Response:
@@ -366,37 +99,35 @@ class _Stats:
         }
 
 
-@dataclass(frozen=True)
-class _ChatRequest:
-    """The parts of a chat completion request the scripted model looks at."""
+class _StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True)
 
-    model: str
+    include_usage: bool = False
+
+
+class ChatRequest(BaseModel):
+    """The parts of a chat completion request the scripted model looks at; it ignores the rest."""
+
+    model_config = ConfigDict(strict=True)
+
+    model: str = Field(min_length=1)
     messages: list[dict[str, Any]]
-    stream: bool
-    include_usage: bool
+    stream: bool = False
+    stream_options: _StreamOptions | None = None
 
     @classmethod
-    def parse(cls, raw: bytes) -> _ChatRequest:
+    def parse(cls, raw: bytes) -> ChatRequest:
         """Raises ``ValueError`` with a message for the client when the request is unusable."""
         try:
-            body = json.loads(raw)
-        except ValueError:
-            raise ValueError("the request body is not valid JSON") from None
-        if not isinstance(body, dict):
-            raise ValueError("the request body must be a JSON object")
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-            raise ValueError("'messages' must be a list of message objects")
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise ValueError("'model' must be a non-empty string")
-        options = body.get("stream_options")
-        return cls(
-            model=model,
-            messages=messages,
-            stream=body.get("stream") is True,
-            include_usage=isinstance(options, dict) and options.get("include_usage") is True,
-        )
+            return cls.model_validate_json(raw)
+        except ValidationError as exc:
+            if any(error["type"] == "json_invalid" for error in exc.errors()):
+                raise ValueError("the request body is not valid JSON") from None
+            raise ValueError(problems(exc, "the request body")) from None
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
 
 
 class _ScriptedModel:
@@ -415,7 +146,7 @@ class _ScriptedModel:
     async def answer(self, request: Request) -> Response:
         self.stats.requests += 1
         try:
-            chat = _ChatRequest.parse(await request.body())
+            chat = ChatRequest.parse(await request.body())
         except ValueError as exc:
             self.stats.bad_requests += 1
             return _error(400, str(exc))
@@ -428,12 +159,12 @@ class _ScriptedModel:
 
         assistant_turns = sum(1 for m in chat.messages if m.get("role") == "assistant")
         step = script.step_for(assistant_turns)
-        answer = _render(step, chat.messages)
-        prompt_tokens = sum(_rough_tokens(_message_text(m)) + 3 for m in chat.messages)
+        answer = step.answer(chat.messages)
+        tokens = count_prompt_tokens(chat.messages)
         if chat.stream:
-            body = _sse_events(answer, chat.model, prompt_tokens, chat.include_usage)
+            body = answer.sse_events(chat.model, tokens, chat.include_usage)
         else:
-            body = [json.dumps(_completion(answer, chat.model, prompt_tokens)).encode()]
+            body = [json.dumps(answer.completion(chat.model, tokens)).encode()]
 
         if step.fault is not None and self._should_fail(chat, step.fault.times):
             self.stats.faults[step.fault.kind] += 1
@@ -450,7 +181,7 @@ class _ScriptedModel:
             return self.scripts.get(model.removeprefix(MODEL_PREFIX))
         return self.default
 
-    def _should_fail(self, chat: _ChatRequest, times: int) -> bool:
+    def _should_fail(self, chat: ChatRequest, times: int) -> bool:
         key = hashlib.blake2b(
             json.dumps([chat.model, chat.messages], sort_keys=True).encode(), digest_size=16
         ).digest()
@@ -495,18 +226,14 @@ async def _iterate(events: list[bytes]) -> AsyncIterator[bytes]:
         yield event
 
 
-def _load_scripts(directory: Path) -> dict[str, Script]:
-    return {path.stem: Script.load(path) for path in sorted(directory.glob("*.json"))}
-
-
-def create_app(script: Script | None = None, scripts_dir: Path | None = None) -> FastAPI:
+def create_scripted_app(script: Script | None = None, scripts_dir: Path | None = None) -> FastAPI:
     """The scripted model's app.
 
     ``script`` answers every model name not of the form ``scripted:<name>`` (default: the shipped
     demo); ``scripted:<name>`` picks ``<name>.json`` from ``scripts_dir`` (default: the shipped
     scripts).
     """
-    scripts = _load_scripts(scripts_dir or SHIPPED_SCRIPTS_DIR)
+    scripts = load_scripts(scripts_dir or SHIPPED_SCRIPTS_DIR)
     model = _ScriptedModel(script or Script.load(DEFAULT_SCRIPT_PATH), scripts)
     app = FastAPI(title="toolq scripted model", docs_url=None, redoc_url=None)
 
@@ -553,7 +280,7 @@ class ScriptedServer:
         scripts_dir: Path | None = None,
         startup_timeout_s: float = 10.0,
     ) -> None:
-        self._app = create_app(script, scripts_dir)
+        self._app = create_scripted_app(script, scripts_dir)
         self._startup_timeout_s = startup_timeout_s
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -626,23 +353,5 @@ class ScriptedServer:
 def serve(script_path: Path | None, host: str, port: int) -> None:
     """Serve the scripted model in the foreground until interrupted."""
     script = Script.load(script_path) if script_path else None
-    config = _uvicorn_config(create_app(script), host=host, port=port, access_log=False)
+    config = _uvicorn_config(create_scripted_app(script), host=host, port=port, access_log=False)
     uvicorn.Server(config).run()
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m api.scripted", description="Serve a scripted OpenAI-compatible model."
-    )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8900)
-    parser.add_argument("--script", type=Path, help="default script (default: the shipped demo)")
-    args = parser.parse_args(argv)
-    try:
-        serve(args.script, args.host, args.port)
-    except ValueError as exc:
-        parser.exit(2, f"error: {exc}\n")
-
-
-if __name__ == "__main__":
-    main()

@@ -13,7 +13,8 @@ from openai import AsyncOpenAI
 from api.agent import Agent, AgentOptions
 from api.events import FinalAnswer, TextDelta, ToolCallFinished, ToolCallStarted
 from api.llm import ChatModel, ModelError, RetryPolicy
-from api.scripted.server import Script, ScriptedServer
+from api.scripted.script import Script
+from api.scripted.server import ScriptedServer
 from tests.conftest import WorkerFleet, orchestrator_settings
 from worker.tools.interface import ExecutableTool
 

@@ -15,20 +15,11 @@ import redis
 
 from api.dispatch import Dispatcher
 from api.local.stack import free_port
-from tests.conftest import RedisServer, fleet_settings
-from worker.protocol import ToolSpec
+from tests.conftest import RedisServer, fleet_settings, tool_spec
 
 pytestmark = pytest.mark.integration
 
-WRITE = ToolSpec(
-    name="write_file",
-    description="",
-    parameters={},
-    pool="tools",
-    enabled_by_default=True,
-    idempotent=False,
-    default_timeout_ms=5000,
-)
+WRITE = tool_spec("write_file")
 SECRET = "the contents of a private file"
 
 

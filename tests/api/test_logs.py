@@ -13,6 +13,7 @@ import pytest
 
 from api.logs import (
     CHATTY_LOGGERS,
+    RETRY_LOGGERS,
     JsonFormatter,
     TextFormatter,
     configure_logging,
@@ -32,7 +33,7 @@ class Terminal(io.StringIO):
 @pytest.fixture(autouse=True)
 def _restore_loggers() -> Iterator[None]:
     root = logging.getLogger()
-    levels = {name: logging.getLogger(name).level for name in ("", *CHATTY_LOGGERS)}
+    levels = {name: logging.getLogger(name).level for name in ("", *CHATTY_LOGGERS, *RETRY_LOGGERS)}
     yield
     for handler in root.handlers[:]:
         if isinstance(handler.formatter, JsonFormatter | TextFormatter):
@@ -156,6 +157,18 @@ def test_chatty_libraries_are_kept_to_warnings() -> None:
     logging.getLogger("httpx").info("HTTP Request: POST ... 200 OK")
     logging.getLogger("httpx").warning("connection reset")
     assert [e["message"] for e in json_lines(stream)] == ["connection reset"]
+
+
+def test_the_model_clients_retries_are_logged_but_not_its_requests() -> None:
+    stream = io.StringIO()
+    configure_logging(settings(), stream=stream)
+    client_log = logging.getLogger("openai._base_client")
+    client_log.debug("Sending HTTP Request: POST")
+    client_log.info("Retrying request in 0.5 seconds (retry 1 of 4)")
+    logging.getLogger("openai").info("something else")
+    assert [e["message"] for e in json_lines(stream)] == [
+        "Retrying request in 0.5 seconds (retry 1 of 4)"
+    ]
 
 
 def test_an_unknown_level_falls_back_to_info_and_says_so() -> None:

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from api.local.stack import worker_environment
-from api.scripted.server import Script, ScriptedServer
+from api.scripted.script import Script
+from api.scripted.server import ScriptedServer
 from tests.conftest import WorkerFleet, wait_for
 from tests.scripts import WRITE_THEN_READ
 

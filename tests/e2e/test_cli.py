@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from api.local.stack import worker_environment
-from api.scripted.server import Script, ScriptedServer
+from api.scripted.script import Script
+from api.scripted.server import ScriptedServer
 from tests.conftest import WorkerFleet
 
 pytestmark = pytest.mark.e2e

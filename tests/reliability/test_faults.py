@@ -20,7 +20,8 @@ import pytest
 
 from api.dispatch import Dispatcher
 from api.local.stack import worker_environment
-from api.scripted.server import Script, ScriptedServer
+from api.scripted.script import Script
+from api.scripted.server import ScriptedServer
 from tests.conftest import Caller, WorkerFleet, wait_for
 from tests.reliability.conftest import Stack, alive, ancestors, find_process, start_stack
 from tests.reliability.report import Counts, Report

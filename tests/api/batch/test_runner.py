@@ -18,7 +18,7 @@ from api.batch.results import ResultLog
 from api.batch.runner import batch_run_id, batch_tag_for_output, run_item, run_items
 from api.dispatch import Dispatcher
 from api.fleet import Fleet
-from api.llm import ChatModel, ModelError, ModelTurn, RetryPolicy, ToolCallSpec, Usage
+from api.llm import ChatModel, ModelError, ModelToolCall, ModelTurn, RetryPolicy, Usage
 from api.logs import current_context
 from api.settings import OrchestratorSettings
 from tests.api.batch.conftest import record, write_lines
@@ -129,8 +129,8 @@ def tool_then_answer(messages: list[dict[str, Any]]) -> ModelTurn:
         return ModelTurn(
             content=None,
             tool_calls=[
-                ToolCallSpec("c1", "echo", '{"text": "hi"}'),
-                ToolCallSpec("c2", "nonexistent", "{}"),
+                ModelToolCall("c1", "echo", '{"text": "hi"}'),
+                ModelToolCall("c2", "nonexistent", "{}"),
             ],
             usage=Usage(10, 2, 12),
         )
@@ -199,7 +199,7 @@ async def test_the_item_model_wins_over_the_default_which_wins_over_settings() -
 
 async def test_turn_limit_and_system_prompt_come_from_the_item() -> None:
     def never_answers(messages: list[dict[str, Any]]) -> ModelTurn:
-        return ModelTurn(content=None, tool_calls=[ToolCallSpec("c", "echo", "{}")])
+        return ModelTurn(content=None, tool_calls=[ModelToolCall("c", "echo", "{}")])
 
     item = BatchItem(id="a", prompt="p", max_turns=2, system_prompt="Be terse.")
     result = await run(item, FakeModel(never_answers))

@@ -21,7 +21,8 @@ from api.agent import AgentOptions
 from api.batch.items import BatchItem
 from api.fleet import Fleet
 from api.http.app import create_app
-from api.scripted.server import Script, ScriptedServer
+from api.scripted.script import Script
+from api.scripted.server import ScriptedServer
 from api.settings import OrchestratorSettings
 from worker.protocol import Pool, ToolSpec, WorkerInfo
 

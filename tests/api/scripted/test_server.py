@@ -15,8 +15,12 @@ from openai.types.chat import (
     ChatCompletionMessageFunctionToolCall,
     ChatCompletionMessageParam,
 )
+from typer.testing import CliRunner
 
-from api.scripted.server import DEFAULT_SCRIPT_PATH, Script, ScriptedServer, main
+from api.cli import app
+from api.scripted.script import DEFAULT_SCRIPT_PATH, Script
+from api.scripted.server import ScriptedServer
+from tests.conftest import scripted_server
 from worker.tools.bash import RunBashTool
 from worker.tools.filesystem import ReadFileTool, WriteFileTool
 from worker.tools.interface import ExecutableTool
@@ -59,11 +63,8 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScriptedServer]:
-    scripts_dir = tmp_path_factory.mktemp("scripts")
-    for name, steps in SCRIPTS.items():
-        (scripts_dir / f"{name}.json").write_text(json.dumps({"steps": steps}))
-    default = Script.from_steps([{"content": "the default script"}])
-    with ScriptedServer(default, scripts_dir=scripts_dir) as running:
+    directory = tmp_path_factory.mktemp("scripts")
+    with scripted_server(directory, SCRIPTS, default="the default script") as running:
         yield running
 
 
@@ -353,14 +354,13 @@ def test_script_files_with_mistakes_are_refused_with_the_file_named(tmp_path: Pa
         Script.load(tmp_path / "missing.json")
 
 
-def test_the_command_line_reports_a_bad_script_and_exits_2(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    with pytest.raises(SystemExit) as caught:
-        main(["--port", "0", "--script", str(tmp_path / "missing.json")])
+def test_the_command_line_reports_a_bad_script_and_exits_2(tmp_path: Path) -> None:
+    argv = ["scripted-llm", "--port", "0", "--script", str(tmp_path / "missing.json")]
 
-    assert caught.value.code == 2
-    assert "missing.json" in capsys.readouterr().err
+    result = CliRunner().invoke(app, argv)
+
+    assert result.exit_code == 2
+    assert "missing.json" in result.stderr
 
 
 def test_the_demo_calls_each_demo_tool_with_valid_arguments() -> None:
