@@ -116,7 +116,7 @@ class Agent:
         self.observers: list[Callable[[AgentEvent], None]] = []
         self.registry = ToolRegistry()
         self._fleet = (fleet or load_fleet(self._settings.redis_url)).require_tools()
-        for spec in self._fleet.tools.values():
+        for spec in self._fleet.model_tools.values():
             proxy = RemoteTool.for_spec(spec)(
                 self._dispatcher,
                 self.run_id,

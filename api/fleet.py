@@ -25,6 +25,11 @@ class Fleet:
     tools: dict[str, ToolSpec]
     workers: dict[str, list[WorkerInfo]] = field(default_factory=dict)
 
+    @property
+    def model_tools(self) -> dict[str, ToolSpec]:
+        """The tools a model may be offered: all but the service operations."""
+        return {name: spec for name, spec in self.tools.items() if spec.for_model}
+
     def serves(self, name: str) -> bool:
         spec = self.tools.get(name)
         return spec is not None and bool(self.workers.get(spec.pool))

@@ -22,8 +22,8 @@ from worker.settings import WorkerSettings
 from worker.tools.factory import create_default_tool_registry
 from worker.tools.interface import ExecutableTool
 from worker.tools.registry import ToolRegistry
-from worker.tools.service import service_tools
 from worker.tools.runtime import CallRuntime, CurrentWorkspace, current_context, running
+from worker.tools.service import service_tools
 from worker.tools.workspace import Workspace
 
 log = logging.getLogger(__name__)

@@ -144,6 +144,26 @@ class ToolCallResult(BaseModel):
         )
 
 
+class StreamsCut(BaseModel):
+    """Which of a command's output streams were cut at their cap."""
+
+    stdout: bool = False
+    stderr: bool = False
+
+
+class CommandAnswer(BaseModel):
+    """What a command did: run_bash's answer (its JSON text), and ``toolq.exec``'s."""
+
+    stdout: str
+    stderr: str = Field(description="With a notice of how the command ended, when not by itself.")
+    exit_code: int = Field(description="-1 after a timeout; 128+N when killed by signal N.")
+    timed_out: bool
+    duration_ms: int
+    truncated: StreamsCut = Field(default_factory=StreamsCut)
+    isolation: list[str] = Field(default_factory=list, description="The layers it ran under.")
+    usage: dict[str, Any] | None = Field(None, description="Resources used, where measured.")
+
+
 class RedisKeys:
     """Every Redis key workers and callers share, in one place."""
 

@@ -152,7 +152,7 @@ def show_tools(*, console: Console) -> int:
     with fleet_for(settings) as fleet_settings:
         fleet = load_fleet(fleet_settings.redis_url)
     table = Table("tool", "pool", "on by default", "live workers", "delivery")
-    for spec in fleet.tools.values():
+    for spec in fleet.model_tools.values():
         table.add_row(
             spec.name,
             spec.pool,

@@ -60,18 +60,19 @@ def tool_errors(
 ) -> list[dict[str, Any]]:
     """Tools asked for that the fleet does not have, as validation errors."""
     errors: list[dict[str, Any]] = []
-    known = ", ".join(fleet.tools) or "none"
+    offered = fleet.model_tools
+    known = ", ".join(offered) or "none"
 
     def refuse(option: str, index: int, msg: str) -> None:
         errors.append({"loc": ("body", *field, option, index), "msg": msg, "type": "value_error"})
 
     for index, name in enumerate(enable):
-        if name not in fleet.tools:
+        if name not in offered:
             refuse("enable", index, f"no worker serves a tool named {name!r} (tools: {known})")
         elif not fleet.serves(name):
             pool = fleet.tools[name].pool
             refuse("enable", index, f"no live worker serves the {pool!r} pool of {name!r}")
     for index, name in enumerate(disable):
-        if name not in fleet.tools:
+        if name not in offered:
             refuse("disable", index, f"no worker serves a tool named {name!r} (tools: {known})")
     return errors

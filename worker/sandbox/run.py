@@ -3,12 +3,12 @@ exits or its time is up, then everything it started killed and its result told."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
+import tempfile
 import time
 import uuid
-import contextlib
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field, field_validator
 
-from worker.sandbox import SandboxConfig, run_sandboxed
+from worker.protocol import CommandAnswer, StreamsCut
+from worker.sandbox import SandboxConfig, SandboxResult, run_sandboxed
 from worker.settings import get_worker_settings
 from worker.tools.interface import ExecutableTool, ToolArgs
 from worker.tools.paths import WorkspaceError, shown
@@ -81,7 +81,7 @@ class RunBashTool(ExecutableTool):
         )
 
     def execute(self, args: dict[str, Any]) -> str:
-        cwd = self._directory(args.get("cwd"))
+        cwd = working_directory(self._workspace, args.get("cwd"))
         result = run_sandboxed(
             args["command"],
             cwd=cwd,
@@ -90,22 +90,28 @@ class RunBashTool(ExecutableTool):
             timeout_ms=args.get("timeout", DEFAULT_TIMEOUT_MS),
             config=self._config,
         )
-        answer = {
-            "stdout": result.stdout,
-            "stderr": result.stderr,
-            "exit_code": result.exit_code,
-            "timed_out": result.timed_out,
-            "duration_ms": result.duration_ms,
-            "truncated": {"stdout": result.stdout_truncated, "stderr": result.stderr_truncated},
-            "isolation": list(result.isolation),
-        }
-        return json.dumps(answer, ensure_ascii=False)
+        return command_answer(result).model_dump_json(exclude_none=True)
 
-    def _directory(self, cwd: str | None) -> Path:
-        if cwd is None or cwd in ("", "."):
-            return self._workspace.root
-        path = self._workspace.resolve(cwd)
-        if not path.is_dir():
-            what = "does not exist" if not path.exists() else "is not a directory"
-            raise WorkspaceError(f"cwd {shown(cwd)} {what} in the workspace")
-        return path
+
+def command_answer(result: SandboxResult) -> CommandAnswer:
+    """A sandboxed command's result as the wire contract has it."""
+    return CommandAnswer(
+        stdout=result.stdout,
+        stderr=result.stderr,
+        exit_code=result.exit_code,
+        timed_out=result.timed_out,
+        duration_ms=result.duration_ms,
+        truncated=StreamsCut(stdout=result.stdout_truncated, stderr=result.stderr_truncated),
+        isolation=list(result.isolation),
+    )
+
+
+def working_directory(workspace: Workspace, cwd: str | None) -> Path:
+    """The directory a command runs in: the workspace root, or ``cwd`` below it."""
+    if cwd is None or cwd in ("", "."):
+        return workspace.root
+    path = workspace.resolve(cwd)
+    if not path.is_dir():
+        what = "does not exist" if not path.exists() else "is not a directory"
+        raise WorkspaceError(f"cwd {shown(cwd)} {what} in the workspace")
+    return path

@@ -16,11 +16,12 @@ import dataclasses
 import os
 import shutil
 import stat
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
 from worker.sandbox import SandboxConfig, run_sandboxed
+from worker.tools.bash import command_answer, working_directory
 from worker.tools.interface import ExecutableTool, ToolArgs
 from worker.tools.paths import PathNotFoundError, WorkspaceError, shown
 from worker.tools.search import Glob
@@ -175,9 +176,9 @@ class CollectFilesTool(ServiceTool):
                     states[os.path.join(rel, name)] = below
             dirs[:] = entered
             for name in names:
-                if any(g.step(s, name)[0] for g, s in zip(globs, here, strict=True)):
-                    if _is_regular_at(fd, name):
-                        found.add(os.path.join(rel, name))
+                wanted = any(g.step(s, name)[0] for g, s in zip(globs, here, strict=True))
+                if wanted and _is_regular_at(fd, name):
+                    found.add(os.path.join(rel, name))
         return found
 
 
@@ -200,7 +201,9 @@ class ExecArgs(ToolArgs):
     cwd: str | None = Field(None, description="Workspace-relative directory; default the root.")
     env: dict[str, str] = Field(default_factory=dict)
     timeout_ms: int = Field(30_000, gt=0)
-    output_cap_bytes: int = Field(51_200, gt=0, description="Each stream is cut here.")
+    output_cap_bytes: int = Field(
+        51_200, gt=0, description="Each stream keeps this many bytes, then a notice of the cut."
+    )
 
     @field_validator("argv")
     @classmethod
@@ -231,9 +234,7 @@ class ExecTool(ServiceTool):
         if (argv is None) == (command is None):
             raise ValueError("give exactly one of 'argv' and 'command'")
         stdin = args.get("input")
-        cwd = self.workspace.root if not args.get("cwd") else self.workspace.resolve(args["cwd"])
-        if not cwd.is_dir():
-            return _problem("not_found", f"cwd {shown(args['cwd'])} is not a directory")
+        cwd = working_directory(self.workspace, args.get("cwd"))
         cap = min(args["output_cap_bytes"], self.transfer_max_bytes)
         result = run_sandboxed(
             argv if argv is not None else command or "",
@@ -244,16 +245,7 @@ class ExecTool(ServiceTool):
             config=dataclasses.replace(self._sandbox, output_cap_bytes=cap),
             stdin=decode_content(stdin, "input") if stdin is not None else None,
         )
-        return {
-            "ok": True,
-            "stdout": result.stdout,
-            "stderr": result.stderr,
-            "exit_code": result.exit_code,
-            "timed_out": result.timed_out,
-            "duration_ms": result.duration_ms,
-            "truncated": {"stdout": result.stdout_truncated, "stderr": result.stderr_truncated},
-            "isolation": list(result.isolation),
-        }
+        return {"ok": True, **command_answer(result).model_dump(exclude_none=True)}
 
 
 def service_tools(

@@ -39,7 +39,7 @@ async def _list_tools(services: Svc) -> list[ToolInfo]:
             idempotent=spec.idempotent,
             live_workers=len(fleet.workers.get(spec.pool, [])),
         )
-        for spec in fleet.tools.values()
+        for spec in fleet.model_tools.values()
     ]
 
 

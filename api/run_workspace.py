@@ -1,0 +1,190 @@
+"""A run's workspace on the fleet, reached through the queue: files in and out, and commands with
+their own argv, input and output limit.
+
+For callers that prepare and inspect runs (batch tasks, sandbox environments); the model's own
+tool calls go through the Agent. Every operation is a call of a service operation
+(worker/tools/service.py) with the deadlines, caps and at-most-once rules of any tool call, so it
+works where the caller shares no disk with the workers.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from api.dispatch import Dispatcher
+from api.fleet import Fleet
+from worker.protocol import CommandAnswer, ErrorKind
+
+FileProblemKind = Literal[
+    "not_found", "is_a_directory", "not_a_regular_file", "too_large", "refused"
+]
+
+
+class ServiceCallError(RuntimeError):
+    """A service operation was not carried out: nobody serves it, nobody answered, or the worker
+    refused the call. ``kind`` is the call's error kind."""
+
+    def __init__(self, message: str, kind: ErrorKind | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class FileProblemError(RuntimeError):
+    """A path the operation could not use; ``kind`` says why."""
+
+    def __init__(self, kind: FileProblemKind, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(frozen=True, slots=True)
+class CollectedFile:
+    content: str
+    encoding: Literal["utf-8", "base64"]
+    size: int
+    truncated: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "content": self.content,
+            "encoding": self.encoding,
+            "size": self.size,
+            "truncated": self.truncated,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Collected:
+    files: dict[str, CollectedFile]
+    #: How many files matched, including those past ``max_files``.
+    matched: int
+
+
+class CommandResult(CommandAnswer):
+    """What a command did, as run_bash reports it, and the worker that ran it."""
+
+    worker: str | None = None
+
+
+class RunWorkspace:
+    """The workspace of run ``run_id`` on the fleet that ``fleet`` describes."""
+
+    def __init__(self, dispatcher: Dispatcher, fleet: Fleet, run_id: str) -> None:
+        self._dispatcher = dispatcher
+        self._fleet = fleet
+        self.run_id = run_id
+
+    async def put_files(
+        self, files: Mapping[str, str | bytes], *, timeout_ms: int | None = None
+    ) -> dict[str, int]:
+        """Write files (text as UTF-8, bytes as they are); their sizes by path."""
+        wire = {
+            path: content
+            if isinstance(content, str)
+            else {"base64": base64.b64encode(content).decode("ascii")}
+            for path, content in files.items()
+        }
+        answer = await self._call("toolq.put_files", {"files": wire}, timeout_ms)
+        written: dict[str, int] = answer["written"]
+        return written
+
+    async def read_file(
+        self, path: str, *, max_bytes: int | None = None, timeout_ms: int | None = None
+    ) -> bytes:
+        """One whole file; ``FileProblemError`` when it is missing, a directory, too large..."""
+        arguments: dict[str, Any] = {"path": path}
+        if max_bytes is not None:
+            arguments["max_bytes"] = max_bytes
+        answer = await self._call("toolq.read_file", arguments, timeout_ms)
+        return base64.b64decode(answer["base64"])
+
+    async def collect_files(
+        self,
+        patterns: Sequence[str],
+        *,
+        max_files: int = 100,
+        max_file_bytes: int = 51_200,
+        timeout_ms: int | None = None,
+    ) -> Collected:
+        """The regular files matching workspace-relative globs, each cut at ``max_file_bytes``."""
+        answer = await self._call(
+            "toolq.collect_files",
+            {
+                "patterns": list(patterns),
+                "max_files": max_files,
+                "max_file_bytes": max_file_bytes,
+            },
+            timeout_ms,
+        )
+        files = {path: CollectedFile(**found) for path, found in answer["files"].items()}
+        return Collected(files, int(answer["matched"]))
+
+    async def run(
+        self,
+        command: str | Sequence[str],
+        *,
+        input: str | bytes | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_ms: int = 30_000,
+        output_cap_bytes: int = 51_200,
+    ) -> CommandResult:
+        """Run a shell command line (a string) or an argv (a sequence) in the sandbox pool, with
+        run_bash's isolation, in the workspace (or ``cwd`` below it)."""
+        arguments: dict[str, Any] = {
+            "timeout_ms": timeout_ms,
+            "output_cap_bytes": output_cap_bytes,
+            "env": dict(env or {}),
+        }
+        if isinstance(command, str):
+            arguments["command"] = command
+        else:
+            arguments["argv"] = list(command)
+        if cwd is not None:
+            arguments["cwd"] = cwd
+        if isinstance(input, str):
+            arguments["input"] = input
+        elif input is not None:
+            arguments["input"] = {"base64": base64.b64encode(input).decode("ascii")}
+        answer, worker = await self._call_with_worker("toolq.exec", arguments, None)
+        return CommandResult.model_validate({**answer, "worker": worker})
+
+    async def remove(self, *, timeout_ms: int | None = None) -> bool:
+        """Remove the whole workspace; whether there was one."""
+        answer = await self._call("toolq.remove_workspace", {}, timeout_ms)
+        return bool(answer["removed"])
+
+    async def _call(
+        self, operation: str, arguments: dict[str, Any], timeout_ms: int | None
+    ) -> dict[str, Any]:
+        answer, _ = await self._call_with_worker(operation, arguments, timeout_ms)
+        return answer
+
+    async def _call_with_worker(
+        self, operation: str, arguments: dict[str, Any], timeout_ms: int | None
+    ) -> tuple[dict[str, Any], str | None]:
+        spec = self._fleet.tools.get(operation)
+        if spec is None:
+            raise ServiceCallError(
+                f"no worker of this fleet offers {operation} (workers of an older toolq?)",
+                "unknown_tool",
+            )
+        request = self._dispatcher.build_request(
+            spec,
+            task_id=f"{self.run_id}.{operation}.{uuid.uuid4().hex[:16]}",
+            run_id=self.run_id,
+            arguments=arguments,
+            timeout_ms=timeout_ms,
+        )
+        result = await self._dispatcher.call(request, spec.pool)
+        if result.is_error:
+            raise ServiceCallError(result.output, result.error_kind)
+        answer: dict[str, Any] = json.loads(result.output)
+        if not answer.get("ok", False):
+            raise FileProblemError(answer["error"], answer["message"])
+        return answer, result.worker
