@@ -176,11 +176,13 @@ class Caller:
         timeout_ms: int | None = None,
         task_id: str | None = None,
         run_id: str | None = None,
+        tool_call_id: str | None = None,
     ) -> ToolCallResult:
         spec = self.spec(tool, pool)
         request = self.dispatcher.build_request(
             spec,
             task_id=task_id or f"call-{uuid.uuid4().hex}",
+            tool_call_id=tool_call_id,
             run_id=run_id or self.run_id,
             arguments=arguments,
             timeout_ms=timeout_ms,
