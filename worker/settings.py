@@ -163,6 +163,6 @@ def _with_scheme(url: str | None, schemes: tuple[str, ...], what: str) -> str | 
 
 
 def _either(schemes: tuple[str, ...]) -> str:
-    """``redis://, amqp:// or amqps://``"""
+    """The schemes for a message: ``redis://, amqp:// or amqps://``."""
     *most, last = [f"{name}://" for name in schemes]
     return f"{', '.join(most)} or {last}" if most else last
