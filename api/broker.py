@@ -23,6 +23,10 @@ def producer_config(settings: FleetSettings) -> dict[str, Any]:
         # The queues as workers declare them: a RabbitMQ queue declared twice must match.
         "task_queues": [Queue(pool, routing_key=pool) for pool in POOLS],
         "task_default_queue": POOLS[0],
+        # A task-sent event for every call: monitors (Flower, `celery events`) see calls while
+        # they wait in the queue, not only once a worker takes them. It goes out in the same
+        # round trip as the call (see Dispatcher._send).
+        "task_send_sent_event": True,
     }
 
 

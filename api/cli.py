@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from importlib.metadata import version as installed_version
 from pathlib import Path
 from typing import Annotated
 
@@ -11,18 +12,71 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from api.settings import get_settings
+from api.settings import check_settings, get_settings
 from worker.protocol import POOLS
+from worker.settings_check import debugging, exit_on_bad_settings
 
 app = typer.Typer(
     name="toolq",
-    help="Run LLM agents' tool calls as Celery tasks on sandboxed workers.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Click's plain help: flags are shown without a value type (typer's rich help would print
+    # `--stream <bool>`, as if it took one).
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 console = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
+
+#: The exit status when the configured broker or result store cannot be used.
+EXIT_UNREACHABLE = 1
+#: The exit status of an error nobody foresaw (its traceback shows with TOOLQ_DEBUG=1).
+EXIT_UNEXPECTED = 1
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        console.print(f"toolq {installed_version('toolq')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _toolq(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", help="Print the version and exit.", is_eager=True, callback=_print_version
+        ),
+    ] = False,
+) -> None:
+    """Run LLM agents' tool calls as Celery tasks on sandboxed workers.
+
+    Settings are TOOLQ_* environment variables, checked before any command starts.
+    """
+
+
+def _checked_settings() -> None:
+    """Every command starts here: a setting that is wrong is named, and the command exits with
+    status 2 before it starts anything. (Not in the group's callback, which would run before
+    a command's --help too.)"""
+    exit_on_bad_settings(check_settings)
+
+
+def _reachable_fleet() -> None:
+    """With a broker configured, it and the result store answer, or the command ends here in
+    one line, with exit status 1: before the command's own (slower) imports, and before any
+    conversation starts."""
+    settings = get_settings()
+    if settings.local_mode:
+        return
+    from api.connections import FleetUnreachableError, check_connections
+
+    try:
+        check_connections(settings)
+    except FleetUnreachableError as exc:
+        err.print(f"error: {exc}", markup=False, soft_wrap=True, highlight=False)
+        raise typer.Exit(EXIT_UNREACHABLE) from None
 
 
 @app.command()
@@ -32,6 +86,7 @@ def worker(
     loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
 ) -> None:
     """Start a worker of one pool (the same as: celery -A worker.app worker -Q POOL)."""
+    _checked_settings()
     if pool not in POOLS:
         raise typer.BadParameter(f"pool must be one of {', '.join(POOLS)}", param_hint="--pool")
     from api.local.stack import worker_argv
@@ -49,8 +104,19 @@ def run(
     max_turns: Annotated[int | None, typer.Option(help="Model turns at most.")] = None,
     stream: Annotated[bool, typer.Option("--stream", help="Show text and tools live.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the whole transcript.")] = False,
+    fail_on_tool_error: Annotated[
+        bool,
+        typer.Option("--fail-on-tool-error", help="Exit with status 1 if a tool call failed."),
+    ] = False,
 ) -> None:
-    """Run one conversation against OPENAI_BASE_URL / OPENAI_API_KEY and print the answer."""
+    """Run one conversation against OPENAI_BASE_URL / OPENAI_API_KEY and print the answer.
+
+    Each failed tool call is a line on stderr. Exit status: 0 when the conversation ended, even
+    if tool calls failed (unless --fail-on-tool-error); 1 when it could not start or finish
+    (the broker, workers or model API failing); 2 for wrong settings or no model API.
+    """
+    _checked_settings()
+    _reachable_fleet()
     from api.commands.conversation import run_conversation
 
     code = run_conversation(
@@ -61,6 +127,7 @@ def run(
         max_turns=max_turns,
         stream=stream,
         as_json=as_json,
+        fail_on_tool_error=fail_on_tool_error,
         console=console,
         err=err,
     )
@@ -70,6 +137,8 @@ def run(
 @app.command()
 def demo() -> None:
     """A scripted conversation on a local stack: needs no API key."""
+    _checked_settings()
+    _reachable_fleet()
     from api.commands.conversation import run_demo
 
     raise typer.Exit(run_demo(console=console, err=err))
@@ -78,14 +147,18 @@ def demo() -> None:
 @app.command()
 def tools() -> None:
     """The fleet's tools: pool, on by default or not, live workers serving each."""
+    _checked_settings()
+    _reachable_fleet()
     from api.commands.conversation import show_tools
 
-    raise typer.Exit(show_tools(console=console))
+    raise typer.Exit(show_tools(console=console, err=err))
 
 
 @app.command()
 def status() -> None:
     """Queue depths, live workers per pool, calls in flight."""
+    _checked_settings()
+    _reachable_fleet()
     from api.commands.conversation import show_status
 
     raise typer.Exit(show_status(console=console))
@@ -99,6 +172,8 @@ def batch(
     model: Annotated[str | None, typer.Option(help="Default model for lines without one.")] = None,
 ) -> None:
     """Run many conversations; rerun the same command to resume."""
+    _checked_settings()
+    _reachable_fleet()
     from api.batch.command import run_batch_command
 
     raise typer.Exit(
@@ -112,6 +187,7 @@ def serve(
     port: Annotated[int, typer.Option(help="Port.")] = 8000,
 ) -> None:
     """The HTTP API (runs, batches, tools, SSE events, metrics)."""
+    _checked_settings()
     from api.http.server import serve as serve_api
 
     serve_api(host=host, port=port)
@@ -124,22 +200,29 @@ def scripted_llm(
     port: Annotated[int, typer.Option(help="Port.")] = 8900,
 ) -> None:
     """An OpenAI-compatible server that replays scripted answers (for tests and demos)."""
+    _checked_settings()
     from api.scripted.server import serve as serve_scripted
 
     try:
         serve_scripted(script, host, port)
     except ValueError as exc:  # the script file is missing or not a script
-        err.print("[red]Error:[/red]", escape(str(exc)), soft_wrap=True)
+        err.print(f"error: {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
 
 
 def main() -> None:
+    """``toolq``: an error no command foresaw is one line, not a traceback, unless
+    TOOLQ_DEBUG=1."""
     try:
-        get_settings()
-    except ValueError as exc:
-        err.print(f"[red]Invalid TOOLQ_ settings:[/red] {exc}")
-        sys.exit(2)
-    app()
+        app()
+    except Exception as exc:
+        if debugging():
+            raise
+        print(
+            f"error: {type(exc).__name__}: {exc} (TOOLQ_DEBUG=1 shows where)",
+            file=sys.stderr,
+        )
+        sys.exit(EXIT_UNEXPECTED)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,8 @@ _DRAIN_BATCH = 512
 #: The most calls sent in one batch: enough to amortise the round trip, small enough that the
 #: first call of a burst does not wait long for the last.
 _SEND_BATCH = 256
+#: What one call costs the broker: its message and its task-sent event.
+_OPERATIONS_PER_CALL = 2
 #: A call that cannot be sent is answered this long before its deadline, so that the caller
 #: hears why rather than only that no answer came.
 _ANSWER_MARGIN_S = 0.5
@@ -221,13 +223,11 @@ class Dispatcher:
         return True
 
     def _send(self, batch: list[_Outgoing], producer: Any) -> None:
-        if len(batch) == 1:
-            self._publish(batch[0].request, batch[0].pool, producer)
-            return
-        # One Redis round trip for the batch (kombu's Producer.batch); other brokers publish
-        # each message at once. Should it fail, delivery of the batch is uncertain and it is
-        # sent again: a duplicate is answered once, since results are stored once per call.
-        with producer.batch(_SEND_BATCH):
+        # One Redis round trip for the batch (kombu's Producer.batch), a lone call and its
+        # task-sent event included; other brokers publish each message at once. Should it fail,
+        # delivery of the batch is uncertain and it is sent again: a duplicate is answered
+        # once, since results are stored once per call.
+        with producer.batch(_OPERATIONS_PER_CALL * _SEND_BATCH):
             for item in batch:
                 self._publish(item.request, item.pool, producer)
 

@@ -34,6 +34,17 @@ class Fleet:
         spec = self.tools.get(name)
         return spec is not None and bool(self.workers.get(spec.pool))
 
+    def unserved(self, name: str) -> str | None:
+        """Why no worker would run the tool ``name`` for a model; None when a live worker
+        serves it."""
+        spec = self.model_tools.get(name)
+        if spec is None:
+            known = ", ".join(self.model_tools) or "none"
+            return f"no worker serves a tool named {name!r} (tools: {known})"
+        if not self.workers.get(spec.pool):
+            return f"no live worker serves the {spec.pool!r} pool of {name!r}"
+        return None
+
     def require_tools(self) -> Fleet:
         if not self.tools:
             raise NoWorkersError(

@@ -16,6 +16,7 @@ import asyncio
 import json
 import logging
 import os
+import socket
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Self, TypeVar
@@ -34,7 +35,12 @@ from api.llm_turn import (
     Usage,
     turn_from_completion,
 )
-from api.settings import OrchestratorSettings, get_settings
+from api.settings import (
+    MODEL_URL_VARIABLE,
+    OrchestratorSettings,
+    get_settings,
+    model_url_problem,
+)
 
 __all__ = [
     "ChatModel",
@@ -169,7 +175,10 @@ class ChatModel:
     def from_env(cls, settings: OrchestratorSettings | None = None) -> ChatModel:
         """A client for OPENAI_BASE_URL (default: OpenAI) with OPENAI_API_KEY."""
         settings = settings or get_settings()
-        base_url = os.environ.get("OPENAI_BASE_URL") or None
+        base_url = os.environ.get(MODEL_URL_VARIABLE) or None
+        # A URL that cannot be an API fails every attempt alike: refused before any is made.
+        if base_url is not None and (problem := model_url_problem(base_url)):
+            raise ModelError(problem)
         api_key = os.environ.get("OPENAI_API_KEY")
         if not api_key:
             if base_url is None:
@@ -306,7 +315,8 @@ def _requests_made(request: httpx2.Request) -> int:
 def _gave_up(exc: Exception, attempts: int, status: int | None) -> ModelError:
     last_status = f" (last status {status})" if status else ""
     return ModelError(
-        f"model request failed after {attempts} attempts{last_status}: {_describe(exc)}",
+        f"model request failed after {attempts} attempt{'' if attempts == 1 else 's'}"
+        f"{last_status}: {_describe(exc)}",
         attempts=attempts,
         status=status,
     )
@@ -316,6 +326,8 @@ def _describe(exc: Exception) -> str:
     if isinstance(exc, openai.APIStatusError):
         return exc.message
     cause = exc.__cause__
+    if isinstance(exc, openai.APIError) and (failed := _connect_failure(exc)):
+        return failed
     if isinstance(exc, openai.APITimeoutError):
         # Transports file some lost connections under timeouts ("Server disconnected").
         detail = f" ({type(cause).__name__}: {cause})" if cause and str(cause) else ""
@@ -327,6 +339,27 @@ def _describe(exc: Exception) -> str:
         return f"the response body is not JSON ({exc.msg})"
     # UnusableAnswer, or an error the provider reported inside a stream.
     return str(exc)
+
+
+def _connect_failure(exc: openai.APIError) -> str | None:
+    """A connection that could not be opened, said as what it was. The aiohttp transport
+    reports a refused connection or an unknown host as a connect *timeout*, which would send
+    the user looking for a slow server rather than a stopped one or a misspelt name."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, ConnectionRefusedError):
+            return f"the connection was refused ({_transport_message(exc)})"
+        if isinstance(cause, socket.gaierror):
+            return f"the host name could not be resolved ({_transport_message(exc)})"
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+def _transport_message(exc: BaseException) -> str:
+    """The transport's own words, which name the host and port: "Cannot connect to host ..."."""
+    return str(exc.__cause__ or exc)
 
 
 def chat_body(

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr
 
-from worker.settings import FleetSettings
+from worker.settings import FleetSettings, WorkerSettings
+from worker.settings_check import SettingsError, settings_problems
+
+#: Where the model client looks for the chat API (the openai client's own variable).
+MODEL_URL_VARIABLE = "OPENAI_BASE_URL"
 
 
 class OrchestratorSettings(FleetSettings):
@@ -30,3 +36,33 @@ class OrchestratorSettings(FleetSettings):
 @lru_cache(maxsize=1)
 def get_settings() -> OrchestratorSettings:
     return OrchestratorSettings()
+
+
+def model_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be a chat API's base URL, or None. Such a URL fails every request the
+    same way, so it is refused before any is sent rather than retried."""
+    parts = urlsplit(url)
+    if parts.scheme in ("http", "https") and parts.hostname:
+        return None
+    if "@" in url:
+        found = "it is not one"  # never shown: it may hold credentials
+    elif parts.netloc:
+        found = f"it starts {parts.scheme}://"
+    else:
+        found = f"it is {url!r}"
+    return (
+        f"{MODEL_URL_VARIABLE} must be an http:// or https:// URL such as "
+        f"http://localhost:11434/v1 ({found})"
+    )
+
+
+def check_settings() -> None:
+    """What every ``toolq`` command checks before it starts anything; ``SettingsError`` names
+    each problem. Workers' settings are checked too: in local mode toolq starts workers with
+    this environment."""
+    problems = settings_problems([OrchestratorSettings, WorkerSettings])
+    model_url = os.environ.get(MODEL_URL_VARIABLE)
+    if model_url and (problem := model_url_problem(model_url)):
+        problems.append(problem)
+    if problems:
+        raise SettingsError(problems)

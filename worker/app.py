@@ -9,6 +9,7 @@ from kombu import Queue
 
 from worker.protocol import POOLS
 from worker.settings import WorkerSettings, get_worker_settings
+from worker.settings_check import checked_worker_settings, exit_on_bad_settings
 
 
 def celery_config(settings: WorkerSettings) -> dict[str, Any]:
@@ -52,4 +53,6 @@ def create_celery_app(settings: WorkerSettings | None = None) -> Celery:
     return celery_app
 
 
-app = create_celery_app()
+# Checked before Celery starts anything: a misspelt variable or a URL toolq cannot use stops
+# `celery -A worker.app worker` (and flower) in a line naming it, not a default or a traceback.
+app = create_celery_app(exit_on_bad_settings(checked_worker_settings))

@@ -8,12 +8,35 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from worker.capping import DEFAULT_OUTPUT_CAP_BYTES, DEFAULT_TRANSFER_MAX_BYTES
 
 LOCAL_REDIS_URL = "redis://127.0.0.1:6379/0"
+ENV_PREFIX = "TOOLQ_"
+
+#: URL schemes of the brokers toolq works with: its queue depths, heartbeats and delivery
+#: settings are written for Redis' and RabbitMQ's transports, not for kombu's others.
+BROKER_SCHEMES = ("redis", "rediss", "amqp", "amqps")
+#: Results, replies, manifests and API state are Redis data structures.
+RESULT_SCHEMES = ("redis", "rediss")
+
+#: The orchestrator's own settings (``api.settings.OrchestratorSettings``), which workers do not
+#: read but must accept: a local stack's workers, and those sharing a deployment's .env, are
+#: started with the orchestrator's environment. A test keeps this list equal to the class.
+ORCHESTRATOR_ONLY_FIELDS = (
+    "model",
+    "llm_timeout_s",
+    "llm_max_retries",
+    "max_turns",
+    "api_token",
+    "api_max_body_bytes",
+)
+#: ``TOOLQ_`` variables that are not settings: the traceback switch for errors, and the marker
+#: run_bash puts in each command's environment (``worker.sandbox.config.MARKER_VARIABLE``).
+DEBUG_VARIABLE = "TOOLQ_DEBUG"
+OTHER_VARIABLES = (DEBUG_VARIABLE, "TOOLQ_SANDBOX_ID")
 
 
 class FleetSettings(BaseSettings):
@@ -22,7 +45,7 @@ class FleetSettings(BaseSettings):
     A misspelt field is an error, not a default (``extra="forbid"``).
     """
 
-    model_config = SettingsConfigDict(env_prefix="TOOLQ_", extra="forbid", frozen=True)
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
 
     broker_url: str | None = Field(
         None, description="Celery broker (redis:// or amqp://). Unset: toolq starts a local stack."
@@ -47,6 +70,25 @@ class FleetSettings(BaseSettings):
     log_format: Literal["auto", "json", "text"] = Field("auto", description="auto: JSON off a TTY.")
     log_level: str = Field("INFO", description="Python logging level.")
 
+    @field_validator("broker_url")
+    @classmethod
+    def _a_broker_toolq_can_use(cls, url: str | None) -> str | None:
+        return _with_scheme(url, BROKER_SCHEMES, "a broker")
+
+    @field_validator("result_backend")
+    @classmethod
+    def _a_redis_for_results(cls, url: str | None) -> str | None:
+        return _with_scheme(url, RESULT_SCHEMES, "a result store")
+
+    @model_validator(mode="after")
+    def _results_need_redis(self) -> FleetSettings:
+        if self.result_backend is None and _scheme(self.effective_broker_url) not in RESULT_SCHEMES:
+            raise ValueError(
+                f"TOOLQ_RESULT_BACKEND must be a {_either(RESULT_SCHEMES)} URL when the broker "
+                f"is not Redis (TOOLQ_BROKER_URL starts {_scheme(self.effective_broker_url)}://)"
+            )
+        return self
+
     @property
     def local_mode(self) -> bool:
         """No broker configured: toolq's commands start their own Redis and workers."""
@@ -58,16 +100,8 @@ class FleetSettings(BaseSettings):
 
     @property
     def redis_url(self) -> str:
-        """Where results, manifests and run state live."""
-        if self.result_backend:
-            return self.result_backend
-        broker = self.effective_broker_url
-        if broker.startswith(("redis://", "rediss://", "unix://")):
-            return broker
-        raise ValueError(
-            "TOOLQ_RESULT_BACKEND must name a Redis URL when the broker is not Redis "
-            f"(broker is {broker.split('://')[0]}://...)"
-        )
+        """Where results, manifests and run state live: a Redis URL, as validation made sure."""
+        return self.result_backend or self.effective_broker_url
 
     @property
     def hard_limit_s(self) -> float:
@@ -115,3 +149,26 @@ class WorkerSettings(FleetSettings):
 @lru_cache(maxsize=1)
 def get_worker_settings() -> WorkerSettings:
     return WorkerSettings()
+
+
+def _scheme(url: str) -> str:
+    return url.partition("://")[0].lower() if "://" in url else ""
+
+
+def _with_scheme(url: str | None, schemes: tuple[str, ...], what: str) -> str | None:
+    """``url`` if toolq can use it as ``what``; else a ValueError naming the schemes it takes.
+    Empty is unset, as a compose file's ``${VAR:-}`` leaves it."""
+    if not url:
+        return None
+    scheme = _scheme(url)
+    if scheme in schemes and url.partition("://")[2]:
+        return url
+    # The scheme alone: the rest of a URL may hold a password.
+    found = f"it starts {scheme}://" if scheme else "it has no scheme"
+    raise ValueError(f"not {what} URL toolq can use ({found}); use {_either(schemes)}")
+
+
+def _either(schemes: tuple[str, ...]) -> str:
+    """The schemes for a message: ``redis://, amqp:// or amqps://``."""
+    *most, last = [f"{name}://" for name in schemes]
+    return f"{', '.join(most)} or {last}" if most else last

@@ -1,4 +1,12 @@
-"""The one Celery task: hand the request to the executor, which stores and sends the answer."""
+"""The one Celery task: hand the request to the executor, which stores and sends the answer.
+
+What Celery's monitoring (task events, Flower, ``celery events``) shows of a call is its
+outcome in a few words, never its arguments or output: ``ok 3.2 ms`` as the task's return
+value, or, for a call answered with an error, a FAILURE whose exception reads ``error timeout
+after 30012 ms``. The failure is raised only after the answer is stored and sent, as an
+exception listed in the task's ``throws``: Celery logs it in one line without a traceback and
+acknowledges the message; it is never retried, so delivery stays at most once.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +31,7 @@ from worker.app import app
 from worker.executor import Executor
 from worker.log_context import show_ids
 from worker.manifest import Heartbeat, fleet_tool_specs
-from worker.protocol import TASK_NAME
+from worker.protocol import TASK_NAME, ToolCallResult
 from worker.results import ResultStore
 from worker.sandbox import SandboxConfig, SandboxError, sweep_orphans
 from worker.settings import get_worker_settings
@@ -40,6 +48,21 @@ def executor() -> Executor:
     store = ResultStore(client, settings.result_ttl_s)
     name = f"{socket.gethostname()}:{os.getpid()}"
     return Executor(settings, store, name, time_limit=(SoftTimeLimitExceeded,))
+
+
+class ToolCallFailed(Exception):
+    """A call answered with an error; its one argument is the outcome's summary."""
+
+
+def outcome_summary(result: ToolCallResult) -> str:
+    """``ok 3.2 ms``, ``error timeout after 30012 ms``: what monitors show of a call."""
+    ms = result.duration_ms
+    took = f"{ms:.1f} ms" if ms < 100 else f"{ms:.0f} ms"
+    return (
+        f"error {result.error_kind or 'tool_error'} after {took}"
+        if result.is_error
+        else f"ok {took}"
+    )
 
 
 class ValidatedRequest(Request):  # type: ignore[misc]
@@ -79,17 +102,24 @@ class ToolTask(Task):  # type: ignore[misc]
     base=ToolTask,
     acks_late=True,
     reject_on_worker_lost=True,
+    # The answer goes to toolq's own store and the caller's reply list; the return value is
+    # only for task events.
     ignore_result=True,
+    throws=(ToolCallFailed,),
     # A result store that is down mid-call: try again; the start marker keeps it at-most-once
     # for tools with effects.
     autoretry_for=(redis.ConnectionError, redis.TimeoutError),
     retry_backoff=True,
     max_retries=5,
 )
-def execute_tool(self: Task, request: Any) -> None:
+def execute_tool(self: Task, request: Any) -> str:
     delivery = self.request.delivery_info or {}
     pool = delivery.get("routing_key")
-    executor().handle(request, pool)
+    result = executor().handle(request, pool)
+    summary = outcome_summary(result)
+    if result.is_error:
+        raise ToolCallFailed(summary)
+    return summary
 
 
 @after_setup_logger.connect  # type: ignore[untyped-decorator]

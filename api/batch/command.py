@@ -16,7 +16,7 @@ from openai import OpenAIError
 from redis.exceptions import RedisError
 from rich.console import Console
 
-from api.batch.items import BatchItem, InputScan, scan_input
+from api.batch.items import BadLine, BatchItem, InputScan, scan_input
 from api.batch.progress import (
     BatchOutcome,
     BatchStats,
@@ -27,7 +27,7 @@ from api.batch.progress import (
 from api.batch.results import OutputBusyError, ResultLog
 from api.batch.runner import batch_run_id, batch_tag_for_output, run_item, run_items
 from api.dispatch import Dispatcher
-from api.fleet import NoWorkersError, load_fleet
+from api.fleet import Fleet, NoWorkersError, load_fleet
 from api.llm import ChatModel, ModelError
 from api.local.stack import LocalStackError, fleet_for
 from api.logs import configure_logging
@@ -74,7 +74,7 @@ def run_batch_command(
             scan = scan_input(input_path, results.done)
         except OSError as exc:
             return _usage_error(err, f"cannot read {input_path}: {_reason(exc)}")
-        _report_bad_lines(scan, err)
+        _report_bad_lines(scan.path, scan.bad_lines, err)
         stats = BatchStats(total=len(scan.pending))
         run = _BatchRun(scan, results, stats, chat_model, model, concurrency, err)
         resume = _resume_command(input_path, output, concurrency, model)
@@ -83,11 +83,15 @@ def run_batch_command(
         try:
             if scan.pending:
                 with fleet_for(settings) as fleet_settings:
-                    interrupted = asyncio.run(run.execute(fleet_settings))
+                    fleet = load_fleet(fleet_settings.redis_url).require_tools()
+                    _report_bad_lines(scan.path, scan.refuse_unserved(fleet.unserved), err)
+                    stats.total = len(scan.pending)
+                    if scan.pending:
+                        interrupted = asyncio.run(run.execute(fleet_settings, fleet))
         except KeyboardInterrupt:  # before the batch's own signal handling was in place
             interrupted = True
         except (NoWorkersError, LocalStackError, RedisError, OSError, ValueError) as exc:
-            _say(err, f"Error: {_reason(exc)}")
+            _say(err, f"error: {_reason(exc)}")
             broken = exc
         finally:
             stats.stop()
@@ -113,9 +117,8 @@ class _BatchRun:
     concurrency: int
     err: Console
 
-    async def execute(self, settings: OrchestratorSettings) -> bool:
+    async def execute(self, settings: OrchestratorSettings, fleet: Fleet) -> bool:
         """Run the pending items; True when a signal stopped the batch."""
-        fleet = load_fleet(settings.redis_url).require_tools()
         tag = batch_tag_for_output(self.results.path)
         display = progress_display(self.stats, self.err)
 
@@ -232,12 +235,12 @@ def _report_output(results: ResultLog, err: Console) -> None:
         )
 
 
-def _report_bad_lines(scan: InputScan, err: Console) -> None:
-    for bad in scan.bad_lines[:BAD_LINES_SHOWN]:
-        _say(err, f"{scan.path}:{bad.number}: skipped: {bad.reason}")
-    hidden = len(scan.bad_lines) - BAD_LINES_SHOWN
+def _report_bad_lines(path: Path, bad_lines: list[BadLine], err: Console) -> None:
+    for bad in bad_lines[:BAD_LINES_SHOWN]:
+        _say(err, f"{path}:{bad.number}: skipped: {bad.reason}")
+    hidden = len(bad_lines) - BAD_LINES_SHOWN
     if hidden > 0:
-        err.print(f"{scan.path}: ... and {hidden} more bad lines skipped.", markup=False)
+        err.print(f"{path}: ... and {hidden} more bad lines skipped.", markup=False)
 
 
 def _print_summary(
@@ -276,7 +279,7 @@ def _say(err: Console, text: str) -> None:
 
 
 def _usage_error(err: Console, message: str) -> int:
-    _say(err, f"Error: {message}")
+    _say(err, f"error: {message}")
     return EXIT_USAGE
 
 

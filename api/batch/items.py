@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,6 +84,8 @@ class InputScan:
     already_done: int = 0
     already_failed: int = 0
     pending: list[int] = field(default_factory=list)
+    #: The tools each pending line enables, for the lines that enable any.
+    enables: dict[int, list[str]] = field(default_factory=dict)
 
     def items(self) -> Iterator[BatchItem]:
         """The items still to run, read again from the file as they are needed."""
@@ -94,6 +96,20 @@ class InputScan:
                     yield parse_item(raw)
                 except ValueError as exc:  # the file changed since the scan
                     log.warning("%s:%d: skipped: %s", self.path, number, exc)
+
+    def refuse_unserved(self, unserved: Callable[[str], str | None]) -> list[BadLine]:
+        """Make bad lines of the pending ones that enable a tool no live worker serves
+        (``unserved`` says why, or None for a served tool), as the HTTP API refuses such
+        items; they are returned too."""
+        refused = []
+        for number, tools in self.enables.items():
+            reasons = [f"enable: {why}" for tool in tools if (why := unserved(tool))]
+            if reasons:
+                refused.append(BadLine(number, "; ".join(reasons)))
+        numbers = {bad.number for bad in refused}
+        self.pending = [number for number in self.pending if number not in numbers]
+        self.bad_lines = sorted([*self.bad_lines, *refused], key=lambda bad: bad.number)
+        return refused
 
 
 def scan_input(path: Path, done: Mapping[str, str]) -> InputScan:
@@ -119,6 +135,8 @@ def scan_input(path: Path, done: Mapping[str, str]) -> InputScan:
         status = done.get(item.id)
         if status is None:
             scan.pending.append(number)
+            if item.enable:
+                scan.enables[number] = item.enable
         else:
             scan.already_done += 1
             if status != "ok":

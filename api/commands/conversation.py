@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 from openai import AsyncOpenAI, OpenAIError
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from api.agent import Agent, AgentOptions
@@ -30,6 +32,15 @@ DEMO_PROMPT = (
     "list the text files, count its bytes in the sandbox, and tell me the weather in Paris."
 )
 
+#: ``toolq run``'s exit statuses. A conversation that ended is a success even when some of its
+#: tool calls failed (the model saw each failure and answered anyway), unless the caller asks
+#: otherwise with --fail-on-tool-error.
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+#: What ends a conversation, or keeps one from starting, with exit status 1.
+CONVERSATION_ERRORS = (ModelError, NoWorkersError, LocalStackError, ValueError)
+#: A failed call's message is shown up to this many characters, on one line.
+FAILURE_SHOWN_CHARS = 300
+
 
 def run_conversation(
     prompt: str,
@@ -40,9 +51,12 @@ def run_conversation(
     max_turns: int | None,
     stream: bool,
     as_json: bool,
+    fail_on_tool_error: bool = False,
     console: Console,
     err: Console,
 ) -> int:
+    """``toolq run``: 0 once the conversation ended (the model answered, or the turn limit
+    stopped it), 1 if it could not start or end, 2 without a model API to talk to."""
     settings = get_settings()
     options: dict[str, Any] = {"model": model, "enable": enable}
     if system is not None:
@@ -52,21 +66,33 @@ def run_conversation(
     try:
         client = ChatModel.from_env(settings)
     except (ModelError, OpenAIError) as exc:
-        err.print(f"[red]No model API configured:[/red] {exc}\nTry [bold]toolq demo[/bold].")
-        return 2
+        say_error(err, f"no model API configured: {exc}")
+        err.print("Try [bold]toolq demo[/bold].")
+        return EXIT_USAGE
+    # Streamed, failed calls show with the rest; otherwise each is a line on stderr as it fails.
+    observers = [] if stream else [failed_call_printer(err)]
     try:
         with fleet_for(settings) as fleet_settings:
             transcript = asyncio.run(
-                _converse(client, AgentOptions(**options), fleet_settings, prompt, stream, console)
+                _converse(
+                    client,
+                    AgentOptions(**options),
+                    fleet_settings,
+                    prompt,
+                    stream,
+                    console,
+                    observers,
+                )
             )
-    except (ModelError, NoWorkersError, LocalStackError, ValueError) as exc:
-        err.print(f"[red]Error:[/red] {exc}")
-        return 1
+    except CONVERSATION_ERRORS as exc:
+        say_error(err, str(exc))
+        return EXIT_FAILED
     if as_json:
         console.print_json(json.dumps(transcript))
     elif not stream:
         console.print(transcript["answer"])
-    return 0
+    failed = any(call["is_error"] for call in transcript["tool_calls"])
+    return EXIT_FAILED if fail_on_tool_error and failed else EXIT_OK
 
 
 def run_demo(*, console: Console, err: Console) -> int:
@@ -92,9 +118,9 @@ def run_demo(*, console: Console, err: Console) -> int:
             transcript = asyncio.run(
                 _converse(client, options, fleet_settings, DEMO_PROMPT, True, console)
             )
-    except (ModelError, NoWorkersError, LocalStackError, ValueError) as exc:
-        err.print(f"[red]Error:[/red] {exc}")
-        return 1
+    except CONVERSATION_ERRORS as exc:
+        say_error(err, str(exc))
+        return EXIT_FAILED
     calls = transcript["tool_calls"]
     failed = sum(1 for c in calls if c["is_error"])
     console.print(
@@ -111,9 +137,11 @@ async def _converse(
     prompt: str,
     stream: bool,
     console: Console,
+    observers: list[Callable[[AgentEvent], None]] | None = None,
 ) -> dict[str, Any]:
     try:
         async with Agent(client, options, settings=settings) as agent:
+            agent.observers.extend(observers or [])
             answer = ""
             if stream:
                 async for event in agent.stream_chat(prompt):
@@ -136,20 +164,53 @@ def render_event(event: AgentEvent, console: Console) -> None:
     elif isinstance(event, ToolCallStarted):
         console.print(f"\n[cyan]→ {event.name}[/cyan] {event.arguments}", markup=True)
     elif isinstance(event, ToolCallFinished):
-        mark = "[red]✗[/red]" if event.is_error else "[green]✓[/green]"
-        first_line = event.output.strip().splitlines()[0] if event.output.strip() else ""
+        mark = (
+            f"[red]✗[/red] {event.name} ({event.error_kind})"
+            if event.is_error
+            else (f"[green]✓[/green] {event.name}")
+        )
         console.print(
-            f"{mark} {event.name} in {event.duration_ms:.1f} ms on {event.worker or '?'}: "
-            f"[dim]{first_line[:100]}[/dim]"
+            f"{mark} in {event.duration_ms:.1f} ms on {event.worker or '?'}: "
+            f"[dim]{escape(_first_line(event.output)[:100])}[/dim]"
         )
     elif isinstance(event, FinalAnswer):
         console.print()
 
 
-def show_tools(*, console: Console) -> int:
+def failed_call_printer(err: Console) -> Callable[[AgentEvent], None]:
+    """An agent observer that prints each failed tool call in one line: the tool, why it failed
+    (the error kind) and the first line of its message."""
+
+    def print_failure(event: AgentEvent) -> None:
+        if isinstance(event, ToolCallFinished) and event.is_error:
+            message = _first_line(event.output)[:FAILURE_SHOWN_CHARS]
+            err.print(
+                f"✗ {event.name} failed ({event.error_kind}): {message}",
+                markup=False,
+                soft_wrap=True,
+            )
+
+    return print_failure
+
+
+def say_error(err: Console, message: str) -> None:
+    """``error: <message>`` on one line, whatever the terminal's width and the brackets in it."""
+    err.print(f"error: {message}", markup=False, soft_wrap=True, highlight=False)
+
+
+def _first_line(text: str) -> str:
+    stripped = text.strip()
+    return stripped.splitlines()[0] if stripped else ""
+
+
+def show_tools(*, console: Console, err: Console) -> int:
     settings = get_settings()
-    with fleet_for(settings) as fleet_settings:
-        fleet = load_fleet(fleet_settings.redis_url)
+    try:
+        with fleet_for(settings) as fleet_settings:
+            fleet = load_fleet(fleet_settings.redis_url)
+    except LocalStackError as exc:
+        say_error(err, str(exc))
+        return EXIT_FAILED
     table = Table("tool", "pool", "on by default", "live workers", "delivery")
     for spec in fleet.model_tools.values():
         table.add_row(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hmac
-import ipaddress
 from collections.abc import Awaitable, Callable
 from typing import Annotated
 
@@ -42,16 +41,6 @@ def token_guard(token: SecretStr | None) -> Callable[..., Awaitable[None]]:
             )
 
     return require_token
-
-
-def is_loopback(host: str) -> bool:
-    """Only this machine can reach ``host``: localhost, 127.0.0.0/8 or ::1."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a name: it may resolve to anything
 
 
 class BodyTooLarge(HTTPException):

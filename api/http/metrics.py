@@ -16,14 +16,22 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from api.events import AgentEvent, ToolCallFinished, ToolCallStarted
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+#: The ``tool`` label of calls to tools the fleet does not serve. Models invent tool names; one
+#: series each would let a model grow the metrics without bound.
+UNKNOWN_TOOL = "unknown"
 #: From a no-op on a warm worker (milliseconds) to a long shell command (minutes).
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
 class ApiMetrics:
-    """The series one process exposes on ``/metrics``."""
+    """The series one process exposes on ``/metrics``.
 
-    def __init__(self) -> None:
+    A call's ``tool`` label is its tool's name only for the tools of ``know_tools``: those the
+    fleet has served since the process started. Every other call counts under ``unknown``.
+    """
+
+    def __init__(self, tools: Iterable[str] = ()) -> None:
+        self._tools: set[str] = set(tools)
         self.registry = CollectorRegistry()
         self.tool_calls = Counter(
             "toolq_tool_calls",
@@ -62,23 +70,37 @@ class ApiMetrics:
             registry=self.registry,
         )
 
+    def know_tools(self, names: Iterable[str]) -> None:
+        """Tools the fleet serves (as read from its manifest): their calls count under their
+        own name from now on."""
+        self._tools.update(names)
+
     def record_event(self, event: AgentEvent) -> None:
         """An ``Agent.observers`` entry: counts calls, their outcome and latency."""
         if isinstance(event, ToolCallStarted):
             self.tool_calls_in_flight.inc()
         elif isinstance(event, ToolCallFinished):
             self.tool_calls_in_flight.dec()
-            outcome = (event.error_kind or "error") if event.is_error else "ok"
-            self.tool_calls.labels(tool=event.name, outcome=outcome).inc()
-            self.tool_call_seconds.labels(tool=event.name).observe(event.duration_ms / 1000)
+            self._count_call(event.name, event.is_error, event.error_kind, event.duration_ms)
 
     def record_tool_calls(self, calls: Iterable[Mapping[str, Any]]) -> None:
         """Count calls after the fact, from a transcript's ``tool_calls`` (batch items)."""
         for call in calls:
-            outcome = (call.get("error_kind") or "error") if call.get("is_error") else "ok"
-            self.tool_calls.labels(tool=call["name"], outcome=outcome).inc()
-            seconds = float(call.get("duration_ms") or 0) / 1000
-            self.tool_call_seconds.labels(tool=call["name"]).observe(seconds)
+            self._count_call(
+                str(call["name"]),
+                bool(call.get("is_error")),
+                call.get("error_kind"),
+                float(call.get("duration_ms") or 0),
+            )
+
+    def _count_call(
+        self, name: str, is_error: bool, error_kind: str | None, duration_ms: float
+    ) -> None:
+        tool = name if name in self._tools else UNKNOWN_TOOL
+        # Error kinds are a fixed set (worker/protocol.py ErrorKind): the label stays bounded.
+        outcome = (error_kind or "error") if is_error else "ok"
+        self.tool_calls.labels(tool=tool, outcome=outcome).inc()
+        self.tool_call_seconds.labels(tool=tool).observe(duration_ms / 1000)
 
     def observer(self) -> RunObserver:
         """An observer for one conversation that can give back the calls it left in flight."""

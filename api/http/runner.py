@@ -135,6 +135,7 @@ class AgentExecutor:
             if self._fleet is None or stale:
                 self._fleet = await asyncio.to_thread(self._load_fleet, self._settings.redis_url)
                 self._fleet_loaded_at = time.monotonic()
+                self._metrics.know_tools(self._fleet.tools)
             return self._fleet
 
     # -- runs ----------------------------------------------------------------------------------

@@ -1,39 +1,58 @@
-"""``toolq serve``: the checks before listening, uvicorn, and the signals that stop it."""
+"""``toolq serve``: the checks before listening, uvicorn, and the signals that stop it.
+
+Light to import: the port is taken before the server's own imports (FastAPI, the model client),
+which cost a second or more, so that a port in use is said at once.
+"""
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import signal
+import socket
 import sys
 from types import FrameType
 from typing import NoReturn
 
-import uvicorn
-
-from api.http.app import create_app
-from api.http.auth import is_loopback
-from api.llm import ChatModel, ModelError
-from api.local.stack import LocalStackError, fleet_for
 from api.settings import OrchestratorSettings, get_settings
 
 log = logging.getLogger(__name__)
 
+#: Wrong settings or options; anything that stops the server from starting otherwise is 1.
+EXIT_USAGE, EXIT_FAILED = 2, 1
+
 
 def serve(host: str, port: int, *, settings: OrchestratorSettings | None = None) -> None:
     """Serve the API until interrupted. Without a broker (local mode) a private Redis and one
-    worker per pool run for the server's lifetime."""
-    from api.logs import configure_logging
+    worker per pool run for the server's lifetime.
 
+    The port is taken first: a port in use is said at once, before a local stack starts.
+    """
     settings = settings or get_settings()
-    try:
-        settings.redis_url  # noqa: B018 - an amqp broker needs TOOLQ_RESULT_BACKEND
-    except ValueError as exc:
-        _refuse(str(exc))
     if not settings.api_token and not is_loopback(host):
         _refuse(
             f"refusing to listen on {host} without TOOLQ_API_TOKEN: anyone who can reach it "
             "could run agents and tools. Set TOOLQ_API_TOKEN, or listen on 127.0.0.1."
         )
+    listener = _listen(host, port)
+    try:
+        _serve_on(listener, host, port, settings)
+    finally:
+        listener.close()
+
+
+def _serve_on(
+    listener: socket.socket, host: str, port: int, settings: OrchestratorSettings
+) -> None:
+    # Imported once the port is ours (see the module's docstring).
+    import uvicorn
+
+    from api.connections import FleetUnreachableError, check_connections
+    from api.http.app import create_app
+    from api.llm import ChatModel, ModelError
+    from api.local.stack import LocalStackError, fleet_for
+    from api.logs import configure_logging
+
     configure_logging(settings)
     try:
         model = ChatModel.from_env(settings)
@@ -41,6 +60,11 @@ def serve(host: str, port: int, *, settings: OrchestratorSettings | None = None)
         _refuse(f"no model API configured: {exc}")
     if settings.local_mode:
         log.info("no TOOLQ_BROKER_URL: starting a local Redis and workers for this server")
+    else:
+        try:
+            check_connections(settings)
+        except FleetUnreachableError as exc:
+            _refuse(str(exc), EXIT_FAILED)
     # uvicorn re-raises the signal that stopped it once it has shut down; as an exception it
     # unwinds through fleet_for, which stops the local stack instead of leaving it orphaned.
     for stop_signal in (signal.SIGTERM, signal.SIGINT):
@@ -51,16 +75,40 @@ def serve(host: str, port: int, *, settings: OrchestratorSettings | None = None)
             config = uvicorn.Config(
                 app, host=host, port=port, log_config=None, timeout_graceful_shutdown=5
             )
-            uvicorn.Server(config).run()
+            uvicorn.Server(config).run(sockets=[listener])
     except LocalStackError as exc:
-        print(f"error: the local stack did not start: {exc}", file=sys.stderr)
-        raise SystemExit(1) from exc
+        _refuse(f"the local stack did not start: {exc}", EXIT_FAILED)
+
+
+def is_loopback(host: str) -> bool:
+    """Only this machine can reach ``host``: localhost, 127.0.0.0/8 or ::1."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to anything
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host``:``port``, bound as uvicorn would bind it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+        listener.listen(2048)  # uvicorn's default backlog
+    except OSError as exc:
+        listener.close()
+        reason = (exc.strerror or str(exc)).lower()
+        _refuse(f"cannot listen on {host}:{port}: {reason}; choose another --port", EXIT_FAILED)
+    return listener
 
 
 def _exit_cleanly(signum: int, _: FrameType | None) -> None:
     raise SystemExit(0)
 
 
-def _refuse(message: str) -> NoReturn:
+def _refuse(message: str, status: int = EXIT_USAGE) -> NoReturn:
     print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(2)
+    raise SystemExit(status)

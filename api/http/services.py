@@ -60,19 +60,14 @@ def tool_errors(
 ) -> list[dict[str, Any]]:
     """Tools asked for that the fleet does not have, as validation errors."""
     errors: list[dict[str, Any]] = []
-    offered = fleet.model_tools
-    known = ", ".join(offered) or "none"
 
     def refuse(option: str, index: int, msg: str) -> None:
         errors.append({"loc": ("body", *field, option, index), "msg": msg, "type": "value_error"})
 
     for index, name in enumerate(enable):
-        if name not in offered:
-            refuse("enable", index, f"no worker serves a tool named {name!r} (tools: {known})")
-        elif not fleet.serves(name):
-            pool = fleet.tools[name].pool
-            refuse("enable", index, f"no live worker serves the {pool!r} pool of {name!r}")
+        if reason := fleet.unserved(name):
+            refuse("enable", index, reason)
     for index, name in enumerate(disable):
-        if name not in offered:
-            refuse("disable", index, f"no worker serves a tool named {name!r} (tools: {known})")
+        if name not in fleet.model_tools and (reason := fleet.unserved(name)):
+            refuse("disable", index, reason)
     return errors

@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -14,29 +13,18 @@ import pytest
 
 from api.dispatch import Dispatcher
 from tests.conftest import Caller, RedisServer, WorkerFleet, fleet_settings, wait_for
+from tests.rabbitmq import AMQP_URL, require_rabbitmq
 from worker.app import create_celery_app
 from worker.protocol import POOLS
 
 pytestmark = pytest.mark.integration
-AMQP_URL = os.environ.get("TOOLQ_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
-
-
-def _rabbitmq_reachable() -> bool:
-    host_port = AMQP_URL.split("@", 1)[-1].split("/", 1)[0]
-    host, _, port = host_port.partition(":")
-    try:
-        with socket.create_connection((host, int(port or 5672)), timeout=1):
-            return True
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module")
 def amqp_fleet(
     redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[WorkerFleet]:
-    if not _rabbitmq_reachable():
-        pytest.skip(f"RabbitMQ is not reachable at {AMQP_URL}")
+    require_rabbitmq()
     root = tmp_path_factory.mktemp("amqp-workspaces")
     root.chmod(0o755)
     settings = fleet_settings(

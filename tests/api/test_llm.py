@@ -24,6 +24,7 @@ from api.llm import (
     Usage,
     model_client,
 )
+from api.local.stack import free_port
 from api.scripted.server import ScriptedServer
 from api.settings import OrchestratorSettings
 from tests.conftest import scripted_server
@@ -432,6 +433,41 @@ def test_from_env_without_key_or_server_says_what_to_set(
 
     with pytest.raises(ModelError, match="OPENAI_API_KEY is not set"):
         ChatModel.from_env(OrchestratorSettings())
+
+
+@pytest.mark.parametrize("url", ["not-a-url", "ftp://models/v1", "localhost:11434/v1"])
+def test_a_url_that_cannot_be_a_model_api_is_refused_before_any_request(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_BASE_URL", url)
+    monkeypatch.setenv("OPENAI_API_KEY", "test")
+
+    with pytest.raises(ModelError, match="OPENAI_BASE_URL must be an http:// or https:// URL"):
+        ChatModel.from_env(OrchestratorSettings())
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize(
+    ("host", "said"),
+    [
+        ("127.0.0.1:{port}", "the connection was refused (Cannot connect to host 127.0.0.1:{port}"),
+        ("toolq-model.invalid", "the host name could not be resolved (Cannot connect to host"),
+    ],
+)
+async def test_a_server_that_cannot_be_reached_is_not_called_slow(
+    host: str, said: str, streaming: bool
+) -> None:
+    port = free_port()
+    client = model_client(
+        base_url=f"http://{host.format(port=port)}/v1", api_key="k", timeout=5, max_retries=0
+    )
+    async with ChatModel(client) as unreachable:
+        with pytest.raises(ModelError) as failed:
+            await ask(unreachable, "m", "hi", streaming=streaming)
+
+    message = str(failed.value)
+    assert message.startswith(f"model request failed after 1 attempt: {said.format(port=port)}")
+    assert "timed out" not in message
 
 
 class RecordingProvider:

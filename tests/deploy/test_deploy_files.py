@@ -22,6 +22,7 @@ from api.settings import OrchestratorSettings
 from tests.deploy import deployfiles as files
 from worker.protocol import POOLS
 from worker.settings import WorkerSettings
+from worker.settings_check import known_variables
 
 K8S_VERSION = "1.30"
 SANDBOX = "worker-sandbox"
@@ -505,8 +506,8 @@ def deploy_texts() -> dict[str, str]:
     return {str(path.relative_to(files.REPO_ROOT)): path.read_text() for path in paths}
 
 
-def test_every_toolq_variable_named_is_a_setting() -> None:
-    fields = {f"TOOLQ_{name.upper()}" for name in SETTING_NAMES}
+def test_every_toolq_variable_named_is_one_toolq_knows() -> None:
+    fields = known_variables(SETTINGS_CLASSES)
     unknown = {
         (source, variable)
         for source, text in deploy_texts().items()

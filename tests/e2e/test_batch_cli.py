@@ -19,6 +19,7 @@ from api.local.stack import worker_environment
 from api.scripted.script import Script
 from api.scripted.server import ScriptedServer
 from tests.conftest import WorkerFleet, wait_for
+from tests.results_file import finished_lines, finished_records, finished_text
 from tests.scripts import WRITE_THEN_READ
 
 pytestmark = pytest.mark.e2e
@@ -107,10 +108,6 @@ def write_items(path: Path, items: list[dict[str, Any] | str]) -> Path:
     return path
 
 
-def records(output: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in output.read_text().splitlines()]
-
-
 def workspace(fleet: WorkerFleet, record: dict[str, Any]) -> Path:
     return Path(fleet.settings.workspace_root) / str(record["run_id"])
 
@@ -138,7 +135,7 @@ def test_a_batch_runs_every_good_line_once_and_reports_the_bad_ones(
     assert "in.jsonl:8: skipped: duplicate id 'item 0' (first on line 1)" in done.stderr
     assert "in.jsonl:9: skipped: unknown field 'temperature'" in done.stderr
     assert "Finished: 6 ok, 0 error, 3 bad lines skipped, 0 already done" in done.stderr
-    results = records(output)
+    results = finished_records(output)
     assert sorted(r["id"] for r in results) == sorted(prompts)
     for result in results:
         assert result["status"] == "ok", result["error"]
@@ -157,7 +154,7 @@ def test_a_batch_runs_every_good_line_once_and_reports_the_bad_ones(
     again = run_batch(source, output, environment(fleet, server))
     assert "Finished: 0 ok, 0 error, 3 bad lines skipped, 6 already done" in again.stderr
     assert server.stats()["requests"] == requests
-    assert len(records(output)) == len(prompts)
+    assert len(finished_records(output)) == len(prompts)
 
 
 def start_batch(
@@ -174,7 +171,7 @@ def start_batch(
 
 def wait_for_lines(output: Path, count: int) -> None:
     wait_for(
-        lambda: output.exists() and output.read_bytes().count(b"\n") >= count,
+        lambda: len(finished_lines(output)) >= count,
         timeout=RUN_TIMEOUT_S,
         what=f"{count} results in {output.name}",
     )
@@ -184,7 +181,7 @@ def tool_runs(fleet: WorkerFleet, output: Path) -> dict[str, int]:
     """How often the slow tool ran for each finished conversation."""
     return {
         r["id"]: len((workspace(fleet, r) / "m.runs").read_text().splitlines())
-        for r in records(output)
+        for r in finished_records(output)
     }
 
 
@@ -226,8 +223,8 @@ def test_an_interrupted_then_killed_batch_resumes_without_losing_or_repeating_wo
     finally:
         killed.send_signal(signal.SIGKILL)
         killed.wait(timeout=10)
-    before = output.read_text()
-    finished_before = {json.loads(line)["id"] for line in before.splitlines(keepends=True)}
+    before = finished_text(output)
+    finished_before = {record["id"] for record in finished_records(output)}
     assert len(finished_before) < total
     runs_before = tool_runs(fleet, output)
     with output.open("a") as torn:  # as a kill in the middle of a write would leave it
@@ -239,7 +236,7 @@ def test_an_interrupted_then_killed_batch_resumes_without_losing_or_repeating_wo
     assert resumed.returncode == 0, resumed.stderr
     assert "removed an unfinished last line" in resumed.stderr
     assert f"{len(finished_before)} already done" in resumed.stderr
-    results = records(output)
+    results = finished_records(output)
     assert sorted(r["id"] for r in results) == sorted(f"job-{n}" for n in range(total))
     assert all(r["status"] == "ok" for r in results)
     assert output.read_text().startswith(before)
@@ -306,7 +303,7 @@ def test_a_thousand_conversations_run_at_once_without_a_thread_each(
     )
 
     assert done.returncode == 0, done.stderr[-3000:]
-    results = records(output)
+    results = finished_records(output)
     assert len(results) == count
     assert {r["id"] for r in results} == {f"c{n}" for n in range(count)}
     assert all(r["status"] == "ok" and len(r["tool_calls"]) == 1 for r in results)

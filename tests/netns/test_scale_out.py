@@ -25,6 +25,7 @@ import pytest
 from api.local.stack import redis_server_binary, worker_environment
 from tests.conftest import REPO, fleet_settings, wait_for
 from tests.netns.hosts import Host, Network, Started, netns_unavailable
+from tests.results_file import finished_records
 from worker.protocol import keys
 from worker.settings import WorkerSettings
 
@@ -220,9 +221,8 @@ class Batch:
     output: Path
 
     def records(self) -> list[dict[str, Any]]:
-        if not self.output.exists():
-            return []
-        return [json.loads(line) for line in self.output.read_text().splitlines() if line]
+        """The results written so far: the batch may be appending one as they are read."""
+        return finished_records(self.output)
 
     def wait(self) -> int:
         try:

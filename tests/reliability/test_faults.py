@@ -25,6 +25,7 @@ from api.scripted.server import ScriptedServer
 from tests.conftest import Caller, WorkerFleet, wait_for
 from tests.reliability.conftest import Stack, alive, ancestors, find_process, start_stack
 from tests.reliability.report import Counts, Report
+from tests.results_file import finished_lines, finished_records, finished_text
 from tests.scripts import WRITE_THEN_READ
 from worker.manifest import HEARTBEAT_INTERVAL_S
 from worker.settings import WorkerSettings
@@ -297,16 +298,12 @@ def write_items(path: Path, items: list[dict[str, Any]]) -> Path:
     return path
 
 
-def records(output: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in output.read_text().splitlines()]
-
-
 def lines_in(output: Path) -> int:
-    return output.read_bytes().count(b"\n") if output.exists() else 0
+    return len(finished_lines(output))
 
 
 def id_counts(output: Path) -> collections.Counter[str]:
-    return collections.Counter(r["id"] for r in records(output))
+    return collections.Counter(r["id"] for r in finished_records(output))
 
 
 async def test_a_redis_restart_mid_batch_loses_no_conversation(
@@ -348,7 +345,7 @@ async def test_a_redis_restart_mid_batch_loses_no_conversation(
         finally:
             stack.stop()
         counts = id_counts(output)
-        results = records(output)
+        results = finished_records(output)
         errors = [r for r in results if r["status"] != "ok"]
         calls = collections.Counter(
             c["error_kind"] or "ok" for r in results for c in r["tool_calls"]
@@ -478,8 +475,8 @@ async def test_a_killed_orchestrator_resumes_without_rerunning_finished_conversa
         finally:
             killed.send_signal(signal.SIGKILL)
             killed.wait(timeout=10)
-        finished_before = output.read_text()
-        done_before = {r["id"]: r for r in records(output)}
+        finished_before = finished_text(output)
+        done_before = {r["id"]: r for r in finished_records(output)}
         runs_before = _marks(fleet, done_before.values())
         requests_before = server.stats()["requests"]
 
@@ -487,7 +484,7 @@ async def test_a_killed_orchestrator_resumes_without_rerunning_finished_conversa
         code = resumed.wait(timeout=BATCH_TIMEOUT_S)
 
         counts = id_counts(output)
-        results = {r["id"]: r for r in records(output)}
+        results = {r["id"]: r for r in finished_records(output)}
         runs_after = _marks(fleet, results.values())
         asked_again = server.stats()["requests"] - requests_before
         remaining = total - len(done_before)
@@ -623,7 +620,7 @@ async def test_model_api_failures_are_retried_then_reported_per_conversation(
     )
     log = tmp_path / "batch.log"
     code = start_batch(source, output, env, len(items), log).wait(timeout=BATCH_TIMEOUT_S)
-    results = {r["id"]: r for r in records(output)}
+    results = {r["id"]: r for r in finished_records(output)}
     requests = server.stats()["requests"]
 
     failures = []

@@ -33,7 +33,7 @@ from worker.sandbox import LAYER_PID_NS, SandboxConfig, describe_isolation
 pytestmark = pytest.mark.integration
 
 SECRETS = {
-    "TOOLQ_TEST_SECRET": f"toolq-test-secret-{secrets.token_hex(8)}",
+    "WORKER_TEST_SECRET": f"toolq-test-secret-{secrets.token_hex(8)}",
     "AWS_SECRET_ACCESS_KEY": f"aws-secret-{secrets.token_hex(8)}",
 }
 FILE_SIZE_MB = 16
@@ -107,7 +107,7 @@ async def test_a_command_cannot_read_the_workers_secrets(bash: Bash, report: Rep
         "Isolation",
         "run_bash reads the environment: `env`, /proc/self/environ, /proc/<worker pid>/environ "
         "for every worker process, /proc/*/environ",
-        "none of the worker's secrets (TOOLQ_TEST_SECRET, AWS_SECRET_ACCESS_KEY) in the output",
+        "none of the worker's secrets (WORKER_TEST_SECRET, AWS_SECRET_ACCESS_KEY) in the output",
     ) as row:
         pids = bash.worker_pids()
         # The secrets are really there to steal: the worker processes hold them.

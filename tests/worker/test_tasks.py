@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -18,7 +19,7 @@ from tests.worker.conftest import replies, request
 from worker import tasks
 from worker.app import app
 from worker.executor import Executor
-from worker.protocol import TASK_NAME
+from worker.protocol import TASK_NAME, ToolCallResult
 from worker.results import ResultStore
 from worker.settings import WorkerSettings
 
@@ -84,6 +85,64 @@ def test_the_queue_a_call_came_from_is_the_pool_it_runs_for(
     assert served.output == "hello"
     assert refused.error_kind == "wrong_pool"
     assert "this worker serves 'sandbox'" in refused.output
+
+
+@pytest.mark.parametrize(
+    ("is_error", "kind", "duration_ms", "summary"),
+    [
+        (False, None, 3.21, "ok 3.2 ms"),
+        (False, None, 1234.56, "ok 1235 ms"),
+        (True, "timeout", 30012.4, "error timeout after 30012 ms"),
+        (True, "invalid_arguments", 0.4, "error invalid_arguments after 0.4 ms"),
+        (True, None, 2.0, "error tool_error after 2.0 ms"),
+    ],
+)
+def test_monitors_are_told_the_outcome_in_a_few_words(
+    is_error: bool, kind: Any, duration_ms: float, summary: str
+) -> None:
+    result = ToolCallResult(
+        task_id="t",
+        tool="write_file",
+        output="secret file contents",
+        is_error=is_error,
+        error_kind=kind,
+        duration_ms=duration_ms,
+    )
+
+    assert tasks.outcome_summary(result) == summary
+
+
+def test_the_task_returns_the_outcome_and_fails_for_a_failed_call_once_it_is_answered(
+    executor: Executor, client: fakeredis.FakeRedis, settings: WorkerSettings
+) -> None:
+    (Path(settings.workspace_root) / "run-1").mkdir()
+    (Path(settings.workspace_root) / "run-1" / "a.txt").write_text("hello")
+
+    served = tasks.execute_tool.apply(
+        args=(request("read_file", {"path": "a.txt"}),), routing_key="tools"
+    )
+    failed = tasks.execute_tool.apply(
+        args=(request("read_file", {"path": 7}),), routing_key="tools"
+    )
+
+    assert served.state == "SUCCESS"
+    assert re.fullmatch(r"ok \d+\.\d ms", served.result)
+    assert failed.state == "FAILURE"
+    assert isinstance(failed.result, tasks.ToolCallFailed)
+    assert re.fullmatch(r"error invalid_arguments after \d+\.\d ms", str(failed.result))
+    # Answered before it failed, and the answer holds what the summary leaves out.
+    ok, refused = replies(client)
+    assert ok.output == "hello"
+    assert refused.error_kind == "invalid_arguments"
+    assert "'path'" in refused.output
+
+
+def test_a_failed_call_is_an_expected_failure_that_is_never_retried() -> None:
+    task = app.tasks[TASK_NAME]
+    # Listed in `throws`: logged in one line, without a traceback, and acknowledged.
+    assert tasks.ToolCallFailed in task.throws
+    assert not issubclass(tasks.ToolCallFailed, tuple(task.autoretry_for))
+    assert task.acks_late and task.acks_on_failure_or_timeout
 
 
 def test_a_call_past_its_hard_limit_is_answered_as_timed_out(

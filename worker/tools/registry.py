@@ -177,7 +177,9 @@ class ToolRegistry:
         """The tool and its validated arguments, or the answer saying why it cannot run."""
         tool = self._tools.get(name)
         if tool is None:
-            known = ", ".join(self._tools) or "none"
+            # Only what the model may call: naming a disabled tool would invite a call it
+            # cannot make.
+            known = ", ".join(n for n in self._tools if self._enabled[n]) or "none"
             return ToolOutcome(
                 f"Error: tool {name!r} was not found. Available tools: {known}.", "unknown_tool"
             )

@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 
 from api.batch.items import BatchItem, parse_item, scan_input
+from api.fleet import Fleet
 from tests.api.batch.conftest import write_lines
+from tests.conftest import tool_spec
+from worker.protocol import WorkerInfo
 
 
 def test_an_item_takes_its_optional_fields() -> None:
@@ -90,3 +93,31 @@ def test_ids_already_in_the_output_are_skipped_and_counted(tmp_path: Path) -> No
     scan = scan_input(path, {"b": "ok", "d": "error", "zz": "ok"})
     assert [item.id for item in scan.items()] == ["a", "c"]
     assert (scan.already_done, scan.already_failed) == (2, 1)
+
+
+def test_a_line_enabling_a_tool_no_live_worker_serves_is_bad(tmp_path: Path) -> None:
+    worker = WorkerInfo(worker="tools@h", pools=["tools"], host="h", pid=1, started=0)
+    fleet = Fleet(
+        tools={"read_file": tool_spec("read_file"), "run_bash": tool_spec("run_bash", "sandbox")},
+        workers={"tools": [worker], "sandbox": []},
+    )
+    path = write_lines(
+        tmp_path / "in.jsonl",
+        [
+            {"id": "plain", "prompt": "p"},
+            {"id": "typo", "prompt": "p", "enable": ["read_flie"]},
+            "{broken",
+            {"id": "no-sandbox", "prompt": "p", "enable": ["read_file", "run_bash"]},
+            {"id": "served", "prompt": "p", "enable": ["read_file"]},
+        ],
+    )
+    scan = scan_input(path, {})
+
+    refused = scan.refuse_unserved(fleet.unserved)
+
+    assert [(bad.number, bad.reason) for bad in refused] == [
+        (2, "enable: no worker serves a tool named 'read_flie' (tools: read_file, run_bash)"),
+        (4, "enable: no live worker serves the 'sandbox' pool of 'run_bash'"),
+    ]
+    assert [bad.number for bad in scan.bad_lines] == [2, 3, 4]
+    assert [item.id for item in scan.items()] == ["plain", "served"]

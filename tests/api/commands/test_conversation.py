@@ -45,17 +45,22 @@ def test_a_started_call_shows_its_tool_and_arguments() -> None:
 
 
 @pytest.mark.parametrize(
-    ("is_error", "output", "line"),
+    ("error_kind", "output", "line"),
     [
-        (False, "first line\nsecond line", "✓ read_file in 12.3 ms on w@h:1: first line\n"),
-        (True, "Error: no such file", "✗ read_file in 12.3 ms on w@h:1: Error: no such file\n"),
-        (False, "  \n", "✓ read_file in 12.3 ms on w@h:1: \n"),
+        (None, "first line\nsecond line", "✓ read_file in 12.3 ms on w@h:1: first line\n"),
+        (
+            "tool_error",
+            "Error: no such file",
+            "✗ read_file (tool_error) in 12.3 ms on w@h:1: Error: no such file\n",
+        ),
+        (None, "  \n", "✓ read_file in 12.3 ms on w@h:1: \n"),
     ],
 )
-def test_a_finished_call_shows_success_time_worker_and_the_first_line(
-    is_error: bool, output: str, line: str
+def test_a_finished_call_shows_its_outcome_time_worker_and_the_first_line(
+    error_kind: str | None, output: str, line: str
 ) -> None:
-    finished = ToolCallFinished("call_1", "read_file", output, is_error, None, 12.34, "w@h:1")
+    is_error = error_kind is not None
+    finished = ToolCallFinished("call_1", "read_file", output, is_error, error_kind, 12.34, "w@h:1")
 
     assert rendered(finished) == line
 

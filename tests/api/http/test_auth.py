@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from api.http.app import create_app
-from api.http.auth import is_loopback
+from api.http.server import is_loopback
 from tests.api.http.conftest import (
     BODY_LIMIT,
     TOKEN,

@@ -40,7 +40,7 @@ def finished(
 
 
 def test_tool_calls_are_counted_by_tool_and_outcome_with_their_latency() -> None:
-    metrics = ApiMetrics()
+    metrics = ApiMetrics(tools=["read_file", "run_bash"])
     events: list[AgentEvent] = [
         started("a", "read_file"),
         started("b", "read_file"),
@@ -79,7 +79,7 @@ def test_a_run_cut_short_gives_back_the_calls_it_left_in_flight() -> None:
 
 
 def test_transcript_calls_count_like_live_ones() -> None:
-    metrics = ApiMetrics()
+    metrics = ApiMetrics(tools=["write_file"])
     metrics.record_tool_calls(
         [
             {"name": "write_file", "is_error": False, "error_kind": None, "duration_ms": 30},
@@ -92,6 +92,46 @@ def test_transcript_calls_count_like_live_ones() -> None:
     assert sample(text, "toolq_tool_call_seconds_sum", tool="write_file") == pytest.approx(0.93)
 
 
+def test_invented_tool_names_count_as_one_unknown_series() -> None:
+    metrics = ApiMetrics(tools=["read_file"])
+    for n in range(50):
+        metrics.record_event(started(f"c{n}", f"invented_{n}"))
+        metrics.record_event(finished(f"c{n}", f"invented_{n}", error_kind="unknown_tool"))
+    metrics.record_tool_calls(
+        [{"name": "made_up", "is_error": True, "error_kind": "unknown_tool", "duration_ms": 0}]
+    )
+    metrics.record_event(finished("r", "read_file"))
+
+    calls = tool_labels(scrape(metrics), "toolq_tool_calls_total")
+    assert calls == {("unknown", "unknown_tool"): 51, ("read_file", "ok"): 1}
+    assert tool_labels(scrape(metrics), "toolq_tool_call_seconds_count") == {
+        ("unknown", ""): 51,
+        ("read_file", ""): 1,
+    }
+
+
+def test_a_tool_the_fleet_serves_later_gets_its_own_series_from_then_on() -> None:
+    metrics = ApiMetrics()
+    metrics.record_event(finished("a", "new_tool"))
+    metrics.know_tools(["new_tool"])
+    metrics.record_event(finished("b", "new_tool"))
+
+    assert tool_labels(scrape(metrics), "toolq_tool_calls_total") == {
+        ("unknown", "ok"): 1,
+        ("new_tool", "ok"): 1,
+    }
+
+
+def tool_labels(text: str, name: str) -> dict[tuple[str, str], float]:
+    """Every sample of ``name``: (tool, outcome) -> value."""
+    return {
+        (found.labels["tool"], found.labels.get("outcome", "")): float(found.value)
+        for family in text_string_to_metric_families(text)
+        for found in family.samples
+        if found.name == name
+    }
+
+
 def test_runs_are_counted_by_final_status() -> None:
     metrics = ApiMetrics()
     for status in ["succeeded", "succeeded", "cancelled"]:
@@ -102,7 +142,7 @@ def test_runs_are_counted_by_final_status() -> None:
 
 
 def test_each_app_has_its_own_series() -> None:
-    one, other = ApiMetrics(), ApiMetrics()
+    one, other = ApiMetrics(tools=["noop"]), ApiMetrics(tools=["noop"])
     one.record_event(started("a", "noop"))
     one.record_event(finished("a", "noop"))
     assert sample(scrape(one), "toolq_tool_calls_total", tool="noop", outcome="ok") == 1
@@ -120,6 +160,7 @@ def test_queue_depths_show_the_last_reading_and_nothing_stale() -> None:
 
 
 def test_record_event_without_an_app_counts_into_the_process_default() -> None:
+    default_metrics().know_tools(["t1"])
     before = sample(scrape(default_metrics()), "toolq_tool_calls_total", tool="t1", outcome="ok")
     record_event(started("a", "t1"))
     record_event(finished("a", "t1"))

@@ -15,6 +15,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from openai import AsyncOpenAI
+from prometheus_client.parser import text_string_to_metric_families
 
 from api.dispatch import Dispatcher
 from api.http.app import create_app
@@ -53,8 +54,15 @@ async def until(check: Callable[[], Awaitable[bool]], what: str, timeout: float 
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+#: Tool names a model made up: each is answered "unknown tool" without reaching a worker.
+INVENTED_TOOLS = [f"invented_tool_{n}" for n in range(50)]
+
 SCRIPTS: dict[str, list[dict[str, Any]]] = {
     "answer": [{"content": "The answer, streamed in small pieces, is 42."}],
+    "inventive": [
+        {"tool_calls": [{"name": name, "arguments": {}} for name in INVENTED_TOOLS]},
+        {"content": "None of those exist."},
+    ],
     "stall": [{"content": "too late", "fault": {"kind": "stall", "seconds": 60}}],
     "refused": [{"content": "never", "fault": {"kind": "status", "status": 400}}],
 }
@@ -129,6 +137,27 @@ async def test_a_run_streams_its_answer_and_keeps_its_transcript(live_app: FastA
     assert run["usage"]["total_tokens"] > 0
     assert [m["role"] for m in run["transcript"]["messages"]] == ["system", "user", "assistant"]
     assert 'toolq_runs_total{status="succeeded"} 1.0' in metrics
+
+
+async def test_tools_a_model_invents_are_counted_under_one_unknown_series(
+    live_app: FastAPI,
+) -> None:
+    async with serving(live_app) as api:
+        _, run = await run_to_its_end(api, "inventive")
+        metrics = (await api.get("/metrics")).text
+
+    assert run["status"] == "succeeded"
+    calls = run["transcript"]["tool_calls"]
+    assert sorted(c["name"] for c in calls) == sorted(INVENTED_TOOLS)
+    assert {c["error_kind"] for c in calls} == {"unknown_tool"}
+    series = [
+        (sample.labels, sample.value)
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+        if sample.name == "toolq_tool_calls_total"
+    ]
+    assert series == [({"tool": "unknown", "outcome": "unknown_tool"}, 50.0)]
+    assert not any(name in metrics for name in INVENTED_TOOLS)
 
 
 async def test_a_model_that_refuses_fails_the_run_with_its_reason(live_app: FastAPI) -> None:

@@ -101,7 +101,7 @@ async def test_a_cwd_outside_the_workspace_is_refused(bash: RunBashTool) -> None
 def test_passes_env_and_hides_the_workers_secrets(
     bash: RunBashTool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("TOOLQ_TEST_API_KEY", "sk-secret-4f1c9e")
+    monkeypatch.setenv("EXAMPLE_TEST_API_KEY", "sk-secret-4f1c9e")
 
     answer = run(
         bash,
@@ -112,7 +112,7 @@ def test_passes_env_and_hides_the_workers_secrets(
     assert "GREETING=hello there\n" in answer["stdout"]
     assert "PATH=/usr/bin:/bin\n" in answer["stdout"]
     assert "LANG=C.UTF-8\n" in answer["stdout"]
-    assert "TOOLQ_TEST_API_KEY" not in answer["stdout"]
+    assert "EXAMPLE_TEST_API_KEY" not in answer["stdout"]
     if os.geteuid() == 0 or bash._config.isolation == "namespaces":
         # As another user, or in a PID namespace, the worker's environment cannot be read.
         assert "sk-secret-4f1c9e" not in answer["stdout"]

@@ -155,6 +155,18 @@ async def test_unknown_and_disabled_tools_get_clear_messages() -> None:
     assert "not available" in message and "echo" in message
 
 
+async def test_an_unknown_tool_is_told_only_the_tools_it_may_call() -> None:
+    registry = registry_with(EchoTool(), NoParamsTool(), FailingTool())
+    registry.disable(FailingTool.name)
+
+    outcome = await registry.run("nope", {})
+
+    assert outcome.error_kind == "unknown_tool"
+    assert outcome.output == (
+        f"Error: tool 'nope' was not found. Available tools: {EchoTool.name}, {NoParamsTool.name}."
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
