@@ -185,14 +185,14 @@ def target_verdict(answer: str, target: str) -> tuple[bool, str]:
 
 
 def check_verdict(result: CommandResult, timeout_s: float) -> tuple[bool, str]:
-    """Passed on exit code 0; the explanation is the check's stdout, and how it ended when it
-    said nothing or ran out of time."""
+    """Passed on exit code 0; the explanation is the check's stdout, and how it ended (with the
+    end of its stderr) when it said nothing or ran out of time."""
     passed = result.exit_code == 0 and not result.timed_out
     parts = [result.stdout] if result.stdout.strip() else []
     if result.timed_out:
         parts.append(f"the check timed out after {timeout_s:g} s")
     elif not parts:
-        parts.append(f"the check exited with code {result.exit_code}")
+        parts.append(f"the check exited with code {result.exit_code}{_tail(result.stderr)}")
     return passed, "\n".join(parts)
 
 

@@ -156,9 +156,9 @@ def test_a_task_runs_where_the_orchestrator_shares_no_disk_with_the_workers(
         }
         done = run_batch(source, output, env)
 
-    assert done.returncode == 0, done.stderr + fleet.log.read_text()
     [result] = records(output)
-    assert result["status"] == "ok", result["error"]
+    assert result["status"] == "ok", (result["error"], fleet.log.read_text())
+    assert done.returncode == 0, done.stderr
     assert result["tool_calls"][0]["output"] == "2 + 2 = ?"
     assert result["setup"]["exit_code"] == 0
     assert result["score"] == {

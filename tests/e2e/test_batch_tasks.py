@@ -154,6 +154,9 @@ def test_scores_by_target_and_by_check_and_the_report_of_them(
 
     assert done.returncode == 1, done.stderr
     results = by_id(output)
+    calls = {item_id: r["tool_calls"] for item_id, r in results.items()}
+    assert not any(c["is_error"] for item in calls.values() for c in item), calls
+    checks = {item_id: r["check"] for item_id, r in results.items()}
     scores = {item_id: r["score"] for item_id, r in results.items()}
     assert scores["target passes"] == {
         "passed": True,
@@ -169,7 +172,7 @@ def test_scores_by_target_and_by_check_and_the_report_of_them(
         "passed": True,
         "method": "check",
         "explanation": "out.txt holds 42\n",
-    }
+    }, checks
     assert scores["check fails"] == {
         "passed": False,
         "method": "check",

@@ -264,6 +264,10 @@ def command(**fields: Any) -> CommandResult:
 def test_a_check_explains_itself_with_its_stdout_or_how_it_ended() -> None:
     assert check_verdict(command(stdout="3/3 tests passed\n"), 300) == (True, "3/3 tests passed\n")
     assert check_verdict(command(exit_code=2), 300) == (False, "the check exited with code 2")
+    assert check_verdict(command(exit_code=2, stderr="grep: out.txt: No such file\n"), 300) == (
+        False,
+        "the check exited with code 2: grep: out.txt: No such file",
+    )
     assert check_verdict(command(exit_code=-1, timed_out=True, stdout="1/3\n"), 9) == (
         False,
         "1/3\n\nthe check timed out after 9 s",
