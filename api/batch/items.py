@@ -178,7 +178,7 @@ class ItemLimits:
     @property
     def max_command_s(self) -> float:
         """The longest set-up or check: the call also needs time to report how it ended."""
-        return self.max_call_s - REPORT_MARGIN_S
+        return max(self.max_call_s - REPORT_MARGIN_S, self.max_call_s / 2)
 
     def command_timeout_s(self, asked: float | None) -> float:
         """A command's limit: the one asked for, else the default the fleet allows."""

@@ -13,10 +13,17 @@ from typing import Any
 
 import pytest
 
-from api.local.stack import worker_environment
 from api.scripted.server import ScriptedServer
 from tests.conftest import WorkerFleet, scripted_server
-from tests.e2e.test_batch_cli import RUN_TIMEOUT_S, TOOLQ, records, run_batch, write_items
+from tests.e2e.test_batch_cli import (
+    RUN_TIMEOUT_S,
+    TOOLQ,
+    batch_argv,
+    environment,
+    records,
+    run_batch,
+    write_items,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -43,15 +50,6 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
     * 50,
     "slow_tool": [{"tool_calls": [{"name": "slow_read", "arguments": {"seconds": 8}}]}] * 5,
 }
-
-
-def environment(fleet: WorkerFleet, server: ScriptedServer) -> dict[str, str]:
-    return {
-        **os.environ,
-        **worker_environment(fleet.settings),
-        "OPENAI_BASE_URL": server.base_url,
-        "OPENAI_API_KEY": "test",
-    }
 
 
 @pytest.fixture
@@ -318,26 +316,14 @@ def test_retry_errors_runs_again_exactly_the_error_lines(
         assert "0 ok, 0 error, 0 bad lines skipped, 4 already done (2 of them" in resumed.stderr
         assert second.stats()["requests"] == 0
 
-        retried = subprocess.run(
-            [*batch_command(source, output), "--retry-errors"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=RUN_TIMEOUT_S,
-        )
+        retried = retry_errors(source, output, env)
         assert retried.returncode == 0, retried.stderr
         assert "Finished: 2 ok, 0 error, 0 bad lines skipped, 2 already done, 2 errors run" in (
             retried.stderr
         )
         assert second.stats()["requests"] == 2  # the two error lines, nothing else
 
-        again = subprocess.run(
-            [*batch_command(source, output), "--retry-errors"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=RUN_TIMEOUT_S,
-        )
+        again = retry_errors(source, output, env)
         assert "0 ok, 0 error, 0 bad lines skipped, 4 already done" in again.stderr
         assert second.stats()["requests"] == 2
 
@@ -389,8 +375,16 @@ def test_every_bad_task_field_is_reported_by_line_and_field_and_the_rest_runs(
     assert by_id(output)["good"]["score"]["passed"] is True
 
 
-def batch_command(source: Path, output: Path) -> list[str]:
-    return [str(TOOLQ), "batch", str(source), "-o", str(output), "--model", "scripted"]
+def retry_errors(
+    source: Path, output: Path, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*batch_argv(source, output, concurrency=8), "--retry-errors"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
 
 
 def b64(data: bytes) -> str:
