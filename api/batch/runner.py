@@ -108,6 +108,9 @@ async def _collect(task: Task, error: str | None) -> str | None:
     except TaskFailed as exc:
         log.warning("item %r: %s", task.item.id, exc)
         return error or str(exc)
+    except Exception as exc:  # as in run_item: one item, not the batch
+        log.exception("item %r: collecting its artifacts failed unexpectedly", task.item.id)
+        return error or f"unexpected {type(exc).__name__}: {exc}"
     return error
 
 

@@ -278,3 +278,15 @@ def test_a_target_ignores_case_and_its_surrounding_whitespace() -> None:
     assert target_verdict("The answer is B.", " b. ")[0]
     assert target_verdict("Straße", "STRASSE")[0]  # full case folding
     assert not target_verdict("", "x")[0]
+
+
+async def test_a_service_answer_that_is_not_json_costs_one_item_not_the_batch() -> None:
+    class Garbled(FakeFleet):
+        async def call(self, request: Any, pool: str) -> ToolCallResult:
+            if request.tool == "toolq.collect_files":
+                return ToolCallResult(task_id=request.task_id, tool=request.tool, output="{")
+            return await super().call(request, pool)
+
+    result = await run(task(artifacts=["*"]), Garbled(), Answers("done"))
+    assert result["status"] == "error"
+    assert result["error"].startswith("unexpected JSONDecodeError")
