@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 from openai import AsyncOpenAI
 from pydantic import BaseModel, ConfigDict, Field
@@ -17,17 +18,20 @@ from api.dispatch import Dispatcher
 from api.events import (
     AgentEvent,
     FinalAnswer,
+    StopReason,
     TextDelta,
     TextDiscarded,
     ToolCallFinished,
     ToolCallStarted,
 )
 from api.fleet import Fleet, load_fleet
+from api.limits import ConversationLimits, LimitReached
 from api.llm import (
     ChatModel,
     ModelToolCall,
     ModelTurn,
     RetryPolicy,
+    StreamEvent,
     StreamRestarted,
     TurnDone,
     Usage,
@@ -63,6 +67,12 @@ class AgentOptions(BaseModel):
     enable: list[str] = Field(default_factory=list, description="Tools to switch on.")
     disable: list[str] = Field(default_factory=list, description="Tools to switch off.")
     tool_timeout_ms: int | None = Field(None, gt=0, description="Per-call deadline override.")
+    time_limit_s: float | None = Field(
+        None, gt=0, description="Wall time the conversation may take; then it stops (time_limit)."
+    )
+    token_limit: int | None = Field(
+        None, gt=0, description="Tokens it may use; no model request is sent past them."
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +132,8 @@ class Agent:
         self.messages: list[Message] = []
         self.usage = Usage()
         self.tool_calls: list[ToolCallRecord] = []
-        self.stop_reason: str | None = None
+        self.stop_reason: StopReason | None = None
+        self.limits = ConversationLimits(self.options.time_limit_s, self.options.token_limit)
         self.observers: list[Callable[[AgentEvent], None]] = []
         self.registry = ToolRegistry()
         self._owns_dispatcher = False
@@ -245,7 +256,7 @@ class Agent:
     # -- conversation --------------------------------------------------------------------------
 
     async def chat(self, message: str) -> str:
-        """Run the conversation until the model answers or the turn limit stops it."""
+        """Run the conversation until the model answers or a turn, time or token limit stops it."""
         answer = ""
         async for event in self._converse(message, stream=False):
             if isinstance(event, FinalAnswer):
@@ -259,31 +270,38 @@ class Agent:
     async def _converse(self, message: str, *, stream: bool) -> AsyncIterator[AgentEvent]:
         self.messages.append({"role": "user", "content": message})
         self.stop_reason = None
-        for turn in range(1, self.max_turns + 1):
-            model_turn: ModelTurn | None = None
-            if stream:
-                async for item in self._llm.stream(
-                    model=self._model_name, messages=self._wire_messages(), tools=self._tools()
-                ):
-                    if isinstance(item, TurnDone):
-                        model_turn = item.turn
-                    elif isinstance(item, StreamRestarted):
-                        yield self._emit(TextDiscarded(item.reason))
-                    else:
-                        yield self._emit(TextDelta(item.text))
-            else:
-                model_turn = await self._llm.complete(
-                    model=self._model_name, messages=self._wire_messages(), tools=self._tools()
-                )
-            assert model_turn is not None
-            self.usage = self.usage + model_turn.usage
-            self.messages.append(model_turn.assistant_message())
-            if not model_turn.tool_calls:
-                self.stop_reason = "answered"
-                yield self._emit(FinalAnswer(model_turn.content or "", "answered"))
-                return
-            async for event in self._run_tool_calls(model_turn.tool_calls, turn):
-                yield event
+        self.limits.start()
+        try:
+            for turn in range(1, self.max_turns + 1):
+                self.limits.check_tokens(self.usage.total_tokens)
+                model_turn: ModelTurn | None = None
+                if stream:
+                    async for piece in self._streamed_turn():
+                        if isinstance(piece, ModelTurn):
+                            model_turn = piece
+                        else:
+                            yield piece
+                else:
+                    model_turn = await self.limits.within(
+                        self._llm.complete(
+                            model=self._model_name,
+                            messages=self._wire_messages(),
+                            tools=self._tools(),
+                        ),
+                    )
+                assert model_turn is not None
+                self.usage = self.usage + model_turn.usage
+                self.messages.append(model_turn.assistant_message())
+                if not model_turn.tool_calls:
+                    self.stop_reason = "answered"
+                    yield self._emit(FinalAnswer(model_turn.content or "", "answered"))
+                    return
+                async for event in self._run_tool_calls(model_turn.tool_calls, turn):
+                    yield event
+        except LimitReached as reached:
+            self.stop_reason = reached.reason
+            yield self._emit(FinalAnswer(reached.message, reached.reason))
+            return
         self.stop_reason = "max_turns"
         yield self._emit(
             FinalAnswer(
@@ -293,32 +311,59 @@ class Agent:
             )
         )
 
+    async def _streamed_turn(self) -> AsyncIterator[AgentEvent | ModelTurn]:
+        """One model turn as it streams: its events, then the whole turn."""
+        stream = self._llm.stream(
+            model=self._model_name, messages=self._wire_messages(), tools=self._tools()
+        )
+        async with contextlib.aclosing(cast(AsyncGenerator[StreamEvent, None], stream)) as pieces:
+            while (piece := await self.limits.within(anext(pieces, None))) is not None:
+                if isinstance(piece, TurnDone):
+                    yield piece.turn
+                elif isinstance(piece, StreamRestarted):
+                    yield self._emit(TextDiscarded(piece.reason))
+                else:
+                    yield self._emit(TextDelta(piece.text))
+
     async def _run_tool_calls(
         self, calls: list[ModelToolCall], turn: int
     ) -> AsyncIterator[AgentEvent]:
-        """All calls of a turn at once; tool messages go back in the order the model gave."""
+        """All calls of a turn at once; tool messages go back in the order the model gave.
+
+        When the time limit passes first, the calls still running are cancelled and answered
+        as stopped, so the transcript still pairs every call with its answer.
+        """
         for call in calls:
             yield self._emit(ToolCallStarted(call.id, call.name, call.arguments))
         tasks = [asyncio.ensure_future(self._run_one(call, turn)) for call in calls]
-        for finished in asyncio.as_completed(tasks):
-            record = await finished
-            yield self._emit(
-                ToolCallFinished(
-                    record.id,
-                    record.name,
-                    record.output,
-                    record.is_error,
-                    record.error_kind,
-                    record.duration_ms,
-                    record.worker,
+        stopped: LimitReached | None = None
+        try:
+            for finished in asyncio.as_completed(tasks):
+                record = await self.limits.within(finished)
+                yield self._emit(
+                    ToolCallFinished(
+                        record.id,
+                        record.name,
+                        record.output,
+                        record.is_error,
+                        record.error_kind,
+                        record.duration_ms,
+                        record.worker,
+                    )
                 )
-            )
+        except LimitReached as reached:
+            stopped = reached
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         for call, task in zip(calls, tasks, strict=True):
-            record = task.result()
+            record = task.result() if not task.cancelled() else _stopped_call(call, turn)
             self.tool_calls.append(record)
             self.messages.append(
                 {"role": "tool", "tool_call_id": call.id, "content": record.output}
             )
+        if stopped is not None:
+            raise stopped
 
     async def _run_one(self, call: ModelToolCall, turn: int) -> ToolCallRecord:
         # Fleet tools, local tools, unknown and disabled ones: the registry answers for all.
@@ -399,3 +444,19 @@ class Agent:
         for observer in self.observers:
             observer(event)
         return event
+
+
+def _stopped_call(call: ModelToolCall, turn: int) -> ToolCallRecord:
+    """A call the time limit cut short: its answer says so (the worker may still finish it)."""
+    return ToolCallRecord(
+        id=call.id,
+        name=call.name,
+        arguments=call.arguments,
+        output="Error: the conversation's time limit was reached before this call finished.",
+        is_error=True,
+        error_kind="time_limit",
+        duration_ms=0.0,
+        wall_ms=0.0,
+        worker=None,
+        turn=turn,
+    )

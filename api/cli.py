@@ -170,15 +170,41 @@ def batch(
     output: Annotated[Path, typer.Option("-o", "--output", help="JSONL results (resumable).")],
     concurrency: Annotated[int, typer.Option(help="Conversations in flight.")] = 100,
     model: Annotated[str | None, typer.Option(help="Default model for lines without one.")] = None,
+    retry_errors: Annotated[
+        bool,
+        typer.Option(
+            "--retry-errors", help="Also run again the items whose result has status error."
+        ),
+    ] = False,
 ) -> None:
-    """Run many conversations; rerun the same command to resume."""
+    """Run many conversations or tasks; rerun the same command to resume."""
     _checked_settings()
     _reachable_fleet()
     from api.batch.command import run_batch_command
 
     raise typer.Exit(
-        run_batch_command(input_path, output, concurrency=concurrency, model=model, err=err)
+        run_batch_command(
+            input_path,
+            output,
+            concurrency=concurrency,
+            model=model,
+            err=err,
+            retry_errors=retry_errors,
+        )
     )
+
+
+@app.command()
+def report(
+    results: Annotated[Path, typer.Argument(help="A toolq batch results file (JSONL).")],
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the report as one object.")
+    ] = False,
+) -> None:
+    """Sum up a batch's results: statuses, pass rate, tokens, tool calls, failures, slowest."""
+    from api.batch.report import run_report_command
+
+    raise typer.Exit(run_report_command(results, as_json=as_json, out=console, err=err))
 
 
 @app.command()

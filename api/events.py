@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+#: Why a conversation ended: the model answered, or a turn, time or token limit stopped it.
+StopReason = Literal["answered", "max_turns", "time_limit", "token_limit"]
+
 
 @dataclass(frozen=True, slots=True)
 class TextDelta:
@@ -43,7 +46,7 @@ class ToolCallFinished:
 @dataclass(frozen=True, slots=True)
 class FinalAnswer:
     text: str
-    stop_reason: Literal["answered", "max_turns"]
+    stop_reason: StopReason
     type: Literal["final_answer"] = "final_answer"
 
 

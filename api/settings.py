@@ -22,6 +22,9 @@ class OrchestratorSettings(FleetSettings):
     llm_timeout_s: float = Field(60.0, gt=0, description="One model request's timeout.")
     llm_max_retries: int = Field(4, ge=0, description="Retries of a failed model request.")
     max_turns: int = Field(20, gt=0, description="Model turns per conversation.")
+    task_files_max_bytes: int = Field(
+        10 * 1024 * 1024, gt=0, description="The most bytes of `files` one batch item may carry."
+    )
 
     api_token: SecretStr | None = Field(None, description="Bearer token for the HTTP API.")
     api_max_body_bytes: int = Field(1_048_576, gt=0, description="Largest request body.")

@@ -49,11 +49,12 @@ def _answers(port: int) -> bool:
 
 
 @contextlib.contextmanager
-def scripted_model() -> Iterator[tuple[str, int]]:
-    """``toolq scripted-llm`` on a free port; yields its base URL and pid."""
+def scripted_model(steps: dict[str, Any] | None = None) -> Iterator[tuple[str, int]]:
+    """``toolq scripted-llm`` playing ``steps`` (default: this case's script) on a free port;
+    yields its base URL and pid."""
     with tempfile.TemporaryDirectory(prefix="toolq-bench-llm-") as folder:
         path = Path(folder) / "noop.json"
-        path.write_text(json.dumps(script()))
+        path.write_text(json.dumps(steps or script()))
         port = free_port()
         proc = subprocess.Popen(
             [

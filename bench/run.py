@@ -28,6 +28,7 @@ from bench.sandbox_layers import sandbox_layers
 from bench.search_tree import search_case
 from bench.stack import bare_worker, bench_settings, private_redis, python_path, toolq_workers
 from bench.stats import CaseResult
+from bench.tasks import tasks_case
 from bench.throughput import measure, throughput_case
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -51,6 +52,8 @@ class Sizes:
     search_files: int
     search_runs: int
     worker_processes: tuple[int, ...]
+    task_items: int
+    task_repeats: int
 
 
 FULL = Sizes(
@@ -69,6 +72,8 @@ FULL = Sizes(
     search_files=10_000,
     search_runs=5,
     worker_processes=(1, 2),
+    task_items=300,
+    task_repeats=2,
 )
 QUICK = Sizes(
     round_trips=30,
@@ -86,6 +91,8 @@ QUICK = Sizes(
     search_files=200,
     search_runs=1,
     worker_processes=(1,),
+    task_items=10,
+    task_repeats=1,
 )
 
 
@@ -135,6 +142,8 @@ def run_cases(sizes: Sizes, progress: Progress) -> list[CaseResult]:
                         )
                     with progress.step("big output"):
                         big = big_output_case(settings, stack, sizes.big_output_bytes)
+                    with progress.step("batch tasks"):
+                        tasks = tasks_case(settings, sizes.task_items, sizes.task_repeats)
                 with progress.step(f"throughput, {processes} process(es)"):
                     by_concurrency[processes] = measure(
                         settings,
@@ -156,7 +165,7 @@ def run_cases(sizes: Sizes, progress: Progress) -> list[CaseResult]:
                             warm_up=sizes.conversation_warmup,
                         )
     throughput = throughput_case(by_concurrency, sizes.throughput_calls)
-    return [round_trip, throughput, conversations, sandbox, big, search]
+    return [round_trip, throughput, conversations, sandbox, big, search, tasks]
 
 
 def _stop_on_sigterm(signum: int, frame: object) -> None:

@@ -2,7 +2,8 @@
 
 Everything that crosses between the two floors is here: the pools and the task name, a call and
 its answer, the conversation state a call carries, a tool as the fleet serves it, a worker's
-heartbeat, why a call failed, and the Redis keys both sides read and write.
+heartbeat, why a call failed, the Redis keys both sides read and write, and the rule a
+workspace-relative glob follows, which callers check before they send one.
 """
 
 from __future__ import annotations
@@ -204,3 +205,22 @@ class RedisKeys:
 
 
 keys = RedisKeys()
+
+
+def glob_segments(pattern: str) -> tuple[str, ...]:
+    """The segments of a workspace-relative glob such as ``src/**/*.py``.
+
+    The rule search_files and ``toolq.collect_files`` match by, shared so that a caller can
+    refuse a pattern before it sends it. ``ValueError`` says what is wrong, as words that follow
+    "the pattern ...": a glob may only match below where it starts.
+    """
+    if "\x00" in pattern:
+        raise ValueError("contains a NUL byte")
+    if pattern.startswith("/"):
+        raise ValueError("is absolute; patterns are relative, e.g. '**/*.py'")
+    segments = tuple(s for s in pattern.split("/") if s not in ("", "."))
+    if ".." in segments:
+        raise ValueError("contains '..'; a pattern may only match below where it starts")
+    if not segments:
+        raise ValueError("names no files; try '**/*'")
+    return segments

@@ -32,6 +32,7 @@ ORCHESTRATOR_ONLY_FIELDS = (
     "max_turns",
     "api_token",
     "api_max_body_bytes",
+    "task_files_max_bytes",
 )
 #: ``TOOLQ_`` variables that are not settings: the traceback switch for errors, and the marker
 #: run_bash puts in each command's environment (``worker.sandbox.config.MARKER_VARIABLE``).

@@ -16,7 +16,7 @@ from openai import OpenAIError
 from redis.exceptions import RedisError
 from rich.console import Console
 
-from api.batch.items import BadLine, BatchItem, InputScan, scan_input
+from api.batch.items import BadLine, BatchItem, InputScan, ItemLimits, scan_input
 from api.batch.progress import (
     BatchOutcome,
     BatchStats,
@@ -49,8 +49,10 @@ def run_batch_command(
     concurrency: int,
     model: str | None,
     err: Console,
+    retry_errors: bool = False,
 ) -> int:
-    """Run every line of ``input_path`` not yet in ``output``; the exit code of ``toolq batch``."""
+    """Run every line of ``input_path`` not yet in ``output`` (and, with ``retry_errors``, those
+    whose line there has status error); the exit code of ``toolq batch``."""
     settings = get_settings()
     configure_logging(settings)
     if concurrency < 1:
@@ -71,13 +73,18 @@ def run_batch_command(
     with results:
         _report_output(results, err)
         try:
-            scan = scan_input(input_path, results.done)
+            scan = scan_input(
+                input_path,
+                results.done,
+                limits=ItemLimits.from_settings(settings),
+                retry_errors=retry_errors,
+            )
         except OSError as exc:
             return _usage_error(err, f"cannot read {input_path}: {_reason(exc)}")
         _report_bad_lines(scan.path, scan.bad_lines, err)
         stats = BatchStats(total=len(scan.pending))
         run = _BatchRun(scan, results, stats, chat_model, model, concurrency, err)
-        resume = _resume_command(input_path, output, concurrency, model)
+        resume = _resume_command(input_path, output, concurrency, model, retry_errors)
         broken: BaseException | None = None
         interrupted = False
         try:
@@ -96,7 +103,7 @@ def run_batch_command(
         finally:
             stats.stop()
     error = None if broken is None else _reason(broken)
-    _print_summary(err, stats, scan, output, resume=resume, interrupted=interrupted, error=error)
+    _print_summary(err, stats, scan, results, resume=resume, interrupted=interrupted, error=error)
     if broken is not None:
         return EXIT_FAILURES
     if interrupted:
@@ -247,17 +254,20 @@ def _print_summary(
     err: Console,
     stats: BatchStats,
     scan: InputScan,
-    output: Path,
+    results: ResultLog,
     *,
     resume: str,
     interrupted: bool,
     error: str | None = None,
 ) -> None:
     outcome = BatchOutcome(
-        output=str(output),
+        output=str(results.path),
         bad_lines=len(scan.bad_lines),
         already_done=scan.already_done,
         already_failed=scan.already_failed,
+        retried=scan.retried,
+        scored=len(results.passed),
+        passed=sum(results.passed.values()),
         interrupted=interrupted,
         error=error,
         resume_command=resume,
@@ -266,10 +276,14 @@ def _print_summary(
         _say(err, line)
 
 
-def _resume_command(input_path: Path, output: Path, concurrency: int, model: str | None) -> str:
+def _resume_command(
+    input_path: Path, output: Path, concurrency: int, model: str | None, retry_errors: bool
+) -> str:
     argv = ["toolq", "batch", str(input_path), "-o", str(output), "--concurrency", str(concurrency)]
     if model:
         argv += ["--model", model]
+    if retry_errors:
+        argv.append("--retry-errors")
     return shlex.join(argv)
 
 

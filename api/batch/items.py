@@ -1,20 +1,107 @@
-"""A batch's input: one conversation per JSONL line, each line checked before anything runs."""
+"""A batch's input: one task per JSONL line, each line checked before anything runs.
+
+A line is a conversation (``prompt``) and, optionally, what makes it a task: files and a set-up
+command that prepare its workspace, a target or a check command that judge it, artifacts to
+bring back, limits and metadata.
+"""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import logging
+import posixpath
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
+
+from api.settings import OrchestratorSettings
+from worker.protocol import glob_segments
 
 log = logging.getLogger(__name__)
 
+#: A set-up or check command's time limit when the item gives none (seconds).
+DEFAULT_COMMAND_TIMEOUT_S = 300.0
+#: What a command's call needs beyond the command's own limit to report how it ended: the
+#: dispatcher adds this much to a call's deadline (api.dispatch).
+REPORT_MARGIN_S = 1.0
+
+
+class FileBytes(BaseModel):
+    """A file's content as bytes: ``{"base64": "..."}``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    base64: str
+
+    @property
+    def data(self) -> bytes:
+        return base64.b64decode(self.base64, validate=True)
+
+
+def _check_files(value: object) -> object:
+    """Each path workspace-relative and each content text or valid base64, named when not."""
+    if not isinstance(value, Mapping):
+        return value  # the type check says what it should be
+    for path, content in value.items():
+        if not isinstance(path, str):
+            raise ValueError(f"the key {path!r} is not a string: keys are paths")
+        problem = _path_problem(path)
+        if problem:
+            raise ValueError(f"{path!r} {problem}")
+        if isinstance(content, str):
+            continue
+        if not (isinstance(content, Mapping) and set(content) == {"base64"}):
+            found = (
+                f"an object with the keys {', '.join(map(repr, content))}"
+                if isinstance(content, Mapping)
+                else _json_kind(content)
+            )
+            raise ValueError(
+                f'{path!r}: the content must be a string (UTF-8 text) or {{"base64": "..."}}, '
+                f"not {found}"
+            )
+        encoded = content["base64"]
+        try:
+            if not isinstance(encoded, str):
+                raise TypeError
+            base64.b64decode(encoded, validate=True)
+        except (TypeError, binascii.Error, ValueError):
+            raise ValueError(f"{path!r}: the base64 content is not valid base64") from None
+    return value
+
+
+def _path_problem(path: str) -> str | None:
+    """Why ``path`` cannot name a file of the workspace, or None."""
+    if not path or "\x00" in path:
+        return "is not a file name" if not path else "contains a NUL byte"
+    if path.startswith("/"):
+        return "is absolute: paths are relative to the workspace"
+    normal = posixpath.normpath(path)
+    if normal == ".." or normal.startswith("../"):
+        return "leads outside the workspace"
+    if normal == "." or path.endswith("/"):
+        return "names a directory, not a file"
+    return None
+
+
+FileContent = str | FileBytes
+Files = Annotated[dict[str, FileContent], BeforeValidator(_check_files)]
+
 
 class BatchItem(BaseModel):
-    """One conversation of a batch: a line of the input file."""
+    """One task of a batch: a line of the input file."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -24,6 +111,103 @@ class BatchItem(BaseModel):
     model: str | None = Field(None, description="Default: --model, else TOOLQ_MODEL.")
     enable: list[str] = Field(default_factory=list, description="Tools to switch on.")
     max_turns: int | None = Field(None, gt=0, le=1000, description="Default: TOOLQ_MAX_TURNS.")
+    files: Files | None = Field(
+        None,
+        description='Workspace-relative path -> UTF-8 text, or {"base64": "..."} for bytes; '
+        "written before the conversation.",
+    )
+    setup: str | None = Field(
+        None, min_length=1, description="A shell command run in the sandbox before the model."
+    )
+    setup_timeout_s: float | None = Field(None, gt=0, description="Default 300 s.")
+    target: str | None = Field(
+        None, min_length=1, description="Passed when the final answer contains it (any case)."
+    )
+    check: str | None = Field(
+        None, min_length=1, description="A shell command run after the conversation; 0 passes."
+    )
+    check_timeout_s: float | None = Field(None, gt=0, description="Default 300 s.")
+    artifacts: list[str] | None = Field(
+        None, description="Workspace-relative globs of files to bring back in the result."
+    )
+    time_limit_s: float | None = Field(None, gt=0, description="The conversation's wall time.")
+    token_limit: int | None = Field(None, gt=0, description="Tokens the conversation may use.")
+    metadata: dict[str, Any] | None = Field(None, description="Copied to the result line.")
+
+    @field_validator("target")
+    @classmethod
+    def _target_has_text(cls, target: str | None) -> str | None:
+        if target is not None and not target.strip():
+            raise ValueError("the target is blank: no answer could be said to contain it")
+        return target
+
+    @field_validator("artifacts")
+    @classmethod
+    def _patterns_stay_inside(cls, patterns: list[str] | None) -> list[str] | None:
+        for pattern in patterns or []:
+            try:
+                glob_segments(pattern)
+            except ValueError as exc:
+                raise ValueError(f"the pattern {pattern!r} {exc}") from None
+        return patterns
+
+    @property
+    def is_task(self) -> bool:
+        """Whether the item prepares or inspects its workspace beyond the conversation."""
+        return any(v is not None for v in (self.files, self.setup, self.check, self.artifacts))
+
+    def file_contents(self) -> dict[str, str | bytes]:
+        return {
+            path: content if isinstance(content, str) else content.data
+            for path, content in (self.files or {}).items()
+        }
+
+
+@dataclass(frozen=True)
+class ItemLimits:
+    """What a line may ask for on this orchestrator and fleet."""
+
+    files_max_bytes: int = 10 * 1024 * 1024
+    #: The longest call the fleet allows (TOOLQ_MAX_TIMEOUT_MS), in seconds.
+    max_call_s: float = 600.0
+
+    @classmethod
+    def from_settings(cls, settings: OrchestratorSettings) -> ItemLimits:
+        return cls(settings.task_files_max_bytes, settings.max_timeout_ms / 1000)
+
+    @property
+    def max_command_s(self) -> float:
+        """The longest set-up or check: the call also needs time to report how it ended."""
+        return max(self.max_call_s - REPORT_MARGIN_S, self.max_call_s / 2)
+
+    def command_timeout_s(self, asked: float | None) -> float:
+        """A command's limit: the one asked for, else the default the fleet allows."""
+        return asked if asked is not None else min(DEFAULT_COMMAND_TIMEOUT_S, self.max_command_s)
+
+    def problems(self, item: BatchItem) -> list[tuple[str, str]]:
+        """(field, what is wrong) for what ``item`` asks beyond these limits."""
+        found = []
+        size = sum(len(c) for c in item.file_contents().values())
+        if size > self.files_max_bytes:
+            found.append(
+                (
+                    "files",
+                    f"{size:,} bytes in all, more than TOOLQ_TASK_FILES_MAX_BYTES "
+                    f"({self.files_max_bytes:,})",
+                )
+            )
+        for name in ("setup_timeout_s", "check_timeout_s"):
+            asked = getattr(item, name)
+            if asked is not None and asked > self.max_command_s:
+                found.append(
+                    (
+                        name,
+                        f"{asked:g} s is more than this fleet allows: at most "
+                        f"{self.max_command_s:g} s (TOOLQ_MAX_TIMEOUT_MS, less "
+                        f"{REPORT_MARGIN_S:g} s to report)",
+                    )
+                )
+        return found
 
 
 # --- Reading the input ---------------------------------------------------------------------------
@@ -37,8 +221,8 @@ class BadLine:
     reason: str
 
 
-def parse_item(raw: bytes | str) -> BatchItem:
-    """One input line as an item; ``ValueError`` says what is wrong with it."""
+def parse_item(raw: bytes | str, limits: ItemLimits | None = None) -> BatchItem:
+    """One input line as an item; ``ValueError`` says what is wrong with it, field by field."""
     try:
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
     except UnicodeDecodeError as exc:
@@ -50,9 +234,13 @@ def parse_item(raw: bytes | str) -> BatchItem:
     if not isinstance(value, dict):
         raise ValueError(f"not a JSON object but {_json_kind(value)}")
     try:
-        return BatchItem.model_validate(value)
+        item = BatchItem.model_validate(value)
     except ValidationError as exc:
         raise ValueError(_validation_problems(exc)) from None
+    beyond = (limits or ItemLimits()).problems(item)
+    if beyond:
+        raise ValueError("; ".join(f"{name}: {problem}" for name, problem in beyond))
+    return item
 
 
 def _json_kind(value: object) -> str:
@@ -70,6 +258,8 @@ def _validation_problems(exc: ValidationError) -> str:
             problems.append(f"missing {where!r}")
         elif error["type"] == "extra_forbidden":
             problems.append(f"unknown field {where!r} (fields: {allowed})")
+        elif error["type"] == "value_error":  # our own message, without pydantic's prefix
+            problems.append(f"{where}: {error['ctx']['error']}")
         else:
             problems.append(f"{where}: {error['msg']}")
     return "; ".join(problems)
@@ -80,9 +270,12 @@ class InputScan:
     """What an input file holds: its bad lines, the ids done before, the lines still to run."""
 
     path: Path
+    limits: ItemLimits = field(default_factory=ItemLimits)
     bad_lines: list[BadLine] = field(default_factory=list)
     already_done: int = 0
     already_failed: int = 0
+    #: Items whose earlier line has status error and that run again (``retry_errors``).
+    retried: int = 0
     pending: list[int] = field(default_factory=list)
     #: The tools each pending line enables, for the lines that enable any.
     enables: dict[int, list[str]] = field(default_factory=dict)
@@ -93,7 +286,7 @@ class InputScan:
         for number, raw in numbered_lines(self.path):
             if number in wanted:
                 try:
-                    yield parse_item(raw)
+                    yield parse_item(raw, self.limits)
                 except ValueError as exc:  # the file changed since the scan
                     log.warning("%s:%d: skipped: %s", self.path, number, exc)
 
@@ -112,18 +305,25 @@ class InputScan:
         return refused
 
 
-def scan_input(path: Path, done: Mapping[str, str]) -> InputScan:
+def scan_input(
+    path: Path,
+    done: Mapping[str, str],
+    *,
+    limits: ItemLimits | None = None,
+    retry_errors: bool = False,
+) -> InputScan:
     """Check every line; ``done`` maps the ids already in the output to their status.
 
     Blank lines are ignored. A repeated id is a bad line: the first line with it is the item.
+    With ``retry_errors`` an item whose line has status error runs again.
     """
-    scan = InputScan(path)
+    scan = InputScan(path, limits or ItemLimits())
     first_line: dict[str, int] = {}
     for number, raw in numbered_lines(path):
         if not raw.strip():
             continue
         try:
-            item = parse_item(raw)
+            item = parse_item(raw, scan.limits)
         except ValueError as exc:
             scan.bad_lines.append(BadLine(number, str(exc)))
             continue
@@ -133,8 +333,10 @@ def scan_input(path: Path, done: Mapping[str, str]) -> InputScan:
             continue
         first_line[item.id] = number
         status = done.get(item.id)
-        if status is None:
+        if status is None or (status != "ok" and retry_errors):
             scan.pending.append(number)
+            if status is not None:
+                scan.retried += 1
             if item.enable:
                 scan.enables[number] = item.enable
         else:

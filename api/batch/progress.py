@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -11,6 +10,8 @@ from typing import Any, Protocol
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from api.batch.figures import nearest_rank, pass_rate_line
 
 #: Seconds between progress lines when stderr is not a terminal.
 PLAIN_INTERVAL_S = 5.0
@@ -25,6 +26,9 @@ class BatchStats:
     failed: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
+    #: Items with a score, and those of them that passed.
+    scored: int = 0
+    passed: int = 0
     durations: list[float] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
     finished: float | None = None
@@ -38,6 +42,10 @@ class BatchStats:
         self.tool_calls += len(calls)
         self.tool_errors += sum(1 for call in calls if call.get("is_error"))
         self.durations.append(float(record.get("duration_s") or 0.0))
+        score = record.get("score")
+        if isinstance(score, Mapping):
+            self.scored += 1
+            self.passed += bool(score.get("passed"))
 
     def begin(self) -> None:
         """The clock starts with the first conversation, not with the fleet's start-up."""
@@ -71,10 +79,12 @@ class BatchStats:
 
     def percentile(self, fraction: float) -> float | None:
         """Nearest-rank percentile of conversation time."""
-        if not self.durations:
-            return None
-        ordered = sorted(self.durations)
-        return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+        return nearest_rank(self.durations, fraction)
+
+    @property
+    def scores_text(self) -> str:
+        """``3/4 passed`` once items have been scored, else nothing."""
+        return f"{self.passed}/{self.scored} passed" if self.scored else ""
 
 
 class ProgressDisplay(Protocol):
@@ -95,8 +105,9 @@ def progress_display(stats: BatchStats, console: Console) -> ProgressDisplay:
 def progress_line(stats: BatchStats) -> str:
     percent = f" ({100 * stats.done / stats.total:.0f}%)" if stats.total else ""
     eta = stats.eta_s
+    scores = f"{stats.scores_text}, " if stats.scored else ""
     return (
-        f"batch: {stats.done}/{stats.total} done{percent}, {stats.failed} failed, "
+        f"batch: {stats.done}/{stats.total} done{percent}, {stats.failed} failed, {scores}"
         f"{stats.rate:.1f} conversations/s, {stats.tool_rate:.1f} tool calls/s, "
         f"ETA {_readable_duration(eta) if eta is not None else '?'}"
     )
@@ -145,6 +156,7 @@ class BarProgress:
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("[red]{task.fields[failed]} failed"),
+            TextColumn("[green]{task.fields[scores]}"),
             TextColumn("{task.fields[rate]:.1f} conv/s"),
             TextColumn("{task.fields[tool_rate]:.1f} tool calls/s"),
             TextColumn("ETA"),
@@ -152,7 +164,7 @@ class BarProgress:
             console=console,
         )
         self._task = self._progress.add_task(
-            "batch", total=stats.total, failed=0, rate=0.0, tool_rate=0.0
+            "batch", total=stats.total, failed=0, scores="", rate=0.0, tool_rate=0.0
         )
 
     def start(self) -> None:
@@ -164,6 +176,7 @@ class BarProgress:
             self._task,
             completed=stats.done,
             failed=stats.failed,
+            scores=stats.scores_text,
             rate=stats.rate,
             tool_rate=stats.tool_rate,
         )
@@ -181,6 +194,12 @@ class BatchOutcome:
     bad_lines: int = 0
     already_done: int = 0
     already_failed: int = 0
+    #: Items run again because their earlier line had status error.
+    retried: int = 0
+    #: Scored items in the whole output (this run's and earlier ones, each id's last line),
+    #: and those of them that passed.
+    scored: int = 0
+    passed: int = 0
     interrupted: bool = False
     #: The batch stopped because of this error (the fleet unreachable, the disk full).
     error: str | None = None
@@ -199,8 +218,11 @@ def summary_lines(stats: BatchStats, outcome: BatchOutcome) -> list[str]:
     lines = [
         f"{headline}: {stats.ok} ok, "
         f"{stats.failed} error, {outcome.bad_lines} bad lines skipped, "
-        f"{outcome.already_done} already done{previously}",
+        f"{outcome.already_done} already done{previously}"
+        + (f", {outcome.retried} errors run again" if outcome.retried else ""),
     ]
+    if outcome.scored:
+        lines.append(pass_rate_line(outcome.passed, outcome.scored))
     p50, p95 = stats.percentile(0.50), stats.percentile(0.95)
     if p50 is not None and p95 is not None:
         lines.append(f"Conversation time: p50 {p50:.2f} s, p95 {p95:.2f} s")

@@ -2,7 +2,8 @@
 
 Each finished conversation is appended as one whole line, so after Ctrl-C, a crash or a kill the
 ids already in the output are the ones that are done, and running the same batch again runs only
-the rest.
+the rest. The file is only ever appended to: an item run again (``--retry-errors``) adds a line,
+and every reader takes the last line of each id (``read_latest``).
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ import fcntl
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from api.batch.items import numbered_lines
 
@@ -22,6 +24,9 @@ from api.batch.items import numbered_lines
 #: A killed process loses nothing either way: every line is in the kernel as soon as it is written.
 #: Only a machine crash can lose the last few seconds of lines, and a rerun simply redoes those.
 FSYNC_INTERVAL_S = 5.0
+
+
+_T = TypeVar("_T")
 
 
 class OutputBusyError(RuntimeError):
@@ -37,7 +42,10 @@ class ResultLog:
 
     def __init__(self, path: Path, *, fsync_interval_s: float = FSYNC_INTERVAL_S) -> None:
         self.path = path
+        #: Each id's status, from its last line.
         self.done: dict[str, str] = {}
+        #: Whether each scored id passed, from its last line.
+        self.passed: dict[str, bool] = {}
         self.truncated_bytes = 0
         self.unreadable_lines: list[int] = []
         self._fsync_interval_s = fsync_interval_s
@@ -56,7 +64,10 @@ class ResultLog:
                     f"another toolq batch is writing {path}; wait for it or stop it first"
                 ) from None
             results.truncated_bytes = truncate_partial_line(fd)
-            results.done, results.unreadable_lines = read_done(path)
+            latest = read_latest(path, outcome_of)
+            results.unreadable_lines = latest.unreadable
+            for item_id, (status, passed) in latest.records.items():
+                results._note(item_id, status, passed)
         except BaseException:
             os.close(fd)
             raise
@@ -72,11 +83,18 @@ class ResultLog:
         written = os.write(self._fd, line)
         while written < len(line):  # only a full disk or a quota stops a file write short
             written += os.write(self._fd, line[written:])
-        self.done[str(record["id"])] = str(record["status"])
+        self._note(str(record["id"]), *outcome_of(record))
         now = time.monotonic()
         if now - self._last_sync >= self._fsync_interval_s:
             os.fsync(self._fd)
             self._last_sync = now
+
+    def _note(self, item_id: str, status: str, passed: bool | None) -> None:
+        self.done[item_id] = status
+        if passed is None:
+            self.passed.pop(item_id, None)
+        else:
+            self.passed[item_id] = passed
 
     def close(self) -> None:
         if self._fd is not None:
@@ -117,14 +135,43 @@ def truncate_partial_line(fd: int, chunk: int = 65_536) -> int:
     return size - keep
 
 
-def read_done(path: Path) -> tuple[dict[str, str], list[int]]:
-    """Ids in the output with their status, and the numbers of lines that are not records."""
-    done: dict[str, str] = {}
+@dataclass
+class Latest(Generic[_T]):
+    """Each id's last line of a results file, as the reader keeps it, in the order ids first
+    appeared, and the numbers of the lines that are not results."""
+
+    records: dict[str, _T]
+    unreadable: list[int]
+
+
+def read_latest(path: Path, keep: Callable[[dict[str, Any]], _T]) -> Latest[_T]:
+    """The last line of each id in ``path``, as ``keep`` makes of it.
+
+    The one rule every reader of a results file follows: an id's later line (an item run again)
+    replaces its earlier ones. ``keep`` lets a reader hold only what it needs of a large file.
+    """
+    latest: dict[str, _T] = {}
     unreadable: list[int] = []
+    for number, record in _records(path):
+        if record is None:
+            unreadable.append(number)
+        else:
+            latest[str(record["id"])] = keep(record)
+    return Latest(latest, unreadable)
+
+
+def _records(path: Path) -> Iterator[tuple[int, dict[str, Any] | None]]:
     for number, raw in numbered_lines(path):
         try:
             record = json.loads(raw)
-            done[str(record["id"])] = str(record.get("status", "error"))
-        except (ValueError, TypeError, KeyError):
-            unreadable.append(number)
-    return done, unreadable
+        except ValueError:
+            record = None
+        valid = isinstance(record, dict) and isinstance(record.get("id"), str | int)
+        yield number, record if valid else None
+
+
+def outcome_of(record: Mapping[str, Any]) -> tuple[str, bool | None]:
+    """A result's status, and whether it passed when it was scored."""
+    score = record.get("score")
+    passed = bool(score.get("passed")) if isinstance(score, Mapping) else None
+    return str(record.get("status", "error")), passed

@@ -1,4 +1,5 @@
-"""Running a batch's items: one conversation each, so many at a time, each to its output line."""
+"""Running a batch's items: one conversation each (with its task around it, if it has one), so
+many at a time, each to its output line."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from api.agent import DEFAULT_SYSTEM_PROMPT, Agent, AgentOptions
-from api.batch.items import BatchItem
+from api.batch.items import BatchItem, ItemLimits
+from api.batch.task import Task, TaskFailed
 from api.dispatch import Dispatcher
 from api.fleet import Fleet
 from api.llm import ChatModel, ModelError, Usage
 from api.logs import log_context
+from api.run_workspace import RunWorkspace
 from api.settings import OrchestratorSettings
 
 log = logging.getLogger(__name__)
@@ -55,36 +58,60 @@ async def run_item(
     run_id: str,
     default_model: str | None = None,
 ) -> dict[str, Any]:
-    """Run one conversation to its output record; a failure is a record with status "error".
+    """Run one item to its output record: its workspace prepared, the conversation, then its
+    score and artifacts. A failure is a record with status "error".
 
     Raises only ``CancelledError``.
     """
     started = time.perf_counter()
     model_name = item.model or default_model or settings.model
+    task = Task(
+        item, RunWorkspace(dispatcher, fleet, run_id), fleet, ItemLimits.from_settings(settings)
+    )
     agent: Agent | None = None
+    answer: str | None = None
+    error: str | None = None
     with log_context(run_id=run_id):
         try:
+            await task.prepare()
             options = AgentOptions(
                 model=model_name,
                 run_id=run_id,
                 enable=item.enable,
                 max_turns=item.max_turns or settings.max_turns,
                 system_prompt=item.system_prompt or DEFAULT_SYSTEM_PROMPT,
+                time_limit_s=item.time_limit_s,
+                token_limit=item.token_limit,
             )
             agent = Agent(model, options, dispatcher=dispatcher, fleet=fleet, settings=settings)
-            answer = await agent.chat(item.prompt)
-        except (ModelError, ValueError) as exc:
-            log.warning("conversation %r failed: %s", item.id, exc)
-            return _record(item, run_id, model_name, agent, started, error=str(exc))
-        except Exception as exc:  # a bug must cost one conversation, not the whole batch
-            log.exception("conversation %r failed unexpectedly", item.id)
-            error = f"unexpected {type(exc).__name__}: {exc}"
-            return _record(item, run_id, model_name, agent, started, error=error)
-        finally:
-            if agent is not None:
+            try:
+                answer = await agent.chat(item.prompt)
+            finally:
                 await agent.close()
-        log.debug("conversation %r finished: %s", item.id, agent.stop_reason)
-        return _record(item, run_id, model_name, agent, started, answer=answer)
+            log.debug("conversation %r finished: %s", item.id, agent.stop_reason)
+            await task.judge(answer, agent.stop_reason)
+        except (TaskFailed, ModelError, ValueError) as exc:
+            log.warning("item %r failed: %s", item.id, exc)
+            error = str(exc)
+        except Exception as exc:  # a bug must cost one item, not the whole batch
+            log.exception("item %r failed unexpectedly", item.id)
+            error = f"unexpected {type(exc).__name__}: {exc}"
+        error = await _collect(task, error)
+    return _record(item, run_id, model_name, agent, started, task, answer=answer, error=error)
+
+
+async def _collect(task: Task, error: str | None) -> str | None:
+    """Bring the artifacts back, whatever happened before: they show what went wrong too. The
+    item's error is the first that happened."""
+    try:
+        await task.collect()
+    except TaskFailed as exc:
+        log.warning("item %r: %s", task.item.id, exc)
+        return error or str(exc)
+    except Exception as exc:  # as in run_item: one item, not the batch
+        log.exception("item %r: collecting its artifacts failed unexpectedly", task.item.id)
+        return error or f"unexpected {type(exc).__name__}: {exc}"
+    return error
 
 
 def _record(
@@ -93,11 +120,13 @@ def _record(
     model_name: str,
     agent: Agent | None,
     started: float,
+    task: Task,
     *,
     answer: str | None = None,
     error: str | None = None,
 ) -> dict[str, Any]:
-    """The output line: what the conversation said and did, as far as it got."""
+    """The output line: what the item's conversation said and did, as far as it got, and how
+    the task went."""
     transcript = (
         agent.transcript()
         if agent is not None
@@ -120,6 +149,8 @@ def _record(
         "model": transcript["model"],
         "duration_s": round(time.perf_counter() - started, 3),
         "usage": transcript["usage"],
+        **task.results.fields(),
+        "metadata": item.metadata,
         "tool_calls": transcript["tool_calls"],
         "messages": transcript["messages"],
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -227,6 +228,62 @@ async def test_the_turn_limit_stops_a_model_that_never_answers(
     assert "turn limit of 3" in answer
     assert agent.stop_reason == "max_turns"
     assert len(agent.tool_calls) == 3
+
+
+async def test_the_token_limit_stops_before_the_next_model_request(
+    fleet: WorkerFleet, scripted: list[ScriptedServer]
+) -> None:
+    steps = [{"tool_calls": [call("noop", {})]}] * 10
+    async with make_agent(fleet, scripted, steps, token_limit=150) as agent:
+        answer = await agent.chat("loop")
+    assert agent.stop_reason == "token_limit"
+    assert answer.startswith("Stopped: the token limit of 150 tokens was reached")
+    # Every turn costs the scripted model's count of the messages; the last one crossed 150.
+    assert agent.usage.total_tokens >= 150
+    turns = [m for m in agent.messages if m["role"] == "assistant"]
+    assert 1 < len(turns) < 10
+    assert len(agent.tool_calls) == len(turns)  # the calls of the last turn were carried out
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_time_limit_stops_a_slow_model_and_a_slow_tool(
+    fleet: WorkerFleet, scripted: list[ScriptedServer], stream: bool
+) -> None:
+    slow_model = [{"content": "late", "fault": {"kind": "stall", "seconds": 5}}]
+    async with make_agent(fleet, scripted, slow_model, time_limit_s=0.5) as agent:
+        started = time.monotonic()
+        final = await final_answer(agent, "hi", stream)
+    assert time.monotonic() - started < 3
+    assert agent.stop_reason == "time_limit" and final.stop_reason == "time_limit"
+    assert "time limit of 0.5 s" in final.text
+
+    slow_tool = [
+        {
+            "tool_calls": [
+                call("noop", {}, id="quick"),
+                call("slow_read", {"seconds": 5}, id="slow"),
+            ]
+        },
+        {"content": "never"},
+    ]
+    async with make_agent(fleet, scripted, slow_tool, time_limit_s=1.5) as agent:
+        final = await final_answer(agent, "hi", stream)
+    assert agent.stop_reason == "time_limit"
+    outcomes = {record.id: (record.is_error, record.error_kind) for record in agent.tool_calls}
+    assert outcomes == {"quick": (False, None), "slow": (True, "time_limit")}
+    # Every call of the transcript still has its answer.
+    assert [m["tool_call_id"] for m in agent.messages if m["role"] == "tool"] == ["quick", "slow"]
+
+
+async def final_answer(agent: Agent, prompt: str, stream: bool) -> FinalAnswer:
+    if not stream:
+        text = await agent.chat(prompt)
+        assert agent.stop_reason is not None
+        return FinalAnswer(text, agent.stop_reason)
+    events = [event async for event in agent.stream_chat(prompt)]
+    final = events[-1]
+    assert isinstance(final, FinalAnswer)
+    return final
 
 
 async def test_a_model_api_that_keeps_failing_ends_only_that_conversation(

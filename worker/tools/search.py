@@ -15,6 +15,7 @@ import regex
 from pydantic import Field, field_validator
 
 from worker.capping import DEFAULT_OUTPUT_CAP_BYTES, answer_budget
+from worker.protocol import glob_segments
 from worker.tools.filesystem import BINARY_PROBE_BYTES, WorkspaceTool
 from worker.tools.interface import ToolArgs, TruncatedText
 from worker.tools.paths import (
@@ -329,20 +330,10 @@ class Glob:
 
     @classmethod
     def parse(cls, pattern: str) -> Glob:
-        if "\x00" in pattern:
-            raise WorkspaceError("the pattern contains a NUL byte")
-        if pattern.startswith("/"):
-            raise WorkspaceError(
-                f"the pattern {shown(pattern)} is absolute; patterns are relative to `path`, "
-                "e.g. '**/*.py'"
-            )
-        segments = tuple(s for s in pattern.split("/") if s not in ("", "."))
-        if ".." in segments:
-            raise WorkspaceError(
-                f"the pattern {shown(pattern)} contains '..'; it may only match inside `path`"
-            )
-        if not segments:
-            raise WorkspaceError(f"the pattern {shown(pattern)} names no files; try '**/*'")
+        try:
+            segments = glob_segments(pattern)
+        except ValueError as exc:
+            raise WorkspaceError(f"the pattern {shown(pattern)} {exc}") from None
         return cls(segments, dirs_only=pattern.endswith("/"))
 
     def start(self) -> frozenset[int]:

@@ -48,11 +48,17 @@ def decode_content(content: Content, where: str) -> bytes:
         raise ValueError(f"{where}: the base64 content is not valid base64") from None
 
 
-def encode_content(data: bytes) -> tuple[str, Literal["utf-8", "base64"]]:
-    """Text when ``data`` is UTF-8, else base64: as a caller would want to show it."""
+def encode_content(data: bytes, *, cut: bool = False) -> tuple[str, Literal["utf-8", "base64"]]:
+    """Text when ``data`` is UTF-8, else base64: as a caller would want to show it.
+
+    ``cut`` says ``data`` is the start of a longer file: a character the cut split in two is
+    left out, so that a long text still comes back as text.
+    """
     try:
         return data.decode("utf-8"), "utf-8"
-    except UnicodeDecodeError:
+    except UnicodeDecodeError as exc:
+        if cut and exc.reason == "unexpected end of data":
+            return data[: exc.start].decode("utf-8"), "utf-8"
         return base64.b64encode(data).decode("ascii"), "base64"
 
 
@@ -153,7 +159,7 @@ class CollectFilesTool(ServiceTool):
                     data = f.read(cap)
             except WorkspaceError:
                 continue  # removed or swapped for something else since the walk saw it
-            content, encoding = encode_content(data)
+            content, encoding = encode_content(data, cut=info.st_size > len(data))
             files[path] = {
                 "content": content,
                 "encoding": encoding,

@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Path, Query, Response
 from fastapi.exceptions import RequestValidationError
 
+from api.batch.items import ItemLimits
 from api.http.bodies import START_REFUSED, Accepted, BatchRequest, Problem
 from api.http.services import Svc, tool_errors, working_fleet
 from api.http.state.batches import BatchState
@@ -17,12 +18,19 @@ router = APIRouter(tags=["batches"])
 
 @router.post("/v1/batches", status_code=202, response_model=Accepted, responses=START_REFUSED)
 async def _create_batch(body: BatchRequest, services: Svc, response: Response) -> Accepted:
-    """Start many conversations; progress and results at /v1/batches/{id}."""
+    """Start many conversations or tasks (the items of ``toolq batch``); progress and results at
+    /v1/batches/{id}."""
     fleet = await working_fleet(services)
+    limits = ItemLimits.from_settings(services.settings)
     errors = [
         error
         for index, item in enumerate(body.items)
         for error in tool_errors(("items", index), item.enable, [], fleet)
+    ]
+    errors += [
+        {"loc": ("body", "items", index, name), "msg": problem, "type": "value_error"}
+        for index, item in enumerate(body.items)
+        for name, problem in limits.problems(item)
     ]
     if errors:
         raise RequestValidationError(errors)

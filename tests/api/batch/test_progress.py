@@ -176,3 +176,40 @@ def test_a_batch_stopped_by_an_error_says_so_and_how_to_resume() -> None:
         "5 conversations did not finish and left no line; every finished one is saved.",
         f"Resume with: {RESUME}",
     ]
+
+
+# --- Scores --------------------------------------------------------------------------------------
+
+
+def scored(passed: bool) -> dict[str, object]:
+    return {"status": "ok", "duration_s": 1.0, "score": {"passed": passed, "method": "check"}}
+
+
+def test_scored_items_show_passed_of_scored_as_they_come() -> None:
+    stats = stats_over(10.0, 10, 1.0)
+    assert stats.scores_text == ""
+    assert ", 0 failed, 0.1 conversations/s" in progress_line(stats)
+    for passed in (True, True, False):
+        stats.add(scored(passed))
+    assert (stats.scored, stats.passed) == (3, 2)
+    assert "done (40%), 0 failed, 2/3 passed, 0.4 conversations/s" in progress_line(stats)
+
+
+async def test_the_bar_shows_passed_of_scored() -> None:
+    stats = stats_over(10.0, 10, 1.0)
+    stats.add(scored(True))
+    stats.add(scored(False))
+    out = io.StringIO()
+    bar = BarProgress(stats, Console(file=out, force_terminal=True, width=200))
+    bar.start()
+    await bar.stop()
+    assert "1/2 passed" in out.getvalue()
+
+
+def test_the_summary_gives_the_pass_rate_of_the_whole_output_and_the_errors_run_again() -> None:
+    stats = stats_over(5.0, 2, 1.0, 1.0)
+    outcome = BatchOutcome(output="out.jsonl", already_done=3, retried=2, scored=4, passed=3)
+    assert summary_lines(stats, outcome)[:2] == [
+        "Finished: 2 ok, 0 error, 0 bad lines skipped, 3 already done, 2 errors run again",
+        "Pass rate: 75.0% (3 of 4 scored items; 95% CI 30.1%-95.4%, Wilson)",
+    ]

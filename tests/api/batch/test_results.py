@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from api.batch.results import OutputBusyError, ResultLog
+from api.batch.results import OutputBusyError, ResultLog, outcome_of, read_latest
 from tests.api.batch.conftest import record, write_lines
 
 
@@ -60,3 +60,31 @@ def test_two_batches_cannot_append_to_one_output(tmp_path: Path) -> None:
     with ResultLog.open(out), pytest.raises(OutputBusyError, match="another toolq batch"):
         ResultLog.open(out)
     ResultLog.open(out).close()  # free again once the first one closed
+
+
+def test_an_id_run_again_is_known_by_its_last_line(tmp_path: Path) -> None:
+    out = write_lines(
+        tmp_path / "out.jsonl",
+        [
+            record("a", "error"),
+            record("b", score={"passed": False, "method": "check", "explanation": ""}),
+            record("c", score=None),
+            record("a", score={"passed": True, "method": "target", "explanation": ""}),
+            "[1, 2]",
+        ],
+    )
+    latest = read_latest(out, lambda r: r["status"])
+    assert latest.records == {"a": "ok", "b": "ok", "c": "ok"}
+    assert latest.unreadable == [5]
+    with ResultLog.open(out) as results:
+        assert results.done == {"a": "ok", "b": "ok", "c": "ok"}
+        assert results.passed == {"a": True, "b": False}
+        results.append(record("b", "error"))  # run again; its score is gone with its old line
+        assert results.passed == {"a": True}
+        assert results.done["b"] == "error"
+
+
+def test_a_record_outcome_is_its_status_and_whether_it_passed() -> None:
+    assert outcome_of({"status": "ok", "score": {"passed": True}}) == ("ok", True)
+    assert outcome_of({"status": "ok", "score": None}) == ("ok", None)
+    assert outcome_of({}) == ("error", None)

@@ -59,6 +59,12 @@ RECORD_KEYS = {
     "model",
     "duration_s",
     "usage",
+    "score",
+    "setup",
+    "check",
+    "artifacts",
+    "artifacts_matched",
+    "metadata",
     "tool_calls",
     "messages",
 }

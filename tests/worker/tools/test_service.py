@@ -121,6 +121,13 @@ def test_collect_files_matches_globs_caps_each_file_and_counts_the_rest(
     assert base64.b64decode(binary["out/raw.bin"]["content"]) == b"\xff\xfe\x00"
 
 
+def test_a_text_cut_inside_a_character_still_comes_back_as_text(executor: Executor) -> None:
+    call(executor, "toolq.put_files", {"files": {"accents.txt": "é" * 10}})  # 2 bytes each
+    answer = call(executor, "toolq.collect_files", {"patterns": ["*.txt"], "max_file_bytes": 7})
+    found = answer["files"]["accents.txt"]
+    assert found == {"content": "ééé", "encoding": "utf-8", "size": 20, "truncated": True}
+
+
 def test_a_pattern_that_leaves_the_workspace_is_refused(executor: Executor) -> None:
     refused = executor.handle(request("toolq.collect_files", {"patterns": ["../*"]}), "tools")
     assert refused.is_error and "'..'" in refused.output

@@ -8,8 +8,9 @@ import fakeredis
 import httpx
 import pytest
 
+from api.http.app import create_app
 from api.http.state.store import ApiStore
-from tests.api.http.conftest import StubExecutor, fake_redis
+from tests.api.http.conftest import StubExecutor, api_settings, fake_redis, serving
 
 
 async def test_a_batch_is_accepted_and_its_progress_and_results_are_paged(
@@ -48,6 +49,22 @@ async def test_a_batch_is_accepted_and_its_progress_and_results_are_paged(
         ({"items": [{"id": "a", "prompt": "p"}] * 2}, "body", "duplicate item id 'a'"),
         ({"items": [{"id": "a", "prompt": "p"}], "concurrency": 0}, "concurrency", "greater"),
         ({"items": [{"id": "a", "prompt": "p", "enable": ["x"]}]}, "items.0.enable.0", "'x'"),
+        (
+            {"items": [{"id": "a", "prompt": "p", "files": {"../x": "y"}}]},
+            "items.0.files",
+            "'../x' leads outside the workspace",
+        ),
+        (
+            {"items": [{"id": "a", "prompt": "p", "artifacts": ["/etc/*"]}]},
+            "items.0.artifacts",
+            "the pattern '/etc/*' is absolute",
+        ),
+        (
+            {"items": [{"id": "a", "prompt": "p", "check_timeout_s": 1000}]},
+            "items.0.check_timeout_s",
+            "1000 s is more than this fleet allows",
+        ),
+        ({"items": [{"id": "a", "prompt": "p", "token_limit": -1}]}, "items.0.token_limit", "0"),
     ],
 )
 async def test_an_invalid_batch_is_refused_naming_the_field(
@@ -58,4 +75,22 @@ async def test_an_invalid_batch_is_refused_naming_the_field(
     errors = response.json()["errors"]
     assert errors[0]["field"] == field
     assert reason in errors[0]["message"]
+    assert stub.batches == []
+
+
+async def test_files_over_the_limit_are_refused(fake_server: fakeredis.FakeServer) -> None:
+    stub = StubExecutor()
+    app = create_app(
+        api_settings(task_files_max_bytes=4),
+        redis=fake_redis(fake_server),
+        executor=lambda *_: stub,
+    )
+    items = [{"id": "a", "prompt": "p", "files": {"x": "1234"}}, {"id": "b", "prompt": "p"}]
+    items.append({"id": "c", "prompt": "p", "files": {"x": "12", "y": {"base64": "AAAA"}}})
+    async with serving(app) as client:
+        response = await client.post("/v1/batches", json={"items": items})
+    assert response.status_code == 422
+    [error] = response.json()["errors"]
+    assert error["field"] == "items.2.files"
+    assert "5 bytes in all, more than TOOLQ_TASK_FILES_MAX_BYTES (4)" in error["message"]
     assert stub.batches == []

@@ -1,0 +1,264 @@
+"""``toolq report``: what a batch's results file says, summed up, with no fleet needed.
+
+Counts by status and stop reason, the pass rate with its 95% Wilson interval, tokens, tool calls
+by tool and by error kind, set-up and check failures, the slowest items. Each id counts once, by
+its last line (``read_latest``), so an item run again replaces its earlier result.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from api.batch.figures import nearest_rank, pass_rate_line, wilson_interval
+from api.batch.results import read_latest
+from api.batch.task import CHECK_NOT_RUN, SETUP_FAILED
+
+#: How many of the slowest items, and of the ids of each kind of failure, are listed.
+SLOWEST = 10
+IDS_LISTED = 10
+
+
+@dataclass(frozen=True)
+class _Item:
+    """What the report needs of one result line: a file of long transcripts is not held."""
+
+    id: str
+    status: str
+    stop_reason: str
+    duration_s: float
+    tokens: int
+    score: tuple[bool, str] | None
+    calls: list[tuple[str, bool, str | None]]
+    setup: tuple[int, bool] | None
+    check: tuple[int, bool] | None
+    error: str
+
+    @classmethod
+    def of(cls, record: dict[str, Any]) -> _Item:
+        score = record.get("score")
+        usage = record.get("usage")
+        return cls(
+            id=str(record["id"]),
+            status=str(record.get("status", "error")),
+            stop_reason=str(record.get("stop_reason") or "none"),
+            duration_s=_number(record.get("duration_s")),
+            tokens=int(_number(usage.get("total_tokens")) if isinstance(usage, Mapping) else 0),
+            score=(bool(score.get("passed")), str(score.get("method")))
+            if isinstance(score, Mapping)
+            else None,
+            calls=[
+                (str(c.get("name")), bool(c.get("is_error")), c.get("error_kind"))
+                for c in record.get("tool_calls") or []
+                if isinstance(c, Mapping)
+            ],
+            setup=_command(record.get("setup")),
+            check=_command(record.get("check")),
+            error=str(record.get("error") or ""),
+        )
+
+
+def _number(value: object) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+
+
+def _command(value: object) -> tuple[int, bool] | None:
+    if not isinstance(value, Mapping):
+        return None
+    return int(_number(value.get("exit_code"))), bool(value.get("timed_out"))
+
+
+@dataclass
+class _Failures:
+    count: int = 0
+    ids: list[str] = field(default_factory=list)
+
+    def add(self, item_id: str) -> None:
+        self.count += 1
+        if len(self.ids) < IDS_LISTED:
+            self.ids.append(item_id)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "ids": self.ids}
+
+
+def build_report(path: Path) -> dict[str, Any]:
+    """The report of a results file as one JSON-ready object."""
+    latest = read_latest(path, _Item.of)
+    items = list(latest.records.values())
+    scored = [item.score for item in items if item.score is not None]
+    passed = sum(1 for ok, _ in scored if ok)
+    return {
+        "file": str(path),
+        "items": len(items),
+        "unreadable_lines": len(latest.unreadable),
+        "status": dict(Counter(item.status for item in items).most_common()),
+        "stop_reason": dict(Counter(item.stop_reason for item in items).most_common()),
+        "score": _score(passed, len(scored), Counter(method for _, method in scored)),
+        "tokens": _tokens([item.tokens for item in items]),
+        "tool_calls": _tool_calls(items),
+        "setup": _commands(items, "setup"),
+        "check": _commands(items, "check"),
+        "slowest": [
+            {
+                "id": item.id,
+                "duration_s": item.duration_s,
+                "status": item.status,
+                "stop_reason": item.stop_reason,
+            }
+            for item in sorted(items, key=lambda i: i.duration_s, reverse=True)[:SLOWEST]
+        ],
+    }
+
+
+def _score(passed: int, scored: int, methods: Counter[str]) -> dict[str, Any] | None:
+    if not scored:
+        return None
+    low, high = wilson_interval(passed, scored)
+    return {
+        "scored": scored,
+        "passed": passed,
+        "failed": scored - passed,
+        "pass_rate": passed / scored,
+        "ci95": [low, high],
+        "by_method": dict(methods.most_common()),
+    }
+
+
+def _tokens(per_item: list[int]) -> dict[str, Any]:
+    return {
+        "total": sum(per_item),
+        "p50_per_item": nearest_rank(per_item, 0.5),
+        "p95_per_item": nearest_rank(per_item, 0.95),
+    }
+
+
+def _tool_calls(items: list[_Item]) -> dict[str, Any]:
+    calls: Counter[str] = Counter()
+    failed: Counter[str] = Counter()
+    kinds: Counter[str] = Counter()
+    for item in items:
+        for name, is_error, kind in item.calls:
+            calls[name] += 1
+            if is_error:
+                failed[name] += 1
+                kinds[kind or "unknown"] += 1
+    return {
+        "total": sum(calls.values()),
+        "failed": sum(failed.values()),
+        "by_tool": {name: {"calls": n, "failed": failed[name]} for name, n in calls.most_common()},
+        "by_error_kind": dict(kinds.most_common()),
+    }
+
+
+def _commands(items: list[_Item], which: str) -> dict[str, Any]:
+    """How the set-up (or check) commands went: ran, exited non-zero, timed out, could not run."""
+    not_run_prefix = SETUP_FAILED if which == "setup" else CHECK_NOT_RUN
+    ran = 0
+    nonzero, timed_out, not_run = _Failures(), _Failures(), _Failures()
+    for item in items:
+        command = item.setup if which == "setup" else item.check
+        if command is not None:
+            ran += 1
+            exit_code, timed = command
+            if timed:
+                timed_out.add(item.id)
+            elif exit_code != 0:
+                nonzero.add(item.id)
+        elif item.error.startswith(not_run_prefix):
+            not_run.add(item.id)
+    return {
+        "ran": ran,
+        "exited_nonzero": nonzero.as_dict(),
+        "timed_out": timed_out.as_dict(),
+        "could_not_run": not_run.as_dict(),
+    }
+
+
+# --- As text -------------------------------------------------------------------------------------
+
+
+def report_lines(report: Mapping[str, Any]) -> list[str]:
+    """The report for a reader, a line per topic."""
+    unreadable = report["unreadable_lines"]
+    lines = [
+        f"{report['file']}: {report['items']} items"
+        + (f" ({unreadable} lines that are not results ignored)" if unreadable else ""),
+        f"Status: {_counts(report['status'])}",
+        f"Stop reasons: {_counts(report['stop_reason'])}",
+    ]
+    score = report["score"]
+    if score is None:
+        lines.append("Pass rate: no item was scored (no target or check)")
+    else:
+        lines.append(pass_rate_line(score["passed"], score["scored"]))
+        lines.append(f"  by method: {_counts(score['by_method'])}")
+    tokens = report["tokens"]
+    if tokens["p50_per_item"] is None:
+        lines.append("Tokens: none")
+    else:
+        lines.append(
+            f"Tokens: {tokens['total']:,} in all; per item p50 {tokens['p50_per_item']:,}, "
+            f"p95 {tokens['p95_per_item']:,}"
+        )
+    calls = report["tool_calls"]
+    lines.append(f"Tool calls: {calls['total']:,}, {calls['failed']:,} failed")
+    if calls["by_tool"]:
+        by_tool = ", ".join(
+            f"{name} {c['calls']:,} ({c['failed']:,} failed)"
+            for name, c in calls["by_tool"].items()
+        )
+        lines.append(f"  by tool: {by_tool}")
+    if calls["by_error_kind"]:
+        lines.append(f"  by error kind: {_counts(calls['by_error_kind'])}")
+    for which in ("setup", "check"):
+        lines.append(_command_line(which.capitalize(), report[which]))
+    if report["slowest"]:
+        lines.append("Slowest items:")
+        lines += [
+            f"  {s['duration_s']:8.2f} s  {s['id']} ({s['status']}, {s['stop_reason']})"
+            for s in report["slowest"]
+        ]
+    return lines
+
+
+def _counts(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{count:,} {name}" for name, count in counts.items()) or "none"
+
+
+def _command_line(label: str, figures: Mapping[str, Any]) -> str:
+    parts = [f"{figures['ran']:,} ran"]
+    for key, words in (
+        ("exited_nonzero", "exited non-zero"),
+        ("timed_out", "timed out"),
+        ("could_not_run", "could not run"),
+    ):
+        failures = figures[key]
+        if failures["count"]:
+            more = ", ..." if failures["count"] > len(failures["ids"]) else ""
+            parts.append(f"{failures['count']:,} {words} ({', '.join(failures['ids'])}{more})")
+    return f"{label}: {'; '.join(parts)}"
+
+
+def run_report_command(path: Path, *, as_json: bool, out: Console, err: Console) -> int:
+    """``toolq report``: 0, or 2 when the file cannot be read."""
+    try:
+        report = build_report(path)
+    except OSError as exc:
+        _say(err, f"Error: cannot read {path}: {exc.strerror or exc}")
+        return 2
+    lines = [json.dumps(report, ensure_ascii=False)] if as_json else report_lines(report)
+    for line in lines:
+        _say(out, line)
+    return 0
+
+
+def _say(console: Console, text: str) -> None:
+    """A line as it is: ids and paths are not markup, emoji codes or highlighting."""
+    console.print(text, markup=False, emoji=False, highlight=False, soft_wrap=True)

@@ -1,0 +1,216 @@
+"""An item as a task: its workspace prepared before the conversation (files, set-up command) and
+judged and collected after it (target, check command, artifacts).
+
+Everything goes through the fleet's service operations (``api.run_workspace``): files and
+artifacts through the tools pool, commands through the sandbox pool with run_bash's isolation,
+so a task runs the same where the orchestrator shares no disk with the workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from api.batch.items import BatchItem, ItemLimits
+from api.fleet import Fleet
+from api.run_workspace import CommandResult, FileProblemError, RunWorkspace, ServiceCallError
+
+_T = TypeVar("_T")
+
+#: A command's stdout and stderr are each cut here (the score's explanation included).
+COMMAND_OUTPUT_CAP_BYTES = 51_200
+#: Characters of a failed set-up's stderr quoted in the item's error.
+STDERR_TAIL_CHARS = 500
+#: Artifacts come back at most this many files, each cut at this many bytes.
+MAX_ARTIFACTS = 100
+ARTIFACT_MAX_BYTES = 51_200
+#: The answer in the check's environment is cut here: the kernel refuses a longer variable
+#: (131,072 bytes). The check's standard input has the whole answer.
+ANSWER_ENV_MAX_BYTES = 100_000
+EXEC = "toolq.exec"
+#: How the errors of a failed set-up and of a check that could not run begin.
+SETUP_FAILED = "setup failed"
+CHECK_NOT_RUN = "the check could not run"
+
+
+class TaskFailed(Exception):
+    """The task could not go on; the item ends with status error and this message."""
+
+
+@dataclass
+class TaskResults:
+    """What the task adds to the item's result line."""
+
+    setup: dict[str, Any] | None = None
+    check: dict[str, Any] | None = None
+    score: dict[str, Any] | None = None
+    artifacts: dict[str, Any] | None = None
+    artifacts_matched: int | None = None
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "score": self.score,
+            "setup": self.setup,
+            "check": self.check,
+            "artifacts": self.artifacts,
+            "artifacts_matched": self.artifacts_matched,
+        }
+
+
+class Task:
+    """The task part of one item, on the workspace of its run."""
+
+    def __init__(
+        self, item: BatchItem, workspace: RunWorkspace, fleet: Fleet, limits: ItemLimits
+    ) -> None:
+        self.item = item
+        self.workspace = workspace
+        self.fleet = fleet
+        self.limits = limits
+        self.results = TaskResults()
+
+    async def prepare(self) -> None:
+        """A fresh workspace with the item's files, then its set-up command; ``TaskFailed``
+        when any of it did not work, and the model must not be asked."""
+        item = self.item
+        if not item.is_task:
+            return
+        # An item run again (after a stop, or --retry-errors) starts from its files alone, not
+        # from what an earlier attempt left.
+        await self._service("the workspace could not be prepared", self.workspace.remove())
+        if item.files:
+            contents = item.file_contents()
+            await self._service(
+                "the files could not be written", self.workspace.put_files(contents)
+            )
+        if item.setup is None:
+            return
+        timeout_s = self.limits.command_timeout_s(item.setup_timeout_s)
+        result = await self._command(f"{SETUP_FAILED}: it could not run", item.setup, timeout_s)
+        self.results.setup = command_fields(result)
+        if result.timed_out or result.exit_code != 0:
+            raise TaskFailed(f"{SETUP_FAILED}: {_ending(result, timeout_s)}{_tail(result.stderr)}")
+
+    async def judge(self, answer: str, stop_reason: str | None) -> None:
+        """The score: the answer against the target, and the check command's exit code."""
+        item = self.item
+        verdicts: list[tuple[bool, str]] = []
+        if item.target is not None:
+            verdicts.append(target_verdict(answer, item.target))
+        if item.check is not None:
+            timeout_s = self.limits.command_timeout_s(item.check_timeout_s)
+            env = {"TOOLQ_ANSWER": _env_value(answer), "TOOLQ_STOP_REASON": stop_reason or ""}
+            result = await self._command(
+                CHECK_NOT_RUN, item.check, timeout_s, env=env, input=answer
+            )
+            self.results.check = command_fields(result)
+            verdicts.append(check_verdict(result, timeout_s))
+        if not verdicts:
+            return
+        method = "both" if len(verdicts) == 2 else ("target" if item.target else "check")
+        self.results.score = {
+            "passed": all(passed for passed, _ in verdicts),
+            "method": method,
+            "explanation": verdicts[0][1]
+            if len(verdicts) == 1
+            else f"target: {verdicts[0][1]}\ncheck: {verdicts[1][1]}",
+        }
+
+    async def collect(self) -> None:
+        """The files matching the item's artifact patterns, each cut at 50 KB."""
+        patterns = self.item.artifacts
+        if patterns is None:
+            return
+        if not patterns:
+            self.results.artifacts, self.results.artifacts_matched = {}, 0
+            return
+        collected = await self._service(
+            "the artifacts could not be collected",
+            self.workspace.collect_files(
+                patterns, max_files=MAX_ARTIFACTS, max_file_bytes=ARTIFACT_MAX_BYTES
+            ),
+        )
+        self.results.artifacts = {path: f.as_dict() for path, f in collected.files.items()}
+        self.results.artifacts_matched = collected.matched
+
+    async def _command(
+        self,
+        failure: str,
+        command: str,
+        timeout_s: float,
+        *,
+        env: Mapping[str, str] | None = None,
+        input: str | None = None,
+    ) -> CommandResult:
+        if not self.fleet.serves(EXEC):
+            raise TaskFailed(f"{failure}: no live worker serves the sandbox pool")
+        return await self._service(
+            failure,
+            self.workspace.run(
+                command,
+                env=env,
+                input=input,
+                timeout_ms=round(timeout_s * 1000),
+                output_cap_bytes=COMMAND_OUTPUT_CAP_BYTES,
+            ),
+        )
+
+    @staticmethod
+    async def _service(failure: str, call: Awaitable[_T]) -> _T:
+        try:
+            return await call
+        except (ServiceCallError, FileProblemError) as exc:
+            raise TaskFailed(f"{failure}: {exc}") from None
+
+
+def command_fields(result: CommandResult) -> dict[str, Any]:
+    """A set-up or check command as the result line shows it."""
+    return {
+        "exit_code": result.exit_code,
+        "duration_ms": result.duration_ms,
+        "stdout": result.stdout,
+        "stderr": result.stderr,
+        "timed_out": result.timed_out,
+    }
+
+
+def target_verdict(answer: str, target: str) -> tuple[bool, str]:
+    """Passed when the answer contains the target, whatever the case, the target's surrounding
+    whitespace aside."""
+    wanted = target.strip()
+    if wanted.casefold() in answer.casefold():
+        return True, f"the answer contains {wanted!r}"
+    return False, f"the answer does not contain {wanted!r}"
+
+
+def check_verdict(result: CommandResult, timeout_s: float) -> tuple[bool, str]:
+    """Passed on exit code 0; the explanation is the check's stdout, and how it ended (with the
+    end of its stderr) when it said nothing or ran out of time."""
+    passed = result.exit_code == 0 and not result.timed_out
+    parts = [result.stdout] if result.stdout.strip() else []
+    if result.timed_out:
+        parts.append(f"the check timed out after {timeout_s:g} s")
+    elif not parts:
+        parts.append(f"the check exited with code {result.exit_code}{_tail(result.stderr)}")
+    return passed, "\n".join(parts)
+
+
+def _ending(result: CommandResult, timeout_s: float) -> str:
+    if result.timed_out:
+        return f"timed out after {timeout_s:g} s (exit code {result.exit_code})"
+    return f"exit code {result.exit_code}"
+
+
+def _tail(stderr: str) -> str:
+    text = stderr.strip()
+    if not text:
+        return ""
+    cut = text[-STDERR_TAIL_CHARS:]
+    return f": {'...' if len(cut) < len(text) else ''}{cut}"
+
+
+def _env_value(answer: str) -> str:
+    """The answer as an environment variable can hold it: no NUL, not over the kernel's size."""
+    data = answer.replace("\x00", "").encode("utf-8", "replace")[:ANSWER_ENV_MAX_BYTES]
+    return data.decode("utf-8", "ignore")
