@@ -31,12 +31,11 @@ from api.llm import (
     TurnDone,
     Usage,
 )
-from api.remote_tool import RemoteTool
+from api.run_tools import RunTools
 from api.settings import OrchestratorSettings, get_settings
 from worker.protocol import RUN_ID_PATTERN
 from worker.tools.context import Message, ToolContextSnapshot
 from worker.tools.interface import ExecutableTool
-from worker.tools.registry import ToolRegistry
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful assistant. You can use tools that work on files in your workspace; "
@@ -104,33 +103,22 @@ class Agent:
         self.run_id = self.options.run_id or f"run-{uuid.uuid4().hex[:16]}"
         self._owns_dispatcher = dispatcher is None
         self._dispatcher = dispatcher or Dispatcher(self._settings)
-        # Calls of two attempts at one run must not share task ids, or a rerun would be answered
-        # with the first attempt's stored results.
-        self._attempt = uuid.uuid4().hex[:8]
-        self._call_seq = 0
         self._system_prompt = self.options.system_prompt
         self.messages: list[Message] = []
         self.usage = Usage()
         self.tool_calls: list[ToolCallRecord] = []
         self.stop_reason: str | None = None
         self.observers: list[Callable[[AgentEvent], None]] = []
-        self.registry = ToolRegistry()
-        self._fleet = (fleet or load_fleet(self._settings.redis_url)).require_tools()
-        for spec in self._fleet.model_tools.values():
-            proxy = RemoteTool.for_spec(spec)(
-                self._dispatcher,
-                self.run_id,
-                self._snapshot,
-                self._next_task_id,
-                self.options.tool_timeout_ms,
-            )
-            self.registry.register(proxy)
-            if not spec.enabled_by_default:
-                self.registry.disable(spec.name)
-        for name in self.options.enable:
-            self.enable_tool(name)
-        for name in self.options.disable:
-            self.disable_tool(name)
+        self._run_tools = RunTools(
+            (fleet or load_fleet(self._settings.redis_url)).require_tools(),
+            self._dispatcher,
+            self.run_id,
+            self._snapshot,
+            timeout_ms=self.options.tool_timeout_ms,
+            enable=self.options.enable,
+            disable=self.options.disable,
+        )
+        self.registry = self._run_tools.registry
 
     # -- tools ---------------------------------------------------------------------------------
 
@@ -145,18 +133,10 @@ class Agent:
         self.registry.unregister(name)
 
     def enable_tool(self, name: str) -> None:
-        if not self.registry.has_tool(name):
-            served = ", ".join(self.registry.get_tool_names())
-            raise ValueError(f"Cannot enable {name!r}: no worker serves it (tools: {served})")
-        tool = self.registry.get(name)
-        if isinstance(tool, RemoteTool) and not self._fleet.serves(name):
-            raise ValueError(
-                f"Cannot enable {name!r}: no live worker serves its {tool.pool!r} pool"
-            )
-        self.registry.enable(name)
+        self._run_tools.enable(name)
 
     def disable_tool(self, name: str) -> None:
-        self.registry.disable(name)
+        self._run_tools.disable(name)
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -312,11 +292,6 @@ class Agent:
             session_context=[dict(m) for m in self.messages],
             session_context_file_path=self.options.session_context_file_path,
         )
-
-    def _next_task_id(self) -> str:
-        """The next call's id on the wire (its Celery task id), distinct per attempt."""
-        self._call_seq += 1
-        return f"{self.run_id}.{self._attempt}.{self._call_seq}"
 
     def _emit(self, event: AgentEvent) -> AgentEvent:
         for observer in self.observers:
