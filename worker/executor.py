@@ -7,15 +7,16 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from worker.capping import cap_text
+from worker.mcp.hosting import hosted_tools
 from worker.plugins import load_plugins, register_plugins
-from worker.protocol import ToolCallRequest, ToolCallResult, keys
+from worker.protocol import POOLS, Pool, ToolCallRequest, ToolCallResult, keys
 from worker.results import ResultStore
 from worker.sandbox import SandboxConfig
 from worker.settings import WorkerSettings
@@ -48,10 +49,13 @@ def sandbox_owner(settings: WorkerSettings) -> tuple[int, int] | None:
 
 
 def build_registry(
-    settings: WorkerSettings, passthrough: tuple[type[BaseException], ...] = ()
+    settings: WorkerSettings,
+    passthrough: tuple[type[BaseException], ...] = (),
+    pools: Iterable[Pool] = POOLS,
 ) -> ToolRegistry:
-    """Built-in tools plus plugins, as every worker of this fleet has them: built once per
-    process, each tool acting on the workspace and conversation of the call in hand."""
+    """Built-in tools, plugins and the tools of the MCP servers of ``pools``, as every worker of
+    this fleet has them: built once per process, each tool acting on the workspace and
+    conversation of the call in hand."""
     registry = ToolRegistry(passthrough=passthrough, sync_in_thread=False)
     context, workspace = current_context(), CurrentWorkspace()
     sandbox = SandboxConfig.from_settings(settings)
@@ -64,6 +68,8 @@ def build_registry(
     )
     register_plugins(load_plugins(tuple(settings.plugins)), registry, context, workspace)
     for tool in service_tools(workspace, sandbox, settings.transfer_max_bytes):
+        registry.register(tool)
+    for tool in hosted_tools(settings, pools):
         registry.register(tool)
     # The caller decides what is enabled; a worker runs whatever reaches its pool.
     for name in registry.get_tool_names():
@@ -82,6 +88,7 @@ class Executor:
         worker_name: str,
         time_limit: tuple[type[BaseException], ...] = (TimeLimitReached,),
         clock: Callable[[], float] = time.time,
+        pools: Iterable[Pool] = POOLS,
     ) -> None:
         self._settings = settings
         self._store = store
@@ -93,7 +100,7 @@ class Executor:
         # a small tool does.
         self._loop = asyncio.new_event_loop()
         self._workspaces: OrderedDict[str, Workspace] = OrderedDict()
-        self._registry = build_registry(settings, time_limit)
+        self._registry = build_registry(settings, time_limit, pools)
 
     def handle(self, raw: Any, pool: str | None) -> ToolCallResult:
         """Answer one message from the queue of ``pool``; never raises for bad input."""
