@@ -13,6 +13,7 @@ from rich.markup import escape
 
 from api.settings import get_settings
 from worker.protocol import POOLS
+from worker.settings import get_worker_settings
 
 app = typer.Typer(
     name="toolq",
@@ -157,8 +158,10 @@ def scripted_llm(
 def main() -> None:
     try:
         get_settings()
+        # A local stack's workers take theirs from this environment: a bad one is said here.
+        get_worker_settings()
     except ValueError as exc:
-        err.print(f"[red]Invalid TOOLQ_ settings:[/red] {exc}")
+        err.print(f"[red]Invalid TOOLQ_ settings:[/red] {escape(str(exc))}")
         sys.exit(2)
     app()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -63,3 +64,12 @@ def test_toolq_tools_lists_them_and_says_what_is_unavailable(
     unavailable = next(line for line in tools.stdout.splitlines() if "ghost__*" in line)
     assert unavailable.startswith("unavailable ghost__* on tools-")
     assert "MCP server 'ghost' did not start" in unavailable
+
+
+def test_a_bad_servers_file_stops_toolq_at_start(tmp_path: Path) -> None:
+    servers = tmp_path / "servers.json"
+    servers.write_text(json.dumps([{"name": "x", "command": "y", "pool": "gpu"}]))
+    done = toolq("tools", env=clean_env() | {"TOOLQ_MCP_SERVERS": str(servers)})
+    assert done.returncode == 2
+    assert "Invalid TOOLQ_ settings" in done.stderr
+    assert "server 1 ('x'): pool: Input should be 'tools' or 'sandbox'" in done.stderr

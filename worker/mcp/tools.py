@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 import jsonschema
 import mcp_types as types
 from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic_core import PydanticCustomError
 
 from worker.mcp.config import McpServerConfig
 from worker.mcp.host import McpHost
@@ -75,9 +76,11 @@ def arguments_model(name: str, schema: dict[str, Any]) -> type[BaseModel]:
             try:
                 problems = sorted(validator.iter_errors(data), key=lambda e: list(e.path))
             except jsonschema.SchemaError as exc:
-                raise ValueError(f"the server's input schema is not valid: {exc.message}") from None
+                message = f"the server's input schema is not valid: {exc.message}"
+                raise PydanticCustomError("mcp_input_schema", message) from None
             if problems:
-                raise ValueError("; ".join(_problem(error) for error in problems))
+                message = "; ".join(_problem(error) for error in problems)
+                raise PydanticCustomError("mcp_input_schema", message)
             return data
 
     Args.__name__ = f"{name}_Args"
