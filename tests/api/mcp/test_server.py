@@ -10,10 +10,20 @@ import httpx2
 import mcp_types as types
 import pytest
 import redis
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from api.fleet import read_manifest
-from tests.api.mcp.conftest import TOOLQ, Connect, ServedApi, fleet_env, http_session
+from tests.api.mcp.conftest import (
+    AUTH,
+    TOOLQ,
+    Connect,
+    ServedApi,
+    fleet_env,
+    http_session,
+    mcp_url,
+)
 from tests.conftest import WorkerFleet
 
 pytestmark = pytest.mark.integration
@@ -144,3 +154,15 @@ async def test_http_sessions_need_the_api_token(served_api: ServedApi) -> None:
     assert refused.status_code == 401
     assert "TOOLQ_API_TOKEN" in refused.json()["detail"]
     assert refused.headers["www-authenticate"] == "Bearer"
+
+
+async def test_a_stateless_http_client_may_list_but_not_call(served_api: ServedApi) -> None:
+    url = mcp_url(served_api)
+    async with (
+        httpx2.AsyncClient(headers=AUTH) as http,
+        Client(streamable_http_client(url, http_client=http), mode="2026-07-28") as client,
+    ):
+        names = [tool.name for tool in (await client.list_tools()).tools]
+        assert "read_file" in names
+        with pytest.raises(MCPError, match="keeps a workspace per MCP session"):
+            await client.call_tool("read_file", {"path": "x"})
