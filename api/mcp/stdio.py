@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import sys
+from types import FrameType
 
 import anyio
 from mcp.server.stdio import stdio_server
@@ -30,6 +32,9 @@ def serve_stdio(settings: OrchestratorSettings, choice: ToolChoice) -> int:
     from api.logs import configure_logging
 
     configure_logging(settings)
+    # A client that closes our stdin waits a moment, then sends SIGTERM: as an exception it
+    # unwinds through fleet_for, which stops a local stack instead of leaving it orphaned.
+    signal.signal(signal.SIGTERM, _exit_cleanly)
     try:
         with fleet_for(settings) as fleet_settings:
             anyio.run(_serve, fleet_settings, choice)
@@ -37,6 +42,10 @@ def serve_stdio(settings: OrchestratorSettings, choice: ToolChoice) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _exit_cleanly(signum: int, _: FrameType | None) -> None:
+    raise SystemExit(0)
 
 
 async def _serve(settings: OrchestratorSettings, choice: ToolChoice) -> None:

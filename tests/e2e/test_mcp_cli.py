@@ -4,15 +4,19 @@ in ``toolq run``."""
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import mcp_types as types
 import pytest
+from mcp import Client, StdioServerParameters
 
 from api.local.stack import worker_environment
 from api.scripted.script import Script
 from api.scripted.server import ScriptedServer
-from tests.e2e.test_cli import clean_env, toolq
+from tests.conftest import wait_for
+from tests.e2e.test_cli import TOOLQ, clean_env, toolq
 from tests.worker.mcp.conftest import McpFleet, mcp_fleet  # noqa: F401 - the fleet fixture
 
 pytestmark = pytest.mark.e2e
@@ -73,3 +77,37 @@ def test_a_bad_servers_file_stops_toolq_at_start(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "Invalid TOOLQ_ settings" in done.stderr
     assert "server 1 ('x'): pool: Input should be 'tools' or 'sandbox'" in done.stderr
+
+
+def _marked(marker: bytes) -> set[int]:
+    """Processes whose environment carries ``marker``: the toolq started with it and all that it
+    started."""
+    found = set()
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and marker in (proc / "environ").read_bytes().split(b"\0"):
+                found.add(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+async def test_toolq_mcp_on_a_local_stack_leaves_nothing_running() -> None:
+    run = uuid.uuid4().hex
+    marker = f"MCP_TEST_RUN={run}".encode()
+    params = StdioServerParameters(
+        command=TOOLQ, args=["mcp"], env=clean_env() | {"MCP_TEST_RUN": run}
+    )
+    async with Client(params) as client:
+        assert len(_marked(marker)) >= 4  # toolq mcp, its Redis, a worker of each pool
+        written = await client.call_tool("write_file", {"path": "a.txt", "content": "local"})
+        read = await client.call_tool("read_file", {"path": "a.txt"})
+    assert not written.is_error
+    block = read.content[0]
+    assert isinstance(block, types.TextContent)
+    assert "local" in block.text
+    wait_for(
+        lambda: not _marked(marker),
+        timeout=20,
+        what="toolq mcp and its local stack to stop",
+    )
