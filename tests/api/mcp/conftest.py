@@ -4,7 +4,6 @@ both in front of the session's worker fleet, reached with the official MCP clien
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 import sys
 import urllib.request
@@ -20,6 +19,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from api.local.stack import free_port, worker_environment
 from tests.conftest import WorkerFleet, wait_for
+from tests.e2e.test_cli import clean_env
 
 TOOLQ = str(Path(sys.executable).parent / "toolq")
 TOKEN = "mcp-test-token"
@@ -31,8 +31,7 @@ Connect = Callable[..., AbstractAsyncContextManager[Client]]
 
 def fleet_env(fleet: WorkerFleet) -> dict[str, str]:
     """This environment without toolq or OpenAI settings, then the fleet's."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLQ_", "OPENAI_"))}
-    return base | worker_environment(fleet.settings)
+    return clean_env() | worker_environment(fleet.settings)
 
 
 class ServedApi:

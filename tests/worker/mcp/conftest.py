@@ -36,6 +36,12 @@ class McpFleet:
         self.settings = settings
         self._stack = LocalStack(settings, concurrency=1, pools=("tools",))
 
+    def start(self) -> None:
+        self._stack.start_workers(self.settings)
+
+    def stop(self) -> None:
+        self._stack.stop()
+
     def log(self, lines: int = 400) -> str:
         return self._stack.log_tail("worker-tools", lines)
 
@@ -52,10 +58,10 @@ def mcp_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[McpFleet]:
     settings = fleet_settings(redis_server.url, root, mcp_servers=servers)
     fleet = McpFleet(settings)
     try:
-        fleet._stack.start_workers(settings)
+        fleet.start()
         yield fleet
     finally:
-        fleet._stack.stop()
+        fleet.stop()
         redis_server.stop()
 
 

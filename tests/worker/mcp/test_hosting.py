@@ -11,14 +11,6 @@ from tests.worker.mcp.conftest import McpFleet
 from worker.protocol import ToolCallResult
 
 
-def manifest(fleet: McpFleet) -> dict[str, object]:
-    client = redis.Redis.from_url(fleet.settings.redis_url)
-    try:
-        return dict(read_manifest(client))
-    finally:
-        client.close()
-
-
 def test_the_servers_tools_are_announced_with_their_schemas(mcp_fleet: McpFleet) -> None:
     client = redis.Redis.from_url(mcp_fleet.settings.redis_url)
     try:
