@@ -31,9 +31,11 @@ class RunTools:
         timeout_ms: int | None = None,
         enable: Iterable[str] = (),
         disable: Iterable[str] = (),
+        registry: ToolRegistry | None = None,
     ) -> None:
         self.run_id = run_id
-        self.registry = ToolRegistry()
+        #: The run's tools: the fleet's proxies, beside whatever ``registry`` held already.
+        self.registry = registry if registry is not None else ToolRegistry()
         self._fleet = fleet
         # Calls of two attempts at one run must not share task ids, or a rerun would be answered
         # with the first attempt's stored results.
@@ -53,15 +55,7 @@ class RunTools:
 
     def enable(self, name: str) -> None:
         """Switch a tool on; ``ValueError`` when no worker, or no live worker, serves it."""
-        if not self.registry.has_tool(name):
-            served = ", ".join(self.registry.get_tool_names())
-            raise ValueError(f"Cannot enable {name!r}: no worker serves it (tools: {served})")
-        tool = self.registry.get(name)
-        if isinstance(tool, RemoteTool) and not self._fleet.serves(name):
-            raise ValueError(
-                f"Cannot enable {name!r}: no live worker serves its {tool.pool!r} pool"
-            )
-        self.registry.enable(name)
+        enable_tool(self.registry, self._fleet, name)
 
     def disable(self, name: str) -> None:
         """Switch a tool off; ``KeyError`` when there is no such tool."""
@@ -71,3 +65,16 @@ class RunTools:
         """The next call's id on the wire (its Celery task id), distinct per attempt."""
         self._call_seq += 1
         return f"{self.run_id}.{self._attempt}.{self._call_seq}"
+
+
+def enable_tool(registry: ToolRegistry, fleet: Fleet | None, name: str) -> None:
+    """Switch ``name`` on in ``registry``; ``ValueError`` when there is no such tool, or when
+    ``fleet`` (None: the tools run in this process) has no live worker for its pool."""
+    if not registry.has_tool(name):
+        served = ", ".join(registry.get_tool_names())
+        why = "no worker serves it" if fleet is not None else "there is no such tool"
+        raise ValueError(f"Cannot enable {name!r}: {why} (tools: {served})")
+    tool = registry.get(name)
+    if isinstance(tool, RemoteTool) and fleet is not None and not fleet.serves(name):
+        raise ValueError(f"Cannot enable {name!r}: no live worker serves its {tool.pool!r} pool")
+    registry.enable(name)

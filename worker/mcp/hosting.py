@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -27,9 +26,6 @@ log = logging.getLogger(__name__)
 class McpUnavailableError(RuntimeError):
     """TOOLQ_MCP_SERVERS is set where the ``mcp`` package is not installed."""
 
-
-#: A tool name every OpenAI-compatible API accepts.
-TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 _host: McpHost | None = None
 _problems: dict[str, str] = {}
@@ -77,7 +73,7 @@ def stop_hosting() -> None:
 
 def unavailable() -> dict[str, str]:
     """This process's MCP tools it cannot serve, and why: a server that is not running (as
-    ``<server>__*``), a tool whose name no model API takes."""
+    ``<server>__*``), a tool whose name or schema no model API takes."""
     if _host is None:
         return dict(_problems)
     problems = {
@@ -99,21 +95,18 @@ def hosted_tools(settings: WorkerSettings, pools: Iterable[Pool]) -> list[Execut
         return []
     if host is None:
         return []
-    from worker.mcp.tools import McpTool
+    from worker.mcp.tools import hosted_tool
 
     host.wait_started()
     # The call's soft time limit ends a wait first; this bounds one that has none.
     wait_s = settings.hard_limit_s
     tools: list[ExecutableTool] = []
     for name, connection in host.connections.items():
-        for tool in connection.tools:
-            full_name = connection.config.tool_name(tool.name)
-            if not TOOL_NAME.fullmatch(full_name):
-                _problems[full_name] = (
-                    f"MCP server {name!r} gives a tool whose name is not 1-64 letters, digits, "
-                    "_ or -, as model APIs require"
-                )
-                log.error("%s", _problems[full_name])
-                continue
-            tools.append(McpTool.hosted(connection.config, tool, host, wait_s))
+        for listed in connection.tools:
+            try:
+                tools.append(hosted_tool(connection.config, listed, host, wait_s))
+            except (ValueError, TypeError) as exc:
+                full_name = connection.config.tool_name(listed.name)
+                _problems[full_name] = f"MCP server {name!r} gives a tool toolq cannot offer: {exc}"
+                log.error("not serving %s: %s", full_name, _problems[full_name])
     return tools

@@ -1,19 +1,17 @@
-"""An MCP server's tool as one of the worker's: named ``<server>__<tool>``, its arguments checked
-against the schema the server gives, its answer turned into text for the model."""
+"""An MCP server's tool as one of the worker's: named ``<server>__<tool>``, described and checked
+by the JSON Schema the server gives (a tool made with ``worker.tools.functions.tool``), its answer
+turned into text for the model."""
 
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar
+from typing import Any
 
-import jsonschema
 import mcp_types as types
-from pydantic import BaseModel, ConfigDict, model_validator
-from pydantic_core import PydanticCustomError
 
 from worker.mcp.config import McpServerConfig
 from worker.mcp.host import McpHost
-from worker.protocol import function_tool
+from worker.tools.functions import tool
 from worker.tools.interface import ExecutableTool
 
 
@@ -21,75 +19,28 @@ class McpToolError(RuntimeError):
     """The server answered the call with an error (``isError``); the message is its text."""
 
 
-class McpTool(ExecutableTool):
-    """Runs on the server this worker process keeps. Build one with ``McpTool.hosted``."""
+def hosted_tool(
+    server: McpServerConfig, listed: types.Tool, host: McpHost, wait_s: float
+) -> ExecutableTool:
+    """The worker's tool for ``listed`` of ``server``, run by ``host``; a call waits at most
+    ``wait_s`` (the call's soft time limit ends it sooner). ``ValueError`` when its name or its
+    schema cannot be offered to a model API."""
 
-    server: ClassVar[McpServerConfig]
-    tool: ClassVar[types.Tool]
-
-    def __init__(self, host: McpHost, wait_s: float) -> None:
-        self._host = host
-        self._wait_s = wait_s
-
-    @classmethod
-    def hosted(
-        cls, server: McpServerConfig, tool: types.Tool, host: McpHost, wait_s: float
-    ) -> McpTool:
-        """The worker's tool for ``tool`` of ``server``; a call waits at most ``wait_s`` (the
-        call's soft time limit ends it sooner)."""
-        name = server.tool_name(tool.name)
-        attrs: dict[str, Any] = {
-            "server": server,
-            "tool": tool,
-            "name": name,
-            "description": tool.description or tool.title or f"{tool.name} of {server.name}",
-            "Args": arguments_model(name, tool.input_schema),
-            "pool": server.pool,
-            "idempotent": server.idempotent,
-        }
-        tool_class: type[McpTool] = type(f"Mcp_{name}", (cls,), attrs)
-        return tool_class(host, wait_s)
-
-    @classmethod
-    def get_schema(cls) -> dict[str, Any]:
-        return function_tool(cls.name, cls.description, cls.tool.input_schema)
-
-    def execute(self, args: dict[str, Any]) -> str:
-        result = self._host.call(self.server.name, self.tool.name, args, self._wait_s)
+    def call(**arguments: Any) -> str:
+        result = host.call(server.name, listed.name, arguments, wait_s)
         text = result_text(result)
         if result.is_error:
             raise McpToolError(text or "the server reported an error without saying what")
         return text
 
-
-def arguments_model(name: str, schema: dict[str, Any]) -> type[BaseModel]:
-    """A model that takes any JSON object the server's input schema accepts, and refuses the
-    rest naming every problem, so a bad call is answered as ``invalid_arguments``."""
-    validator = jsonschema.validators.validator_for(schema)(schema)
-
-    class Args(BaseModel):
-        model_config = ConfigDict(extra="allow")
-
-        @model_validator(mode="before")
-        @classmethod
-        def _matches_the_servers_schema(cls, data: Any) -> Any:
-            try:
-                problems = sorted(validator.iter_errors(data), key=lambda e: list(e.path))
-            except jsonschema.SchemaError as exc:
-                message = f"the server's input schema is not valid: {exc.message}"
-                raise PydanticCustomError("mcp_input_schema", message) from None
-            if problems:
-                message = "; ".join(_problem(error) for error in problems)
-                raise PydanticCustomError("mcp_input_schema", message)
-            return data
-
-    Args.__name__ = f"{name}_Args"
-    return Args
-
-
-def _problem(error: jsonschema.ValidationError) -> str:
-    where = ".".join(str(part) for part in error.path)
-    return f"{where}: {error.message}" if where else error.message
+    return tool(
+        call,
+        name=server.tool_name(listed.name),
+        description=listed.description or listed.title or f"{listed.name} of {server.name}",
+        parameters=listed.input_schema,
+        pool=server.pool,
+        idempotent=server.idempotent,
+    )
 
 
 def result_text(result: types.CallToolResult) -> str:

@@ -62,8 +62,8 @@ async def test_bad_arguments_are_refused_against_the_servers_schema(mcp_call: Ca
     assert bad.is_error
     assert bad.error_kind == "invalid_arguments"
     assert bad.output.startswith("Error: invalid arguments for demo__shout: ")
-    assert "'text' is a required property" in bad.output
-    assert "times: 'twice' is not of type 'integer'" in bad.output
+    assert "'text': Field required" in bad.output
+    assert "'times': 'twice' is not of type 'integer'" in bad.output
 
 
 async def test_an_answer_is_capped_like_any_tools(mcp_call: Caller) -> None:

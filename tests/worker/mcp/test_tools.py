@@ -3,9 +3,14 @@ answers turned into text."""
 
 from __future__ import annotations
 
-import mcp_types as types
+from typing import Any, cast
 
-from worker.mcp.tools import arguments_model, result_text
+import mcp_types as types
+import pytest
+
+from worker.mcp.config import McpServerConfig
+from worker.mcp.host import McpHost
+from worker.mcp.tools import hosted_tool, result_text
 from worker.tools.interface import ExecutableTool
 from worker.tools.registry import validate_arguments
 
@@ -14,28 +19,53 @@ SCHEMA = {
     "properties": {"text": {"type": "string"}, "times": {"type": "integer", "minimum": 1}},
     "required": ["text"],
 }
+SERVER = McpServerConfig(name="demo", command="demo-server", pool="tools", idempotent=True)
 
 
-class Shout(ExecutableTool):
-    name = "demo__shout"
-    description = "Shouts."
-    Args = arguments_model("demo__shout", SCHEMA)
+def shout(schema: dict[str, Any] = SCHEMA, name: str = "shout") -> ExecutableTool:
+    listed = types.Tool(name=name, description="Shouts.", input_schema=schema)
+    # No host: these tests look at the tool and never call it.
+    return hosted_tool(SERVER, listed, cast(McpHost, None), wait_s=1.0)
 
-    def execute(self, args: dict[str, object]) -> str:
-        return ""
+
+def test_the_tool_is_the_servers_under_its_own_name() -> None:
+    tool = shout()
+    assert tool.name == "demo__shout"
+    assert tool.pool == "tools"
+    assert tool.idempotent
+    assert tool.get_schema()["function"] == {
+        "name": "demo__shout",
+        "description": "Shouts.",
+        "parameters": SCHEMA,
+    }
 
 
 def test_arguments_the_schema_accepts_pass_unchanged() -> None:
-    assert validate_arguments(Shout(), '{"text": "hi", "times": 2}') == {"text": "hi", "times": 2}
-    assert validate_arguments(Shout(), {"text": "hi"}) == {"text": "hi"}
+    tool = shout()
+    assert validate_arguments(tool, '{"text": "hi", "times": 2}') == {"text": "hi", "times": 2}
+    assert validate_arguments(tool, {"text": "hi"}) == {"text": "hi"}
 
 
 def test_arguments_the_schema_refuses_are_all_named() -> None:
-    refused = validate_arguments(Shout(), {"times": 0})
+    refused = validate_arguments(shout(), {"times": 0})
     assert isinstance(refused, str)
     assert refused.startswith("Error: invalid arguments for demo__shout: ")
-    assert "'text' is a required property" in refused
-    assert "times: 0 is less than the minimum of 1" in refused
+    assert "'text': Field required" in refused
+    assert "'times': 0 is less than the minimum of 1" in refused
+
+
+@pytest.mark.parametrize(
+    ("schema", "name", "said"),
+    [
+        ({"type": "object", "properties": {"a": {"type": "strin"}}}, "shout", "not a valid JSON"),
+        ({"type": "array"}, "shout", "must describe an object"),
+        (SCHEMA, "shout.loud", "cannot name a tool"),
+        (SCHEMA, "x" * 60, "cannot name a tool"),
+    ],
+)
+def test_a_tool_no_model_api_takes_is_refused(schema: dict[str, Any], name: str, said: str) -> None:
+    with pytest.raises(ValueError, match=said):
+        shout(schema, name)
 
 
 def test_text_is_kept_and_other_content_described() -> None:
