@@ -37,7 +37,7 @@ from api.llm import (
     Usage,
 )
 from api.logs import log_context
-from api.remote_tool import RemoteTool
+from api.run_tools import RunTools, enable_tool
 from api.settings import OrchestratorSettings, get_settings
 from worker.deadlines import argument_limit_ms, call_limit_ms
 from worker.protocol import RUN_ID_PATTERN
@@ -124,10 +124,6 @@ class Agent:
             else ChatModel(provider, RetryPolicy.from_settings(self._settings))
         )
         self.run_id = self.options.run_id or f"run-{uuid.uuid4().hex[:16]}"
-        # Calls of two attempts at one run must not share task ids, or a rerun would be answered
-        # with the first attempt's stored results.
-        self._attempt = uuid.uuid4().hex[:8]
-        self._call_seq = 0
         self._system_prompt = self.options.system_prompt
         self.messages: list[Message] = []
         self.usage = Usage()
@@ -171,17 +167,14 @@ class Agent:
         if self._dispatcher is None:
             self._owns_dispatcher = True
             self._dispatcher = Dispatcher(self._settings)
-        for spec in self._fleet.model_tools.values():
-            proxy = RemoteTool.for_spec(spec)(
-                self._dispatcher,
-                self.run_id,
-                self._snapshot,
-                self._next_task_id,
-                self.options.tool_timeout_ms,
-            )
-            self.registry.register(proxy)
-            if not spec.enabled_by_default:
-                self.registry.disable(spec.name)
+        RunTools(
+            self._fleet,
+            self._dispatcher,
+            self.run_id,
+            self._snapshot,
+            timeout_ms=self.options.tool_timeout_ms,
+            registry=self.registry,
+        )
 
     def _start_local_stack(self, worker_settings: WorkerSettings) -> None:
         """No broker configured: the fleet ``toolq run`` would start, this agent's own until
@@ -211,16 +204,7 @@ class Agent:
         self.registry.unregister(name)
 
     def enable_tool(self, name: str) -> None:
-        if not self.registry.has_tool(name):
-            served = ", ".join(self.registry.get_tool_names())
-            why = "no worker serves it" if self._fleet is not None else "there is no such tool"
-            raise ValueError(f"Cannot enable {name!r}: {why} (tools: {served})")
-        tool = self.registry.get(name)
-        if isinstance(tool, RemoteTool) and self._fleet and not self._fleet.serves(name):
-            raise ValueError(
-                f"Cannot enable {name!r}: no live worker serves its {tool.pool!r} pool"
-            )
-        self.registry.enable(name)
+        enable_tool(self.registry, self._fleet, name)
 
     def disable_tool(self, name: str) -> None:
         self.registry.disable(name)
@@ -434,11 +418,6 @@ class Agent:
             argument_ms=argument_limit_ms(tool.timeout_argument, arguments),
             tool_default_ms=tool.default_timeout_ms,
         )
-
-    def _next_task_id(self) -> str:
-        """The next call's id on the wire (its Celery task id), distinct per attempt."""
-        self._call_seq += 1
-        return f"{self.run_id}.{self._attempt}.{self._call_seq}"
 
     def _emit(self, event: AgentEvent) -> AgentEvent:
         for observer in self.observers:

@@ -219,6 +219,27 @@ def serve(
     serve_api(host=host, port=port)
 
 
+@app.command()
+def mcp(
+    enable: Annotated[list[str] | None, typer.Option(help="Switch a tool on (repeatable).")] = None,
+    disable: Annotated[
+        list[str] | None, typer.Option(help="Switch a tool off (repeatable).")
+    ] = None,
+    tool_timeout_ms: Annotated[
+        int | None, typer.Option(min=1, help="Deadline of every call, in ms (default: the tool's).")
+    ] = None,
+) -> None:
+    """The fleet's tools as an MCP server on stdin/stdout: one run, one workspace."""
+    try:
+        from api.mcp.server import ToolChoice
+        from api.mcp.stdio import serve_stdio
+    except ImportError as exc:
+        err.print(f"Error: toolq mcp needs pip install 'toolq[mcp]' ({exc})", markup=False)
+        raise typer.Exit(2) from None
+    choice = ToolChoice(tuple(enable or ()), tuple(disable or ()), tool_timeout_ms)
+    raise typer.Exit(serve_stdio(get_settings(), choice))
+
+
 @app.command("scripted-llm")
 def scripted_llm(
     script: Annotated[Path | None, typer.Option(help="Script JSON (default: the demo).")] = None,

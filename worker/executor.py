@@ -7,7 +7,7 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,8 @@ from pydantic import ValidationError
 
 from worker.capping import cap_text
 from worker.log_context import log_context
-from worker.protocol import ToolCallRequest, ToolCallResult, keys
+from worker.mcp.hosting import hosted_tools
+from worker.protocol import POOLS, Pool, ToolCallRequest, ToolCallResult, keys
 from worker.results import ResultStore
 from worker.sandbox import SandboxConfig
 from worker.settings import WorkerSettings
@@ -35,15 +36,20 @@ class TimeLimitReached(Exception):
 
 
 def build_registry(
-    settings: WorkerSettings, passthrough: tuple[type[BaseException], ...] = ()
+    settings: WorkerSettings,
+    passthrough: tuple[type[BaseException], ...] = (),
+    pools: Iterable[Pool] = POOLS,
 ) -> ToolRegistry:
-    """Built-in tools plus plugins, as every worker of this fleet has them: built once per
-    process, each tool acting on the workspace and conversation of the call in hand."""
+    """Built-in tools, plugins and the tools of the MCP servers of ``pools``, as every worker of
+    this fleet has them: built once per process, each tool acting on the workspace and
+    conversation of the call in hand."""
     registry = ToolRegistry(passthrough=passthrough, sync_in_thread=False)
     workspace = CurrentWorkspace()
     create_fleet_tool_registry(settings, current_context(), workspace, registry)
     sandbox = SandboxConfig.from_settings(settings)
     for tool in service_tools(workspace, sandbox, settings.transfer_max_bytes):
+        registry.register(tool)
+    for tool in hosted_tools(settings, pools):
         registry.register(tool)
     # The caller decides what is enabled; a worker runs whatever reaches its pool.
     for name in registry.get_tool_names():
@@ -62,6 +68,7 @@ class Executor:
         worker_name: str,
         time_limit: tuple[type[BaseException], ...] = (TimeLimitReached,),
         clock: Callable[[], float] = time.time,
+        pools: Iterable[Pool] = POOLS,
     ) -> None:
         self._settings = settings
         self._store = store
@@ -73,7 +80,7 @@ class Executor:
         # a small tool does.
         self._loop = asyncio.new_event_loop()
         self._workspaces: OrderedDict[str, Workspace] = OrderedDict()
-        self._registry = build_registry(settings, time_limit)
+        self._registry = build_registry(settings, time_limit, pools)
 
     def handle(self, raw: Any, pool: str | None) -> ToolCallResult:
         """Answer one message from the queue of ``pool``; never raises for bad input."""

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import redis
 
-from worker.protocol import Pool, ToolSpec, WorkerInfo, keys
+from worker.protocol import POOLS, Pool, ToolSpec, WorkerInfo, keys
 from worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -20,11 +20,11 @@ HEARTBEAT_INTERVAL_S = 5.0
 HEARTBEAT_TTL_S = 15
 
 
-def fleet_tool_specs(settings: WorkerSettings) -> list[ToolSpec]:
-    """Every tool a worker with these settings has, in registration order."""
+def fleet_tool_specs(settings: WorkerSettings, pools: Iterable[Pool] = POOLS) -> list[ToolSpec]:
+    """Every tool a worker of ``pools`` with these settings has, in registration order."""
     from worker.executor import build_registry
 
-    registry = build_registry(settings)
+    registry = build_registry(settings, pools=pools)
     specs = []
     for position, name in enumerate(registry.get_tool_names()):
         tool = registry.get(name)
@@ -61,7 +61,12 @@ class Heartbeat:
     """Keeps ``toolq:worker:<pool>:<name>`` and the manifest alive while the worker runs."""
 
     def __init__(
-        self, client: redis.Redis, worker: str, pools: Iterable[Pool], specs: list[ToolSpec]
+        self,
+        client: redis.Redis,
+        worker: str,
+        pools: Iterable[Pool],
+        specs: list[ToolSpec],
+        unavailable: dict[str, str] | None = None,
     ) -> None:
         self._redis = client
         self._specs = specs
@@ -75,6 +80,7 @@ class Heartbeat:
             host=socket.gethostname(),
             pid=os.getpid(),
             started=time.time(),
+            unavailable=unavailable or {},
         ).model_dump_json()
 
     def start(self) -> None:

@@ -92,6 +92,11 @@ class WorkerInfo(BaseModel):
     host: str
     pid: int
     started: float = Field(description="Epoch seconds.")
+    unavailable: dict[str, str] = Field(
+        default_factory=dict,
+        description="Tools it was set up to serve and cannot (an MCP server's as <server>__*), "
+        "and why.",
+    )
 
 
 class ToolCallRequest(BaseModel):

@@ -12,6 +12,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from worker.capping import DEFAULT_OUTPUT_CAP_BYTES, DEFAULT_TRANSFER_MAX_BYTES
+from worker.mcp.config import load_servers
 
 LOCAL_REDIS_URL = "redis://127.0.0.1:6379/0"
 ENV_PREFIX = "TOOLQ_"
@@ -123,6 +124,11 @@ class WorkerSettings(FleetSettings):
     disabled_tools: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Comma-separated tools this fleet refuses to run."
     )
+    mcp_servers: Path | None = Field(
+        None,
+        description="A JSON file listing MCP servers whose tools the workers of each server's "
+        "pool host, as <server>__<tool>.",
+    )
     concurrency: int | None = Field(None, gt=0, description="Worker processes per worker.")
     transfer_max_bytes: int = Field(
         DEFAULT_TRANSFER_MAX_BYTES,
@@ -138,6 +144,14 @@ class WorkerSettings(FleetSettings):
     sandbox_memory_mb: int = Field(1024, gt=0, description="run_bash address-space limit.")
     sandbox_max_processes: int = Field(256, gt=0, description="run_bash process limit.")
     sandbox_file_size_mb: int = Field(256, gt=0, description="run_bash largest file written.")
+
+    @field_validator("mcp_servers")
+    @classmethod
+    def _servers_file_is_usable(cls, path: Path | None) -> Path | None:
+        # Read now, so a worker with a bad file refuses to start rather than lacking tools.
+        if path is not None:
+            load_servers(path)
+        return path
 
     @field_validator("plugins", "disabled_tools", mode="before")
     @classmethod

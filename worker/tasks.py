@@ -31,7 +31,9 @@ from worker.app import app
 from worker.executor import Executor
 from worker.log_context import show_ids
 from worker.manifest import Heartbeat, fleet_tool_specs
-from worker.protocol import TASK_NAME, ToolCallResult
+from worker.mcp.hosting import McpUnavailableError, start_hosting, stop_hosting
+from worker.mcp.hosting import unavailable as hosted_unavailable
+from worker.protocol import POOLS, TASK_NAME, Pool, ToolCallResult
 from worker.results import ResultStore
 from worker.sandbox import SandboxConfig, SandboxError, sweep_orphans
 from worker.settings import get_worker_settings
@@ -47,7 +49,14 @@ def executor() -> Executor:
     client = redis.Redis.from_url(settings.redis_url, health_check_interval=30)
     store = ResultStore(client, settings.result_ttl_s)
     name = f"{socket.gethostname()}:{os.getpid()}"
-    return Executor(settings, store, name, time_limit=(SoftTimeLimitExceeded,))
+    return Executor(
+        settings, store, name, time_limit=(SoftTimeLimitExceeded,), pools=served_pools(app)
+    )
+
+
+def served_pools(celery_app: Any) -> list[Pool]:
+    """The pools this worker consumes from (its -Q), known before the pool processes fork."""
+    return [q for q in celery_app.amqp.queues.consume_from if q in POOLS]
 
 
 class ToolCallFailed(Exception):
@@ -131,9 +140,16 @@ def _log_call_ids(logger: logging.Logger, **_: Any) -> None:
 @worker_process_init.connect  # type: ignore[untyped-decorator]
 def _fresh_process(**_: Any) -> None:
     executor.cache_clear()
+    settings = get_worker_settings()
+    # This process's own MCP servers, started now in the background so that they are up, or
+    # known to have failed, by the first call.
+    try:
+        start_hosting(settings, served_pools(app))
+    except McpUnavailableError as exc:
+        log.error("%s", exc)
     # A new pool process often replaces one that was killed mid-call: end what it left running.
     try:
-        found = sweep_orphans(SandboxConfig.from_settings(get_worker_settings()))
+        found = sweep_orphans(SandboxConfig.from_settings(settings))
     except SandboxError as exc:
         log.warning("cannot sweep orphaned commands: %s", exc)
     else:
@@ -144,9 +160,16 @@ def _fresh_process(**_: Any) -> None:
 @worker_ready.connect  # type: ignore[untyped-decorator]
 def _announce(sender: Any, **_: Any) -> None:
     settings = get_worker_settings()
-    pools = [q for q in sender.app.amqp.queues.consume_from if q in ("tools", "sandbox")]
+    pools = served_pools(sender.app)
+    specs = fleet_tool_specs(settings, pools)
+    # The tool list is all this process needs of the MCP servers: the pool processes keep
+    # their own to run the calls.
+    unavailable = hosted_unavailable()
+    stop_hosting()
+    for tools, why in unavailable.items():
+        log.error("not serving %s: %s", tools, why)
     client = redis.Redis.from_url(settings.redis_url)
-    beat = Heartbeat(client, sender.hostname, pools, fleet_tool_specs(settings))
+    beat = Heartbeat(client, sender.hostname, pools, specs, unavailable)
     beat.start()
     _heartbeat.append(beat)
     log.info("toolq worker %s serving pools %s", sender.hostname, pools)

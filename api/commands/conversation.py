@@ -221,6 +221,12 @@ def show_tools(*, console: Console, err: Console) -> int:
             "re-run if interrupted" if spec.idempotent else "at most once",
         )
     console.print(table)
+    for workers in fleet.workers.values():
+        for info in workers:
+            for tools, why in info.unavailable.items():
+                console.print(
+                    f"[red]unavailable[/red] {escape(tools)} on {info.worker}: {escape(why)}"
+                )
     if not fleet.tools:
         console.print("No worker has published its tools yet.")
         return 1

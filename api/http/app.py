@@ -8,19 +8,24 @@ restart. The routes are in ``api.http.routes``, a router per resource; ``toolq s
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from api import fleet as fleet_module
-from api.http.auth import BodySizeLimit, token_guard
+from api.fleet import Fleet
+from api.http.auth import BodySizeLimit, TokenGuard, token_guard
 from api.http.bodies import UNAUTHORIZED
 from api.http.metrics import ApiMetrics
 from api.http.routes import batches, runs, service
@@ -30,6 +35,9 @@ from api.http.state.replicas import ReplicaLease
 from api.http.state.store import ApiStore
 from api.llm import ChatModel
 from api.settings import OrchestratorSettings, get_settings
+
+if TYPE_CHECKING:
+    from api.mcp.http import McpEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +67,7 @@ def create_app(
         settings, store, make_executor(store, metrics, replica), metrics, replica, queue_depths
     )
     lease = ReplicaLease(store, replica)
+    mcp = _mcp_endpoint(settings, services.executor.fleet)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -66,7 +75,8 @@ def create_app(
         await services.executor.start()
         log.info("API replica %s serving", replica)
         try:
-            yield
+            async with mcp.running() if mcp is not None else contextlib.nullcontext():
+                yield
         finally:
             await services.executor.close()
             await lease.stop()
@@ -90,7 +100,28 @@ def create_app(
     for router in (runs.router, batches.router, service.router):
         app.include_router(router, dependencies=guard, responses=UNAUTHORIZED)
     app.include_router(service.public)
+    # An ASGI app of its own, not a FastAPI route: the token guard wraps it the same way.
+    app.router.routes.append(Route("/mcp", TokenGuard(mcp or _no_mcp, settings.api_token)))
     return app
+
+
+def _mcp_endpoint(
+    settings: OrchestratorSettings, fleet: Callable[[], Awaitable[Fleet]]
+) -> McpEndpoint | None:
+    """The MCP server's endpoint, or None without the optional ``mcp`` package."""
+    try:
+        from api.mcp.http import McpEndpoint
+    except ImportError:
+        log.info("no MCP endpoint: the mcp package is not installed (toolq[mcp])")
+        return None
+    return McpEndpoint(settings, fleet)
+
+
+async def _no_mcp(scope: Scope, receive: Receive, send: Send) -> None:
+    response = JSONResponse(
+        {"detail": "this server has no MCP endpoint: install toolq[mcp] where it runs"}, 501
+    )
+    await response(scope, receive, send)
 
 
 def _agent_executor(settings: OrchestratorSettings, model: ChatModel) -> RunExecutorFactory:

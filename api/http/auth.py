@@ -1,4 +1,5 @@
-"""What guards the HTTP API: the bearer token, the listening address, the body size."""
+"""What guards the HTTP API: the bearer token (on routes and on ``/mcp``), the listening address,
+the body size."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from fastapi import Depends, HTTPException
+from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security.utils import get_authorization_scheme_param
 from pydantic import SecretStr
+from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 bearer_scheme = HTTPBearer(
@@ -25,22 +29,54 @@ def token_guard(token: SecretStr | None) -> Callable[..., Awaitable[None]]:
     async def require_token(
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
     ) -> None:
-        if expected is None:
-            return
-        if credentials is None:
-            raise HTTPException(
-                401,
-                "this API needs the header 'Authorization: Bearer <TOOLQ_API_TOKEN>'",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        if not hmac.compare_digest(credentials.credentials.encode(), expected):
-            raise HTTPException(
-                401,
-                "the bearer token is not this server's TOOLQ_API_TOKEN",
-                headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
-            )
+        refusal = token_refusal(expected, credentials.credentials if credentials else None)
+        if refusal is not None:
+            raise refusal
 
     return require_token
+
+
+def token_refusal(expected: bytes | None, presented: str | None) -> HTTPException | None:
+    """Why a request bearing ``presented`` is refused (401), or None when it may pass."""
+    if expected is None:
+        return None
+    if presented is None:
+        return HTTPException(
+            401,
+            "this API needs the header 'Authorization: Bearer <TOOLQ_API_TOKEN>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    if not hmac.compare_digest(presented.encode(), expected):
+        return HTTPException(
+            401,
+            "the bearer token is not this server's TOOLQ_API_TOKEN",
+            headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
+        )
+    return None
+
+
+class TokenGuard:
+    """The bearer token check in front of an ASGI app that is not a FastAPI route (``/mcp``):
+    the same answers as the routes' guard."""
+
+    def __init__(self, app: ASGIApp, token: SecretStr | None) -> None:
+        self.app = app
+        self._expected = token.get_secret_value().encode() if token else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scheme, credentials = get_authorization_scheme_param(
+                Headers(scope=scope).get("authorization")
+            )
+            presented = credentials if scheme.lower() == "bearer" and credentials else None
+            refusal = token_refusal(self._expected, presented)
+            if refusal is not None:
+                response = JSONResponse(
+                    {"detail": refusal.detail}, refusal.status_code, headers=refusal.headers
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class BodyTooLarge(HTTPException):

@@ -1,0 +1,124 @@
+"""``/mcp`` on the HTTP API: the fleet's tools over MCP's Streamable HTTP, behind the API's token.
+
+Each MCP session (the ``Mcp-Session-Id`` the SDK's session manager gives) is one run. The URL's
+query picks a session's tools as ``toolq run``'s options do:
+``/mcp?enable=run_bash&disable=remove&tool_timeout_ms=5000``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from mcp.server.context import ServerRequestContext
+from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS
+from starlette.datastructures import QueryParams
+from starlette.requests import Request
+from starlette.types import Receive, Scope, Send
+
+from api.dispatch import Dispatcher
+from api.fleet import Fleet
+from api.mcp.server import (
+    SESSION_IDLE_TIMEOUT_S,
+    SessionRuns,
+    ToolChoice,
+    fleet_mcp_server,
+    handshake_only,
+)
+from api.settings import OrchestratorSettings
+
+#: Without a token the API listens on loopback only; a web page must not reach it by a name
+#: that resolves there (DNS rebinding), so only loopback Host headers are served.
+LOOPBACK_ONLY = TransportSecuritySettings(
+    enable_dns_rebinding_protection=True,
+    allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
+    allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
+)
+
+
+class McpEndpoint:
+    """The ASGI app of ``/mcp`` and what it runs while the API is up (``running``)."""
+
+    def __init__(self, settings: OrchestratorSettings, fleet: Callable[[], Awaitable[Fleet]]):
+        self._dispatcher = Dispatcher(settings)
+        self.runs = SessionRuns(fleet, self._dispatcher, idle_timeout_s=SESSION_IDLE_TIMEOUT_S)
+        server = fleet_mcp_server(self.runs, _session_of)
+        handshake_only(server)
+        self._manager = StreamableHTTPSessionManager(
+            app=server,
+            session_idle_timeout=SESSION_IDLE_TIMEOUT_S,
+            security_settings=None if settings.api_token else LOOPBACK_ONLY,
+        )
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """The SDK's session manager, run for as long as the block lasts.
+
+        It runs in a task of its own: its task group must end in the task it began in, and
+        whoever runs the app's lifespan may begin and end it in different tasks.
+        """
+        started, stop = asyncio.Event(), asyncio.Event()
+
+        async def hold() -> None:
+            async with self._manager.run():
+                started.set()
+                await stop.wait()
+
+        holder = asyncio.create_task(hold(), name="toolq-mcp-sessions")
+        ready = asyncio.create_task(started.wait())
+        try:
+            await asyncio.wait([holder, ready], return_when=asyncio.FIRST_COMPLETED)
+            if not ready.done():
+                ready.cancel()
+                holder.result()  # it ended before it started: raise why
+            yield
+        finally:
+            stop.set()
+            await holder
+            await self._dispatcher.close()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._manager.handle_request(scope, receive, send)
+        if scope.get("method") == "DELETE":  # the client ended its session
+            session = Request(scope).headers.get(MCP_SESSION_ID_HEADER)
+            if session is not None:
+                self.runs.forget(session)
+
+
+def _session_of(ctx: ServerRequestContext[Any]) -> tuple[str | None, ToolChoice]:
+    request = ctx.request
+    if not isinstance(request, Request):
+        return None, ToolChoice()
+    return request.headers.get(MCP_SESSION_ID_HEADER), tool_choice(request.query_params)
+
+
+def tool_choice(query: QueryParams) -> ToolChoice:
+    """``enable`` and ``disable`` (repeated, or comma-separated) and ``tool_timeout_ms``."""
+    unknown = sorted(set(query) - {"enable", "disable", "tool_timeout_ms"})
+    if unknown:
+        raise MCPError(
+            code=INVALID_PARAMS,
+            message=f"unknown query parameter(s) {', '.join(unknown)} in the MCP URL "
+            "(known: enable, disable, tool_timeout_ms)",
+        )
+    timeout = query.get("tool_timeout_ms")
+    if timeout is not None and not (timeout.isdigit() and int(timeout) > 0):
+        raise MCPError(
+            code=INVALID_PARAMS,
+            message=f"tool_timeout_ms in the MCP URL must be a positive integer, not {timeout!r}",
+        )
+    return ToolChoice(
+        enable=_names(query.getlist("enable")),
+        disable=_names(query.getlist("disable")),
+        tool_timeout_ms=int(timeout) if timeout is not None else None,
+    )
+
+
+def _names(values: list[str]) -> tuple[str, ...]:
+    return tuple(name.strip() for value in values for name in value.split(",") if name.strip())

@@ -1,0 +1,208 @@
+"""The MCP server in front of the fleet: each MCP session is one run with a workspace of its own.
+
+Its tools are the fleet's model tools, on and off as a ``ToolChoice`` says, with the schemas the
+workers publish. A call goes through the session's ``RunTools`` registry, and so through the
+queue to a worker, with the deadline, output cap and at-most-once rule of any tool call; a
+failure comes back as an MCP tool error (``isError``) with the text a model would read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import mcp_types as types
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.shared.exceptions import MCPError
+from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+
+from api.dispatch import Dispatcher
+from api.fleet import Fleet, NoWorkersError
+from api.logs import log_context
+from api.run_tools import RunTools
+from worker.protocol import ToolContextSnapshot
+
+#: A session unused this long is forgotten (the HTTP transport closes it after as long).
+SESSION_IDLE_TIMEOUT_S = 30 * 60
+#: Where a call's answer says which worker ran it and for how long (``_meta`` of the result).
+META_PREFIX = "toolq/"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolChoice:
+    """Which tools a session has beyond the defaults, and a deadline for all its calls."""
+
+    enable: tuple[str, ...] = ()
+    disable: tuple[str, ...] = ()
+    tool_timeout_ms: int | None = None
+
+
+#: The session a request belongs to (None: the request came without one) and its tool choice.
+SessionOf = Callable[[ServerRequestContext[Any]], tuple[str | None, ToolChoice]]
+
+
+@dataclass
+class _Session:
+    tools: RunTools
+    last_used: float
+
+
+class SessionRuns:
+    """One run per MCP session: made at the session's first request, forgotten when it ends or
+    has been idle for ``idle_timeout_s``. Every session's calls share one ``Dispatcher``."""
+
+    def __init__(
+        self,
+        fleet: Callable[[], Awaitable[Fleet]],
+        dispatcher: Dispatcher,
+        *,
+        idle_timeout_s: float = SESSION_IDLE_TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._fleet = fleet
+        self._dispatcher = dispatcher
+        self._idle_timeout_s = idle_timeout_s
+        self._clock = clock
+        self._sessions: dict[str, _Session] = {}
+        self._lock = asyncio.Lock()
+
+    async def tools(self, session: str, choice: ToolChoice) -> RunTools:
+        """The session's tools, made with ``choice`` on its first request."""
+        async with self._lock:
+            now = self._clock()
+            self._forget_idle(now)
+            known = self._sessions.get(session)
+            if known is None:
+                known = _Session(await self.preview(choice), now)
+                self._sessions[session] = known
+            known.last_used = now
+            return known.tools
+
+    async def preview(self, choice: ToolChoice) -> RunTools:
+        """Tools as a new session with ``choice`` would have them; ``ValueError`` names a tool
+        ``choice`` asks for that the fleet does not serve, ``NoWorkersError`` an empty fleet."""
+        fleet = (await self._fleet()).require_tools()
+        # Started with the first session: a server nobody connects to reads no replies.
+        await self._dispatcher.start()
+        return RunTools(
+            fleet,
+            self._dispatcher,
+            f"mcp-{uuid.uuid4().hex[:16]}",
+            ToolContextSnapshot,
+            timeout_ms=choice.tool_timeout_ms,
+            enable=choice.enable,
+            disable=choice.disable,
+        )
+
+    def forget(self, session: str) -> None:
+        self._sessions.pop(session, None)
+
+    @property
+    def open_sessions(self) -> int:
+        return len(self._sessions)
+
+    def _forget_idle(self, now: float) -> None:
+        idle = [k for k, s in self._sessions.items() if now - s.last_used > self._idle_timeout_s]
+        for key in idle:
+            del self._sessions[key]
+
+
+def fleet_mcp_server(runs: SessionRuns, session_of: SessionOf) -> Server[Any]:
+    """An MCP server whose tools are the fleet's, one run per session as ``session_of`` tells."""
+
+    async def tools_of(ctx: ServerRequestContext[Any], listing: bool) -> RunTools:
+        session, choice = session_of(ctx)
+        try:
+            if session is not None:
+                return await runs.tools(session, choice)
+            if listing:
+                return await runs.preview(choice)
+        except ValueError as exc:
+            raise MCPError(code=INVALID_PARAMS, message=str(exc)) from None
+        except NoWorkersError as exc:
+            raise MCPError(code=INTERNAL_ERROR, message=str(exc)) from None
+        raise MCPError(
+            code=INVALID_REQUEST,
+            message="toolq keeps a workspace per MCP session, and this call came without one "
+            "(the stateless 2026-07-28 protocol): connect with the initialize handshake, "
+            "which this server offers to clients that ask it with server/discover",
+        )
+
+    async def list_tools(
+        ctx: ServerRequestContext[Any], _: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        tools = await tools_of(ctx, listing=True)
+        return types.ListToolsResult(tools=mcp_tools(tools))
+
+    async def call_tool(
+        ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        tools = await tools_of(ctx, listing=False)
+        call_id = f"mcp-{ctx.request_id}"
+        with log_context(run_id=tools.run_id, tool_call_id=call_id):
+            outcome = await tools.registry.run(params.name, params.arguments, tool_call_id=call_id)
+        meta: dict[str, Any] = {f"{META_PREFIX}run_id": tools.run_id}
+        if outcome.worker is not None:
+            meta[f"{META_PREFIX}worker"] = outcome.worker
+        if outcome.duration_ms is not None:
+            meta[f"{META_PREFIX}duration_ms"] = outcome.duration_ms
+        if outcome.error_kind is not None:
+            meta[f"{META_PREFIX}error_kind"] = outcome.error_kind
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text=outcome.output)],
+            is_error=outcome.is_error,
+            _meta=meta,
+        )
+
+    return Server(
+        "toolq",
+        version="0.1.0",
+        instructions="Tools that run on a toolq fleet, in a workspace of this session's own.",
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+    )
+
+
+def mcp_tools(tools: RunTools) -> list[types.Tool]:
+    """The enabled tools as MCP has them: the schemas the workers publish, and whether a call
+    is safe to repeat."""
+    listed = []
+    for schema in tools.registry.get_enabled_schemas():
+        function = schema["function"]
+        tool = tools.registry.get(function["name"])
+        idempotent = bool(tool is not None and tool.idempotent)
+        listed.append(
+            types.Tool(
+                name=function["name"],
+                description=function["description"],
+                input_schema=function["parameters"],
+                annotations=types.ToolAnnotations(idempotent_hint=idempotent),
+            )
+        )
+    return listed
+
+
+def handshake_only(server: Server[Any]) -> None:
+    """Make ``server`` offer only the protocol versions that have sessions.
+
+    A client in auto mode asks ``server/discover`` first and takes the stateless 2026-07-28
+    protocol when offered, whose requests belong to no session; offered only the handshake
+    versions, it opens a session with ``initialize`` instead.
+    """
+
+    async def discover(
+        _: ServerRequestContext[Any], __: types.RequestParams | None
+    ) -> types.DiscoverResult:
+        return types.DiscoverResult(
+            supported_versions=list(HANDSHAKE_PROTOCOL_VERSIONS),
+            capabilities=server.get_capabilities(),
+            instructions=server.instructions,
+        )
+
+    server.add_request_handler("server/discover", types.RequestParams, discover)

@@ -1,0 +1,168 @@
+"""The fleet's tools through the MCP server, over stdio and Streamable HTTP, on real workers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import httpx2
+import mcp_types as types
+import pytest
+import redis
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from api.fleet import read_manifest
+from tests.api.mcp.conftest import (
+    AUTH,
+    TOOLQ,
+    Connect,
+    ServedApi,
+    fleet_env,
+    http_session,
+    mcp_url,
+)
+from tests.conftest import WorkerFleet
+
+pytestmark = pytest.mark.integration
+
+
+def text(result: types.CallToolResult) -> str:
+    assert len(result.content) == 1
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    return block.text
+
+
+def meta(result: types.CallToolResult, name: str) -> object:
+    return (result.meta or {}).get(f"toolq/{name}")
+
+
+async def test_lists_the_fleets_enabled_tools_with_their_schemas(
+    connect: Connect, fleet: WorkerFleet
+) -> None:
+    client = redis.Redis.from_url(fleet.settings.redis_url)
+    manifest = read_manifest(client)
+    client.close()
+    async with connect() as session:
+        listed = {tool.name: tool for tool in (await session.list_tools()).tools}
+    offered = [s.name for s in manifest.values() if s.for_model and s.enabled_by_default]
+    assert list(listed) == offered
+    assert "run_bash" not in listed  # off unless asked for
+    assert not any(name.startswith("toolq.") for name in listed)  # service operations
+    write_file = manifest["write_file"]
+    assert listed["write_file"].input_schema == write_file.parameters
+    assert listed["write_file"].description == write_file.description
+    assert listed["read_file"].annotations is not None
+    assert listed["read_file"].annotations.idempotent_hint == manifest["read_file"].idempotent
+
+
+async def test_calls_run_on_the_workers_in_the_sessions_workspace(
+    connect: Connect, fleet: WorkerFleet
+) -> None:
+    async with connect(enable="run_bash") as session:
+        names = [tool.name for tool in (await session.list_tools()).tools]
+        assert "run_bash" in names
+        written = await session.call_tool("write_file", {"path": "n.txt", "content": "hi mcp"})
+        assert not written.is_error, text(written)
+        read = await session.call_tool("read_file", {"path": "n.txt"})
+        assert not read.is_error
+        assert "hi mcp" in text(read)
+        bash = await session.call_tool("run_bash", {"command": "wc -c < n.txt"})
+        assert not bash.is_error, text(bash)
+        assert json.loads(text(bash))["stdout"].strip() == "6"
+    run_id = meta(written, "run_id")
+    assert isinstance(run_id, str)
+    assert meta(read, "run_id") == meta(bash, "run_id") == run_id
+    assert (Path(fleet.settings.workspace_root) / run_id / "n.txt").read_text() == "hi mcp"
+    assert str(meta(read, "worker")).count(":") == 1  # host:pid of the worker process
+    assert isinstance(meta(bash, "duration_ms"), float)
+
+
+async def test_failures_are_tool_errors_with_the_models_text(connect: Connect) -> None:
+    async with connect(disable="write_file", tool_timeout_ms=1000) as session:
+        names = [tool.name for tool in (await session.list_tools()).tools]
+        assert "write_file" not in names
+        disabled = await session.call_tool("write_file", {"path": "x", "content": "y"})
+        off_by_default = await session.call_tool("remove", {"path": "x"})
+        unknown = await session.call_tool("teleport", {})
+        bad = await session.call_tool("read_file", {"path": 3, "colour": "red"})
+        slow = await session.call_tool("slow_read", {"seconds": 30})
+    assert disabled.is_error
+    assert text(disabled) == "Error: tool 'write_file' is not available (it is disabled)."
+    assert off_by_default.is_error
+    assert "'remove' is not available" in text(off_by_default)
+    assert unknown.is_error
+    assert text(unknown).startswith("Error: tool 'teleport' was not found.")
+    assert bad.is_error
+    assert text(bad).startswith("Error: invalid arguments for read_file:")
+    assert "'colour': unknown parameter" in text(bad)
+    assert meta(bad, "error_kind") == "invalid_arguments"
+    assert slow.is_error
+    assert text(slow) == "Error: slow_read timed out after 1000 ms and was stopped."
+    assert meta(slow, "error_kind") == "timeout"
+
+
+async def test_two_sessions_work_in_two_workspaces(connect: Connect, fleet: WorkerFleet) -> None:
+    async with connect() as first, connect() as second:
+        await first.call_tool("write_file", {"path": "mine.txt", "content": "first"})
+        await second.call_tool("write_file", {"path": "mine.txt", "content": "second"})
+        read_first = await first.call_tool("read_file", {"path": "mine.txt"})
+        read_second = await second.call_tool("read_file", {"path": "mine.txt"})
+    assert "first" in text(read_first)
+    assert "second" in text(read_second)
+    runs = {meta(read_first, "run_id"), meta(read_second, "run_id")}
+    assert len(runs) == 2
+    root = Path(fleet.settings.workspace_root)
+    assert {(root / str(run) / "mine.txt").read_text() for run in runs} == {"first", "second"}
+
+
+def test_toolq_mcp_refuses_a_tool_the_fleet_lacks_before_serving(fleet: WorkerFleet) -> None:
+    done = subprocess.run(
+        [TOOLQ, "mcp", "--enable", "teleport"],
+        env=fleet_env(fleet),
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert done.stdout == ""  # stdout is the protocol's alone
+    assert "Cannot enable 'teleport': no worker serves it" in done.stderr
+
+
+async def test_an_http_session_asking_for_a_tool_the_fleet_lacks_is_refused(
+    served_api: ServedApi,
+) -> None:
+    async with http_session(served_api, enable="teleport") as session:
+        with pytest.raises(MCPError, match="Cannot enable 'teleport'"):
+            await session.list_tools()
+        with pytest.raises(MCPError, match="Cannot enable 'teleport'"):
+            await session.call_tool("read_file", {"path": "x"})
+
+
+async def test_http_sessions_need_the_api_token(served_api: ServedApi) -> None:
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        with pytest.raises(Exception):
+            async with http_session(served_api, headers=headers) as session:
+                await session.list_tools()
+    async with httpx2.AsyncClient() as http:
+        refused = await http.post(f"{served_api.url}/mcp", json={})
+    assert refused.status_code == 401
+    assert "TOOLQ_API_TOKEN" in refused.json()["detail"]
+    assert refused.headers["www-authenticate"] == "Bearer"
+
+
+async def test_a_stateless_http_client_may_list_but_not_call(served_api: ServedApi) -> None:
+    url = mcp_url(served_api)
+    async with (
+        httpx2.AsyncClient(headers=AUTH) as http,
+        Client(streamable_http_client(url, http_client=http), mode="2026-07-28") as client,
+    ):
+        names = [tool.name for tool in (await client.list_tools()).tools]
+        assert "read_file" in names
+        with pytest.raises(MCPError, match="keeps a workspace per MCP session"):
+            await client.call_tool("read_file", {"path": "x"})
