@@ -5,33 +5,28 @@ ran where."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import pytest
-from inspect_ai import Task, eval
 from inspect_ai.dataset import Sample
-from inspect_ai.event import InfoEvent
 from inspect_ai.log import EvalLog, EvalSample
-from inspect_ai.model import ChatMessage, ChatMessageTool, ModelOutput, ModelUsage, get_model
-from inspect_ai.scorer import CORRECT, INCORRECT, Score, Target, accuracy, scorer
-from inspect_ai.solver import TaskState, generate, use_tools
-from inspect_ai.tool import Tool, bash, python, text_editor, tool
-from inspect_ai.util import sandbox
+from inspect_ai.scorer import CORRECT
+from inspect_ai.tool import bash, python, text_editor
 
+from tests.api.inspect_sandbox.evals import (
+    INSPECT_WARNINGS,
+    Scripts,
+    read_text,
+    run_eval,
+    tool_messages,
+    workers_that_ran,
+)
 from tests.conftest import WorkerFleet
 
-pytestmark = [
-    pytest.mark.integration,
-    # Inspect's own use of tenacity, which deprecated a parameter Inspect still passes.
-    pytest.mark.filterwarnings("ignore:The 'initial' parameter is deprecated:DeprecationWarning"),
-]
+pytestmark = [pytest.mark.integration, INSPECT_WARNINGS]
 
-MODEL = "mockllm/model"
 #: Each sample's script: the tool calls the model makes, one per turn, then its answer.
-SCRIPTS: dict[str, list[tuple[str, dict[str, str]]]] = {
+SCRIPTS: Scripts = {
     "shell": [
         ("bash", {"command": "id -un; pwd; wc -l < data/in.txt; cat made-by-setup.txt"}),
         ("python", {"code": "total = sum(range(10))\nopen('answer.txt', 'w').write(str(total))"}),
@@ -48,78 +43,6 @@ SCRIPTS: dict[str, list[tuple[str, dict[str, str]]]] = {
         ("text_editor", {"command": "view", "path": "answer.txt"}),
     ],
 }
-
-
-@tool
-def read_text() -> Tool:
-    async def execute(path: str) -> str:
-        """Read a text file of the sandbox.
-
-        Args:
-          path: The file's path.
-        """
-        return await sandbox().read_file(path)
-
-    return execute
-
-
-def scripted_model(scripts: dict[str, list[tuple[str, dict[str, str]]]]) -> Callable[..., Any]:
-    """Inspect's mockllm answering each sample from its script: the sample's input names it, and
-    the number of answers given so far is the step."""
-
-    def answer(messages: list[ChatMessage], *_: Any) -> ModelOutput:
-        steps = scripts[messages[0].text]
-        turn = sum(1 for message in messages if message.role == "assistant")
-        if turn < len(steps):
-            name, arguments = steps[turn]
-            output = ModelOutput.for_tool_call(MODEL, name, arguments)
-        else:
-            output = ModelOutput.from_content(MODEL, "done")
-        # mockllm would count tokens with tiktoken, which fetches its encoding from the network.
-        output.usage = ModelUsage(input_tokens=10, output_tokens=5, total_tokens=15)
-        return output
-
-    return answer
-
-
-@scorer(metrics=[accuracy()])
-def answer_file() -> Any:
-    """Correct when the sandbox's answer.txt holds the target: scored through the sandbox too."""
-
-    async def score(state: TaskState, target: Target) -> Score:
-        try:
-            found = (await sandbox().read_file("answer.txt")).strip()
-        except FileNotFoundError:
-            return Score(value=INCORRECT, answer=None)
-        return Score(value=CORRECT if found == target.text else INCORRECT, answer=found)
-
-    return score
-
-
-def run_eval(samples: list[Sample], log_dir: Path, tools: list[Tool]) -> EvalLog:
-    task = Task(
-        dataset=samples,
-        solver=[use_tools(tools), generate()],
-        scorer=answer_file(),
-        sandbox="toolq",
-    )
-    model = get_model(MODEL, custom_outputs=scripted_model(SCRIPTS))
-    [log] = eval(task, model=model, log_dir=str(log_dir), display="none", max_samples=4)
-    assert log.status == "success", log.error
-    return log
-
-
-def tool_messages(sample: EvalSample) -> list[ChatMessageTool]:
-    return [message for message in sample.messages if isinstance(message, ChatMessageTool)]
-
-
-def workers_that_ran(sample: EvalSample) -> list[str]:
-    """The workers the sandbox named for each command, as the sample's transcript records."""
-    return [
-        str(event.data["worker"])
-        for event in sample.events
-        if isinstance(event, InfoEvent) and event.source == "toolq" and isinstance(event.data, dict)
-    ]
 
 
 @dataclass(frozen=True)
@@ -147,7 +70,7 @@ def evaluated(fleet_env: WorkerFleet, tmp_path_factory: pytest.TempPathFactory) 
     log_dir = tmp_path_factory.mktemp("inspect-logs")
     before = set(fleet_env.worker_pids("sandbox"))
     tools = [bash(timeout=5), python(timeout=5), text_editor(), read_text()]
-    return Evaluated(run_eval(samples, log_dir, tools), before)
+    return Evaluated(run_eval(samples, log_dir, tools, SCRIPTS), before)
 
 
 def sample_of(evaluated: Evaluated, sample_id: str) -> EvalSample:
