@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 _IN_DIRECTORY = 'cd -P -- "$1" || exit; shift; "$@"'
 #: Room left under the fleet's longest deadline for the worker to answer after a command ends.
 _ANSWER_ROOM_MS = 1000
+#: What a file transfer is given per MiB it may move, on top of the fleet's default deadline.
+_TRANSFER_MS_PER_MIB = 1000
 
 
 @sandboxenv(name="toolq")
@@ -130,7 +132,6 @@ class ToolqSandboxEnvironment(SandboxEnvironment):
                 "worker": result.worker,
                 "exit_code": result.exit_code,
                 "duration_ms": result.duration_ms,
-                "isolation": ", ".join(result.isolation),
             },
             source="toolq",
         )
@@ -147,12 +148,18 @@ class ToolqSandboxEnvironment(SandboxEnvironment):
     # -- files --------------------------------------------------------------------------------
 
     async def write_file(self, file: str, contents: str | bytes) -> None:
+        size = (
+            len(contents.encode("utf-8", "surrogatepass"))
+            if isinstance(contents, str)
+            else len(contents)
+        )
+        deadline_ms = self._transfer_deadline_ms(size)
         try:
-            await self.workspace.put_files({file: contents})
+            await self.workspace.put_files({file: contents}, timeout_ms=deadline_ms)
         except FileProblemError as exc:
             if exc.kind != "refused":
                 raise file_error(exc, file) from exc
-            await write_outside(self.workspace, file, contents, self._file_deadline_ms())
+            await write_outside(self.workspace, file, contents, deadline_ms)
         except ServiceCallError as exc:
             raise call_error(exc, f"writing {file!r}") from exc
 
@@ -164,19 +171,23 @@ class ToolqSandboxEnvironment(SandboxEnvironment):
 
     async def read_file(self, file: str, text: bool = True) -> str | bytes:
         limit = SandboxEnvironmentLimits.MAX_READ_FILE_SIZE
+        deadline_ms = self._transfer_deadline_ms(limit)
         try:
-            data = await self.workspace.read_file(file, max_bytes=limit)
+            data = await self.workspace.read_file(file, max_bytes=limit, timeout_ms=deadline_ms)
         except FileProblemError as exc:
             if exc.kind != "refused":
                 raise file_error(exc, file) from exc
-            data = await read_outside(self.workspace, file, limit, self._file_deadline_ms())
+            data = await read_outside(self.workspace, file, limit, deadline_ms)
         except ServiceCallError as exc:
             raise call_error(exc, f"reading {file!r}") from exc
         # Strict UTF-8, as Inspect documents (UnicodeDecodeError); newlines kept as they are.
         return data.decode("utf-8") if text else data
 
-    def _file_deadline_ms(self) -> int:
-        return self._settings.default_timeout_ms
+    def _transfer_deadline_ms(self, size: int) -> int:
+        """The fleet's default deadline, and time for the bytes: they cross the broker as base64
+        in JSON, a few MiB a second on a busy machine."""
+        allowance = size * _TRANSFER_MS_PER_MIB // 2**20
+        return min(self._settings.default_timeout_ms + allowance, self._settings.max_timeout_ms)
 
 
 def new_run_id(task_name: str) -> str:

@@ -30,7 +30,8 @@ def inspect_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerFl
     redis.start()
     root = Path(tempfile.mkdtemp(prefix="toolq-inspect-"))
     os.chmod(root, 0o755)
-    workers = WorkerFleet(fleet_settings(redis.url, root)).start()
+    # Room for Inspect's 50 MiB conformance transfers on a busy machine.
+    workers = WorkerFleet(fleet_settings(redis.url, root, max_timeout_ms=120_000)).start()
     try:
         yield workers
     finally:
