@@ -2,10 +2,10 @@
 written by a command in the sandbox instead, with the sandbox user's rights: what a container's
 own ``cat`` would see.
 
-They live on whichever sandbox worker runs the command, not in the sample's workspace: on a fleet
-with sandbox workers on several machines, two calls may not see the same ``/tmp``. Inspect's own
-uses (the sample's ``setup`` script in ``/tmp``, written and run at once) are fine; a sample's
-files belong in its workspace.
+They live on the machine of the sandbox worker that ran the command, not in the sample's
+workspace: where a fleet's sandbox workers are on several machines, two calls may not see the same
+``/tmp``, and Inspect's ``setup`` (a script it writes to ``/tmp``, then runs) needs them to share
+it. A sample's own files belong in its workspace.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from api.inspect_sandbox.contract import file_error
 from api.run_workspace import CommandResult, FileProblemError, RunWorkspace
 
 SHELL = "/bin/sh"
-#: The exit codes of the scripts below, each an errno its exception carries.
+#: The exit codes of the scripts below, each standing for the exception it is turned into.
 _NOT_FOUND, _IS_DIRECTORY, _DENIED, _TOO_LARGE = 3, 4, 5, 6
 
 _READ = """
