@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -31,11 +32,15 @@ from api.llm import (
     TurnDone,
     Usage,
 )
+from api.logs import log_context
 from api.remote_tool import RemoteTool
 from api.settings import OrchestratorSettings, get_settings
+from worker.deadlines import argument_limit_ms, call_limit_ms
 from worker.protocol import RUN_ID_PATTERN
-from worker.tools.context import Message, ToolContextSnapshot
-from worker.tools.interface import ExecutableTool
+from worker.settings import WorkerSettings, get_worker_settings
+from worker.tools.context import Message, ToolContext, ToolContextSnapshot
+from worker.tools.functions import as_tool
+from worker.tools.interface import ExecutableTool, ProxyTool
 from worker.tools.registry import ToolRegistry
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -81,8 +86,13 @@ class Agent:
 
     ``provider`` is an ``openai.AsyncOpenAI`` (or a ``ChatModel`` around one). The agent's tools
     are the fleet's, as proxies in its own ``ToolRegistry``, plus any local tool added with
-    ``add_tool``. Failures of tools reach the model as tool messages; only a model API that keeps
-    failing after its retries ends the conversation with ``ModelError``.
+    ``add_tool``. With no broker configured (``TOOLQ_BROKER_URL``) and no ``dispatcher`` or
+    ``fleet`` given, the agent starts a local stack of its own, as ``toolq run`` does, and
+    ``close`` stops it. ``in_process=True`` runs the fleet's tools in this process instead: no
+    Redis, no workers. ``worker_settings`` (``TOOLQ_*`` by default) configure either.
+
+    Failures of tools reach the model as tool messages; only a model API that keeps failing
+    after its retries ends the conversation with ``ModelError``.
     """
 
     def __init__(
@@ -93,6 +103,8 @@ class Agent:
         dispatcher: Dispatcher | None = None,
         fleet: Fleet | None = None,
         settings: OrchestratorSettings | None = None,
+        in_process: bool = False,
+        worker_settings: WorkerSettings | None = None,
     ) -> None:
         self._settings = settings or get_settings()
         self.options = options or AgentOptions()
@@ -102,8 +114,6 @@ class Agent:
             else ChatModel(provider, RetryPolicy.from_settings(self._settings))
         )
         self.run_id = self.options.run_id or f"run-{uuid.uuid4().hex[:16]}"
-        self._owns_dispatcher = dispatcher is None
-        self._dispatcher = dispatcher or Dispatcher(self._settings)
         # Calls of two attempts at one run must not share task ids, or a rerun would be answered
         # with the first attempt's stored results.
         self._attempt = uuid.uuid4().hex[:8]
@@ -115,7 +125,41 @@ class Agent:
         self.stop_reason: str | None = None
         self.observers: list[Callable[[AgentEvent], None]] = []
         self.registry = ToolRegistry()
-        self._fleet = (fleet or load_fleet(self._settings.redis_url)).require_tools()
+        self._owns_dispatcher = False
+        self._dispatcher = dispatcher
+        self._fleet: Fleet | None = None
+        self._local_stack: weakref.finalize[[], Agent] | None = None
+        try:
+            if in_process:
+                # The tools a worker would serve, run here: no broker, no workers. The worker
+                # floor's tools are imported only when asked for.
+                from worker.tools.factory import create_run_tool_registry
+
+                create_run_tool_registry(
+                    worker_settings or get_worker_settings(),
+                    ToolContext(source=self._snapshot),
+                    self.run_id,
+                    self.registry,
+                )
+            else:
+                if dispatcher is None and fleet is None and self._settings.local_mode:
+                    self._start_local_stack(worker_settings or get_worker_settings())
+                self._add_fleet_tools(fleet or load_fleet(self._settings.redis_url))
+            for name in self.options.enable:
+                self.enable_tool(name)
+            for name in self.options.disable:
+                self.disable_tool(name)
+        except BaseException:
+            if self._local_stack is not None:
+                self._local_stack()
+            raise
+
+    def _add_fleet_tools(self, fleet: Fleet) -> None:
+        """The fleet's tools, as proxies that send each call to a worker."""
+        self._fleet = fleet.require_tools()
+        if self._dispatcher is None:
+            self._owns_dispatcher = True
+            self._dispatcher = Dispatcher(self._settings)
         for spec in self._fleet.model_tools.values():
             proxy = RemoteTool.for_spec(spec)(
                 self._dispatcher,
@@ -127,19 +171,30 @@ class Agent:
             self.registry.register(proxy)
             if not spec.enabled_by_default:
                 self.registry.disable(spec.name)
-        for name in self.options.enable:
-            self.enable_tool(name)
-        for name in self.options.disable:
-            self.disable_tool(name)
+
+    def _start_local_stack(self, worker_settings: WorkerSettings) -> None:
+        """No broker configured: the fleet ``toolq run`` would start, this agent's own until
+        ``close`` (or, failing that, until this process exits)."""
+        # Local mode is a wing; the core reaches it only here, and only when asked to run alone.
+        from api.local.stack import LocalStack
+
+        stack = LocalStack(worker_settings)
+        self._local_stack = weakref.finalize(self, stack.stop)
+        stack.start()
+        self._settings = self._settings.with_fleet(stack.settings)
 
     # -- tools ---------------------------------------------------------------------------------
 
     def get_tools(self) -> list[dict[str, Any]]:
         return self.registry.get_enabled_schemas()
 
-    def add_tool(self, tool: ExecutableTool) -> None:
-        """A tool of the caller's that runs here, in the orchestrator process."""
-        self.registry.register(tool)
+    def add_tool(self, tool: ExecutableTool | Callable[..., Any]) -> ExecutableTool:
+        """A tool of the caller's that runs here, in the orchestrator process, under the same
+        deadlines as a worker's: a tool, or a plain function made one (see
+        ``worker.tools.functions.tool``)."""
+        made = as_tool(tool)
+        self.registry.register(made)
+        return made
 
     def remove_tool(self, name: str) -> None:
         self.registry.unregister(name)
@@ -147,9 +202,10 @@ class Agent:
     def enable_tool(self, name: str) -> None:
         if not self.registry.has_tool(name):
             served = ", ".join(self.registry.get_tool_names())
-            raise ValueError(f"Cannot enable {name!r}: no worker serves it (tools: {served})")
+            why = "no worker serves it" if self._fleet is not None else "there is no such tool"
+            raise ValueError(f"Cannot enable {name!r}: {why} (tools: {served})")
         tool = self.registry.get(name)
-        if isinstance(tool, RemoteTool) and not self._fleet.serves(name):
+        if isinstance(tool, RemoteTool) and self._fleet and not self._fleet.serves(name):
             raise ValueError(
                 f"Cannot enable {name!r}: no live worker serves its {tool.pool!r} pool"
             )
@@ -174,8 +230,11 @@ class Agent:
         return await self.registry.execute("save_session_context", {"reason": reason})
 
     async def close(self) -> None:
-        if self._owns_dispatcher:
+        """Close the connection to the fleet and stop the local stack this agent started."""
+        if self._owns_dispatcher and self._dispatcher is not None:
             await self._dispatcher.close()
+        if self._local_stack is not None and self._local_stack.alive:
+            await asyncio.to_thread(self._local_stack)
 
     async def __aenter__(self) -> Agent:
         return self
@@ -264,7 +323,13 @@ class Agent:
     async def _run_one(self, call: ModelToolCall, turn: int) -> ToolCallRecord:
         # Fleet tools, local tools, unknown and disabled ones: the registry answers for all.
         started = time.perf_counter()
-        outcome = await self.registry.run(call.name, call.arguments, tool_call_id=call.id)
+        with log_context(run_id=self.run_id, tool_call_id=call.id):
+            outcome = await self.registry.run(
+                call.name,
+                call.arguments,
+                tool_call_id=call.id,
+                timeout_ms=self._local_limit_ms(call.name, call.arguments),
+            )
         wall_ms = round((time.perf_counter() - started) * 1000, 3)
         return ToolCallRecord(
             id=call.id,
@@ -311,6 +376,18 @@ class Agent:
             system_prompt=self._system_prompt,
             session_context=[dict(m) for m in self.messages],
             session_context_file_path=self.options.session_context_file_path,
+        )
+
+    def _local_limit_ms(self, name: str, arguments: str) -> int | None:
+        """The deadline of a tool that runs here; a worker's tools carry theirs to the worker."""
+        tool = self.registry.get(name)
+        if tool is None or isinstance(tool, ProxyTool):
+            return None
+        return call_limit_ms(
+            self._settings,
+            override=self.options.tool_timeout_ms,
+            argument_ms=argument_limit_ms(tool.timeout_argument, arguments),
+            tool_default_ms=tool.default_timeout_ms,
         )
 
     def _next_task_id(self) -> str:

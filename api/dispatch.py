@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import queue
 import threading
@@ -25,6 +24,7 @@ from redis.exceptions import RedisError
 
 from api.backoff import Backoff
 from api.broker import producer_app
+from worker.deadlines import argument_limit_ms, call_limit_ms
 from worker.protocol import (
     TASK_NAME,
     ToolCallRequest,
@@ -122,8 +122,12 @@ class Dispatcher:
         timeout_ms: int | None = None,
     ) -> ToolCallRequest:
         """A request whose deadline follows the tool's limit, clamped to the fleet's maximum."""
-        limit = timeout_ms or _argument_timeout(spec, arguments) or spec.default_timeout_ms
-        limit = min(max(limit, 1), self._settings.max_timeout_ms)
+        limit = call_limit_ms(
+            self._settings,
+            override=timeout_ms,
+            argument_ms=argument_limit_ms(spec.timeout_argument, arguments),
+            tool_default_ms=spec.default_timeout_ms,
+        )
         wait_s = limit / 1000 + self._settings.hard_limit_grace_s + self._settings.reply_margin_s
         return ToolCallRequest(
             task_id=task_id,
@@ -334,21 +338,6 @@ class Dispatcher:
             "no_answer",
             f"Error: no answer for {request.tool} after {waited:.1f} s: {why}.",
         )
-
-
-def _argument_timeout(spec: ToolSpec, arguments: str | dict[str, Any]) -> int | None:
-    """The call's own limit when the tool takes one (run_bash's timeout), plus time to report."""
-    if not spec.timeout_argument:
-        return None
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            return None
-    value = arguments.get(spec.timeout_argument) if isinstance(arguments, dict) else None
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value + 1000
-    return None
 
 
 def _unsent(request: ToolCallRequest, pool: str, exc: Exception) -> ToolCallResult:

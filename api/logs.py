@@ -1,27 +1,36 @@
 """Structured logs: JSON lines off a terminal, readable text on one, with run and call ids.
 
-The ids come from context variables set with ``log_context``; asyncio tasks copy the context
-they are created in, so every task a conversation starts logs under its run_id.
+The ids come from context variables set with ``log_context`` (``worker.log_context``: workers
+log under the same ids); asyncio tasks copy the context they are created in, so every task a
+conversation starts logs under its run_id.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import sys
-from collections.abc import Iterator
-from contextvars import ContextVar, Token
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from worker.log_context import (
+    CONTEXT_FIELDS,
+    ContextFilter,
+    current_context,
+    log_context,
+    with_ids,
+)
 from worker.settings import FleetSettings
 
-_run_id: ContextVar[str | None] = ContextVar("toolq_run_id", default=None)
-_tool_call_id: ContextVar[str | None] = ContextVar("toolq_tool_call_id", default=None)
-
-#: Fields a record carries from ``log_context`` (or from ``extra=``), in output order.
-CONTEXT_FIELDS = ("run_id", "tool_call_id")
+__all__ = [
+    "CONTEXT_FIELDS",
+    "ContextFilter",
+    "JsonFormatter",
+    "TextFormatter",
+    "configure_logging",
+    "current_context",
+    "log_context",
+]
 
 #: Libraries that log every request at INFO: a batch of a thousand conversations would drown
 #: its own messages in theirs.
@@ -37,36 +46,6 @@ _STANDARD_ATTRIBUTES = frozenset(
     # uvicorn adds a copy of the message with ANSI colours: noise in a JSON line.
     | {"color_message"}
 )
-
-
-@contextlib.contextmanager
-def log_context(*, run_id: str | None = None, tool_call_id: str | None = None) -> Iterator[None]:
-    """Log lines inside carry these ids; ``None`` keeps whatever the enclosing context set."""
-    tokens: list[tuple[ContextVar[str | None], Token[str | None]]] = []
-    for variable, value in ((_run_id, run_id), (_tool_call_id, tool_call_id)):
-        if value is not None:
-            tokens.append((variable, variable.set(value)))
-    try:
-        yield
-    finally:
-        for variable, token in reversed(tokens):
-            variable.reset(token)
-
-
-def current_context() -> dict[str, str]:
-    """The ids set by the enclosing ``log_context`` blocks."""
-    values = {"run_id": _run_id.get(), "tool_call_id": _tool_call_id.get()}
-    return {name: value for name, value in values.items() if value is not None}
-
-
-class ContextFilter(logging.Filter):
-    """Stamps each record with the current ids, unless the caller passed them in ``extra``."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        for name, value in current_context().items():
-            if getattr(record, name, None) is None:
-                setattr(record, name, value)
-        return True
 
 
 class JsonFormatter(logging.Formatter):
@@ -104,16 +83,7 @@ class TextFormatter(logging.Formatter):
         )
 
     def format(self, record: logging.LogRecord) -> str:
-        text = super().format(record)
-        ids = [
-            f"{name}={value}"
-            for name in CONTEXT_FIELDS
-            if (value := getattr(record, name, None)) is not None
-        ]
-        if not ids:
-            return text
-        first, newline, rest = text.partition("\n")
-        return f"{first} [{' '.join(ids)}]{newline}{rest}"
+        return with_ids(super().format(record), record)
 
 
 class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from api.scripted.server import ScriptedServer
 
 REPO = Path(__file__).resolve().parents[1]
-TEST_PLUGINS = ["worker.tools.weather", "tests.plugins.probe_tools"]
+#: get_current_weather comes without being named: toolq's own entry point brings it.
+TEST_PLUGINS = ["tests.plugins.probe_tools"]
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
@@ -202,11 +203,13 @@ class Caller:
         timeout_ms: int | None = None,
         task_id: str | None = None,
         run_id: str | None = None,
+        tool_call_id: str | None = None,
     ) -> ToolCallResult:
         spec = self.spec(tool, pool)
         request = self.dispatcher.build_request(
             spec,
             task_id=task_id or f"call-{uuid.uuid4().hex}",
+            tool_call_id=tool_call_id,
             run_id=run_id or self.run_id,
             arguments=arguments,
             timeout_ms=timeout_ms,

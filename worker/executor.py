@@ -14,12 +14,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from worker.capping import cap_text
-from worker.plugins import load_plugins, register_plugins
+from worker.log_context import log_context
 from worker.protocol import ToolCallRequest, ToolCallResult, keys
 from worker.results import ResultStore
 from worker.sandbox import SandboxConfig
 from worker.settings import WorkerSettings
-from worker.tools.factory import create_default_tool_registry
+from worker.tools.factory import create_fleet_tool_registry, prepare_workspace
 from worker.tools.interface import ExecutableTool
 from worker.tools.registry import ToolRegistry
 from worker.tools.runtime import CallRuntime, CurrentWorkspace, current_context, running
@@ -34,35 +34,15 @@ class TimeLimitReached(Exception):
     """Raised into a running tool when its soft time limit passes (mapped from Celery's)."""
 
 
-def sandbox_owner(settings: WorkerSettings) -> tuple[int, int] | None:
-    """The (uid, gid) that must own run workspaces: run_bash's user, when the worker is root."""
-    if os.geteuid() != 0:
-        return None
-    import pwd
-
-    try:
-        entry = pwd.getpwnam(settings.sandbox_user)
-    except KeyError:
-        return None
-    return entry.pw_uid, entry.pw_gid
-
-
 def build_registry(
     settings: WorkerSettings, passthrough: tuple[type[BaseException], ...] = ()
 ) -> ToolRegistry:
     """Built-in tools plus plugins, as every worker of this fleet has them: built once per
     process, each tool acting on the workspace and conversation of the call in hand."""
     registry = ToolRegistry(passthrough=passthrough, sync_in_thread=False)
-    context, workspace = current_context(), CurrentWorkspace()
+    workspace = CurrentWorkspace()
+    create_fleet_tool_registry(settings, current_context(), workspace, registry)
     sandbox = SandboxConfig.from_settings(settings)
-    create_default_tool_registry(
-        context,
-        workspace,
-        output_cap_bytes=settings.output_cap_bytes,
-        sandbox=sandbox,
-        registry=registry,
-    )
-    register_plugins(load_plugins(tuple(settings.plugins)), registry, context, workspace)
     for tool in service_tools(workspace, sandbox, settings.transfer_max_bytes):
         registry.register(tool)
     # The caller decides what is enabled; a worker runs whatever reaches its pool.
@@ -88,7 +68,7 @@ class Executor:
         self._worker = worker_name
         self._time_limit = time_limit
         self._clock = clock
-        self._owner = sandbox_owner(settings)
+        self._sandbox = SandboxConfig.from_settings(settings)
         # One loop per process, for coroutine tools: a new loop per call would cost more than
         # a small tool does.
         self._loop = asyncio.new_event_loop()
@@ -101,6 +81,10 @@ class Executor:
             request = ToolCallRequest.model_validate(raw)
         except ValidationError as exc:
             return self._reject_bad_request(raw, exc)
+        with log_context(run_id=request.run_id, tool_call_id=request.tool_call_id):
+            return self._handle(request, pool)
+
+    def _handle(self, request: ToolCallRequest, pool: str | None) -> ToolCallResult:
         runtime = CallRuntime(self._workspace(request.run_id), request.context)
         tool = self._registry.get(request.tool)
         previous = None
@@ -213,13 +197,8 @@ class Executor:
         if known is not None and os.path.isdir(known.root):
             self._workspaces.move_to_end(run_id)
             return known
-        root = Path(self._settings.workspace_root) / run_id
-        if not root.is_dir():
-            root.mkdir(parents=True, exist_ok=True)
-            if self._owner is not None:
-                # The run's own folder, not those above it: run_bash's user works only in here.
-                os.chown(root, *self._owner)
-        workspace = Workspace(root, owner=self._owner)
+        # The run's own folder, not those above it: run_bash's user works only in here.
+        workspace = prepare_workspace(Path(self._settings.workspace_root) / run_id, self._sandbox)
         self._workspaces[run_id] = workspace
         if len(self._workspaces) > _WORKSPACES_KEPT:
             self._workspaces.popitem(last=False)

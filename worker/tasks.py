@@ -11,11 +11,17 @@ from typing import Any
 import redis
 from celery import Task
 from celery.exceptions import InvalidTaskError, SoftTimeLimitExceeded, TimeLimitExceeded
-from celery.signals import worker_process_init, worker_ready, worker_shutdown
+from celery.signals import (
+    after_setup_logger,
+    worker_process_init,
+    worker_ready,
+    worker_shutdown,
+)
 from celery.worker.request import Request
 
 from worker.app import app
 from worker.executor import Executor
+from worker.log_context import show_ids
 from worker.manifest import Heartbeat, fleet_tool_specs
 from worker.protocol import TASK_NAME
 from worker.results import ResultStore
@@ -84,6 +90,12 @@ def execute_tool(self: Task, request: Any) -> None:
     delivery = self.request.delivery_info or {}
     pool = delivery.get("routing_key")
     executor().handle(request, pool)
+
+
+@after_setup_logger.connect  # type: ignore[untyped-decorator]
+def _log_call_ids(logger: logging.Logger, **_: Any) -> None:
+    # Celery's log format knows nothing of calls: a tool's traceback must say whose call it was.
+    show_ids(logger)
 
 
 @worker_process_init.connect  # type: ignore[untyped-decorator]

@@ -29,7 +29,6 @@ DEMO_PROMPT = (
     "Write a short note about toolq to notes.txt, read it back, find where it mentions Celery, "
     "list the text files, count its bytes in the sandbox, and tell me the weather in Paris."
 )
-DEMO_PLUGINS = ["worker.tools.weather"]
 
 
 def run_conversation(
@@ -81,7 +80,7 @@ def run_demo(*, console: Console, err: Console) -> int:
     try:
         with (
             ScriptedServer(Script.load(DEFAULT_SCRIPT_PATH)) as server,
-            fleet_for(settings, plugins=DEMO_PLUGINS) as fleet_settings,
+            fleet_for(settings) as fleet_settings,
         ):
             client = model_client(
                 base_url=server.base_url,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,8 +17,12 @@ from api.events import FinalAnswer, TextDelta, ToolCallFinished, ToolCallStarted
 from api.llm import ChatModel, ModelError, RetryPolicy
 from api.scripted.script import Script
 from api.scripted.server import ScriptedServer
-from tests.conftest import WorkerFleet, orchestrator_settings
+from api.settings import get_settings
+from tests.conftest import WorkerFleet, orchestrator_settings, wait_for
+from worker.settings import get_worker_settings
+from worker.tools.functions import tool
 from worker.tools.interface import ExecutableTool
+from worker.tools.registry import DuplicateToolError
 
 pytestmark = pytest.mark.integration
 
@@ -241,3 +247,132 @@ async def test_a_model_api_that_keeps_failing_ends_only_that_conversation(
     )
     assert await flaky.chat("hi") == "after a hiccup"
     await flaky.close()
+
+
+@tool
+def shout(text: str, times: int = 1) -> str:
+    """Says it louder.
+
+    Args:
+        text: What to say.
+        times: How many times.
+    """
+    return " ".join([text.upper()] * times)
+
+
+def convert(amount: float, to: str) -> dict[str, Any]:
+    return {"amount": amount, "to": to, "converted": round(amount * 1.1, 2)}
+
+
+CONVERT = {
+    "type": "object",
+    "properties": {
+        "amount": {"type": "number", "exclusiveMinimum": 0},
+        "to": {"type": "string", "enum": ["USD", "EUR"]},
+    },
+    "required": ["amount", "to"],
+    "additionalProperties": False,
+}
+
+
+async def test_function_and_json_schema_tools_run_beside_the_fleets(
+    fleet: WorkerFleet, scripted: list[ScriptedServer]
+) -> None:
+    steps = [
+        {
+            "tool_calls": [
+                call("shout", {"text": "hi", "times": 2}, id="f-1"),
+                call("shout", {"text": "hi", "times": "many"}, id="f-2"),
+                call("convert", {"amount": 10, "to": "EUR"}, id="s-1"),
+                call("convert", {"amount": 10, "to": "GBP"}, id="s-2"),
+                call("write_file", {"path": "f.txt", "content": "fleet"}, id="w"),
+            ]
+        },
+        {"content": "Converted."},
+    ]
+    agent = make_agent(fleet, scripted, steps)
+    agent.add_tool(shout)
+    agent.add_tool(tool(convert, description="Converts money.", parameters=CONVERT))
+    schemas = {t["function"]["name"]: t["function"] for t in agent.get_tools()}
+    async with agent:
+        assert await agent.chat("go") == "Converted."
+
+    assert schemas["convert"]["parameters"] == CONVERT
+    assert schemas["shout"]["parameters"]["properties"]["text"]["description"] == "What to say."
+    out = {r.id: r for r in agent.tool_calls}
+    assert out["f-1"].output == "HI HI"
+    assert out["f-1"].worker == "orchestrator"
+    assert out["f-2"].error_kind == "invalid_arguments"
+    assert out["f-2"].output.startswith("Error: invalid arguments for shout: 'times': ")
+    assert json.loads(out["s-1"].output)["converted"] == 11.0
+    assert out["s-2"].output == (
+        "Error: invalid arguments for convert: 'to': 'GBP' is not one of ['USD', 'EUR']."
+    )
+    assert out["w"].worker != "orchestrator" and not out["w"].is_error
+    with pytest.raises(DuplicateToolError, match="shout"):
+        agent.add_tool(shout)
+
+
+@pytest.fixture
+def no_broker(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
+    """The environment of a user who configured nothing: no broker, no plugins."""
+    for name in ("TOOLQ_BROKER_URL", "TOOLQ_RESULT_BACKEND", "TOOLQ_PLUGINS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TOOLQ_WORKSPACE_ROOT", str(tmp_path))
+    get_settings.cache_clear()
+    get_worker_settings.cache_clear()
+    yield tmp_path
+    get_settings.cache_clear()
+    get_worker_settings.cache_clear()
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid``."""
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            for child in (task / "children").read_text().split():
+                found |= {int(child), *descendants(int(child))}
+    return found
+
+
+def gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+async def test_an_agent_with_no_broker_starts_its_own_fleet_and_close_stops_it(
+    no_broker: Path, scripted: list[ScriptedServer]
+) -> None:
+    server = ScriptedServer(
+        Script.from_steps(
+            [
+                {"tool_calls": [call("get_current_weather", {"location": "Paris"})]},
+                {"content": "In Paris: {last_tool_result}"},
+            ]
+        )
+    )
+    server.start()
+    scripted.append(server)
+    before = descendants(os.getpid())
+
+    client = AsyncOpenAI(base_url=server.base_url, api_key="test", max_retries=0)
+    agent = Agent(client, AgentOptions(model="scripted"))
+    started = descendants(os.getpid()) - before
+    try:
+        names = [t["function"]["name"] for t in agent.get_tools()]
+        answer = await agent.chat("What is the weather in Paris?")
+    finally:
+        await agent.close()
+        await client.close()
+
+    assert "get_current_weather" in names  # served without TOOLQ_PLUGINS
+    weather = json.loads(answer.removeprefix("In Paris: "))
+    assert (weather["location"], weather["condition"]) == ("Paris", "Sunny")
+    assert 65 <= weather["temperature_f"] <= 75
+    assert agent.tool_calls[0].worker != "orchestrator"
+    assert (no_broker / agent.run_id).is_dir()
+    assert len(started) >= 3  # a redis-server and a worker per pool, with their children
+    wait_for(lambda: all(gone(pid) for pid in started), 15, "the local stack to be gone")

@@ -1,4 +1,5 @@
-"""Tools for tests: slow calls to kill a worker under, a call that ignores its soft limit."""
+"""Tools for tests: slow calls to kill a worker under, a call that ignores its soft limit, and
+tools made of plain functions (one described by its signature, one by a JSON Schema)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from worker.tools.context import ToolContext
+from worker.tools.functions import tool
 from worker.tools.interface import ExecutableTool
 from worker.tools.registry import ToolRegistry
 from worker.tools.workspace import Workspace
@@ -108,13 +110,54 @@ class BadReturnTool(ExecutableTool):
         return object()
 
 
+@tool(idempotent=True)
+def repeat(word: str, times: int = 2) -> str:
+    """Repeats a word.
+
+    Args:
+        word: The word to repeat.
+        times: How many times.
+    """
+    return " ".join([word] * times)
+
+
+@tool
+def explode(payload: str) -> str:
+    """Raises, whatever it is given.
+
+    Args:
+        payload: Text that must never reach a log.
+    """
+    raise RuntimeError("disk on fire")
+
+
+def _area(width: float, height: float) -> dict[str, float]:
+    return {"area": width * height}
+
+
+AREA_PARAMETERS = {
+    "type": "object",
+    "properties": {
+        "width": {"type": "number", "minimum": 0},
+        "height": {"type": "number", "minimum": 0},
+    },
+    "required": ["width", "height"],
+    "additionalProperties": False,
+}
+
+
 def register(registry: ToolRegistry, context: ToolContext, workspace: Workspace) -> None:
-    for tool in (
+    for made in (
         SlowReadTool(workspace),
         SlowWriteTool(workspace),
         StubbornTool(),
         RendezvousTool(workspace),
         NoopTool(),
         BadReturnTool(),
+        repeat,
+        explode,
     ):
-        registry.register(tool)
+        registry.register(made)
+    registry.register_function(
+        _area, name="area", description="A rectangle's area.", parameters=AREA_PARAMETERS
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import time
 from pathlib import Path
@@ -184,3 +185,19 @@ def test_a_runs_workspace_removed_between_calls_is_made_again(
     assert not first.is_error
     assert not ran.is_error, ran.output
     assert json.loads(ran.output)["exit_code"] == 0
+
+
+def test_a_tool_that_raises_is_logged_with_the_calls_ids_not_its_arguments(
+    executor: Executor, caplog: pytest.LogCaptureFixture
+) -> None:
+    secret = "canary-payload-77e1"
+    with caplog.at_level(logging.WARNING):
+        result = executor.handle(
+            request("explode", {"payload": secret}, tool_call_id="call_model_7"), "tools"
+        )
+
+    assert result.output == "Error executing explode: disk on fire"
+    [record] = [r for r in caplog.records if r.name == "worker.tools.registry"]
+    assert (record.run_id, record.tool_call_id) == ("run-1", "call_model_7")  # type: ignore[attr-defined]
+    assert record.exc_info is not None and "disk on fire" in caplog.text
+    assert secret not in caplog.text

@@ -16,6 +16,7 @@ from kombu import Connection, Exchange, Producer
 
 from api.fleet import read_manifest
 from tests.conftest import Caller, WorkerFleet, wait_for
+from tests.plugins.probe_tools import AREA_PARAMETERS
 from tests.worker.conftest import BUILT_INS
 
 pytestmark = pytest.mark.integration
@@ -67,6 +68,44 @@ async def test_the_manifest_tells_tools_pools_and_defaults(call: Caller) -> None
     assert not specs["remove"].enabled_by_default and not specs["run_bash"].enabled_by_default
     assert specs["read_file"].enabled_by_default and specs["read_file"].idempotent
     assert specs["get_current_weather"].pool == "tools"
+
+
+async def test_a_plugins_function_tools_are_published_and_check_their_arguments(
+    call: Caller,
+) -> None:
+    repeat, area = call.specs["repeat"], call.specs["area"]
+    assert repeat.idempotent and repeat.pool == "tools"
+    assert repeat.parameters["properties"]["word"]["description"] == "The word to repeat."
+    assert area.parameters == AREA_PARAMETERS and area.description == "A rectangle's area."
+
+    repeated = await call("repeat", {"word": "hey", "times": 3})
+    measured = await call("area", '{"width": 2, "height": 3.5}')
+    bad = await call("area", {"width": -1})
+
+    assert repeated.output == "hey hey hey"
+    assert json.loads(measured.output) == {"area": 7.0}
+    assert bad.error_kind == "invalid_arguments"
+    assert bad.output.startswith("Error: invalid arguments for area: ")
+    assert "'width': -1 is less than the minimum of 0" in bad.output
+    assert "'height': Field required" in bad.output
+
+
+async def test_a_tool_that_raises_is_logged_by_its_worker_with_the_calls_ids(
+    call: Caller, fleet: WorkerFleet
+) -> None:
+    secret = "canary-payload-3b9d"
+    result = await call("explode", {"payload": secret}, tool_call_id="call_logged_1")
+
+    assert result.output == "Error executing explode: disk on fire"
+    wait_for(
+        lambda: "tool_call_id=call_logged_1" in fleet.log("tools", 100_000),
+        what="the worker to log the failed call",
+    )
+    log = fleet.log("tools", 100_000)
+    [line] = [line for line in log.splitlines() if "tool_call_id=call_logged_1" in line]
+    assert "WARNING" in line and "explode" in line and f"run_id={call.run_id}" in line
+    assert "RuntimeError: disk on fire" in log
+    assert secret not in log
 
 
 async def test_many_calls_in_parallel_all_answer(call: Caller) -> None:

@@ -3,6 +3,8 @@ command's environment and the time bound on killing it."""
 
 from __future__ import annotations
 
+import os
+import pwd
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, get_args
 
@@ -46,6 +48,17 @@ class SandboxConfig:
         for field in ("memory_mb", "max_processes", "file_size_mb", "output_cap_bytes"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"sandbox {field} must be positive")
+
+    def workspace_owner(self) -> tuple[int, int] | None:
+        """The (uid, gid) that must own workspaces so that commands can write them: the
+        sandbox user's, when this process is root (commands then run as that user)."""
+        if os.geteuid() != 0:
+            return None
+        try:
+            entry = pwd.getpwnam(self.user)
+        except KeyError:
+            return None  # the sandbox refuses to run, and says why, at the first command
+        return entry.pw_uid, entry.pw_gid
 
     @classmethod
     def from_settings(cls, settings: WorkerSettings) -> SandboxConfig:

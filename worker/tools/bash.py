@@ -64,7 +64,9 @@ class RunBashTool(ExecutableTool):
         "Run a shell command (/bin/sh -c) in the workspace and get back JSON with stdout, "
         "stderr, exit_code, timed_out and duration_ms. Each stream keeps its first 50 KB. "
         "stdin is empty; there is no network access where the sandbox has a network namespace. "
-        "Processes left running in the background are killed when the command ends."
+        "Processes left running in the background are killed when the command ends. "
+        "Commands can change or destroy any file in the workspace, and nothing undoes them. "
+        "Off unless enabled: offered only where the caller switched it on."
     )
     Args: ClassVar[type[BaseModel]] = RunBashArgs
     pool = "sandbox"

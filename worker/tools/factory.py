@@ -1,13 +1,16 @@
-"""The default tool set: the ten built-in tools, remove and run_bash registered but off."""
+"""The default tool set: the ten built-in tools, remove and run_bash registered but off; and the
+fleet's, which adds the plugins."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 
 from worker.capping import DEFAULT_OUTPUT_CAP_BYTES
+from worker.plugins import load_plugins, register_plugins
 from worker.sandbox import SandboxConfig
-from worker.settings import get_worker_settings
+from worker.settings import WorkerSettings, get_worker_settings
 from worker.tools.bash import RunBashTool
 from worker.tools.context import ToolContext
 from worker.tools.filesystem import (
@@ -24,6 +27,20 @@ from worker.tools.session_context import SaveSessionContextTool
 from worker.tools.workspace import Workspace
 
 
+def prepare_workspace(folder: Path | str, sandbox: SandboxConfig) -> Workspace:
+    """``folder`` (made if missing) as a workspace that run_bash's commands can write.
+
+    When this process is root, commands run as the sandbox user: the folder itself is given to
+    that user, never the folders above it, and whatever the tools create in it is theirs too.
+    Files already in the folder keep their owner.
+    """
+    owner = sandbox.workspace_owner()
+    workspace = Workspace(folder, owner=owner)
+    if owner is not None:
+        os.chown(workspace.root, *owner)
+    return workspace
+
+
 def create_default_tool_registry(
     context: ToolContext,
     workspace: Workspace | Path | str,
@@ -35,13 +52,15 @@ def create_default_tool_registry(
     """Register the built-in tools in ``registry`` (a new one by default) and return it.
 
     ``output_cap_bytes`` bounds every tool's answer, each of run_bash's streams included;
-    ``sandbox`` (by default the worker's settings) says how run_bash isolates its commands.
+    ``sandbox`` (by default the worker's settings) says how run_bash isolates its commands. A
+    folder given as a path is prepared as the worker prepares a run's workspace (see
+    ``prepare_workspace``); a ``Workspace`` is used as it is.
     """
-    ws = workspace if isinstance(workspace, Workspace) else Workspace(workspace)
-    registry = registry if registry is not None else ToolRegistry()
-    cap = output_cap_bytes
     if sandbox is None:
         sandbox = SandboxConfig.from_settings(get_worker_settings())
+    ws = workspace if isinstance(workspace, Workspace) else prepare_workspace(workspace, sandbox)
+    registry = registry if registry is not None else ToolRegistry()
+    cap = output_cap_bytes
     for tool in (
         ReadFileTool(ws, output_cap_bytes=cap),
         WriteFileTool(ws, output_cap_bytes=cap),
@@ -57,4 +76,39 @@ def create_default_tool_registry(
         registry.register(tool)
         if not tool.enabled_by_default:
             registry.disable(tool.name)
+    return registry
+
+
+def create_fleet_tool_registry(
+    settings: WorkerSettings,
+    context: ToolContext,
+    workspace: Workspace,
+    registry: ToolRegistry | None = None,
+) -> ToolRegistry:
+    """The tools a worker with ``settings`` serves: the built-ins, then the plugins'
+    (``TOOLQ_PLUGINS`` and the ``toolq.tools`` entry points, get_current_weather among them)."""
+    registry = create_default_tool_registry(
+        context,
+        workspace,
+        output_cap_bytes=settings.output_cap_bytes,
+        sandbox=SandboxConfig.from_settings(settings),
+        registry=registry,
+    )
+    register_plugins(load_plugins(tuple(settings.plugins)), registry, context, workspace)
+    return registry
+
+
+def create_run_tool_registry(
+    settings: WorkerSettings,
+    context: ToolContext,
+    run_id: str,
+    registry: ToolRegistry | None = None,
+) -> ToolRegistry:
+    """One run's tools in this process, as the fleet would serve them: the run's workspace
+    prepared as a worker prepares it, the built-ins and plugins, less ``disabled_tools``."""
+    sandbox = SandboxConfig.from_settings(settings)
+    workspace = prepare_workspace(Path(settings.workspace_root) / run_id, sandbox)
+    registry = create_fleet_tool_registry(settings, context, workspace, registry)
+    for name in settings.disabled_tools:
+        registry.unregister(name)
     return registry

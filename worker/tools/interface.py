@@ -7,7 +7,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from worker.protocol import ErrorKind, Pool, function_tool
 
@@ -90,6 +90,12 @@ class ExecutableTool(ABC):
         """The OpenAI tool definition, derived from ``Args``."""
         return function_tool(cls.name, cls.description, parameters_schema(cls.Args))
 
+    @classmethod
+    def check_arguments(cls, args: dict[str, Any]) -> dict[str, Any] | list[str]:
+        """The arguments ``execute`` receives, or every problem as ``'parameter': reason``."""
+        checked = check_against_model(cls.Args, args)
+        return checked if isinstance(checked, list) else checked.model_dump()
+
 
 class ProxyTool(ExecutableTool):
     """A tool that runs elsewhere (on a worker): it takes the call as the model made it and
@@ -103,6 +109,24 @@ class ProxyTool(ExecutableTool):
 
     async def execute(self, args: dict[str, Any]) -> str:
         return (await self.forward(args, None)).output
+
+
+def check_against_model(model: type[BaseModel], args: dict[str, Any]) -> BaseModel | list[str]:
+    """``args`` validated by ``model``, or every problem, each naming its parameter."""
+    problems: list[str] = []
+    if model.model_config.get("extra") != "allow":
+        known = {f.alias or n for n, f in model.model_fields.items()} | set(model.model_fields)
+        problems.extend(f"{k!r}: unknown parameter" for k in args if k not in known)
+    try:
+        validated = model.model_validate(args)
+    except ValidationError as exc:
+        for err in exc.errors(include_url=False):
+            where = ".".join(str(p) for p in err["loc"]) or "arguments"
+            if err["type"] == "extra_forbidden":
+                continue  # already named above, in the same words for every tool
+            problems.append(f"{where!r}: {err['msg']}")
+        return problems
+    return problems or validated
 
 
 _SCHEMA_CACHE: dict[type[BaseModel], dict[str, Any]] = {}

@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import inspect
 import json
-from typing import Any
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, Unpack
 
-from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
+from worker.log_context import current_context
+from worker.tools.functions import FunctionTool, ToolTraits, tool
 from worker.tools.interface import ExecutableTool, ProxyTool, ToolOutcome, TruncatedText
 
 __all__ = ["DuplicateToolError", "ToolOutcome", "ToolRegistry"]
+
+log = logging.getLogger(__name__)
 
 
 class DuplicateToolError(ValueError):
@@ -40,10 +48,25 @@ class ToolRegistry:
         self._sync_in_thread = sync_in_thread
 
     def register(self, tool: ExecutableTool) -> None:
+        if not isinstance(tool, ExecutableTool):
+            raise TypeError(
+                f"register() takes a tool, not {type(tool).__name__}: for a plain function "
+                "use register_function(fn) or decorate it with worker.tools.functions.tool"
+            )
         if tool.name in self._tools:
             raise DuplicateToolError(f"A tool named {tool.name!r} is already registered")
         self._tools[tool.name] = tool
         self._enabled[tool.name] = True
+
+    def register_function(
+        self, function: Callable[..., Any], **traits: Unpack[ToolTraits]
+    ) -> FunctionTool:
+        """Register a plain function as a tool and return the tool: its schema derived from
+        the type hints and the docstring, or ``parameters`` (a JSON Schema) as given. See
+        ``worker.tools.functions.tool`` for ``traits``."""
+        made = tool(function, **traits)
+        self.register(made)
+        return made
 
     def unregister(self, name: str) -> None:
         self._tools.pop(name, None)
@@ -88,10 +111,21 @@ class ToolRegistry:
         return (await self.run(name, args)).output
 
     async def run(
-        self, name: str, args: dict[str, Any] | str | None, *, tool_call_id: str | None = None
+        self,
+        name: str,
+        args: dict[str, Any] | str | None,
+        *,
+        tool_call_id: str | None = None,
+        timeout_ms: int | None = None,
     ) -> ToolOutcome:
         """Like ``execute``, but tells a failure apart from an answer. ``tool_call_id`` is the
-        model's id for the call, passed on to a tool that runs elsewhere."""
+        model's id for the call, passed on to a tool that runs elsewhere.
+
+        With ``timeout_ms`` a tool that runs here is answered as timed out at that deadline: a
+        coroutine is cancelled; a plain function's thread cannot be stopped, so it is left to
+        finish on its own (in a daemon thread, which holds up neither the caller nor the
+        interpreter's exit) and its result is dropped. A tool that runs elsewhere keeps its own
+        deadline."""
         tool = self._tools.get(name)
         if isinstance(tool, ProxyTool) and self._enabled[name]:
             return await tool.forward(args, tool_call_id)
@@ -100,7 +134,14 @@ class ToolRegistry:
             return found
         tool, validated = found
         try:
-            result = await self._call(tool, validated)
+            if timeout_ms is None:
+                result = await self._call(tool, validated)
+            else:
+                result = await self._call_by_deadline(tool, validated, timeout_ms)
+        except _DeadlinePassed:
+            return ToolOutcome(
+                f"Error: {name} timed out after {timeout_ms} ms and was stopped.", "timeout"
+            )
         except self._passthrough:
             raise
         except Exception as exc:
@@ -160,12 +201,69 @@ class ToolRegistry:
             return await result
         return result
 
+    async def _call_by_deadline(
+        self, tool: ExecutableTool, args: dict[str, Any], timeout_ms: int
+    ) -> Any:
+        try:
+            async with asyncio.timeout(timeout_ms / 1000) as limit:
+                if inspect.iscoroutinefunction(tool.execute):
+                    return await tool.execute(args)
+                result = await _in_daemon_thread(tool.execute, args)
+                if inspect.isawaitable(result):
+                    return await result
+                return result
+        except TimeoutError:
+            if limit.expired():
+                raise _DeadlinePassed from None
+            raise  # the tool's own TimeoutError: an error of the tool, not of its deadline
+
     def _require(self, name: str) -> None:
         if name not in self._tools:
             raise KeyError(f"No tool named {name!r} is registered")
 
 
+class _DeadlinePassed(Exception):
+    """A tool run here was still running at its deadline."""
+
+
+def _in_daemon_thread(function: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+    """``function(*args)`` in a thread of its own, as a future of the running loop.
+
+    Unlike ``asyncio.to_thread``, nothing waits for the thread when its caller stops waiting
+    (past a deadline): neither the loop's shutdown nor the interpreter's exit.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if future.done():
+            return  # the caller stopped waiting
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def work() -> None:
+        outcome: tuple[Any, BaseException | None]
+        try:
+            outcome = (context.run(function, *args), None)
+        except BaseException as exc:
+            outcome = (None, exc)
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is waiting
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    threading.Thread(target=work, name="toolq-local-tool", daemon=True).start()
+    return future
+
+
 def _raised(name: str, exc: Exception) -> ToolOutcome:
+    """The answer to a tool that raised; the traceback goes to the log with the call's ids,
+    never with its arguments, which can hold whole files."""
+    log.warning(
+        "tool %s raised %s", name, type(exc).__name__, exc_info=exc,
+        extra={"tool": name, **current_context()},
+    )  # fmt: skip
     message = str(exc) or type(exc).__name__
     return ToolOutcome(f"Error executing {name}: {message}", "tool_error")
 
@@ -192,22 +290,10 @@ def validate_arguments(
             f"Error: invalid arguments for {tool.name}: expected a JSON object, "
             f"got {type(args).__name__}."
         )
-    model = tool.Args
-    problems: list[str] = []
-    if model.model_config.get("extra") != "allow":
-        known = {f.alias or n for n, f in model.model_fields.items()} | set(model.model_fields)
-        problems.extend(f"{k!r}: unknown parameter" for k in args if k not in known)
-    try:
-        validated = model.model_validate(args)
-    except ValidationError as exc:
-        for err in exc.errors(include_url=False):
-            where = ".".join(str(p) for p in err["loc"]) or "arguments"
-            if err["type"] == "extra_forbidden":
-                continue  # already named above, in the same words for every tool
-            problems.append(f"{where!r}: {err['msg']}")
-    if problems:
-        return f"Error: invalid arguments for {tool.name}: " + "; ".join(problems) + "."
-    return validated.model_dump()
+    checked = tool.check_arguments(args)
+    if isinstance(checked, list):
+        return f"Error: invalid arguments for {tool.name}: " + "; ".join(checked) + "."
+    return checked
 
 
 def serialise_result(name: str, result: Any) -> ToolOutcome:

@@ -1,8 +1,8 @@
-"""The example plugin: a weather tool that is always sunny.
+"""A mock weather tool that is always sunny, served by every fleet: toolq's own plugin.
 
-A plugin module is named in ``TOOLQ_PLUGINS`` (or the ``toolq.tools`` entry-point group); the
-worker imports it and calls its ``register`` hook with the worker's registry, context and
-workspace.
+toolq names this module in its ``toolq.tools`` entry point (pyproject.toml), so every worker
+loads it as it loads any plugin (``TOOLQ_DISABLED_TOOLS`` can switch it off): the worker imports
+the module and calls its ``register`` hook with the worker's registry, context and workspace.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class GetCurrentWeatherArgs(ToolArgs):
 
 class GetCurrentWeatherTool(ExecutableTool):
     name = "get_current_weather"
-    description = "Get the current weather for a location."
+    description = "Get the current weather for a location: the condition and the temperature in °F."
     Args = GetCurrentWeatherArgs
     idempotent = True
 
@@ -37,7 +37,7 @@ class GetCurrentWeatherTool(ExecutableTool):
         # The same place always gets the same temperature, so a repeated call agrees.
         seed = zlib.crc32(location.encode("utf-8", "surrogatepass"))
         temperature = LOWEST_F + seed % (HIGHEST_F - LOWEST_F + 1)
-        return {"location": printable(location), "forecast": "Sunny", "temperature_f": temperature}
+        return {"location": printable(location), "condition": "Sunny", "temperature_f": temperature}
 
 
 TOOLS: list[type[ExecutableTool]] = [GetCurrentWeatherTool]

@@ -254,3 +254,10 @@ def test_the_tool_describes_itself_for_the_sandbox_pool() -> None:
     assert RunBashTool.pool == "sandbox"
     assert RunBashTool.enabled_by_default is False
     assert RunBashTool.caps_own_output is True
+
+
+def test_the_schema_warns_that_commands_can_destroy_files_and_that_it_is_off_by_default() -> None:
+    description = RunBashTool.get_schema()["function"]["description"]
+    assert "can change or destroy any file in the workspace" in description
+    assert "Off unless enabled" in description
+    assert RunBashTool.enabled_by_default is False

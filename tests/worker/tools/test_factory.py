@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import pwd
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.worker.conftest import BUILT_INS
 from worker.capping import DEFAULT_OUTPUT_CAP_BYTES
@@ -88,3 +92,23 @@ async def test_without_a_cap_the_default_applies(workspace: Workspace) -> None:
 
     assert DEFAULT_OUTPUT_CAP_BYTES // 2 < len(read.output.encode()) <= DEFAULT_OUTPUT_CAP_BYTES
     assert f"capped at {DEFAULT_OUTPUT_CAP_BYTES:,} bytes" in read.output
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="run_bash changes user only when run as root")
+async def test_as_root_run_bash_writes_into_the_folder_the_caller_made(tmp_path: Path) -> None:
+    folder = tmp_path / "mine"
+    folder.mkdir(mode=0o755)
+    (folder / "notes.txt").write_text("the caller's")
+    registry = create_default_tool_registry(ToolContext(), folder)
+    registry.enable("run_bash")
+
+    answer = await registry.run("run_bash", {"command": "mkdir -p out && echo hi > out/a.txt"})
+
+    result = json.loads(answer.output)
+    assert (result["exit_code"], result["stderr"]) == (0, ""), result
+    assert (folder / "out" / "a.txt").read_text() == "hi\n"
+    sandbox_uid = pwd.getpwnam(SandboxConfig().user).pw_uid
+    assert folder.stat().st_uid == sandbox_uid
+    # That folder only: the one above it, and what was in it already, keep their owner.
+    assert tmp_path.stat().st_uid == 0
+    assert (folder / "notes.txt").stat().st_uid == 0

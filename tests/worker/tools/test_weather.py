@@ -1,13 +1,17 @@
-"""The example plugin: get_current_weather, and the register hook a plugin loader calls."""
+"""get_current_weather, toolq's own plugin: its answer, and how every fleet gets it."""
 
 from __future__ import annotations
 
 import importlib
 import json
+from importlib.metadata import entry_points
+from pathlib import Path
 
 import pytest
 
-from worker.plugins import load_plugins, register_plugins
+from worker.manifest import fleet_tool_specs
+from worker.plugins import ENTRY_POINT_GROUP, load_plugins, register_plugins
+from worker.settings import WorkerSettings
 from worker.tools.context import ToolContext
 from worker.tools.registry import ToolRegistry
 from worker.tools.weather import TOOLS, GetCurrentWeatherTool, register
@@ -25,7 +29,7 @@ def weather() -> ToolRegistry:
 async def test_always_sunny_and_mild(weather: ToolRegistry, args: dict[str, str] | str) -> None:
     answer = json.loads(await weather.execute("get_current_weather", args))
     assert answer["location"] == "Boston, MA"
-    assert answer["forecast"] == "Sunny"
+    assert answer["condition"] == "Sunny"
     assert 65 <= answer["temperature_f"] <= 75
 
 
@@ -71,5 +75,16 @@ async def test_loading_the_module_as_a_plugin_is_all_it_takes(workspace: Workspa
     hooks = load_plugins(("worker.tools.weather",))
     register_plugins(hooks, registry, ToolContext(), workspace)
     answer = json.loads(await registry.execute("get_current_weather", {"location": "Lima"}))
-    assert answer["forecast"] == "Sunny"
+    assert answer["condition"] == "Sunny"
     assert importlib.import_module("worker.tools.weather").register is register
+
+
+def test_every_fleet_serves_it_without_being_told_unless_it_is_disabled(tmp_path: Path) -> None:
+    plain = WorkerSettings(workspace_root=tmp_path, plugins=[])
+    specs = {spec.name: spec for spec in fleet_tool_specs(plain)}
+    assert specs["get_current_weather"].enabled_by_default
+    assert "worker.tools.weather" in [ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)]
+
+    refused = plain.model_copy(update={"disabled_tools": ["get_current_weather"]})
+    specs = {spec.name: spec for spec in fleet_tool_specs(refused)}
+    assert not specs["get_current_weather"].enabled_by_default

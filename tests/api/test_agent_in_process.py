@@ -1,0 +1,146 @@
+"""The Agent with its tools in its own process (``in_process=True``): no Redis, no workers. Its
+local tools run under the same deadlines as a worker's, and their failures are logged."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openai import AsyncOpenAI
+
+from api.agent import Agent, AgentOptions
+from api.scripted.script import Script
+from api.scripted.server import ScriptedServer
+from api.settings import OrchestratorSettings
+from worker.settings import WorkerSettings
+from worker.tools.functions import tool
+
+
+def call(name: str, arguments: dict[str, Any], id: str) -> dict[str, Any]:
+    return {"name": name, "arguments": arguments, "id": id}
+
+
+class Models:
+    """Scripted model servers and the clients that talk to them, closed after the test."""
+
+    def __init__(self) -> None:
+        self.servers: list[ScriptedServer] = []
+        self.clients: list[AsyncOpenAI] = []
+
+    def client_for(self, steps: list[Any]) -> AsyncOpenAI:
+        server = ScriptedServer(Script.from_steps(steps))
+        server.start()
+        self.servers.append(server)
+        client = AsyncOpenAI(base_url=server.base_url, api_key="test", max_retries=0, timeout=10)
+        self.clients.append(client)
+        return client
+
+
+@pytest.fixture
+async def model() -> AsyncIterator[Models]:
+    models = Models()
+    yield models
+    for client in models.clients:
+        await client.close()
+    for server in models.servers:
+        server.stop()
+
+
+def agent_on(models: Models, steps: list[Any], root: Path, **options: Any) -> Agent:
+    return Agent(
+        models.client_for(steps),
+        AgentOptions(model="scripted", **options),
+        settings=OrchestratorSettings(broker_url=None, default_timeout_ms=10_000),
+        in_process=True,
+        worker_settings=WorkerSettings(workspace_root=root, plugins=[]),
+    )
+
+
+async def test_in_process_the_fleets_tools_run_here(model: Models, tmp_path: Path) -> None:
+    steps = [
+        {
+            "tool_calls": [
+                call("write_file", {"path": "note.txt", "content": "in process"}, "c-1"),
+                call("get_current_weather", {"location": "Lyon"}, "c-2"),
+            ]
+        },
+        {"tool_calls": [call("run_bash", {"command": "cat note.txt && mkdir -p out"}, "c-3")]},
+        {"content": "Done: {last_tool_result}"},
+    ]
+    async with agent_on(model, steps, tmp_path, enable=["run_bash"]) as agent:
+        answer = await agent.chat("note it, check the weather, then look")
+
+    assert answer.startswith("Done: ")
+    records = {r.id: r for r in agent.tool_calls}
+    assert {r.worker for r in records.values()} == {"orchestrator"}
+    weather = json.loads(records["c-2"].output)
+    assert weather["condition"] == "Sunny" and weather["location"] == "Lyon"
+    assert 65 <= weather["temperature_f"] <= 75
+    bash = json.loads(records["c-3"].output)
+    assert (bash["stdout"], bash["exit_code"]) == ("in process", 0), bash
+    assert (tmp_path / agent.run_id / "out").is_dir()
+
+
+async def test_a_slow_local_tool_is_answered_as_a_timeout_at_its_deadline(
+    model: Models, tmp_path: Path
+) -> None:
+    gate = threading.Event()
+
+    def slow_lookup(key: str) -> str:
+        """Looks a key up in a very slow index.
+
+        Args:
+            key: What to look up.
+        """
+        gate.wait(30)
+        return "found"
+
+    steps = [
+        {"tool_calls": [call("slow_lookup", {"key": "k"}, "c-slow")]},
+        {"content": "Going on without it: {last_tool_result}"},
+    ]
+    agent = agent_on(model, steps, tmp_path, tool_timeout_ms=500)
+    agent.add_tool(slow_lookup)
+    try:
+        answer = await agent.chat("look it up")
+    finally:
+        gate.set()
+        await agent.close()
+
+    [record] = agent.tool_calls
+    assert record.error_kind == "timeout" and record.is_error
+    assert record.output == "Error: slow_lookup timed out after 500 ms and was stopped."
+    assert 500 <= record.wall_ms < 2500
+    assert answer == f"Going on without it: {record.output}"
+
+
+async def test_a_local_tool_that_raises_is_logged_with_the_run_and_call_ids(
+    model: Models, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    secret = "canary-local-5e0f"
+
+    @tool(name="explode")
+    def explode(payload: str) -> str:
+        """Raises, whatever it is given.
+
+        Args:
+            payload: Text that must never reach a log.
+        """
+        raise RuntimeError("disk on fire")
+
+    steps = [{"tool_calls": [call("explode", {"payload": secret}, "c-boom")]}, {"content": "ok"}]
+    async with agent_on(model, steps, tmp_path) as agent:
+        agent.add_tool(explode)
+        with caplog.at_level(logging.WARNING, logger="worker.tools.registry"):
+            await agent.chat("go")
+
+    assert agent.tool_calls[0].output == "Error executing explode: disk on fire"
+    [record] = [r for r in caplog.records if r.name == "worker.tools.registry"]
+    assert (record.run_id, record.tool_call_id) == (agent.run_id, "c-boom")  # type: ignore[attr-defined]
+    assert record.exc_info is not None and 'raise RuntimeError("disk on fire")' in caplog.text
+    assert secret not in caplog.text

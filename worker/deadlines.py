@@ -1,0 +1,42 @@
+"""A call's time limit, by one rule wherever the tool runs: the caller's override, else the limit
+the call's own arguments set (run_bash's ``timeout``, plus time to report), else the tool's
+default, else the fleet's (``TOOLQ_DEFAULT_TIMEOUT_MS``); never above ``TOOLQ_MAX_TIMEOUT_MS``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from worker.settings import FleetSettings
+
+#: Beyond a limit the call's arguments set: time for the tool to stop itself and report.
+REPORT_MARGIN_MS = 1000
+
+
+def argument_limit_ms(
+    timeout_argument: str | None, arguments: str | dict[str, Any] | None
+) -> int | None:
+    """The limit the call sets through the tool's ``timeout_argument``, with time to report."""
+    if not timeout_argument:
+        return None
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return None
+    value = arguments.get(timeout_argument) if isinstance(arguments, dict) else None
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value + REPORT_MARGIN_MS
+    return None
+
+
+def call_limit_ms(
+    settings: FleetSettings,
+    *,
+    override: int | None,
+    argument_ms: int | None,
+    tool_default_ms: int | None,
+) -> int:
+    """The call's limit in milliseconds, clamped to the fleet's maximum."""
+    limit = override or argument_ms or tool_default_ms or settings.default_timeout_ms
+    return min(max(limit, 1), settings.max_timeout_ms)
