@@ -82,7 +82,11 @@ class RunWorkspace:
     async def put_files(
         self, files: Mapping[str, str | bytes], *, timeout_ms: int | None = None
     ) -> dict[str, int]:
-        """Write files (text as UTF-8, bytes as they are); their sizes by path."""
+        """Write files (text as UTF-8, bytes as they are); their sizes by path.
+
+        ``FileProblemError`` for a path that cannot be written (a directory, outside the
+        workspace...); the files before it in ``files`` are written.
+        """
         wire = {
             path: content
             if isinstance(content, str)

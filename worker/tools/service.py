@@ -95,9 +95,26 @@ class PutFilesTool(ServiceTool):
             )
         written: dict[str, int] = {}
         for path, data in contents.items():
-            self.workspace.write_file(self.workspace.resolve(path), data)
+            try:
+                target = self.workspace.resolve(path)
+                self.workspace.write_file(target, data)
+            except WorkspaceError as exc:
+                # Those before it stay written, and the answer says which they are.
+                return {**_problem(self._unwritable(path), str(exc)), "written": written}
             written[path] = len(data)
         return {"ok": True, "written": written}
+
+    def _unwritable(self, path: str) -> FileProblem:
+        """Why ``path`` could not be written: what is there, or that it may not be used."""
+        try:
+            found = self.workspace.lstat(self.workspace.resolve(path))
+        except WorkspaceError:
+            return "refused"
+        if found is not None and stat.S_ISDIR(found.st_mode):
+            return "is_a_directory"
+        if found is not None and not stat.S_ISREG(found.st_mode):
+            return "not_a_regular_file"
+        return "refused"
 
 
 class ReadFileArgs(ToolArgs):
@@ -124,7 +141,11 @@ class ReadWholeFileTool(ServiceTool):
                 return _problem("not_a_regular_file", f"{shown(path)} is not a regular file")
             with self.workspace.open_for_reading(target) as (file, info):
                 if info.st_size > limit:
-                    return _problem("too_large", f"{shown(path)} has {info.st_size:,} bytes")
+                    return _problem(
+                        "too_large",
+                        f"{shown(path)} has {info.st_size:,} bytes, more than the {limit:,} "
+                        "this read may take",
+                    )
                 data = file.read(limit + 1)
         except PathNotFoundError as exc:
             return _problem("not_found", str(exc))

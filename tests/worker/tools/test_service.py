@@ -88,8 +88,21 @@ def test_transfers_past_the_limit_are_refused(executor: Executor) -> None:
     assert call(executor, "toolq.read_file", {"path": "a.txt", "max_bytes": 100}) == {
         "ok": False,
         "error": "too_large",
-        "message": "'a.txt' has 3,000 bytes",
+        "message": "'a.txt' has 3,000 bytes, more than the 100 this read may take",
     }
+
+
+@pytest.mark.parametrize(
+    ("path", "kind"),
+    [("a", "is_a_directory"), ("../outside.txt", "refused"), ("a/x.txt/y", "refused")],
+)
+def test_a_path_that_cannot_be_written_says_why_and_what_was_written(
+    executor: Executor, path: str, kind: str
+) -> None:
+    call(executor, "toolq.put_files", {"files": {"a/x.txt": "x"}})
+    answer = call(executor, "toolq.put_files", {"files": {"first.txt": "1", path: "2"}})
+    assert answer["ok"] is False and answer["error"] == kind, answer
+    assert answer["written"] == {"first.txt": 1}
 
 
 def test_bad_base64_names_the_file(executor: Executor) -> None:

@@ -1,0 +1,204 @@
+"""``toolq`` as an Inspect AI sandbox environment: each sample gets a run workspace on the fleet,
+its commands run in the sandbox pool with run_bash's isolation, its files go in and out through
+the tools pool.
+
+Inspect finds the class through the ``inspect_ai`` entry point of the toolq package, so
+``inspect eval task.py --sandbox toolq`` (or ``sandbox="toolq"`` in a ``Task``) is all it takes.
+Every command runs as the fleet's unprivileged sandbox user; ``exec(user=...)`` is refused with
+``SandboxUserUnsupportedError``, which Inspect's own tools take as "use the default user".
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from typing import Literal, overload
+
+from inspect_ai.log import transcript
+from inspect_ai.util import (
+    ExecResult,
+    SandboxEnvironment,
+    SandboxEnvironmentConfigType,
+    SandboxEnvironmentLimits,
+    SandboxUserUnsupportedError,
+    sandboxenv,
+)
+
+from api.inspect_sandbox.contract import call_error, exec_outcome, file_error
+from api.inspect_sandbox.link import LINK
+from api.inspect_sandbox.outside import SHELL, read_outside, write_outside
+from api.run_workspace import FileProblemError, RunWorkspace, ServiceCallError
+from api.settings import OrchestratorSettings
+
+log = logging.getLogger(__name__)
+
+#: Runs the command in ``$1`` (relative to the workspace, or absolute) with the program looked up
+#: on the sandbox's PATH, after ``env`` is applied; a program that cannot be run is the shell's
+#: exit 126 or 127, as Inspect expects, rather than a failed call. ``-P``: a relative directory is
+#: entered as it is, without the path to the workspace the sandbox user may not search. The
+#: command is the shell's child, not its replacement: the first process of the sandbox's PID
+#: namespace is its init, which the kernel spares every signal it did not ask for.
+_IN_DIRECTORY = 'cd -P -- "$1" || exit; shift; "$@"'
+#: Room left under the fleet's longest deadline for the worker to answer after a command ends.
+_ANSWER_ROOM_MS = 1000
+#: What a file transfer is given per MiB it may move, on top of the fleet's default deadline.
+_TRANSFER_MS_PER_MIB = 1000
+
+
+@sandboxenv(name="toolq")
+class ToolqSandboxEnvironment(SandboxEnvironment):
+    """One sample's sandbox: the run workspace ``workspace.run_id`` on the toolq fleet."""
+
+    def __init__(self, workspace: RunWorkspace, settings: OrchestratorSettings) -> None:
+        super().__init__()
+        self.workspace = workspace
+        self._settings = settings
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    @classmethod
+    async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
+        _refuse_config(config)
+        await LINK.open()
+
+    @classmethod
+    async def sample_init(
+        cls, task_name: str, config: SandboxEnvironmentConfigType | None, metadata: dict[str, str]
+    ) -> dict[str, SandboxEnvironment]:
+        dispatcher = await LINK.dispatcher()
+        workspace = RunWorkspace(dispatcher, LINK.fleet, new_run_id(task_name))
+        return {"default": cls(workspace, LINK.settings)}
+
+    @classmethod
+    async def sample_cleanup(
+        cls,
+        task_name: str,
+        config: SandboxEnvironmentConfigType | None,
+        environments: dict[str, SandboxEnvironment],
+        interrupted: bool,
+    ) -> None:
+        for environment in environments.values():
+            workspace = environment.as_type(cls).workspace
+            try:
+                await workspace.remove()
+            except (ServiceCallError, FileProblemError) as exc:
+                log.warning("could not remove the workspace of run %s: %s", workspace.run_id, exc)
+
+    @classmethod
+    async def task_cleanup(
+        cls, task_name: str, config: SandboxEnvironmentConfigType | None, cleanup: bool
+    ) -> None:
+        await LINK.close()
+
+    # -- commands -----------------------------------------------------------------------------
+
+    async def exec(
+        self,
+        cmd: list[str],
+        input: str | bytes | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        user: str | None = None,
+        timeout: int | None = None,  # noqa: ASYNC109 (Inspect's interface)
+        timeout_retry: bool = True,
+        concurrency: bool = True,
+    ) -> ExecResult[str]:
+        # timeout_retry is not needed: a toolq timeout is the command's own, stopped by the
+        # worker, never a transport that hung. concurrency is the fleet's to bound.
+        if user is not None:
+            raise SandboxUserUnsupportedError(
+                f"the toolq sandbox cannot run commands as {user!r}: every command runs as "
+                "the fleet's unprivileged sandbox user (TOOLQ_SANDBOX_USER on the workers); "
+                "leave user unset"
+            )
+        if not cmd:
+            raise ValueError("exec needs a command: cmd is empty")
+        timeout_ms = self._command_deadline_ms(timeout)
+        try:
+            result = await self.workspace.run(
+                [SHELL, "-c", _IN_DIRECTORY, "sh", cwd or ".", *cmd],
+                input=input,
+                env=env,
+                timeout_ms=timeout_ms,
+                output_cap_bytes=SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE,
+            )
+        except ServiceCallError as exc:
+            raise call_error(exc, f"the command {cmd[0]!r}") from exc
+        # Which worker ran it, in the sample's transcript: the sandbox is a fleet, not one box.
+        transcript().info(
+            {
+                "run_id": self.workspace.run_id,
+                "worker": result.worker,
+                "exit_code": result.exit_code,
+                "duration_ms": result.duration_ms,
+            },
+            source="toolq",
+        )
+        return exec_outcome(result, cmd, timeout_ms / 1000)
+
+    def _command_deadline_ms(self, timeout: int | None) -> int:
+        """Inspect's timeout, within the fleet's longest deadline (which also bounds a command
+        given none)."""
+        longest = max(self._settings.max_timeout_ms - _ANSWER_ROOM_MS, _ANSWER_ROOM_MS)
+        if timeout is None:
+            return longest
+        return max(min(int(timeout * 1000), longest), 1)
+
+    # -- files --------------------------------------------------------------------------------
+
+    async def write_file(self, file: str, contents: str | bytes) -> None:
+        size = (
+            len(contents.encode("utf-8", "surrogatepass"))
+            if isinstance(contents, str)
+            else len(contents)
+        )
+        deadline_ms = self._transfer_deadline_ms(size)
+        try:
+            await self.workspace.put_files({file: contents}, timeout_ms=deadline_ms)
+        except FileProblemError as exc:
+            if exc.kind != "refused":
+                raise file_error(exc, file) from exc
+            await write_outside(self.workspace, file, contents, deadline_ms)
+        except ServiceCallError as exc:
+            raise call_error(exc, f"writing {file!r}") from exc
+
+    @overload
+    async def read_file(self, file: str, text: Literal[True] = True) -> str: ...
+
+    @overload
+    async def read_file(self, file: str, text: Literal[False]) -> bytes: ...
+
+    async def read_file(self, file: str, text: bool = True) -> str | bytes:
+        limit = SandboxEnvironmentLimits.MAX_READ_FILE_SIZE
+        deadline_ms = self._transfer_deadline_ms(limit)
+        try:
+            data = await self.workspace.read_file(file, max_bytes=limit, timeout_ms=deadline_ms)
+        except FileProblemError as exc:
+            if exc.kind != "refused":
+                raise file_error(exc, file) from exc
+            data = await read_outside(self.workspace, file, limit, deadline_ms)
+        except ServiceCallError as exc:
+            raise call_error(exc, f"reading {file!r}") from exc
+        # Strict UTF-8, as Inspect documents (UnicodeDecodeError); newlines kept as they are.
+        return data.decode("utf-8") if text else data
+
+    def _transfer_deadline_ms(self, size: int) -> int:
+        """The fleet's default deadline, and time for the bytes: they cross the broker as base64
+        in JSON, a few MiB a second on a busy machine."""
+        allowance = size * _TRANSFER_MS_PER_MIB // 2**20
+        return min(self._settings.default_timeout_ms + allowance, self._settings.max_timeout_ms)
+
+
+def new_run_id(task_name: str) -> str:
+    """A fresh run id that names the task, for the sample's workspace folder."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", task_name).strip("-._")[:60] or "task"
+    return f"inspect-{slug}-{uuid.uuid4().hex[:12]}"
+
+
+def _refuse_config(config: SandboxEnvironmentConfigType | None) -> None:
+    if config is not None:
+        raise ValueError(
+            f"the toolq sandbox takes no configuration (given {config!r}): the fleet is chosen "
+            "with TOOLQ_* environment variables (TOOLQ_BROKER_URL, or none for a local stack)"
+        )
