@@ -15,6 +15,9 @@ def test_lines_written_during_a_call_carry_its_ids_after_the_first_line() -> Non
     logger = logging.getLogger("test.worker.log_context")
     logger.addHandler(handler)
     logger.propagate = False
+    # Its own level, whatever earlier tests did to the root logger's (or disabled).
+    logger.setLevel(logging.INFO)
+    logger.disabled = False
     try:
         show_ids(logger)
         show_ids(logger)  # a second setup adds nothing twice
