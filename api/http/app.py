@@ -15,13 +15,15 @@ from contextlib import asynccontextmanager
 
 import redis.asyncio as aioredis
 from fastapi import Depends, FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from redis.exceptions import RedisError
+from starlette.exceptions import HTTPException
 
 from api import fleet as fleet_module
 from api.http.auth import BodySizeLimit, token_guard
-from api.http.bodies import UNAUTHORIZED
+from api.http.bodies import UNAUTHORIZED, FieldProblem, refusal
 from api.http.metrics import ApiMetrics
 from api.http.routes import batches, runs, service
 from api.http.runner import AgentExecutor, RunExecutor, RunExecutorFactory
@@ -84,6 +86,7 @@ def create_app(
     )
     app.state.services = services
     app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]
+    app.add_exception_handler(HTTPException, _unreadable_body)  # type: ignore[arg-type]
     app.add_exception_handler(RedisError, _store_unreachable)  # type: ignore[arg-type]
     app.add_middleware(BodySizeLimit, limit=settings.api_max_body_bytes)
     guard = [Depends(token_guard(settings.api_token))]
@@ -112,9 +115,22 @@ async def _invalid_request(_: Request, exc: RequestValidationError) -> JSONRespo
             field = "body"
             reason = (error.get("ctx") or {}).get("error", "")
             message = f"the body is not valid JSON: {reason} at position {location[-1]}"
-        errors.append({"field": field, "in": where, "message": message, "type": error["type"]})
-    summary = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
-    return JSONResponse({"detail": summary, "errors": errors}, status_code=422)
+        errors.append(FieldProblem(field=field, where=where, message=message, type=error["type"]))
+    return refusal(errors)
+
+
+async def _unreadable_body(request: Request, exc: HTTPException) -> Response:
+    """A body that is not UTF-8 is invalid JSON like any other, not a bare 400."""
+    cause = exc.__cause__
+    if exc.status_code == 400 and isinstance(cause, UnicodeDecodeError):
+        message = (
+            f"the body is not valid JSON: it is not UTF-8 text ({cause.reason} at byte "
+            f"{cause.start})"
+        )
+        return refusal(
+            [FieldProblem(field="body", where="body", message=message, type="json_invalid")]
+        )
+    return await http_exception_handler(request, exc)
 
 
 async def _store_unreachable(_: Request, exc: RedisError) -> JSONResponse:
