@@ -74,6 +74,8 @@ class ToolCallRecord:
     wall_ms: float
     worker: str | None
     turn: int
+    #: The output was cut to the output cap (a notice at its end says how much was left out).
+    truncated: bool = False
 
 
 class Agent:
@@ -257,6 +259,7 @@ class Agent:
                     record.error_kind,
                     record.duration_ms,
                     record.worker,
+                    record.truncated,
                 )
             )
         for call, task in zip(calls, tasks, strict=True):
@@ -282,6 +285,7 @@ class Agent:
             wall_ms=wall_ms,
             worker=outcome.worker or ORCHESTRATOR,
             turn=turn,
+            truncated=outcome.truncated,
         )
 
     def transcript(self) -> dict[str, Any]:

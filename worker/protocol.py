@@ -88,6 +88,7 @@ class WorkerInfo(BaseModel):
     host: str
     pid: int
     started: float = Field(description="Epoch seconds.")
+    beat_at: float | None = Field(None, description="Epoch seconds of the last heartbeat.")
 
 
 class ToolCallRequest(BaseModel):

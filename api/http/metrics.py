@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from api.events import AgentEvent, ToolCallFinished, ToolCallStarted
+from api.http.recent_calls import RecentCalls
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 #: From a no-op on a warm worker (milliseconds) to a long shell command (minutes).
@@ -61,6 +62,8 @@ class ApiMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        #: The calls of the last minutes, for the viewer's fleet page.
+        self.recent = RecentCalls()
 
     def record_event(self, event: AgentEvent) -> None:
         """An ``Agent.observers`` entry: counts calls, their outcome and latency."""
@@ -69,16 +72,18 @@ class ApiMetrics:
         elif isinstance(event, ToolCallFinished):
             self.tool_calls_in_flight.dec()
             outcome = (event.error_kind or "error") if event.is_error else "ok"
-            self.tool_calls.labels(tool=event.name, outcome=outcome).inc()
-            self.tool_call_seconds.labels(tool=event.name).observe(event.duration_ms / 1000)
+            self._count(event.name, outcome, event.duration_ms / 1000)
 
     def record_tool_calls(self, calls: Iterable[Mapping[str, Any]]) -> None:
         """Count calls after the fact, from a transcript's ``tool_calls`` (batch items)."""
         for call in calls:
             outcome = (call.get("error_kind") or "error") if call.get("is_error") else "ok"
-            self.tool_calls.labels(tool=call["name"], outcome=outcome).inc()
-            seconds = float(call.get("duration_ms") or 0) / 1000
-            self.tool_call_seconds.labels(tool=call["name"]).observe(seconds)
+            self._count(call["name"], outcome, float(call.get("duration_ms") or 0) / 1000)
+
+    def _count(self, tool: str, outcome: str, seconds: float) -> None:
+        self.tool_calls.labels(tool=tool, outcome=outcome).inc()
+        self.tool_call_seconds.labels(tool=tool).observe(seconds)
+        self.recent.add(tool, outcome == "ok", seconds)
 
     def observer(self) -> RunObserver:
         """An observer for one conversation that can give back the calls it left in flight."""
