@@ -2,8 +2,8 @@
 
 Runs and batches execute in the process that accepted them; their state and events live in
 Redis under ``toolq:api:``, so any replica answers for any run, and finished results outlive a
-restart. The routes are in ``api.http.routes``, a router per resource; ``toolq serve`` is
-``api.http.server``.
+restart. The routes are in ``api.http.routes``, a router per resource; the web viewer at ``/`` is
+``api.http.viewer``; ``toolq serve`` is ``api.http.server``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,10 @@ from api.http.runner import AgentExecutor, RunExecutor, RunExecutorFactory
 from api.http.services import Services
 from api.http.state.replicas import ReplicaLease
 from api.http.state.store import ApiStore
+from api.http.viewer.routes import mount_viewer
+from api.http.viewer.store import StoreSources
+from api.http.viewer.tickets import StreamTickets
+from api.http.viewer.viewer import Viewer
 from api.llm import ChatModel
 from api.settings import OrchestratorSettings, get_settings
 
@@ -93,6 +97,9 @@ def create_app(
     for router in (runs.router, batches.router, service.router):
         app.include_router(router, dependencies=guard, responses=UNAUTHORIZED)
     app.include_router(service.public)
+    sources = StoreSources(services)
+    tickets = StreamTickets(settings.api_token) if settings.api_token else None
+    mount_viewer(app, Viewer(sources, sources, sources, tickets), guard)
     return app
 
 
