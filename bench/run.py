@@ -29,6 +29,7 @@ from bench.search_tree import search_case
 from bench.stack import bare_worker, bench_settings, private_redis, python_path, toolq_workers
 from bench.stats import CaseResult
 from bench.throughput import measure, throughput_case
+from bench.viewer import viewer_case
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WATCHDOG_S = 300
@@ -51,6 +52,8 @@ class Sizes:
     search_files: int
     search_runs: int
     worker_processes: tuple[int, ...]
+    viewer_lines: int
+    viewer_runs: int
 
 
 FULL = Sizes(
@@ -69,6 +72,8 @@ FULL = Sizes(
     search_files=10_000,
     search_runs=5,
     worker_processes=(1, 2),
+    viewer_lines=100_000,
+    viewer_runs=3,
 )
 QUICK = Sizes(
     round_trips=30,
@@ -86,6 +91,8 @@ QUICK = Sizes(
     search_files=200,
     search_runs=1,
     worker_processes=(1,),
+    viewer_lines=2_000,
+    viewer_runs=1,
 )
 
 
@@ -112,6 +119,8 @@ def run_cases(sizes: Sizes, progress: Progress) -> list[CaseResult]:
         layers = sandbox_layers(sizes.bash_calls, sizes.warmup)
     with progress.step("search_text vs grep"):
         search = search_case(sizes.search_files, sizes.search_runs)
+    with progress.step("toolq view vs jq"):
+        viewer = viewer_case(sizes.viewer_lines, sizes.viewer_runs)
     by_concurrency: dict[int, dict[str, Any]] = {}
     with private_redis() as url, tempfile.TemporaryDirectory(prefix="toolq-bench-ws-") as ws:
         # Run folders belong to the sandbox user; it must be able to reach them.
@@ -156,7 +165,7 @@ def run_cases(sizes: Sizes, progress: Progress) -> list[CaseResult]:
                             warm_up=sizes.conversation_warmup,
                         )
     throughput = throughput_case(by_concurrency, sizes.throughput_calls)
-    return [round_trip, throughput, conversations, sandbox, big, search]
+    return [round_trip, throughput, conversations, sandbox, big, search, viewer]
 
 
 def _stop_on_sigterm(signum: int, frame: object) -> None:

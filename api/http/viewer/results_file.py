@@ -212,7 +212,7 @@ class ResultsFileSource:
             status, note = "read", None
         return BatchView(
             id=self.batch_id,
-            title=str(file.path),
+            title=file.path.name,
             status=status,
             live=file.reading or growing,
             total=None,

@@ -192,7 +192,8 @@ def _sorted(
 ) -> list[tuple[int, ItemSummary]]:
     present = [row for row in rows if key(row[1]) is not None]
     absent = [row for row in rows if key(row[1]) is None]
-    present.sort(key=lambda row: (key(row[1]), row[0]), reverse=descending)
+    # Stable either way: equal values stay in the order they finished.
+    present.sort(key=lambda row: key(row[1]), reverse=descending)
     return present + absent
 
 

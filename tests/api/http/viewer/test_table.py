@@ -89,6 +89,7 @@ def test_sorting_puts_missing_values_last_either_way() -> None:
     assert ids(ItemQuery(sort="tokens")) == ["a", "d", "c", "b"]
     assert ids(ItemQuery(sort="tokens", order="desc")) == ["c", "d", "a", "b"]
     assert ids(ItemQuery(sort="duration", order="desc")) == ["c", "a", "b", "d"]
+    assert ids(ItemQuery(sort="stop_reason", order="desc")) == ["c", "a", "d", "b"]  # ties: a, d
     assert ids(ItemQuery(sort="finished", order="desc")) == ["d", "c", "b", "a"]
 
 
