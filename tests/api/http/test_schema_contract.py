@@ -2,11 +2,14 @@
 finds nothing against a real `toolq serve` on real workers.
 
 Bounded: a fixed number of examples per operation and a fixed seed, so a failure can be replayed
-(the output says how) and the run stays well under a minute.
+(the output says how) and the run stays well under a minute. Schemathesis' warnings (say, an
+operation that only ever answered 404) are not failures of the contract; its failures and
+errors are.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -45,6 +48,7 @@ def server(fleet: WorkerFleet, tmp_path_factory: pytest.TempPathFactory) -> Iter
             replica.client.close()
 
 
+@pytest.mark.timeout(300)
 def test_schemathesis_finds_nothing(server: Replica, tmp_path: Path) -> None:
     done = subprocess.run(
         [
@@ -61,8 +65,9 @@ def test_schemathesis_finds_nothing(server: Replica, tmp_path: Path) -> None:
             str(EXAMPLES_PER_OPERATION),
             "--seed",
             str(SEED),
+            # A run's event stream lasts as long as the run: on a busy machine, many seconds.
             "--request-timeout",
-            "20",
+            "60",
             "--no-color",
             "--report",
             "junit",
@@ -77,5 +82,5 @@ def test_schemathesis_finds_nothing(server: Replica, tmp_path: Path) -> None:
     )
     output = done.stdout + done.stderr
     assert done.returncode == 0, f"{output[-12000:]}\n--- toolq serve:\n{server.log()}"
-    assert "No issues found" in output
-    assert "✅ Stateful" in output  # run, not skipped
+    assert "✅ Stateful" in output, output[-6000:]  # run, not skipped
+    assert not re.search(r"\d+ (failure|error)s? ", output), output[-6000:]

@@ -22,7 +22,8 @@ from tests.conftest import WorkerFleet, wait_for
 if TYPE_CHECKING:
     from playwright.sync_api import Page
 
-pytestmark = [pytest.mark.integration, pytest.mark.browser]
+# The first test waits for a batch of 300 conversations as well.
+pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(300)]
 
 TOKEN = "viewer-token"
 XSS = '<script>window.pwned = 1</script><img src=x onerror="window.pwned = 2">'
@@ -60,13 +61,13 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
         {
             "content": "Step one.",
             "tool_calls": [
-                {"name": "run_bash", "arguments": {"command": "sleep 1.5; echo first-output"}}
+                {"name": "run_bash", "arguments": {"command": "sleep 3; echo first-output"}}
             ],
         },
         {
             "content": "Step two.",
             "tool_calls": [
-                {"name": "run_bash", "arguments": {"command": "sleep 1.5; echo second-output"}}
+                {"name": "run_bash", "arguments": {"command": "sleep 3; echo second-output"}}
             ],
         },
         {"content": "Finished, live."},
