@@ -4,9 +4,25 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast lint typecheck fmt bench demo reliability-report clean
+.PHONY: install system-packages test test-fast lint typecheck fmt bench demo reliability-report viewer-screenshots clean
 
-install: $(STAMP)
+# Debian's packages the tests and the bench use: a headless Chromium for the viewer's browser
+# tests, and jq, the bench's baseline for toolq view. Installed where apt-get is and we are
+# root; elsewhere the browser tests skip, saying so.
+SYSTEM_PACKAGES := chromium:chromium chromedriver:chromium-driver jq:jq
+
+install: $(STAMP) system-packages
+
+system-packages:
+	@missing=""; for pair in $(SYSTEM_PACKAGES); do \
+		command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "make install: installing$$missing with apt-get"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends$$missing >/dev/null; \
+	else \
+		echo "make install:$$missing not installed (needs root and apt-get): the browser tests skip and make bench's viewer case cannot run"; \
+	fi
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +53,10 @@ typecheck: install
 fmt: install
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
+
+# Refreshes the committed screenshots of the viewer (docs/viewer/) from a run of its browser tests.
+viewer-screenshots: install
+	VIEWER_SCREENSHOTS=docs/viewer $(BIN)/pytest -m browser tests/api/http/viewer -p no:cacheprovider
 
 bench: install
 	$(BIN)/python -m bench.run

@@ -89,6 +89,8 @@ class ToolCallRecord:
     wall_ms: float
     worker: str | None
     turn: int
+    #: The output was cut to the output cap (a notice at its end says how much was left out).
+    truncated: bool = False
 
 
 class Agent:
@@ -333,6 +335,7 @@ class Agent:
                         record.error_kind,
                         record.duration_ms,
                         record.worker,
+                        record.truncated,
                     )
                 )
         except LimitReached as reached:
@@ -371,6 +374,7 @@ class Agent:
             wall_ms=wall_ms,
             worker=outcome.worker or ORCHESTRATOR,
             turn=turn,
+            truncated=outcome.truncated,
         )
 
     def transcript(self) -> dict[str, Any]:

@@ -212,7 +212,7 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port.")] = 8000,
 ) -> None:
-    """The HTTP API (runs, batches, tools, SSE events, metrics)."""
+    """The HTTP API (runs, batches, tools, SSE events, metrics) and the web viewer at /."""
     _checked_settings()
     from api.http.server import serve as serve_api
 
@@ -238,6 +238,20 @@ def mcp(
         raise typer.Exit(2) from None
     choice = ToolChoice(tuple(enable or ()), tuple(disable or ()), tool_timeout_ms)
     raise typer.Exit(serve_stdio(get_settings(), choice))
+
+
+@app.command()
+def view(
+    results: Annotated[Path, typer.Argument(help="A batch's output JSONL (toolq batch -o).")],
+    port: Annotated[int, typer.Option(help="Port on 127.0.0.1 (default: a free one).")] = 0,
+    browser: Annotated[
+        bool, typer.Option("--browser/--no-browser", help="Open the page in a browser.")
+    ] = True,
+) -> None:
+    """Look through a batch's results in the web viewer: a read-only server on 127.0.0.1."""
+    from api.http.viewer.view import view_results
+
+    raise typer.Exit(view_results(results, port=port, open_browser=browser))
 
 
 @app.command("scripted-llm")

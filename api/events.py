@@ -40,6 +40,7 @@ class ToolCallFinished:
     error_kind: str | None
     duration_ms: float
     worker: str | None
+    truncated: bool = False
     type: Literal["tool_call_finished"] = "tool_call_finished"
 
 

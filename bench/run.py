@@ -30,6 +30,7 @@ from bench.stack import bare_worker, bench_settings, private_redis, python_path,
 from bench.stats import CaseResult
 from bench.tasks import tasks_case
 from bench.throughput import measure, throughput_case
+from bench.viewer import viewer_case
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WATCHDOG_S = 300
@@ -54,6 +55,8 @@ class Sizes:
     worker_processes: tuple[int, ...]
     task_items: int
     task_repeats: int
+    viewer_lines: int
+    viewer_runs: int
 
 
 FULL = Sizes(
@@ -74,6 +77,8 @@ FULL = Sizes(
     worker_processes=(1, 2),
     task_items=300,
     task_repeats=2,
+    viewer_lines=100_000,
+    viewer_runs=3,
 )
 QUICK = Sizes(
     round_trips=30,
@@ -93,6 +98,8 @@ QUICK = Sizes(
     worker_processes=(1,),
     task_items=10,
     task_repeats=1,
+    viewer_lines=2_000,
+    viewer_runs=1,
 )
 
 
@@ -119,6 +126,8 @@ def run_cases(sizes: Sizes, progress: Progress) -> list[CaseResult]:
         layers = sandbox_layers(sizes.bash_calls, sizes.warmup)
     with progress.step("search_text vs grep"):
         search = search_case(sizes.search_files, sizes.search_runs)
+    with progress.step("toolq view vs jq"):
+        viewer = viewer_case(sizes.viewer_lines, sizes.viewer_runs)
     by_concurrency: dict[int, dict[str, Any]] = {}
     with private_redis() as url, tempfile.TemporaryDirectory(prefix="toolq-bench-ws-") as ws:
         # Run folders belong to the sandbox user; it must be able to reach them.
@@ -165,7 +174,7 @@ def run_cases(sizes: Sizes, progress: Progress) -> list[CaseResult]:
                             warm_up=sizes.conversation_warmup,
                         )
     throughput = throughput_case(by_concurrency, sizes.throughput_calls)
-    return [round_trip, throughput, conversations, sandbox, big, search, tasks]
+    return [round_trip, throughput, conversations, sandbox, big, search, tasks, viewer]
 
 
 def _stop_on_sigterm(signum: int, frame: object) -> None:

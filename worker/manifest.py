@@ -81,7 +81,7 @@ class Heartbeat:
             pid=os.getpid(),
             started=time.time(),
             unavailable=unavailable or {},
-        ).model_dump_json()
+        )
 
     def start(self) -> None:
         self.beat()
@@ -90,9 +90,10 @@ class Heartbeat:
     def beat(self) -> None:
         # The manifest goes out with every beat: a Redis that restarted empty gets it back.
         publish_manifest(self._redis, self._specs, self._pools)
+        info = self._info.model_copy(update={"beat_at": time.time()}).model_dump_json()
         pipe = self._redis.pipeline(transaction=False)
         for pool in self._pools:
-            pipe.set(keys.worker_heartbeat(pool, self._worker), self._info, ex=HEARTBEAT_TTL_S)
+            pipe.set(keys.worker_heartbeat(pool, self._worker), info, ex=HEARTBEAT_TTL_S)
         pipe.execute()
 
     def stop(self) -> None:

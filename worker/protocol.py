@@ -97,6 +97,7 @@ class WorkerInfo(BaseModel):
         description="Tools it was set up to serve and cannot (an MCP server's as <server>__*), "
         "and why.",
     )
+    beat_at: float | None = Field(None, description="Epoch seconds of the last heartbeat.")
 
 
 class ToolCallRequest(BaseModel):

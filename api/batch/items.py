@@ -12,6 +12,7 @@ import binascii
 import json
 import logging
 import posixpath
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,12 +39,26 @@ DEFAULT_COMMAND_TIMEOUT_S = 300.0
 REPORT_MARGIN_S = 1.0
 
 
+#: One name of a workspace path as the schema documents it: not empty, not "." or "..", no "/" or
+#: NUL. (The line check accepts a little more, such as "a/../b"; what the schema allows, it takes.)
+_NAME = r"(?:[^/\x00.][^/\x00]*|\.[^/\x00.][^/\x00]*|\.\.[^/\x00]+)"
+#: A file's path below the workspace.
+FILE_PATH_PATTERN = rf"^{_NAME}(?:/{_NAME})*$"
+#: An artifacts glob: names below the workspace, a final "/" for directories only.
+GLOB_PATTERN = rf"^{_NAME}(?:/{_NAME})*/?$"
+#: Why a path or pattern that stays inside the workspace is still refused: one spelling per path,
+#: as the schema documents.
+NOT_PLAIN = "is not a plain path: names joined by single '/', none of them '.' or '..'"
+#: Standard base64 as ``base64.b64decode(..., validate=True)`` takes it.
+BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+
+
 class FileBytes(BaseModel):
     """A file's content as bytes: ``{"base64": "..."}``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    base64: str
+    base64: str = Field(json_schema_extra={"pattern": BASE64_PATTERN})
 
     @property
     def data(self) -> bytes:
@@ -93,6 +108,8 @@ def _path_problem(path: str) -> str | None:
         return "leads outside the workspace"
     if normal == "." or path.endswith("/"):
         return "names a directory, not a file"
+    if not re.fullmatch(FILE_PATH_PATTERN, path):
+        return NOT_PLAIN
     return None
 
 
@@ -115,20 +132,24 @@ class BatchItem(BaseModel):
         None,
         description='Workspace-relative path -> UTF-8 text, or {"base64": "..."} for bytes; '
         "written before the conversation.",
+        json_schema_extra={"propertyNames": {"pattern": FILE_PATH_PATTERN}},
     )
     setup: str | None = Field(
         None, min_length=1, description="A shell command run in the sandbox before the model."
     )
     setup_timeout_s: float | None = Field(None, gt=0, description="Default 300 s.")
     target: str | None = Field(
-        None, min_length=1, description="Passed when the final answer contains it (any case)."
+        None,
+        min_length=1,
+        description="Passed when the final answer contains it (any case).",
+        json_schema_extra={"pattern": r"\S"},  # not blank: said by the check below, in words
     )
     check: str | None = Field(
         None, min_length=1, description="A shell command run after the conversation; 0 passes."
     )
     check_timeout_s: float | None = Field(None, gt=0, description="Default 300 s.")
-    artifacts: list[str] | None = Field(
-        None, description="Workspace-relative globs of files to bring back in the result."
+    artifacts: list[Annotated[str, Field(json_schema_extra={"pattern": GLOB_PATTERN})]] | None = (
+        Field(None, description="Workspace-relative globs of files to bring back in the result.")
     )
     time_limit_s: float | None = Field(None, gt=0, description="The conversation's wall time.")
     token_limit: int | None = Field(None, gt=0, description="Tokens the conversation may use.")
@@ -149,6 +170,8 @@ class BatchItem(BaseModel):
                 glob_segments(pattern)
             except ValueError as exc:
                 raise ValueError(f"the pattern {pattern!r} {exc}") from None
+            if not re.fullmatch(GLOB_PATTERN, pattern):
+                raise ValueError(f"the pattern {pattern!r} {NOT_PLAIN}")
         return patterns
 
     @property

@@ -2,8 +2,8 @@
 
 Runs and batches execute in the process that accepted them; their state and events live in
 Redis under ``toolq:api:``, so any replica answers for any run, and finished results outlive a
-restart. The routes are in ``api.http.routes``, a router per resource; ``toolq serve`` is
-``api.http.server``.
+restart. The routes are in ``api.http.routes``, a router per resource; the web viewer at ``/`` is
+``api.http.viewer``; ``toolq serve`` is ``api.http.server``.
 """
 
 from __future__ import annotations
@@ -17,22 +17,28 @@ from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
 from fastapi import Depends, FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from redis.exceptions import RedisError
+from starlette.exceptions import HTTPException
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from api import fleet as fleet_module
 from api.fleet import Fleet
 from api.http.auth import BodySizeLimit, TokenGuard, token_guard
-from api.http.bodies import UNAUTHORIZED
+from api.http.bodies import UNAUTHORIZED, FieldProblem, refusal
 from api.http.metrics import ApiMetrics
 from api.http.routes import batches, runs, service
 from api.http.runner import AgentExecutor, RunExecutor, RunExecutorFactory
 from api.http.services import Services
 from api.http.state.replicas import ReplicaLease
 from api.http.state.store import ApiStore
+from api.http.viewer.routes import mount_viewer
+from api.http.viewer.store import StoreSources
+from api.http.viewer.tickets import StreamTickets
+from api.http.viewer.viewer import Viewer
 from api.llm import ChatModel
 from api.settings import OrchestratorSettings, get_settings
 
@@ -94,6 +100,7 @@ def create_app(
     )
     app.state.services = services
     app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]
+    app.add_exception_handler(HTTPException, _unreadable_body)  # type: ignore[arg-type]
     app.add_exception_handler(RedisError, _store_unreachable)  # type: ignore[arg-type]
     app.add_middleware(BodySizeLimit, limit=settings.api_max_body_bytes)
     guard = [Depends(token_guard(settings.api_token))]
@@ -102,6 +109,9 @@ def create_app(
     app.include_router(service.public)
     # An ASGI app of its own, not a FastAPI route: the token guard wraps it the same way.
     app.router.routes.append(Route("/mcp", TokenGuard(mcp or _no_mcp, settings.api_token)))
+    sources = StoreSources(services)
+    tickets = StreamTickets(settings.api_token) if settings.api_token else None
+    mount_viewer(app, Viewer(sources, sources, sources, tickets), guard)
     return app
 
 
@@ -143,9 +153,22 @@ async def _invalid_request(_: Request, exc: RequestValidationError) -> JSONRespo
             field = "body"
             reason = (error.get("ctx") or {}).get("error", "")
             message = f"the body is not valid JSON: {reason} at position {location[-1]}"
-        errors.append({"field": field, "in": where, "message": message, "type": error["type"]})
-    summary = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
-    return JSONResponse({"detail": summary, "errors": errors}, status_code=422)
+        errors.append(FieldProblem(field=field, where=where, message=message, type=error["type"]))
+    return refusal(errors)
+
+
+async def _unreadable_body(request: Request, exc: HTTPException) -> Response:
+    """A body that is not UTF-8 is invalid JSON like any other, not a bare 400."""
+    cause = exc.__cause__
+    if exc.status_code == 400 and isinstance(cause, UnicodeDecodeError):
+        message = (
+            f"the body is not valid JSON: it is not UTF-8 text ({cause.reason} at byte "
+            f"{cause.start})"
+        )
+        return refusal(
+            [FieldProblem(field="body", where="body", message=message, type="json_invalid")]
+        )
+    return await http_exception_handler(request, exc)
 
 
 async def _store_unreachable(_: Request, exc: RedisError) -> JSONResponse:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
 
 from api.agent import AgentOptions
 from api.batch.items import BatchItem
@@ -31,14 +32,27 @@ class BatchRequest(BaseModel):
     concurrency: int = Field(10, ge=1, le=1000, description="Conversations in flight at once.")
     model: str | None = Field(None, description="Model for items without one (TOOLQ_MODEL).")
 
-    @model_validator(mode="after")
-    def _unique_ids(self) -> BatchRequest:
-        seen: set[str] = set()
-        for item in self.items:
-            if item.id in seen:
-                raise ValueError(f"duplicate item id {item.id!r}: ids name the results")
-            seen.add(item.id)
-        return self
+    def id_conflicts(self) -> list[FieldProblem]:
+        """Items whose id an earlier item has: ids name the results, so each must be unique.
+
+        Not a validation rule of the body: JSON Schema cannot say "unique by id", and a body the
+        schema allows is answered 409 rather than 422.
+        """
+        first: dict[str, int] = {}
+        problems = []
+        for index, item in enumerate(self.items):
+            if item.id in first:
+                problems.append(
+                    FieldProblem(
+                        field=f"items.{index}.id",
+                        where="body",
+                        message=f"duplicate item id {item.id!r} (first at items.{first[item.id]}):"
+                        " ids name the results",
+                        type="duplicate_id",
+                    )
+                )
+            first.setdefault(item.id, index)
+        return problems
 
 
 class Accepted(BaseModel):
@@ -60,6 +74,26 @@ class Problem(BaseModel):
     detail: str
 
 
+class FieldProblem(BaseModel):
+    """One thing wrong with a request."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    field: str = Field(
+        description="The field, dotted (options.max_turns, items.0.prompt), or 'body'."
+    )
+    where: str = Field(alias="in", description="Where the field is: body, query, path or header.")
+    message: str
+    type: str = Field(description="The kind of problem, as pydantic names it (missing, ...).")
+
+
+class ValidationProblem(BaseModel):
+    """A request refused before anything started, each problem named with its field."""
+
+    detail: str = Field(description="Every problem on one line: 'field: message; ...'.")
+    errors: list[FieldProblem]
+
+
 class Health(BaseModel):
     status: str
     replica: str
@@ -70,8 +104,24 @@ Responses = dict[int | str, dict[str, Any]]
 
 #: Every route behind the token can answer this.
 UNAUTHORIZED: Responses = {401: {"model": Problem, "description": "Missing or wrong bearer token."}}
+#: Every route that takes parameters or a body can refuse them.
+INVALID: Responses = {
+    422: {"model": ValidationProblem, "description": "The request is not valid: see `errors`."}
+}
+#: Every route that reads the state store can find it unreachable.
+UNREACHABLE: Responses = {503: {"model": Problem, "description": "Redis is unreachable."}}
 #: A request to start runs or batches can be refused before anything starts.
+ID_CONFLICT: Responses = {
+    409: {"model": ValidationProblem, "description": "Two items share an id: see `errors`."}
+}
 START_REFUSED: Responses = {
     413: {"model": Problem, "description": "The body is over the size limit."},
     503: {"model": Problem, "description": "No workers, or Redis unreachable."},
 }
+
+
+def refusal(errors: list[FieldProblem], status_code: int = 422) -> JSONResponse:
+    """The answer to a request refused for what is in it: every problem, with its field."""
+    summary = "; ".join(f"{e.field}: {e.message}" for e in errors)
+    body = ValidationProblem(detail=summary, errors=errors)
+    return JSONResponse(body.model_dump(by_alias=True), status_code=status_code)

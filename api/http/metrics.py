@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from api.events import AgentEvent, ToolCallFinished, ToolCallStarted
+from api.http.recent_calls import RecentCalls
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 #: The ``tool`` label of calls to tools the fleet does not serve. Models invent tool names; one
@@ -69,6 +70,8 @@ class ApiMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        #: The calls of the last minutes, for the viewer's fleet page.
+        self.recent = RecentCalls()
 
     def know_tools(self, names: Iterable[str]) -> None:
         """Tools the fleet serves (as read from its manifest): their calls count under their
@@ -101,6 +104,7 @@ class ApiMetrics:
         outcome = (error_kind or "error") if is_error else "ok"
         self.tool_calls.labels(tool=tool, outcome=outcome).inc()
         self.tool_call_seconds.labels(tool=tool).observe(duration_ms / 1000)
+        self.recent.add(tool, outcome == "ok", duration_ms / 1000)
 
     def observer(self) -> RunObserver:
         """An observer for one conversation that can give back the calls it left in flight."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -14,6 +16,11 @@ from api.http.metrics import ApiMetrics
 from api.http.runner import RunExecutor
 from api.http.state.store import ApiStore
 from api.settings import OrchestratorSettings
+
+log = logging.getLogger(__name__)
+
+#: How long the broker gets to say how deep its queues are.
+QUEUE_DEPTH_TIMEOUT_S = 3.0
 
 
 @dataclass
@@ -35,6 +42,17 @@ def _services(request: Request) -> Services:
 
 #: A route's parameter of this type is given its app's services.
 Svc = Annotated[Services, Depends(_services)]
+
+
+async def read_queue_depths(services: Services) -> Mapping[str, int] | None:
+    """Calls waiting in each pool's queue; None when the broker does not answer in time."""
+    try:
+        return await asyncio.wait_for(
+            asyncio.to_thread(services.queue_depths, services.settings), QUEUE_DEPTH_TIMEOUT_S
+        )
+    except Exception as exc:  # the broker's client raises many kinds; a reader must not fail
+        log.warning("queue depths unavailable: %s", exc)
+        return None
 
 
 async def reachable_fleet(services: Services) -> Fleet:

@@ -46,15 +46,29 @@ class McpEndpoint:
     """The ASGI app of ``/mcp`` and what it runs while the API is up (``running``)."""
 
     def __init__(self, settings: OrchestratorSettings, fleet: Callable[[], Awaitable[Fleet]]):
-        self._dispatcher = Dispatcher(settings)
-        self.runs = SessionRuns(fleet, self._dispatcher, idle_timeout_s=SESSION_IDLE_TIMEOUT_S)
-        server = fleet_mcp_server(self.runs, _session_of)
+        self._settings = settings
+        self._fleet = fleet
+        self._parts: tuple[Dispatcher, SessionRuns, StreamableHTTPSessionManager] | None = None
+
+    def _start_parts(self) -> tuple[Dispatcher, SessionRuns, StreamableHTTPSessionManager]:
+        """What one run of the API serves MCP with: made anew each time, since the SDK's session
+        manager runs once and a closed dispatcher stays closed."""
+        dispatcher = Dispatcher(self._settings)
+        runs = SessionRuns(self._fleet, dispatcher, idle_timeout_s=SESSION_IDLE_TIMEOUT_S)
+        server = fleet_mcp_server(runs, _session_of)
         handshake_only(server)
-        self._manager = StreamableHTTPSessionManager(
+        manager = StreamableHTTPSessionManager(
             app=server,
             session_idle_timeout=SESSION_IDLE_TIMEOUT_S,
-            security_settings=None if settings.api_token else LOOPBACK_ONLY,
+            security_settings=None if self._settings.api_token else LOOPBACK_ONLY,
         )
+        return dispatcher, runs, manager
+
+    @property
+    def runs(self) -> SessionRuns:
+        if self._parts is None:
+            raise RuntimeError("the MCP endpoint is not running")
+        return self._parts[1]
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -63,10 +77,11 @@ class McpEndpoint:
         It runs in a task of its own: its task group must end in the task it began in, and
         whoever runs the app's lifespan may begin and end it in different tasks.
         """
+        dispatcher, _runs, manager = self._parts = self._start_parts()
         started, stop = asyncio.Event(), asyncio.Event()
 
         async def hold() -> None:
-            async with self._manager.run():
+            async with manager.run():
                 started.set()
                 await stop.wait()
 
@@ -81,10 +96,13 @@ class McpEndpoint:
         finally:
             stop.set()
             await holder
-            await self._dispatcher.close()
+            await dispatcher.close()
+            self._parts = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self._manager.handle_request(scope, receive, send)
+        if self._parts is None:
+            raise RuntimeError("the MCP endpoint is not running")
+        await self._parts[2].handle_request(scope, receive, send)
         if scope.get("method") == "DELETE":  # the client ended its session
             session = Request(scope).headers.get(MCP_SESSION_ID_HEADER)
             if session is not None:

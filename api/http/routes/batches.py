@@ -7,19 +7,42 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Query, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 
 from api.batch.items import ItemLimits
-from api.http.bodies import START_REFUSED, Accepted, BatchRequest, Problem
+from api.http.bodies import (
+    ID_CONFLICT,
+    INVALID,
+    START_REFUSED,
+    UNREACHABLE,
+    Accepted,
+    BatchRequest,
+    Problem,
+    refusal,
+)
 from api.http.services import Svc, tool_errors, working_fleet
 from api.http.state.batches import BatchState
 
-router = APIRouter(tags=["batches"])
+#: Past any batch's results, and within what Redis takes as a list index.
+MAX_OFFSET = 1_000_000_000
+
+router = APIRouter(tags=["batches"], responses={**INVALID, **UNREACHABLE})
 
 
-@router.post("/v1/batches", status_code=202, response_model=Accepted, responses=START_REFUSED)
-async def _create_batch(body: BatchRequest, services: Svc, response: Response) -> Accepted:
+@router.post(
+    "/v1/batches",
+    status_code=202,
+    response_model=Accepted,
+    responses={**START_REFUSED, **ID_CONFLICT},
+)
+async def _create_batch(
+    body: BatchRequest, services: Svc, response: Response
+) -> Accepted | JSONResponse:
     """Start many conversations or tasks (the items of ``toolq batch``); progress and results at
     /v1/batches/{id}."""
+    conflicts = body.id_conflicts()
+    if conflicts:
+        return refusal(conflicts, 409)
     fleet = await working_fleet(services)
     limits = ItemLimits.from_settings(services.settings)
     errors = [
@@ -51,7 +74,7 @@ async def _create_batch(body: BatchRequest, services: Svc, response: Response) -
 async def _get_batch(
     batch_id: Annotated[str, Path(min_length=1, max_length=200)],
     services: Svc,
-    offset: Annotated[int, Query(ge=0, description="First result to return.")] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET, description="First result to return.")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000, description="Results per page.")] = 100,
 ) -> BatchState:
     """Progress (total, done, ok, error, running) and a page of output records, in the order

@@ -2,31 +2,38 @@
 
 from __future__ import annotations
 
-import json
 import re
 import uuid
-from collections.abc import AsyncIterator, Mapping
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException, Path, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 
-from api.http.bodies import START_REFUSED, Accepted, Problem, Responses, RunRequest
-from api.http.services import Services, Svc, tool_errors, working_fleet
-from api.http.state.keys import ACTIVE, DONE
+from api.http.bodies import (
+    INVALID,
+    START_REFUSED,
+    UNREACHABLE,
+    Accepted,
+    Problem,
+    Responses,
+    RunRequest,
+)
+from api.http.services import Svc, tool_errors, working_fleet
+from api.http.sse import event_stream_response
+from api.http.state.keys import ACTIVE
 from api.http.state.runs import RunState
 
 #: How long ``POST /cancel`` waits for the run to stop before answering 202 "cancelling".
 CANCEL_WAIT_S = 5.0
-#: An SSE stream sends a comment this often while nothing happens (and checks the run is alive).
-SSE_IDLE_S = 5.0
-STREAM_ID = re.compile(r"^\d+(-\d+)?$")
+#: A Redis stream id (milliseconds-sequence), each part small enough for Redis to take; or
+#: nothing, which means from the start.
+STREAM_ID = re.compile(r"^(\d{1,19}(-\d{1,19})?)?$")
 
 RunId = Annotated[str, Path(min_length=1, max_length=200, description="The run's id.")]
 NOT_FOUND: Responses = {404: {"model": Problem, "description": "No such run."}}
 
-router = APIRouter(tags=["runs"])
+router = APIRouter(tags=["runs"], responses={**INVALID, **UNREACHABLE})
 
 
 @router.post("/v1/runs", status_code=202, response_model=Accepted, responses=START_REFUSED)
@@ -68,6 +75,7 @@ async def _get_run(run_id: RunId, services: Svc) -> RunState:
             "content": {"text/event-stream": {}},
             "description": "The run's events so far, then live ones, then `done`.",
         },
+        400: {"model": Problem, "description": "Last-Event-ID is not an event id of this API."},
         **NOT_FOUND,
     },
 )
@@ -75,51 +83,21 @@ async def _run_events(
     run_id: RunId,
     services: Svc,
     last_event_id: Annotated[
-        str | None,
-        Header(description="Resume after this event id (sent by EventSource on reconnect)."),
-    ] = None,
+        str,
+        Header(
+            description="Resume after this event id (sent by EventSource on reconnect).",
+            json_schema_extra={"pattern": STREAM_ID.pattern},
+        ),
+    ] = "",
 ) -> StreamingResponse:
     """Server-sent events: what happened so far, then live, ending with a `done` event."""
-    if last_event_id is not None and not STREAM_ID.match(last_event_id):
+    if last_event_id and not STREAM_ID.match(last_event_id):
         raise HTTPException(400, f"Last-Event-ID {last_event_id!r} is not an event id of this API")
-    if await services.store.get_run(run_id) is None:
+    state = await services.store.get_run(run_id)
+    if state is None:
         raise HTTPException(404, f"no run {run_id!r}")
-    return StreamingResponse(
-        _event_stream(services, run_id, last_event_id or "0"),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
-
-
-async def _event_stream(services: Services, run_id: str, after: str) -> AsyncIterator[bytes]:
-    store = services.store
-    ended_before = False
-    while True:
-        entries = await store.read_events(run_id, after, block_ms=int(SSE_IDLE_S * 1000))
-        for entry_id, event in entries:
-            after = entry_id
-            yield _event_frame(entry_id, event)
-            if event.get("type") == DONE:
-                return
-        if entries:
-            continue
-        # Quiet: is the run still going? Reading it also fails a run whose replica died.
-        state = await store.get_run(run_id)
-        if state is None or (state.status not in ACTIVE and ended_before):
-            # Its events expired (or were trimmed) before its end was read: say how it ended.
-            status = state.status if state else "unknown"
-            error = state.error if state else "the run's record has expired"
-            done = {"type": DONE, "status": status, "error": error, "stop_reason": None}
-            yield _event_frame("0", done)
-            return
-        ended_before = state.status not in ACTIVE
-        yield b": keep-alive\n\n"
-
-
-def _event_frame(entry_id: str, event: Mapping[str, Any]) -> bytes:
-    """One server-sent event: its stream id, its type as the event name, its JSON."""
-    data = json.dumps(event, separators=(",", ":"))
-    return f"id: {entry_id}\nevent: {event.get('type', 'message')}\ndata: {data}\n\n".encode()
+    ended = state.status not in ACTIVE
+    return event_stream_response(services.store, run_id, last_event_id or "0", ended=ended)
 
 
 @router.post(

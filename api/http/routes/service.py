@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import Mapping
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from redis.exceptions import RedisError
 
-from api.http.bodies import Health, ToolInfo
+from api.batch.items import ItemLimits
+from api.http.bodies import UNREACHABLE, Health, ToolInfo
 from api.http.metrics import CONTENT_TYPE
-from api.http.services import Svc, reachable_fleet
+from api.http.openapi import with_fleet_tools
+from api.http.services import Svc, reachable_fleet, read_queue_depths
 
-log = logging.getLogger(__name__)
-
-QUEUE_DEPTH_TIMEOUT_S = 3.0
 HEALTH_TIMEOUT_S = 2.0
 
 #: Behind the token.
@@ -25,7 +22,7 @@ router = APIRouter()
 public = APIRouter()
 
 
-@router.get("/v1/tools", response_model=list[ToolInfo], tags=["fleet"])
+@router.get("/v1/tools", response_model=list[ToolInfo], tags=["fleet"], responses=UNREACHABLE)
 async def _list_tools(services: Svc) -> list[ToolInfo]:
     """The fleet's tools and how many live workers serve each one's pool."""
     fleet = await reachable_fleet(services)
@@ -51,20 +48,16 @@ async def _list_tools(services: Svc) -> list[ToolInfo]:
 )
 async def _metrics(services: Svc) -> Response:
     """Prometheus metrics of this replica, and the queue depths of the fleet."""
-    try:
-        depths: Mapping[str, int] | None = await asyncio.wait_for(
-            asyncio.to_thread(services.queue_depths, services.settings), QUEUE_DEPTH_TIMEOUT_S
-        )
-    except Exception as exc:  # the broker's client raises many kinds; the scrape must not fail
-        log.warning("queue depths unavailable: %s", exc)
-        depths = None
-    services.metrics.set_queue_depths(depths)
+    services.metrics.set_queue_depths(await read_queue_depths(services))
     return Response(services.metrics.render(), media_type=CONTENT_TYPE)
 
 
 @router.get("/openapi.json", include_in_schema=False)
-async def _openapi(request: Request) -> JSONResponse:
-    return JSONResponse(request.app.openapi())
+async def _openapi(request: Request, services: Svc) -> JSONResponse:
+    """The schema, with the tool names the fleet accepts right now."""
+    fleet = await reachable_fleet(services)
+    limits = ItemLimits.from_settings(services.settings)
+    return JSONResponse(with_fleet_tools(request.app.openapi(), fleet, limits))
 
 
 @public.get("/healthz", response_model=Health, tags=["service"])

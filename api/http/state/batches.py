@@ -1,14 +1,24 @@
-"""Batches in Redis: a hash of a batch's status and counts, and a list of its output records."""
+"""Batches in Redis: a hash of a batch's status and counts, a list of its output records, and a
+list of their summaries (what the viewer's table shows, without the transcripts)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 from pydantic import BaseModel, Field
 
-from api.http.state.keys import ACTIVE, ACTIVE_BATCHES, batch_results_key, batch_state_key
+from api.batch.summary import ItemSummary
+from api.http.state.keys import (
+    ACTIVE,
+    ACTIVE_BATCHES,
+    BATCHES_INDEX,
+    batch_results_key,
+    batch_state_key,
+    batch_summaries_key,
+)
 from api.http.state.records import HashFields, RecordStore, lost_error, optional_float
 
 BatchStatus = Literal["queued", "running", "succeeded", "failed"]
@@ -38,6 +48,15 @@ class BatchState(BaseModel):
     results: list[dict[str, Any]] = Field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class ScoredBatch:
+    """A batch's state without its results, and how many of its items were scored and passed."""
+
+    state: BatchState
+    scored: int
+    passed: int
+
+
 class BatchStore(RecordStore):
     """Reads and writes batches, their progress and their output records."""
 
@@ -53,7 +72,9 @@ class BatchStore(RecordStore):
             "errors": 0,
             "running": 0,
         }
-        await self._create(batch_state_key(batch_id), batch_id, fields, ACTIVE_BATCHES)
+        await self._create(
+            batch_state_key(batch_id), batch_id, fields, ACTIVE_BATCHES, BATCHES_INDEX
+        )
 
     async def mark_batch_running(self, batch_id: str) -> bool:
         return await self._apply(
@@ -67,13 +88,17 @@ class BatchStore(RecordStore):
         await self.redis.hincrby(batch_state_key(batch_id), "running", 1)
 
     async def add_batch_result(self, batch_id: str, record: Mapping[str, Any]) -> None:
-        ok = record.get("status") == "ok"
+        summary = ItemSummary.of(record)
         state = batch_state_key(batch_id)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.rpush(batch_results_key(batch_id), json.dumps(record))
+            pipe.rpush(batch_summaries_key(batch_id), summary.to_json())
             pipe.hincrby(state, "done", 1)
-            pipe.hincrby(state, "ok" if ok else "errors", 1)
+            pipe.hincrby(state, "ok" if summary.status == "ok" else "errors", 1)
             pipe.hincrby(state, "running", -1)
+            if summary.passed is not None:
+                pipe.hincrby(state, "scored", 1)
+                pipe.hincrby(state, "passed", int(summary.passed))
             await pipe.execute()
 
     async def finish_batch(
@@ -89,37 +114,83 @@ class BatchStore(RecordStore):
             fields,
             active=(ACTIVE_BATCHES, batch_id),
             now="finished_at",
+            expiring=[batch_summaries_key(batch_id)],
         )
 
     async def get_batch(self, batch_id: str, *, offset: int, limit: int) -> BatchState | None:
+        fields = await self._batch_fields(batch_id)
+        if fields is None:
+            return None
+        raw = await self.redis.lrange(batch_results_key(batch_id), offset, offset + limit - 1)
+        state = _batch_state(fields)
+        return state.model_copy(
+            update={"offset": offset, "limit": limit, "results": [json.loads(r) for r in raw]}
+        )
+
+    async def scored_batch(self, batch_id: str) -> ScoredBatch | None:
+        fields = await self._batch_fields(batch_id)
+        if fields is None:
+            return None
+        return ScoredBatch(
+            _batch_state(fields), int(fields.get("scored", 0)), int(fields.get("passed", 0))
+        )
+
+    async def newest_batches(self, limit: int) -> list[ScoredBatch]:
+        """The newest batches still kept, newest first."""
+        found = [
+            await self.scored_batch(i)
+            for i in await self._newest(BATCHES_INDEX, batch_state_key, limit)
+        ]
+        return [batch for batch in found if batch is not None]
+
+    async def batch_summaries(self, batch_id: str, start: int, stop: int) -> list[ItemSummary]:
+        """The summaries of results ``start`` to ``stop`` (inclusive; -1 for the last)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.lrange(batch_summaries_key(batch_id), start, stop)
+            pipe.llen(batch_results_key(batch_id))
+            raw, results = await pipe.execute()
+        summaries = [ItemSummary.from_json(item) for item in raw]
+        end = results - 1 if stop < 0 else min(stop, results - 1)
+        missing_from = start + len(summaries)
+        if missing_from <= end:  # results recorded before summaries were kept
+            records = await self.redis.lrange(batch_results_key(batch_id), missing_from, end)
+            summaries += [ItemSummary.of(json.loads(record)) for record in records]
+        return summaries
+
+    async def batch_result(self, batch_id: str, index: int) -> dict[str, Any] | None:
+        """The output record at ``index``, in the order results finished."""
+        raw = await self.redis.lindex(batch_results_key(batch_id), index)
+        return None if raw is None else cast(dict[str, Any], json.loads(raw))
+
+    async def _batch_fields(self, batch_id: str) -> dict[str, str] | None:
         fields = await self._hash(batch_state_key(batch_id))
         if not fields:
             return None
         if fields["status"] in ACTIVE and await self._reap_batch(batch_id, fields["replica"]):
             fields = await self._hash(batch_state_key(batch_id))
-        raw = await self.redis.lrange(batch_results_key(batch_id), offset, offset + limit - 1)
-        return BatchState(
-            id=fields["id"],
-            status=cast(BatchStatus, fields["status"]),
-            concurrency=int(fields["concurrency"]),
-            replica=fields["replica"],
-            created_at=float(fields["created_at"]),
-            finished_at=optional_float(fields.get("finished_at")),
-            error=fields.get("error"),
-            progress=BatchProgress(
-                total=int(fields["total"]),
-                done=int(fields["done"]),
-                ok=int(fields["ok"]),
-                error=int(fields["errors"]),
-                running=max(int(fields["running"]), 0),
-            ),
-            offset=offset,
-            limit=limit,
-            results=[json.loads(item) for item in raw],
-        )
+        return fields
 
     async def _reap_batch(self, batch_id: str, replica: str) -> bool:
         """Fail an active batch whose replica's lease expired; True if this ended it."""
         if not await self._lease_expired(replica):
             return False
         return await self.finish_batch(batch_id, "failed", error=lost_error(replica, "batch"))
+
+
+def _batch_state(fields: dict[str, str]) -> BatchState:
+    return BatchState(
+        id=fields["id"],
+        status=cast(BatchStatus, fields["status"]),
+        concurrency=int(fields["concurrency"]),
+        replica=fields["replica"],
+        created_at=float(fields["created_at"]),
+        finished_at=optional_float(fields.get("finished_at")),
+        error=fields.get("error"),
+        progress=BatchProgress(
+            total=int(fields["total"]),
+            done=int(fields["done"]),
+            ok=int(fields["ok"]),
+            error=int(fields["errors"]),
+            running=max(int(fields["running"]), 0),
+        ),
+    )

@@ -1,7 +1,8 @@
 """Where the API keeps its state in Redis, and the statuses every kind of work shares.
 
-Every key is under ``toolq:api:``: a run is a hash and a stream of its events, a batch a hash and
-a list of its output records, a replica a lease that expires unless renewed.
+Every key is under ``toolq:api:``: a run is a hash and a stream of its events, a batch a hash, a
+list of its output records and a list of their summaries, a replica a lease that expires unless
+renewed; two sorted sets list the runs and batches by age.
 """
 
 from __future__ import annotations
@@ -12,6 +13,11 @@ CANCEL_CHANNEL = f"{PREFIX}:cancel"
 #: Sets of the runs and batches not yet ended, which the reaper looks through.
 ACTIVE_RUNS = f"{PREFIX}:active:runs"
 ACTIVE_BATCHES = f"{PREFIX}:active:batches"
+#: Sorted sets of every run and batch by creation time, newest last: what the viewer lists.
+RUNS_INDEX = f"{PREFIX}:index:runs"
+BATCHES_INDEX = f"{PREFIX}:index:batches"
+#: How many runs and batches each index keeps; older ones drop out of the lists.
+INDEX_SIZE = 10_000
 
 #: The statuses of work not yet ended, runs and batches alike.
 ACTIVE: tuple[str, ...] = ("queued", "running")
@@ -42,6 +48,11 @@ def batch_state_key(batch_id: str) -> str:
 def batch_results_key(batch_id: str) -> str:
     """The list of a batch's output records, in the order they finished."""
     return f"{batch_state_key(batch_id)}:results"
+
+
+def batch_summaries_key(batch_id: str) -> str:
+    """The list of a batch's item summaries, beside its results: what the viewer filters."""
+    return f"{batch_state_key(batch_id)}:summaries"
 
 
 def replica_lease_key(replica: str) -> str:

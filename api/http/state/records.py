@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.typing import EncodableT, FieldT
 
-from api.http.state.keys import ACTIVE_RUNS, replica_lease_key
+from api.http.state.keys import ACTIVE_RUNS, INDEX_SIZE, replica_lease_key
 
 #: A hash's fields and values, as redis-py writes them.
 HashFields = dict[FieldT, EncodableT]
@@ -23,7 +23,8 @@ HashFields = dict[FieldT, EncodableT]
 #: Events kept per run; a late reader of a longer run misses the oldest text deltas only.
 EVENTS_MAXLEN = 10_000
 
-# KEYS: state hash, companion key (events stream or results list), active set.
+# KEYS: state hash, companion key (events stream or results list), active set, then any other
+#       key that expires with the record.
 # ARGV: ",allowed,statuses,", member to drop from the active set or "", TTL seconds or "0",
 #       event JSON to append to the stream or "", stream MAXLEN, then field/value pairs.
 _TRANSITION = """
@@ -43,6 +44,9 @@ end
 if ARGV[3] ~= '0' then
   redis.call('EXPIRE', KEYS[1], ARGV[3])
   redis.call('EXPIRE', KEYS[2], ARGV[3])
+  for i = 4, #KEYS do
+    redis.call('EXPIRE', KEYS[i], ARGV[3])
+  end
 end
 return 1
 """
@@ -65,18 +69,35 @@ class RecordStore:
         self.events_maxlen = events_maxlen
         self._transition = client.register_script(_TRANSITION)
 
-    async def _create(self, key: str, record_id: str, fields: HashFields, active_set: str) -> None:
-        """A new record, queued and in its set of active work, where the reaper will find it."""
-        record: HashFields = {
-            "id": record_id,
-            "status": "queued",
-            "created_at": repr(time.time()),
-        }
+    async def _create(
+        self, key: str, record_id: str, fields: HashFields, active_set: str, index: str
+    ) -> None:
+        """A new record, queued, in its set of active work (where the reaper will find it) and
+        in its index (where the viewer lists it)."""
+        now = time.time()
+        record: HashFields = {"id": record_id, "status": "queued", "created_at": repr(now)}
         record.update(fields)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(key, mapping=record)
             pipe.sadd(active_set, record_id)
+            pipe.zadd(index, {record_id: now})
+            pipe.zremrangebyrank(index, 0, -INDEX_SIZE - 1)
             await pipe.execute()
+
+    async def _newest(self, index: str, state_key: Callable[[str], str], limit: int) -> list[str]:
+        """The ids of the newest records of ``index`` that still exist; expired ones leave it."""
+        members: list[bytes | str] = await self.redis.zrevrange(index, 0, limit - 1)  # type: ignore[assignment]
+        ids = [text(member) for member in members]
+        if not ids:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for record_id in ids:
+                pipe.exists(state_key(record_id))
+            found = await pipe.execute()
+        gone = [record_id for record_id, hit in zip(ids, found, strict=True) if not hit]
+        if gone:
+            await self.redis.zrem(index, *gone)
+        return [record_id for record_id, hit in zip(ids, found, strict=True) if hit]
 
     async def _apply(
         self,
@@ -88,11 +109,12 @@ class RecordStore:
         event: Mapping[str, Any] | None = None,
         active: tuple[str, str] | None = None,
         now: str | None = None,
+        expiring: Sequence[str] = (),
     ) -> bool:
         """Set ``fields`` (and ``now`` to the time) if the status is one of ``allowed``.
 
         ``active`` (set, member) marks an ending: the member leaves the set of active work and
-        the keys expire after the retention time.
+        the keys (and those in ``expiring``) expire after the retention time.
         """
         fields = dict(fields)
         if now is not None:
@@ -108,7 +130,7 @@ class RecordStore:
         for name, value in fields.items():
             args += [name, value]
         set_key = active[0] if active else ACTIVE_RUNS
-        applied = await self._transition(keys=[key, companion, set_key], args=args)
+        applied = await self._transition(keys=[key, companion, set_key, *expiring], args=args)
         return bool(applied)
 
     async def _hash(self, key: str) -> dict[str, str]:

@@ -18,6 +18,7 @@ from api.http.state.keys import (
     ACTIVE_RUNS,
     CANCEL_CHANNEL,
     DONE,
+    RUNS_INDEX,
     run_cancel_key,
     run_events_key,
     run_state_key,
@@ -54,7 +55,7 @@ class RunStore(RecordStore):
         self, run_id: str, prompt: str, options: Mapping[str, Any], replica: str
     ) -> None:
         fields: HashFields = {"prompt": prompt, "options": json.dumps(options), "replica": replica}
-        await self._create(run_state_key(run_id), run_id, fields, ACTIVE_RUNS)
+        await self._create(run_state_key(run_id), run_id, fields, ACTIVE_RUNS, RUNS_INDEX)
 
     async def get_run(self, run_id: str) -> RunState | None:
         fields = await self._hash(run_state_key(run_id))
@@ -63,6 +64,13 @@ class RunStore(RecordStore):
         if fields["status"] in ACTIVE and await self._reap_run(run_id, fields["replica"]):
             fields = await self._hash(run_state_key(run_id))
         return _run_state(fields)
+
+    async def newest_runs(self, limit: int) -> list[RunState]:
+        """The newest runs still kept, newest first."""
+        found = [
+            await self.get_run(i) for i in await self._newest(RUNS_INDEX, run_state_key, limit)
+        ]
+        return [run for run in found if run is not None]
 
     async def mark_running(self, run_id: str) -> bool:
         """queued -> running; False when it was cancelled or reaped before it could start."""

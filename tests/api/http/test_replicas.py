@@ -2,30 +2,23 @@
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.http.runner import SHUTDOWN_ERROR
-from api.local.stack import free_port, worker_environment
 from api.scripted.server import ScriptedServer
 from tests.api.http.conftest import scripted_model
+from tests.api.http.serving import Replica, serve_environment
 from tests.conftest import WorkerFleet, wait_for
 
 pytestmark = pytest.mark.integration
 
 TOKEN = "integration-token"
-TOOLQ = str(Path(sys.executable).parent / "toolq")
 SCRIPTS: dict[str, list[dict[str, Any]]] = {
     "notes": [
         {
@@ -42,99 +35,6 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
 }
 
 
-class Replica:
-    """One `toolq serve` process on its own port."""
-
-    def __init__(self, env: dict[str, str], log_dir: Path, name: str) -> None:
-        self.port = free_port()
-        self.env = env
-        self.log_path = log_dir / f"{name}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.client = httpx.Client(
-            base_url=f"http://127.0.0.1:{self.port}",
-            headers={"Authorization": f"Bearer {TOKEN}"},
-            timeout=30,
-        )
-
-    def start(self) -> Replica:
-        self.launch()
-        return self.ready()
-
-    def launch(self) -> None:
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [TOOLQ, "serve", "--host", "127.0.0.1", "--port", str(self.port)],
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
-
-    def ready(self) -> Replica:
-        wait_for(self._healthy, 30, f"toolq serve on {self.port}:\n{self.log()}")
-        return self
-
-    def _healthy(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(f"toolq serve exited {self.proc.returncode}:\n{self.log()}")
-        try:
-            return self.client.get("/healthz").status_code == 200
-        except httpx.TransportError:
-            return False
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:]
-
-    @property
-    def replica_id(self) -> str:
-        replica: str = self.client.get("/healthz").json()["replica"]
-        return replica
-
-    def create_run(self, script: str, prompt: str | None = None) -> str:
-        body = {
-            "prompt": prompt or f"remember {uuid.uuid4().hex}",
-            "options": {"model": f"scripted:{script}"},
-        }
-        response = self.client.post("/v1/runs", json=body)
-        assert response.status_code == 202, response.text
-        run_id: str = response.json()["id"]
-        return run_id
-
-    def run(self, run_id: str) -> dict[str, Any]:
-        response = self.client.get(f"/v1/runs/{run_id}")
-        assert response.status_code == 200, response.text
-        run: dict[str, Any] = response.json()
-        return run
-
-    def events(self, run_id: str) -> list[dict[str, Any]]:
-        response = self.client.get(f"/v1/runs/{run_id}/events")
-        assert response.status_code == 200, response.text
-        return [
-            json.loads(line.removeprefix("data: "))
-            for line in response.text.splitlines()
-            if line.startswith("data: ")
-        ]
-
-    def wait_status(self, run_id: str, *statuses: str, timeout: float = 30) -> dict[str, Any]:
-        wait_for(
-            lambda: self.run(run_id)["status"] in statuses,
-            timeout,
-            f"run {run_id} to be {'/'.join(statuses)}",
-        )
-        return self.run(run_id)
-
-
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScriptedServer]:
     with scripted_model(SCRIPTS, tmp_path_factory.mktemp("api-scripts")) as server:
@@ -145,17 +45,10 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScriptedServer]:
 def replicas(
     fleet: WorkerFleet, model: ScriptedServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Replica, Replica]]:
-    env = {
-        **os.environ,
-        **worker_environment(fleet.settings),
-        "OPENAI_BASE_URL": model.base_url,
-        "OPENAI_API_KEY": "test",
-        "TOOLQ_API_TOKEN": TOKEN,
-        "TOOLQ_LOG_FORMAT": "json",
-    }
+    env = serve_environment(fleet, model, TOKEN)
     logs = tmp_path_factory.mktemp("api-logs")
-    first = Replica(env, logs, "a")
-    second = Replica(env, logs, "b")
+    first = Replica(env, logs, "a", TOKEN)
+    second = Replica(env, logs, "b", TOKEN)
     try:
         first.launch()
         second.launch()

@@ -1,0 +1,133 @@
+"""``toolq serve``'s data for the viewer: runs and batches from the API's Redis state, and the
+fleet as its workers, its broker and this replica's recent calls describe it."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from api.batch.summary import ItemSummary
+from api.fleet import Fleet
+from api.http.services import Services, read_queue_depths
+from api.http.sse import run_event_stream
+from api.http.state.batches import ScoredBatch
+from api.http.state.keys import ACTIVE
+from api.http.state.records import EVENTS_MAXLEN
+from api.http.state.runs import RunState
+from api.http.viewer.sources import BatchView, FleetView, PoolView, RunEvents, WorkerView
+from worker.protocol import POOLS
+
+#: Runs and batches listed, newest first.
+LIST_LIMIT = 100
+#: Batches whose summaries are kept in memory, for filtering and sorting all of their items.
+CACHED_BATCHES = 4
+#: Width of one bar of the fleet's rate chart.
+RATE_BUCKET_S = 10.0
+
+
+class StoreSources:
+    """Batches, runs and the fleet of one API replica; one per app."""
+
+    def __init__(self, services: Services) -> None:
+        self._services = services
+        self._store = services.store
+        self._summaries: OrderedDict[str, list[ItemSummary]] = OrderedDict()
+
+    # -- batches --------------------------------------------------------------------------------
+
+    async def batches(self) -> list[BatchView]:
+        return [_batch_view(batch) for batch in await self._store.newest_batches(LIST_LIMIT)]
+
+    async def batch(self, batch_id: str) -> BatchView | None:
+        batch = await self._store.scored_batch(batch_id)
+        return None if batch is None else _batch_view(batch)
+
+    async def summaries(self, batch_id: str, start: int, count: int) -> list[ItemSummary]:
+        return await self._store.batch_summaries(batch_id, start, start + count - 1)
+
+    async def all_summaries(self, batch_id: str) -> list[ItemSummary]:
+        """Every summary: those cached, and those recorded since (results only ever append)."""
+        cached = self._summaries.pop(batch_id, [])
+        cached += await self._store.batch_summaries(batch_id, len(cached), -1)
+        self._summaries[batch_id] = cached
+        while len(self._summaries) > CACHED_BATCHES:
+            self._summaries.popitem(last=False)
+        return list(cached)
+
+    async def record(self, batch_id: str, index: int) -> dict[str, Any] | None:
+        return await self._store.batch_result(batch_id, index)
+
+    # -- runs -----------------------------------------------------------------------------------
+
+    async def runs(self) -> list[RunState]:
+        return await self._store.newest_runs(LIST_LIMIT)
+
+    async def run(self, run_id: str) -> RunState | None:
+        return await self._store.get_run(run_id)
+
+    async def events(self, run_id: str) -> RunEvents:
+        entries = await self._store.read_events(run_id, "0", block_ms=0, count=EVENTS_MAXLEN)
+        last_id = entries[-1][0] if entries else "0"
+        return RunEvents([event for _, event in entries], last_id)
+
+    def stream(self, run_id: str, after: str, *, ended: bool) -> AsyncIterator[bytes]:
+        return run_event_stream(self._store, run_id, after, ended=ended)
+
+    # -- the fleet ------------------------------------------------------------------------------
+
+    async def fleet(self) -> FleetView:
+        services = self._services
+        problems = []
+        try:
+            fleet = await services.executor.fleet()
+        except (RedisError, OSError) as exc:
+            fleet = Fleet(tools={})
+            problems.append(f"the fleet's workers could not be read: {exc}")
+        depths = await read_queue_depths(services)
+        if depths is None:
+            problems.append("the broker did not say how deep its queues are")
+        recent = services.metrics.recent
+        pools = [
+            PoolView(
+                name=pool,
+                workers=[
+                    WorkerView(w.worker, w.host, w.pid, w.started, w.beat_at)
+                    for w in sorted(fleet.workers.get(pool, []), key=lambda w: w.worker)
+                ],
+                tools=[spec.name for spec in fleet.tools.values() if spec.pool == pool],
+                queue_depth=None if depths is None else depths.get(pool),
+            )
+            for pool in POOLS
+        ]
+        return FleetView(
+            pools=pools,
+            rates=recent.rates(RATE_BUCKET_S),
+            latency=recent.latency_by_tool(),
+            window_s=recent.window_s,
+            replica=services.replica,
+            problems=problems,
+        )
+
+
+def _batch_view(batch: ScoredBatch) -> BatchView:
+    state = batch.state
+    progress = state.progress
+    return BatchView(
+        id=state.id,
+        title=state.id,
+        status=state.status,
+        live=state.status in ACTIVE,
+        total=progress.total,
+        done=progress.done,
+        ok=progress.ok,
+        error=progress.error,
+        running=progress.running,
+        scored=batch.scored,
+        passed=batch.passed,
+        created_at=state.created_at,
+        finished_at=state.finished_at,
+        problem=state.error,
+    )

@@ -1,0 +1,78 @@
+"""The API's document tells the truth: the tools it accepts, its error bodies, its statuses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from api.fleet import Fleet
+from api.http.openapi import with_fleet_tools
+from tests.api.http.conftest import FLEET
+
+
+async def test_the_document_names_the_tools_a_run_may_switch_on_and_off(
+    client: httpx.AsyncClient,
+) -> None:
+    schemas = (await client.get("/openapi.json")).json()["components"]["schemas"]
+    options = schemas["AgentOptions"]["properties"]
+    # run_bash is known, but no sandbox worker is alive in the test fleet.
+    assert options["enable"]["items"]["enum"] == ["read_file"]
+    assert options["disable"]["items"]["enum"] == ["read_file", "run_bash"]
+    assert schemas["BatchItem"]["properties"]["enable"]["items"]["enum"] == ["read_file"]
+    assert "a tool a live worker serves" in options["enable"]["description"]
+
+
+def test_a_fleet_with_no_tools_accepts_no_tool_names() -> None:
+    schema: dict[str, Any] = {
+        "components": {"schemas": {"AgentOptions": {"properties": {"enable": {}}}}}
+    }
+    patched = with_fleet_tools(schema, Fleet(tools={}))
+    assert patched["components"]["schemas"]["AgentOptions"]["properties"]["enable"]["maxItems"] == 0
+    assert schema["components"]["schemas"]["AgentOptions"]["properties"]["enable"] == {}
+    assert with_fleet_tools({}, FLEET) == {}
+
+
+async def test_refusals_are_documented_with_the_body_they_have(client: httpx.AsyncClient) -> None:
+    document = (await client.get("/openapi.json")).json()
+    problem = document["components"]["schemas"]["ValidationProblem"]
+    assert problem["properties"]["detail"]["type"] == "string"
+    assert "HTTPValidationError" not in document["components"]["schemas"]
+    paths = document["paths"]
+    for path, method in [
+        ("/v1/runs", "post"),
+        ("/v1/batches", "post"),
+        ("/v1/runs/{run_id}", "get"),
+        ("/v1/batches/{batch_id}", "get"),
+    ]:
+        answer = paths[path][method]["responses"]["422"]
+        assert answer["content"]["application/json"]["schema"]["$ref"].endswith(
+            "/ValidationProblem"
+        )
+    assert "409" in paths["/v1/batches"]["post"]["responses"]
+    events = paths["/v1/runs/{run_id}/events"]["get"]
+    assert "400" in events["responses"]
+    header = next(p for p in events["parameters"] if p["in"] == "header")
+    assert header["schema"]["pattern"] == r"^(\d{1,19}(-\d{1,19})?)?$"
+
+
+async def test_a_body_that_is_not_utf8_is_invalid_json_not_a_bare_400(
+    client: httpx.AsyncClient,
+) -> None:
+    response = await client.post(
+        "/v1/runs", content=b"\xff{}", headers={"Content-Type": "application/json"}
+    )
+    assert response.status_code == 422
+    assert response.json()["errors"][0]["field"] == "body"
+    assert "not UTF-8 text (invalid start byte at byte 0)" in response.json()["detail"]
+
+
+async def test_a_run_that_ended_answers_a_late_reader_at_once(client: httpx.AsyncClient) -> None:
+    run_id = (await client.post("/v1/runs", json={"prompt": "p"})).json()["id"]
+    await client.post(f"/v1/runs/{run_id}/cancel")
+    # An id past the end of its events: the stream ends at once with how the run ended.
+    late = await client.get(
+        f"/v1/runs/{run_id}/events", headers={"Last-Event-ID": "9999999999999-0"}, timeout=3
+    )
+    assert late.status_code == 200
+    assert late.text.count("event: done") == 1 and '"status":"cancelled"' in late.text
