@@ -74,6 +74,11 @@ class ToolCallRecord:
     wall_ms: float
     worker: str | None
     turn: int
+    #: The pool that ran the call; None when the orchestrator ran it (a local tool).
+    pool: str | None = None
+    #: What the call's command used (run_bash), as its worker measured it: the fields of
+    #: ``worker.protocol.ResourceUsage``. The tool's JSON answer in ``output`` has it too.
+    usage: dict[str, Any] | None = None
 
 
 class Agent:
@@ -257,6 +262,8 @@ class Agent:
                     record.error_kind,
                     record.duration_ms,
                     record.worker,
+                    record.pool,
+                    record.usage,
                 )
             )
         for call, task in zip(calls, tasks, strict=True):
@@ -271,6 +278,7 @@ class Agent:
         started = time.perf_counter()
         outcome = await self.registry.run(call.name, call.arguments, tool_call_id=call.id)
         wall_ms = round((time.perf_counter() - started) * 1000, 3)
+        tool = self.registry.get(call.name)
         return ToolCallRecord(
             id=call.id,
             name=call.name,
@@ -282,6 +290,8 @@ class Agent:
             wall_ms=wall_ms,
             worker=outcome.worker or ORCHESTRATOR,
             turn=turn,
+            pool=tool.pool if isinstance(tool, RemoteTool) else None,
+            usage=None if outcome.usage is None else outcome.usage.model_dump(),
         )
 
     def transcript(self) -> dict[str, Any]:

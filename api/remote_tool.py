@@ -71,5 +71,9 @@ class RemoteTool(ProxyTool):
         )
         result = await self._dispatcher.call(request, self.spec.pool)
         return ToolOutcome(
-            result.output, result.error_kind, worker=result.worker, duration_ms=result.duration_ms
+            result.output,
+            result.error_kind,
+            worker=result.worker,
+            duration_ms=result.duration_ms,
+            usage=result.usage,
         )

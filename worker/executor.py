@@ -16,7 +16,9 @@ from pydantic import ValidationError
 from worker.capping import cap_text
 from worker.plugins import load_plugins, register_plugins
 from worker.protocol import ErrorKind, ToolCallRequest, ToolCallResult, keys
+from worker.quota import WorkspaceQuota
 from worker.results import ResultStore
+from worker.retention import WorkspaceGone, hold
 from worker.sandbox import SandboxConfig
 from worker.settings import WorkerSettings
 from worker.tools.factory import create_default_tool_registry
@@ -27,6 +29,9 @@ from worker.tools.workspace import Workspace
 
 log = logging.getLogger(__name__)
 _WORKSPACES_KEPT = 1024
+#: Tries at holding a run's workspace that is being removed as the call comes (see
+#: ``worker.retention``): the second finds it gone and makes it anew.
+_HOLD_TRIES = 3
 
 
 class TimeLimitReached(Exception):
@@ -90,6 +95,7 @@ class Executor:
         self._loop = asyncio.new_event_loop()
         self._workspaces: OrderedDict[str, Workspace] = OrderedDict()
         self._registry = build_registry(settings, time_limit)
+        self._quota = WorkspaceQuota(settings.workspace_root, settings.workspace_quota_bytes)
 
     def handle(self, raw: Any, pool: str | None) -> ToolCallResult:
         """Answer one message from the queue of ``pool``; never raises for bad input."""
@@ -97,7 +103,6 @@ class Executor:
             request = ToolCallRequest.model_validate(raw)
         except ValidationError as exc:
             return self._reject_bad_request(raw, exc)
-        runtime = CallRuntime(self._workspace(request.run_id), request.context)
         tool = self._registry.get(request.tool)
         previous = None
         if tool is not None and not tool.idempotent:
@@ -110,8 +115,14 @@ class Executor:
                 return begin.stored
             previous = begin.previous
         started = time.perf_counter()
-        with running(runtime):
-            result = self._run(request, pool, tool, previous)
+        # Held for the call: touched (the run is in use) and safe from removal until it ends.
+        workspace, held = self._hold(request.run_id)
+        try:
+            runtime = CallRuntime(workspace, request.context)
+            with running(runtime):
+                result = self._run(request, pool, tool, previous, runtime)
+        finally:
+            os.close(held)
         result.duration_ms = round((time.perf_counter() - started) * 1000, 3)
         return self._store.store(result, request.reply_to)
 
@@ -135,6 +146,7 @@ class Executor:
         pool: str | None,
         tool: ExecutableTool | None,
         previous: str | None,
+        runtime: CallRuntime,
     ) -> ToolCallResult:
         if self._clock() > request.deadline:
             return self._error(
@@ -165,6 +177,10 @@ class Executor:
         if tool is None or not tool.caps_own_output:
             output, cut = cap_text(output, self._settings.output_cap_bytes)
             truncated = truncated or cut
+        if tool is not None and tool.workspace_effect != "none":
+            notice = self._quota.account(request.run_id, runtime.workspace.root)
+            if notice is not None:
+                output = tool.with_notice(output, notice)
         return ToolCallResult(
             task_id=request.task_id,
             tool=request.tool,
@@ -173,6 +189,7 @@ class Executor:
             error_kind=outcome.error_kind,
             truncated=truncated,
             worker=self._worker,
+            usage=runtime.usage,
         )
 
     def _refusal(
@@ -185,6 +202,12 @@ class Executor:
                 f"Error: tool {tool.name!r} runs only on the {tool.pool!r} pool; this worker "
                 f"serves {pool!r}. The call was refused.",
             )
+        if tool.workspace_effect == "adds":
+            full = self._quota.refusal(request.run_id)
+            if full is not None:
+                return self._error(
+                    request, "over_quota", f"Error: {tool.name} was not started: {full}."
+                )
         if previous is not None and not tool.idempotent:
             return self._error(
                 request,
@@ -195,6 +218,16 @@ class Executor:
         if previous is not None:
             log.warning("re-running interrupted idempotent call %s", request.task_id)
         return None
+
+    def _hold(self, run_id: str) -> tuple[Workspace, int]:
+        """The run's workspace and a descriptor holding it (``worker.retention.hold``)."""
+        for _ in range(_HOLD_TRIES):
+            workspace = self._workspace(run_id)
+            try:
+                return workspace, hold(workspace.root)
+            except WorkspaceGone:
+                self._workspaces.pop(run_id, None)
+        raise WorkspaceGone(f"the workspace of run {run_id} keeps being removed")
 
     def _workspace(self, run_id: str) -> Workspace:
         # Kept per run: a conversation's calls keep coming to the same few processes, and

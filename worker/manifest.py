@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import redis
 
-from worker.protocol import Pool, ToolSpec, WorkerInfo, keys
+from worker.protocol import Pool, ToolSpec, WorkerInfo, WorkerLimits, keys
 from worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,12 @@ class Heartbeat:
     """Keeps ``toolq:worker:<pool>:<name>`` and the manifest alive while the worker runs."""
 
     def __init__(
-        self, client: redis.Redis, worker: str, pools: Iterable[Pool], specs: list[ToolSpec]
+        self,
+        client: redis.Redis,
+        worker: str,
+        pools: Iterable[Pool],
+        specs: list[ToolSpec],
+        limits: WorkerLimits | None = None,
     ) -> None:
         self._redis = client
         self._specs = specs
@@ -74,6 +79,7 @@ class Heartbeat:
             host=socket.gethostname(),
             pid=os.getpid(),
             started=time.time(),
+            limits=limits,
         ).model_dump_json()
 
     def start(self) -> None:

@@ -16,6 +16,7 @@ from celery.worker.request import Request
 
 from worker.app import app
 from worker.executor import Executor
+from worker.housekeeping import Housekeeping, worker_limits
 from worker.manifest import Heartbeat, fleet_tool_specs
 from worker.protocol import TASK_NAME
 from worker.results import ResultStore
@@ -24,6 +25,7 @@ from worker.settings import get_worker_settings
 
 log = logging.getLogger(__name__)
 _heartbeat: list[Heartbeat] = []
+_housekeeping: list[Housekeeping] = []
 
 
 @lru_cache(maxsize=1)
@@ -104,9 +106,13 @@ def _announce(sender: Any, **_: Any) -> None:
     settings = get_worker_settings()
     pools = [q for q in sender.app.amqp.queues.consume_from if q in ("tools", "sandbox")]
     client = redis.Redis.from_url(settings.redis_url)
-    beat = Heartbeat(client, sender.hostname, pools, fleet_tool_specs(settings))
+    limits = worker_limits(settings, pools)
+    beat = Heartbeat(client, sender.hostname, pools, fleet_tool_specs(settings), limits)
     beat.start()
     _heartbeat.append(beat)
+    chores = Housekeeping(settings, pools)
+    chores.start()
+    _housekeeping.append(chores)
     log.info("toolq worker %s serving pools %s", sender.hostname, pools)
 
 
@@ -114,3 +120,5 @@ def _announce(sender: Any, **_: Any) -> None:
 def _goodbye(**_: Any) -> None:
     while _heartbeat:
         _heartbeat.pop().stop()
+    while _housekeeping:
+        _housekeeping.pop().stop()

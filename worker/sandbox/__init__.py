@@ -20,7 +20,6 @@ from worker.sandbox.config import (
     SandboxConfig,
     SandboxError,
 )
-from worker.sandbox.ending import SandboxResult
 from worker.sandbox.plan import (
     LAYER_CLEAN_ENV,
     LAYER_NET_NS,
@@ -31,6 +30,7 @@ from worker.sandbox.plan import (
     LAYER_USER_NS,
     describe_isolation,
 )
+from worker.sandbox.result import SandboxResult, Usage
 from worker.sandbox.run import run_sandboxed
 from worker.sandbox.sweep import sweep_orphans
 
@@ -49,6 +49,7 @@ __all__ = [
     "SandboxConfig",
     "SandboxError",
     "SandboxResult",
+    "Usage",
     "describe_isolation",
     "run_sandboxed",
     "sweep_orphans",

@@ -8,10 +8,12 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field, field_validator
 
+from worker.protocol import ResourceUsage
 from worker.sandbox import SandboxConfig, run_sandboxed
 from worker.settings import get_worker_settings
 from worker.tools.interface import ExecutableTool, ToolArgs
 from worker.tools.paths import WorkspaceError, shown
+from worker.tools.runtime import report_usage
 from worker.tools.workspace import Workspace
 
 MAX_TIMEOUT_MS = 600_000
@@ -62,15 +64,17 @@ class RunBashTool(ExecutableTool):
     name: ClassVar[str] = "run_bash"
     description: ClassVar[str] = (
         "Run a shell command (/bin/sh -c) in the workspace and get back JSON with stdout, "
-        "stderr, exit_code, timed_out and duration_ms. Each stream keeps its first 50 KB. "
-        "stdin is empty; there is no network access where the sandbox has a network namespace. "
-        "Processes left running in the background are killed when the command ends."
+        "stderr, exit_code, timed_out, duration_ms and usage (cpu_ms, max_rss_kb, pids_peak, "
+        "killed_processes, oom_killed). Each stream keeps its first 50 KB. stdin is empty; "
+        "there is no network access where the sandbox has a network namespace. Processes left "
+        "running in the background are killed when the command ends."
     )
     Args: ClassVar[type[BaseModel]] = RunBashArgs
     pool = "sandbox"
     idempotent = False
     enabled_by_default = False
     caps_own_output = True
+    workspace_effect = "adds"
     default_timeout_ms = DEFAULT_TIMEOUT_MS
     timeout_argument = "timeout"
 
@@ -98,7 +102,19 @@ class RunBashTool(ExecutableTool):
             "duration_ms": result.duration_ms,
             "truncated": {"stdout": result.stdout_truncated, "stderr": result.stderr_truncated},
             "isolation": list(result.isolation),
+            "usage": result.usage.as_dict(),
         }
+        report_usage(ResourceUsage(**result.usage.as_dict()))
+        return json.dumps(answer, ensure_ascii=False)
+
+    def with_notice(self, output: str, notice: str) -> str:
+        try:
+            answer = json.loads(output)
+        except ValueError:  # an error, in words
+            return super().with_notice(output, notice)
+        if not isinstance(answer, dict):
+            return super().with_notice(output, notice)
+        answer["notice"] = notice
         return json.dumps(answer, ensure_ascii=False)
 
     def _directory(self, cwd: str | None) -> Path:
