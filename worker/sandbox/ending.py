@@ -98,8 +98,9 @@ class Ending:
         return returncode
 
     def usage(self) -> Usage:
-        """What the command used: from its control group, or without one from what the kernel
-        tells of the processes the command waited for."""
+        """What the command used: from its control group, or without one the CPU time the
+        kernel counted for the processes the command waited for. (Not their peak memory: a
+        child started by vfork counts the worker's own memory until it execs.)"""
         if self._group is not None:
             counted = self._group.usage()
             peak = counted.pids_peak
@@ -114,7 +115,7 @@ class Ending:
         if rusage is None:
             return Usage(None, None, None, None)
         cpu_ms = round((rusage.ru_utime + rusage.ru_stime) * 1000)
-        return Usage(cpu_ms, rusage.ru_maxrss, None, None)
+        return Usage(cpu_ms, None, None, None)
 
     def _wait(self) -> int | None:
         """Reap the started process, keeping what the kernel counted for it and what it

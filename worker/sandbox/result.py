@@ -22,10 +22,11 @@ class Usage:
     """What a command and everything it started used; None where this machine cannot tell (no
     control group does that job: see ``worker.sandbox.cgroups``)."""
 
-    #: CPU time, user and system, of every process of the command.
+    #: CPU time, user and system, of every process of the command (without a control group:
+    #: of those the command waited for).
     cpu_ms: int | None
-    #: The most memory the command's processes held at once (a control group's peak), or
-    #: without one the largest process's peak resident set.
+    #: The most memory the command's processes held at once (their control group's peak:
+    #: resident memory, the page cache they filled included).
     max_rss_kb: int | None
     #: The most processes the command had at once.
     pids_peak: int | None
