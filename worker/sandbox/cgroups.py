@@ -101,16 +101,17 @@ def detect_layout(
     found = _mounts(mountinfo, Path(root))
     v2_path, v1_paths = _own_groups(proc_cgroup)
     hierarchies: list[Hierarchy] = []
-    why: dict[str, str] = {}
+    why: dict[str, list[str]] = {job: [] for job in JOBS}
     if mode in ("auto", "v2"):
         v2 = next((m for m in found if m.version == 2), None)
         if v2 is None or v2_path is None:
-            why.update(dict.fromkeys(JOBS, f"no cgroup v2 hierarchy under {root}"))
+            reasons = dict.fromkeys(JOBS, f"no cgroup v2 hierarchy under {root}")
         else:
             hierarchy, reasons = _prepare_v2(v2, v2_path, set(v1_paths))
-            why.update(reasons)
             if hierarchy is not None:
                 hierarchies.append(hierarchy)
+        for job, reason in reasons.items():
+            why[job].append(reason)
     if mode in ("auto", "v1"):
         done = {job for h in hierarchies for job in h.jobs}
         hierarchies += _prepare_v1(found, v1_paths, [j for j in JOBS if j not in done], why)
@@ -121,7 +122,9 @@ def detect_layout(
             first.version, first.parent, ("kill", *first.jobs), first.swap_accounted
         )
     done = {job for h in hierarchies for job in h.jobs}
-    missing = tuple((job, why.get(job, "no hierarchy does it")) for job in JOBS if job not in done)
+    missing = tuple(
+        (job, "; ".join(why[job]) or "no hierarchy does it") for job in JOBS if job not in done
+    )
     return CgroupLayout(tuple(hierarchies), missing)
 
 
@@ -195,7 +198,7 @@ def _enable(group: Path, controller: str) -> str | None:
 
 
 def _prepare_v1(
-    found: list[_Mount], own_paths: dict[str, str], jobs: list[str], why: dict[str, str]
+    found: list[_Mount], own_paths: dict[str, str], jobs: list[str], why: dict[str, list[str]]
 ) -> list[Hierarchy]:
     by_mount: dict[Path, list[str]] = {}
     parents: dict[Path, Path] = {}
@@ -204,16 +207,16 @@ def _prepare_v1(
         mount = next((m for m in found if m.version == 1 and controller in m.controllers), None)
         own = None if mount is None else own_paths.get(controller)
         if mount is None or own is None:
-            why.setdefault(job, f"no cgroup v1 {controller} hierarchy is mounted")
+            why[job].append(f"no cgroup v1 {controller} hierarchy is mounted")
             continue
         directory = _own_dir(mount, own)
         if directory is None:
-            why.setdefault(job, f"the worker's v1 {controller} group is outside the mounted part")
+            why[job].append(f"the worker's v1 {controller} group is outside the mounted part")
             continue
         parent = directory / PARENT_NAME
         failure = None if parent in parents.values() else _make_parent(parent)
         if failure is not None:
-            why.setdefault(job, failure)
+            why[job].append(failure)
             continue
         parents[mount.point] = parent
         by_mount.setdefault(mount.point, []).append(job)

@@ -1,0 +1,425 @@
+"""Control groups for run_bash: which hierarchy does which job (trees of the tests' own), and on
+this machine a group per command that limits, counts and kills it, and nothing left behind."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, wait_for
+from worker import sandbox
+from worker.sandbox import SandboxConfig, SandboxError, describe_isolation, run_sandboxed
+from worker.sandbox import cgroups as cgroup_detection
+from worker.sandbox.cgroups import CgroupLayout, detect_layout, owner_tag
+from worker.sandbox.result import SandboxResult
+
+ROOT = "/sys/fs/cgroup"
+V1_CONTROLLERS = ("pids", "memory", "cpuacct", "freezer")
+
+
+class FakeMachine:
+    """A tree standing for /sys/fs/cgroup, with the mountinfo and /proc/self/cgroup that go
+    with it: the kernel's own files are plain files the test writes."""
+
+    def __init__(
+        self,
+        base: Path,
+        *,
+        v2_controllers: str | None = "",
+        v1: tuple[str, ...] = V1_CONTROLLERS,
+        own: str = "/",
+    ) -> None:
+        self.root = base / "cgroup"
+        self.root.mkdir(parents=True)
+        mounts = []
+        if v2_controllers is not None:
+            self.v2 = self.root / "unified"
+            for directory in (self.v2 / own.strip("/"), self.v2 / own.strip("/") / "toolq-sandbox"):
+                directory.mkdir(parents=True, exist_ok=True)
+            own_v2 = self.v2 / own.strip("/")
+            (own_v2 / "cgroup.controllers").write_text(v2_controllers)
+            (own_v2 / "cgroup.subtree_control").write_text("")
+            (own_v2 / "cgroup.procs").write_text("")
+            # The kernel gives every new v2 group these.
+            (own_v2 / "toolq-sandbox" / "cpu.stat").write_text("usage_usec 0\n")
+            mounts.append(f"41 31 0:38 / {self.v2} rw,relatime - cgroup2 cgroup2 rw")
+        for number, controller in enumerate(v1):
+            (self.root / controller).mkdir()
+            mounts.append(
+                f"{32 + number} 31 0:{29 + number} / {self.root / controller} rw,relatime - "
+                f"cgroup cgroup rw,{controller}"
+            )
+        self.mountinfo = "\n".join(mounts) + "\n"
+        self.proc_cgroup = f"0::{own}\n" + "".join(
+            f"{n + 1}:{controller}:{own}\n" for n, controller in enumerate(v1)
+        )
+
+    def layout(self, mode: str = "auto") -> CgroupLayout:
+        return detect_layout(
+            mode,  # type: ignore[arg-type]
+            str(self.root),
+            mountinfo=self.mountinfo,
+            proc_cgroup=self.proc_cgroup,
+        )
+
+
+def test_on_a_hybrid_machine_v2_kills_and_counts_cpu_and_v1_limits(tmp_path: Path) -> None:
+    machine = FakeMachine(tmp_path)  # like this one: v2 without controllers, v1 holding them
+
+    layout = machine.layout()
+
+    assert layout.layers == ("cgroup-v2(kill,cpu)", "cgroup-v1(pids)", "cgroup-v1(memory)")
+    assert layout.missing == ()
+    assert layout.by("memory") == "cgroup v1"
+    assert (machine.root / "pids" / "toolq-sandbox").is_dir()
+
+
+def test_where_v2_has_the_controllers_it_does_every_job(tmp_path: Path) -> None:
+    machine = FakeMachine(tmp_path, v2_controllers="cpu memory pids", v1=())
+
+    layout = machine.layout()
+
+    assert layout.layers == ("cgroup-v2(kill,cpu,pids,memory)",)
+    # Enabled for the worker's group's children, then for the call groups below.
+    assert "+" in (machine.v2 / "cgroup.subtree_control").read_text()
+    assert "+" in (machine.v2 / "toolq-sandbox" / "cgroup.subtree_control").read_text()
+
+
+def test_v1_mode_uses_every_v1_controller(tmp_path: Path) -> None:
+    layout = FakeMachine(tmp_path).layout("v1")
+
+    assert layout.layers == (
+        "cgroup-v1(kill)",
+        "cgroup-v1(cpu)",
+        "cgroup-v1(pids)",
+        "cgroup-v1(memory)",
+    )
+
+
+def test_v2_mode_leaves_what_v2_lacks_to_the_rlimits_and_says_why(tmp_path: Path) -> None:
+    layout = FakeMachine(tmp_path).layout("v2")
+
+    assert layout.layers == ("cgroup-v2(kill,cpu)",)
+    reasons = dict(layout.missing)
+    assert (
+        reasons["pids"]
+        == "the v2 hierarchy offers no pids controller here (a v1 hierarchy holds it)"
+    )
+    assert set(reasons) == {"pids", "memory"}
+
+
+def test_without_a_freezer_v1_kills_the_members_one_by_one(tmp_path: Path) -> None:
+    layout = FakeMachine(tmp_path, v2_controllers=None, v1=("pids", "memory")).layout()
+
+    assert layout.layers == ("cgroup-v1(kill,pids)", "cgroup-v1(memory)")
+    assert [job for job, _ in layout.missing] == ["cpu"]
+    assert dict(layout.missing)["cpu"].endswith("; no cgroup v1 cpuacct hierarchy is mounted")
+
+
+def test_nothing_mounted_means_no_groups_and_every_reason(tmp_path: Path) -> None:
+    layout = FakeMachine(tmp_path, v2_controllers=None, v1=()).layout()
+
+    assert layout.hierarchies == ()
+    assert [job for job, _ in layout.missing] == ["kill", "cpu", "pids", "memory"]
+
+
+def test_a_folder_where_no_group_can_be_made_is_a_reason(tmp_path: Path) -> None:
+    machine = FakeMachine(tmp_path, v2_controllers=None, v1=("pids",))
+    (machine.root / "pids" / "toolq-sandbox").write_text("a file, not a folder")
+
+    layout = machine.layout()
+
+    assert layout.hierarchies == ()
+    assert "cannot make control groups in" in dict(layout.missing)["pids"]
+
+
+def test_a_busy_v2_group_is_left_alone_unless_it_is_a_containers_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """v2 lets no group with processes share controllers with its children. At the root of a
+    container's cgroup namespace the worker moves the processes to a leaf; a group of someone
+    else's (a systemd unit) stays as it is, and v1 or the rlimits do those jobs."""
+    enabled: list[str] = []
+
+    def busy_until_moved(group: Path, controller: str) -> str | None:
+        if group.name != "toolq-sandbox" and not (group / "toolq-worker").exists():
+            return f"cannot enable {controller} in {group}: busy"
+        enabled.append(controller)
+        return None
+
+    monkeypatch.setattr(cgroup_detection, "_enable", busy_until_moved)
+    unit = FakeMachine(tmp_path / "unit", v2_controllers="memory pids", v1=(), own="/svc")
+    container = FakeMachine(tmp_path / "container", v2_controllers="memory pids", v1=())
+    (container.v2 / "cgroup.procs").write_text("4242\n")
+
+    in_a_unit = unit.layout()
+    in_a_container = container.layout()
+
+    assert in_a_unit.layers == ("cgroup-v2(kill,cpu)",)
+    assert "delegated group of its own" in dict(in_a_unit.missing)["pids"]
+    assert in_a_container.layers == ("cgroup-v2(kill,cpu,pids,memory)",)
+    assert (container.v2 / "toolq-worker" / "cgroup.procs").read_text() == "4242"
+
+
+# --- This machine ------------------------------------------------------------------------------
+
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="the tests make groups as root")
+
+
+def _machine_layout() -> CgroupLayout:
+    return detect_layout("auto", ROOT)
+
+
+@pytest.fixture
+def grouped() -> CgroupLayout:
+    """Skips unless this machine gives a group per command that kills, limits and counts."""
+    if os.geteuid() != 0:
+        pytest.skip("control groups are made by a root worker here")
+    layout = _machine_layout()
+    missing = [f"{job}: {why}" for job, why in layout.missing]
+    if missing:
+        pytest.skip(f"this machine gives no group for every job: {'; '.join(missing)}")
+    return layout
+
+
+def run(
+    command: str, where: Path, config: SandboxConfig, timeout_ms: int = 10_000
+) -> SandboxResult:
+    return run_sandboxed(
+        command, cwd=where, home=where, env={}, timeout_ms=timeout_ms, config=config
+    )
+
+
+def _limits(where: Path, config: SandboxConfig) -> dict[str, str]:
+    """The rlimits a command gets, from /proc/self/limits."""
+    text = run("cat /proc/self/limits", where, config).stdout
+    return {line[:26].strip(): line[26:47].strip() for line in text.splitlines()[1:]}
+
+
+@as_root
+def test_a_machine_without_groups_falls_back_to_rlimits(sandbox_dir: Path, tmp_path: Path) -> None:
+    config = SandboxConfig(isolation="process", cgroup_root=str(tmp_path), memory_mb=300)
+
+    layers = describe_isolation(config)
+    limits = _limits(sandbox_dir, config)
+    result = run(
+        "i=0; while [ $i -lt 50000 ]; do i=$((i+1)); done; sleep 30 &", sandbox_dir, config
+    )
+
+    assert not [layer for layer in layers if layer.startswith("cgroup")]
+    assert limits["Max address space"] == str(300 * 2**20)
+    assert limits["Max processes"] == "256"
+    assert result.usage.cpu_ms is not None and result.usage.cpu_ms > 0
+    assert (result.usage.pids_peak, result.usage.max_rss_kb, result.usage.killed_processes) == (
+        None,
+        None,
+        None,
+    )
+
+
+@as_root
+def test_asking_for_a_version_the_machine_lacks_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(SandboxError, match=r"cgroup v2 was requested .* no cgroup v2 hierarchy"):
+        describe_isolation(SandboxConfig(cgroup="v2", cgroup_root=str(tmp_path)))
+
+
+def test_with_groups_the_rlimits_leave_memory_and_processes_to_them(
+    grouped: CgroupLayout, sandbox_dir: Path
+) -> None:
+    limits = _limits(sandbox_dir, SandboxConfig(isolation="process"))
+
+    assert limits["Max address space"] == "unlimited"
+    assert limits["Max processes"] != "256"
+    assert limits["Max file size"] == str(256 * 2**20)
+
+
+def _processes_in_own_groups(layout: CgroupLayout) -> int:
+    """Processes now in the call groups this test process made."""
+    pids = layout.doing("pids")
+    assert pids is not None
+    mine = [d for d in pids.parent.iterdir() if d.name.startswith(owner_tag() + "-")]
+    return sum(int((d / "pids.current").read_text()) for d in mine if (d / "pids.current").exists())
+
+
+def test_each_command_has_a_process_limit_of_its_own(
+    grouped: CgroupLayout, mode: str, sandbox_dir: Path
+) -> None:
+    limit = 48
+    config = SandboxConfig(isolation=mode, max_processes=limit)
+    bomb: list[SandboxResult] = []
+    thread = threading.Thread(
+        target=lambda: bomb.append(
+            run("exec bash -c ':(){ :|:& };:; sleep 60'", sandbox_dir, config, timeout_ms=4_000)
+        )
+    )
+    thread.start()
+    try:
+        wait_for(lambda: _processes_in_own_groups(grouped) >= limit * 0.8, 10, "the bomb to fill")
+        neighbour = run(
+            "i=0; while [ $i -lt 20 ]; do /bin/true || exit 9; i=$((i+1)); done; echo fine",
+            sandbox_dir,
+            config,
+        )
+    finally:
+        thread.join(30)
+
+    assert neighbour.stdout == "fine\n", neighbour.stderr
+    assert bomb[0].timed_out
+    assert limit * 0.8 <= (bomb[0].usage.pids_peak or 0) <= limit
+    assert (bomb[0].usage.killed_processes or 0) >= limit * 0.5
+
+
+def test_memory_is_limited_by_what_a_command_holds_not_what_it_reserves(
+    grouped: CgroupLayout, mode: str, sandbox_dir: Path
+) -> None:
+    if shutil.which("python3", path=sandbox.SAFE_PATH) is None:
+        pytest.skip("no python3 on the sandbox's PATH")
+    config = SandboxConfig(isolation=mode, memory_mb=256)
+    reserve = "python3 -c 'import mmap; m = mmap.mmap(-1, 8 << 30); print(len(m) >> 30)'"
+    touch = "python3 -c 'block = bytearray(512 << 20); print(len(block))'"
+
+    reserved = run(reserve, sandbox_dir, config)
+    touched = run(touch, sandbox_dir, config)
+
+    assert (reserved.exit_code, reserved.stdout) == (0, "8\n"), reserved.stderr
+    assert not reserved.usage.oom_killed
+    assert touched.exit_code == 128 + signal.SIGKILL
+    assert touched.usage.oom_killed
+    assert "memory limit" in touched.stderr
+    assert (touched.usage.max_rss_kb or 0) <= 256 * 1024
+
+
+@pytest.mark.parametrize("version", ["auto", "v1", "v2"])
+def test_leftovers_are_counted_killed_and_gone(
+    grouped: CgroupLayout, mode: str, version: str, sandbox_dir: Path
+) -> None:
+    tag = f"{secrets.randbelow(10**6)}31"
+    config = SandboxConfig(isolation=mode, cgroup=version)  # type: ignore[arg-type]
+
+    result = run(f"setsid sleep 300.{tag} & (sleep 301.{tag} &); echo started", sandbox_dir, config)
+
+    assert result.stdout == "started\n"
+    assert result.usage.killed_processes == 2
+    assert not _sleeps(tag)
+    assert not _own_groups(grouped)
+
+
+def test_cpu_time_counts_every_process_of_the_command(
+    grouped: CgroupLayout, mode: str, sandbox_dir: Path
+) -> None:
+    spin = "i=0; while [ $i -lt 150000 ]; do i=$((i+1)); done"
+    # ``times`` prints the shell's own CPU time, then its waited-for children's.
+    result = run(f"({spin}) & ({spin}) & wait; times", sandbox_dir, SandboxConfig(isolation=mode))
+
+    children = result.stdout.splitlines()[1].split()
+    told_ms = sum(_seconds(text) for text in children) * 1000
+    assert result.usage.cpu_ms is not None
+    assert told_ms > 100
+    assert told_ms * 0.9 <= result.usage.cpu_ms <= told_ms * 1.2 + 30
+
+
+def _seconds(text: str) -> float:
+    minutes, _, seconds = text.rstrip("s").partition("m")
+    return int(minutes) * 60 + float(seconds)
+
+
+def test_v2_limits_processes_and_memory_where_it_has_the_controllers(
+    sandbox_dir: Path,
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("control groups are made by a root worker here")
+    layout = detect_layout("v2", ROOT)
+    if not layout.hierarchies:
+        pytest.skip(f"no usable cgroup v2 hierarchy: {dict(layout.missing)}")
+    reasons = dict(layout.missing)
+    if "pids" in reasons or "memory" in reasons:
+        pytest.skip(
+            f"cgroup v2 here cannot limit processes and memory: {reasons.get('pids')}; "
+            f"{reasons.get('memory')}"
+        )
+    config = SandboxConfig(isolation="process", cgroup="v2", memory_mb=128, max_processes=8)
+
+    result = run("for i in $(seq 20); do sleep 5 & done; wait", sandbox_dir, config)
+    hog = run("head -c 300M /dev/zero | tail -c 1", sandbox_dir, config)
+
+    assert "fork" in result.stderr.lower() or result.exit_code != 0
+    assert hog.usage.oom_killed
+
+
+def _own_groups(layout: CgroupLayout) -> list[Path]:
+    return [
+        d
+        for hierarchy in layout.hierarchies
+        for d in hierarchy.parent.iterdir()
+        if d.name.startswith(owner_tag() + "-")
+    ]
+
+
+def _sleeps(tag: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if Path(argv[0].decode(errors="replace")).name == "sleep" and tag.encode() in argv[1]:
+                found.append(int(entry.name))
+    return found
+
+
+_DIES_AS_IT_SPAWNS = """
+import os, signal, subprocess, sys
+from pathlib import Path
+from worker.sandbox import SandboxConfig, describe_isolation, run_sandboxed
+config = SandboxConfig(isolation=sys.argv[1])
+describe_isolation(config)  # the plan's own probes run before the worker is made to die
+
+class DiesAsItSpawns(subprocess.Popen):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        print(self.pid, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)  # before the command's parent-death signal is set
+
+subprocess.Popen = DiesAsItSpawns
+where = Path(sys.argv[2])
+run_sandboxed(f"sleep 300.{sys.argv[3]}; echo", cwd=where, home=where, env={}, timeout_ms=60000,
+              config=config)
+"""
+
+
+def test_a_worker_killed_as_it_spawns_leaves_nothing_after_the_sweep(
+    grouped: CgroupLayout, mode: str, sandbox_dir: Path
+) -> None:
+    """The spawn race: killed between starting the command and its parent-death signal, the
+    worker leaves a command in a group named after it, which the next sweep ends."""
+    tag = f"{secrets.randbelow(10**6)}41"
+    worker = subprocess.run(
+        [sys.executable, "-c", _DIES_AS_IT_SPAWNS, mode, str(sandbox_dir), tag],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert worker.returncode == -signal.SIGKILL, worker.stderr
+    orphans = [
+        d
+        for h in grouped.hierarchies
+        for d in h.parent.iterdir()
+        if d.name.startswith(f"{worker.stdout.strip()}.")
+    ]
+
+    swept = sandbox.sweep_orphans(SandboxConfig(isolation=mode))
+
+    assert swept >= 1 or not orphans  # the sweep of another test may have come first
+    wait_for(lambda: not _sleeps(tag), 10, "the orphaned command to end")
+    assert not [d for d in orphans if d.exists()]
