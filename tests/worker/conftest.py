@@ -58,6 +58,11 @@ def replies(client: fakeredis.FakeRedis) -> list[ToolCallResult]:
     return [ToolCallResult.model_validate_json(r) for r in client.lrange(REPLY, 0, -1)]
 
 
+def config_for(mode: str, **options: object) -> SandboxConfig:
+    """A sandbox configuration for the isolation ``mode`` a test was given."""
+    return SandboxConfig(isolation=mode, **options)  # type: ignore[arg-type]
+
+
 def namespaces_unavailable() -> str | None:
     try:
         describe_isolation(SandboxConfig(isolation="namespaces"))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, wait_for
-from tests.worker.conftest import NOBODY, namespaces_unavailable
+from tests.worker.conftest import NOBODY, config_for, namespaces_unavailable
 from worker import sandbox
 from worker.sandbox import (
     SandboxConfig,
@@ -43,10 +43,6 @@ def run(
     return run_sandboxed(
         command, cwd=sandbox_dir, home=sandbox_dir, env={}, timeout_ms=timeout_ms, config=config
     )
-
-
-def config_for(mode: str, **options: object) -> SandboxConfig:
-    return SandboxConfig(isolation=mode, **options)  # type: ignore[arg-type]
 
 
 def processes_of(uid: int, *, zombies: bool) -> list[int]:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, wait_for
+from tests.worker.conftest import config_for
 from worker import sandbox
 from worker.sandbox import SandboxConfig, SandboxError, describe_isolation, run_sandboxed
 from worker.sandbox import cgroups as cgroup_detection
@@ -253,7 +254,7 @@ def test_each_command_has_a_process_limit_of_its_own(
     grouped: CgroupLayout, mode: str, sandbox_dir: Path
 ) -> None:
     limit = 48
-    config = SandboxConfig(isolation=mode, max_processes=limit)
+    config = config_for(mode, max_processes=limit)
     bomb: list[SandboxResult] = []
     thread = threading.Thread(
         target=lambda: bomb.append(
@@ -282,7 +283,7 @@ def test_memory_is_limited_by_what_a_command_holds_not_what_it_reserves(
 ) -> None:
     if shutil.which("python3", path=sandbox.SAFE_PATH) is None:
         pytest.skip("no python3 on the sandbox's PATH")
-    config = SandboxConfig(isolation=mode, memory_mb=256)
+    config = config_for(mode, memory_mb=256)
     reserve = "python3 -c 'import mmap; m = mmap.mmap(-1, 8 << 30); print(len(m) >> 30)'"
     touch = "python3 -c 'block = bytearray(512 << 20); print(len(block))'"
 
@@ -302,7 +303,7 @@ def test_leftovers_are_counted_killed_and_gone(
     grouped: CgroupLayout, mode: str, version: str, sandbox_dir: Path
 ) -> None:
     tag = f"{secrets.randbelow(10**6)}31"
-    config = SandboxConfig(isolation=mode, cgroup=version)  # type: ignore[arg-type]
+    config = config_for(mode, cgroup=version)
 
     result = run(f"setsid sleep 300.{tag} & (sleep 301.{tag} &); echo started", sandbox_dir, config)
 
@@ -317,7 +318,7 @@ def test_cpu_time_counts_every_process_of_the_command(
 ) -> None:
     spin = "i=0; while [ $i -lt 150000 ]; do i=$((i+1)); done"
     # ``times`` prints the shell's own CPU time, then its waited-for children's.
-    result = run(f"({spin}) & ({spin}) & wait; times", sandbox_dir, SandboxConfig(isolation=mode))
+    result = run(f"({spin}) & ({spin}) & wait; times", sandbox_dir, config_for(mode))
 
     children = result.stdout.splitlines()[1].split()
     told_ms = sum(_seconds(text) for text in children) * 1000
@@ -418,7 +419,7 @@ def test_a_worker_killed_as_it_spawns_leaves_nothing_after_the_sweep(
         if d.name.startswith(f"{worker.stdout.strip()}.")
     ]
 
-    swept = sandbox.sweep_orphans(SandboxConfig(isolation=mode))
+    swept = sandbox.sweep_orphans(config_for(mode))
 
     assert swept >= 1 or not orphans  # the sweep of another test may have come first
     wait_for(lambda: not _sleeps(tag), 10, "the orphaned command to end")
