@@ -217,10 +217,10 @@ def _cpu_ms(hierarchy: Hierarchy, directory: Path) -> int | None:
         for line in _read(directory / "cpu.stat").splitlines():
             name, _, value = line.partition(" ")
             if name == "usage_usec" and value.strip().isdigit():
-                return int(value) // 1000
+                return round(int(value) / 1000)
         return None
     nanoseconds = _number(directory / "cpuacct.usage")
-    return None if nanoseconds is None else nanoseconds // 1_000_000
+    return None if nanoseconds is None else round(nanoseconds / 1_000_000)
 
 
 def _peak_kb(hierarchy: Hierarchy, directory: Path) -> int | None:

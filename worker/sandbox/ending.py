@@ -80,7 +80,10 @@ class Ending:
         if self._command_pid is not None:
             # A zombie its init never reaps: its status stays readable until the group dies.
             self._command_status = _exit_status(self._command_pid)
-        machinery = set() if self._init_pid is None else {self._init_pid}
+        if self._plan.has_init and self._init_pid is None:
+            self._init_pid = next(iter(_children(self._proc.pid)), None)
+        # The plan's own processes (unshare and the init) are killed with the rest, not counted.
+        machinery = {self._proc.pid, self._init_pid} if self._plan.has_init else set()
         killed = self._group.kill(deadline)
         self._killed = len([pid for pid in killed if pid not in machinery])
         self._group.wait_empty(deadline)

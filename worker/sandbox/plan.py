@@ -29,11 +29,11 @@ LAYER_USER_NS = "user-namespace"
 #: a group to sweep, never a command outside one.
 JOIN_SCRIPT = 'while [ "$1" != -- ]; do echo 0 >"$1" || exit 125; shift; done; shift; '
 #: The first process of a PID namespace whose command has control groups. A namespace dies with
-#: its first process, so this one joins the groups, starts the command, says so on its standard
-#: input (a socket to the worker) and waits: the worker, not the kernel, then ends what the
-#: command left running, after counting it, and reads the command's exit status while it is a
-#: zombie nobody reaps. Should the worker close the socket instead, it waits for the command.
-INIT_SCRIPT = JOIN_SCRIPT + '"$@" & echo >&0; read _; wait $!'
+#: its first process, so this one starts the command, says so on its standard input (a socket
+#: to the worker) and waits: the worker, not the kernel, then ends what the command left running,
+#: after counting it, and reads the command's exit status while it is a zombie nobody reaps.
+#: Should the worker close the socket instead, it waits for the command.
+INIT_SCRIPT = '"$@" & echo >&0; read _; wait $!'
 
 
 def describe_isolation(config: SandboxConfig) -> list[str]:
@@ -81,8 +81,8 @@ class Plan:
 
     @property
     def machinery(self) -> int:
-        """Processes of the plan's own in a command's control group (the init)."""
-        return 1 if self.has_init else 0
+        """Processes of the plan's own in a command's control group: unshare and the init."""
+        return 2 if self.has_init else 0
 
     @property
     def wrapped(self) -> bool:
@@ -112,7 +112,9 @@ class Plan:
         if not self.wrapped:
             return shell, {**base_env, **requested}
         argv: list[str] = []
-        if self.grouped and not self.namespaced:
+        if self.grouped:
+            # Everything the call starts is in its groups, the wrappers and the namespaces
+            # they make too: what the call cost the host is what its group counts.
             argv += [SHELL, "-c", JOIN_SCRIPT + 'exec "$@"', "toolq-join", *join_files, "--"]
         if self.guard:
             argv += [self.guard, "--pdeathsig", "KILL", "--"]
@@ -120,7 +122,7 @@ class Plan:
             argv += [self.prlimit, *self._rlimits(timeout_ms, config), "--"]
         argv += self.namespace_argv
         if self.has_init:
-            argv += [SHELL, "-c", INIT_SCRIPT, "toolq-init", *join_files, "--"]
+            argv += [SHELL, "-c", INIT_SCRIPT, "toolq-init"]
         if self.drop_to is not None:
             uid, gid = self.drop_to
             argv += [self.setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
