@@ -12,7 +12,15 @@ import pytest
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-CASES = {"round_trip", "throughput", "conversations", "run_bash", "big_output", "search_text"}
+CASES = {
+    "round_trip",
+    "throughput",
+    "conversations",
+    "run_bash",
+    "big_output",
+    "search_text",
+    "run_bash_cgroups",
+}
 
 
 @pytest.fixture(scope="module")

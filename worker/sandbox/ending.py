@@ -77,15 +77,25 @@ class Ending:
         if self._group is None:
             _kill_without_group(self._proc, self._plan, self._marker)
             return
-        if self._command_pid is not None:
-            # A zombie its init never reaps: its status stays readable until the group dies.
-            self._command_status = _exit_status(self._command_pid)
         if self._plan.has_init and self._init_pid is None:
             self._init_pid = next(iter(_children(self._proc.pid)), None)
         # The plan's own processes (unshare and the init) are killed with the rest, not counted.
         machinery = {self._proc.pid, self._init_pid} if self._plan.has_init else set()
-        killed = self._group.kill(deadline)
-        self._killed = len([pid for pid in killed if pid not in machinery])
+        command = self._command_pid
+        if command is not None and self._init_socket is not None and not _running(command):
+            # The command has ended: its status is read from the zombie while the init has not
+            # reaped it (it may have). What it left running is counted, then the init is told
+            # to go: it reaps the command, exits with its status, and the namespace dies with
+            # it, leftovers and all.
+            self._command_status = _exit_status(command)
+            left = [pid for pid in self._group.members() if pid not in machinery]
+            self._killed = len(left)
+            self._init_socket.close()
+            poll_until(lambda: _has_exited(self._proc.pid), deadline)
+            self._group.kill(deadline)
+        else:
+            killed = self._group.kill(deadline)
+            self._killed = len([pid for pid in killed if pid not in machinery])
         self._group.wait_empty(deadline)
 
     def reap(self, stderr: CappedStream) -> int | None:
@@ -93,7 +103,7 @@ class Ending:
         could not be reaped."""
         returncode = self._wait()
         if self._command_status is not None:
-            # The init and unshare were killed by the sandbox: their statuses say nothing.
+            # Exact, a signal told apart from an exit status above 128, which the init's is not.
             stderr.remove_suffix(_UNSHARE_SAW_SIGKILL)
             return self._command_status
         if self._plan.namespaced and returncode == 1 and stderr.remove_suffix(_UNSHARE_SAW_SIGKILL):
@@ -157,6 +167,23 @@ def _kill_without_group(proc: subprocess.Popen[bytes], plan: Plan, marker: str) 
             os.close(pidfd)
     if plan.sweep_uid is not None:
         sweep_marked(marker, plan.sweep_uid)
+
+
+def _running(pid: int) -> bool:
+    """``pid`` has not exited (a zombie, or reaped and gone, has)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
+
+
+def _has_exited(pid: int) -> bool:
+    # WNOWAIT: left for ``reap``, which keeps what the kernel counted for it.
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
 
 
 def _exit_status(pid: int) -> int | None:
