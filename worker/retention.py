@@ -46,7 +46,8 @@ def hold(workspace: Path) -> int:
         current = os.stat(workspace, follow_symlinks=False)
         if (current.st_dev, current.st_ino) != (held.st_dev, held.st_ino):
             raise FileNotFoundError(str(workspace))
-        os.utime(fd)  # last touched: now
+        with contextlib.suppress(PermissionError):  # a folder of another user's: not ours to date
+            os.utime(fd)  # last touched: now
     except FileNotFoundError:
         os.close(fd)
         raise WorkspaceGone(str(workspace)) from None
