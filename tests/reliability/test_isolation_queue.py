@@ -165,7 +165,7 @@ async def test_a_command_cannot_signal_or_trace_the_worker(bash: Bash, report: R
 
 def _started_by_sandbox(stack: Stack, *, uid: int | None = None) -> int:
     """Processes below the sandbox pool's children (of ``uid`` only, if given): the commands
-    of the calls running now."""
+    of the calls running now, not the shells waiting in the next calls' control groups."""
     main = stack.fleet.worker_pids("sandbox")[0]
     table = processes()
     below = 0
@@ -173,7 +173,8 @@ def _started_by_sandbox(stack: Stack, *, uid: int | None = None) -> int:
         pid, depth = start, 0
         while pid in table and pid > 1 and pid != main:
             pid, depth = table[pid].ppid, depth + 1
-        if pid == main and depth > 1 and (uid is None or _owner(start) == uid):
+        waiting = "toolq-join" in table[start].argv
+        if pid == main and depth > 1 and not waiting and (uid is None or _owner(start) == uid):
             below += 1
     return below
 

@@ -99,6 +99,7 @@ def test_run_bash_past_the_quota_says_so_in_its_json(executor: Executor) -> None
 
     result = executor.handle(request("run_bash", {"command": command}), "sandbox")
 
+    assert not result.is_error, result.output
     answer = json.loads(result.output)
     assert answer["stdout"] == "written\n"
     assert "past its quota" in answer["notice"]

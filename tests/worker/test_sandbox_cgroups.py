@@ -20,6 +20,7 @@ from tests.worker.conftest import config_for, sleeps
 from worker import sandbox
 from worker.sandbox import SandboxConfig, SandboxError, describe_isolation, run_sandboxed
 from worker.sandbox.cgroups import CgroupLayout, detect_layout, owner_tag
+from worker.sandbox.launch import launcher
 from worker.sandbox.result import SandboxResult
 
 ROOT = "/sys/fs/cgroup"
@@ -163,6 +164,7 @@ def test_leftovers_are_counted_killed_and_gone(
     assert result.stdout == "started\n"
     assert result.usage.killed_processes == 2
     assert not sleeps(tag)
+    launcher.release()  # the group made ready for the next call
     assert not _own_groups(grouped)
 
 
@@ -218,19 +220,20 @@ def _own_groups(layout: CgroupLayout) -> list[Path]:
 
 
 _DIES_AS_IT_SPAWNS = """
-import os, signal, subprocess, sys
+import os, signal, sys
 from pathlib import Path
 from worker.sandbox import SandboxConfig, describe_isolation, run_sandboxed
+from worker.sandbox.launch import Launch
 config = SandboxConfig(isolation=sys.argv[1])
 describe_isolation(config)  # the plan's own probes run before the worker is made to die
+print(os.getpid(), flush=True)
+send = Launch.start
 
-class DiesAsItSpawns(subprocess.Popen):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        print(self.pid, flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)  # before the command's parent-death signal is set
+def start_and_die(self, *args):
+    send(self, *args)
+    os.kill(os.getpid(), signal.SIGKILL)  # before the command's parent-death signal is set
 
-subprocess.Popen = DiesAsItSpawns
+Launch.start = start_and_die
 where = Path(sys.argv[2])
 run_sandboxed(f"sleep 300.{sys.argv[3]}; echo", cwd=where, home=where, env={}, timeout_ms=60000,
               config=config)
@@ -241,7 +244,7 @@ def test_a_worker_killed_as_it_spawns_leaves_nothing_after_the_sweep(
     grouped: CgroupLayout, mode: str, sandbox_dir: Path
 ) -> None:
     """The spawn race: killed between starting the command and its parent-death signal, the
-    worker leaves a command in a group named after it, which the next sweep ends."""
+    worker leaves a command running in a group named after it, which the next sweep ends."""
     tag = f"{secrets.randbelow(10**6)}41"
     worker = subprocess.run(
         [sys.executable, "-c", _DIES_AS_IT_SPAWNS, mode, str(sandbox_dir), tag],
@@ -252,6 +255,8 @@ def test_a_worker_killed_as_it_spawns_leaves_nothing_after_the_sweep(
         check=False,
     )
     assert worker.returncode == -signal.SIGKILL, worker.stderr
+    # The command runs on without its worker: nothing but its group can find it now.
+    wait_for(lambda: bool(sleeps(tag)), 10, "the orphaned command to start")
     orphans = [
         d
         for h in grouped.hierarchies
@@ -261,6 +266,7 @@ def test_a_worker_killed_as_it_spawns_leaves_nothing_after_the_sweep(
 
     swept = sandbox.sweep_orphans(config_for(mode))
 
-    assert swept >= 1 or not orphans  # the sweep of another test may have come first
+    assert orphans
+    assert swept >= 1 or not any(d.exists() for d in orphans)  # or another sweep came first
     wait_for(lambda: not sleeps(tag), 10, "the orphaned command to end")
     assert not [d for d in orphans if d.exists()]

@@ -44,10 +44,10 @@ class Ending:
         init_socket: socket.socket | None,
     ) -> None:
         self._proc = proc
-        self._plan = plan
+        self.plan = plan
         self._marker = marker
         self._group = group
-        self._init_socket = init_socket
+        self.init_socket = init_socket
         self._init_pid: int | None = None
         #: The command under the namespace's init, once the init said it started it.
         self._command_pid: int | None = None
@@ -58,9 +58,9 @@ class Ending:
     def command_started(self) -> int | None:
         """The init's word that the command started: a pidfd that is readable once the command
         has exited, or None (the init is gone, or the command could not be found)."""
-        assert self._init_socket is not None
+        assert self.init_socket is not None
         with contextlib.suppress(OSError):
-            if not self._init_socket.recv(16):
+            if not self.init_socket.recv(16):
                 return None
             self._init_pid = next(iter(_children(self._proc.pid)), None)
             if self._init_pid is not None:
@@ -68,21 +68,21 @@ class Ending:
             if self._command_pid is not None:
                 return os.pidfd_open(self._command_pid)
         # Without the command's pid its status cannot be read: let the init wait for it instead.
-        self._init_socket.close()
+        self.init_socket.close()
         return None
 
     def kill_everything(self) -> None:
         """Kill the started process and every process the command left behind; wait until gone."""
         deadline = time.monotonic() + REAP_BOUND_S
         if self._group is None:
-            _kill_without_group(self._proc, self._plan, self._marker)
+            _kill_without_group(self._proc, self.plan, self._marker)
             return
-        if self._plan.has_init and self._init_pid is None:
+        if self.plan.has_init and self._init_pid is None:
             self._init_pid = next(iter(_children(self._proc.pid)), None)
         # The plan's own processes (unshare and the init) are killed with the rest, not counted.
-        machinery = {self._proc.pid, self._init_pid} if self._plan.has_init else set()
+        machinery = {self._proc.pid, self._init_pid} if self.plan.has_init else set()
         command = self._command_pid
-        if command is not None and self._init_socket is not None and not _running(command):
+        if command is not None and self.init_socket is not None and not _running(command):
             # The command has ended: its status is read from the zombie while the init has not
             # reaped it (it may have). What it left running is counted, then the init is told
             # to go: it reaps the command, exits with its status, and the namespace dies with
@@ -90,7 +90,7 @@ class Ending:
             self._command_status = _exit_status(command)
             left = [pid for pid in self._group.members() if pid not in machinery]
             self._killed = len(left)
-            self._init_socket.close()
+            self.init_socket.close()
             poll_until(lambda: _has_exited(self._proc.pid), deadline)
             self._group.kill(deadline)
         else:
@@ -106,7 +106,7 @@ class Ending:
             # Exact, a signal told apart from an exit status above 128, which the init's is not.
             stderr.remove_suffix(_UNSHARE_SAW_SIGKILL)
             return self._command_status
-        if self._plan.namespaced and returncode == 1 and stderr.remove_suffix(_UNSHARE_SAW_SIGKILL):
+        if self.plan.namespaced and returncode == 1 and stderr.remove_suffix(_UNSHARE_SAW_SIGKILL):
             return -signal.SIGKILL
         return returncode
 
@@ -120,7 +120,7 @@ class Ending:
             return Usage(
                 cpu_ms=counted.cpu_ms,
                 max_rss_kb=counted.max_rss_kb,
-                pids_peak=None if peak is None else max(0, peak - self._plan.machinery),
+                pids_peak=None if peak is None else max(0, peak - self.plan.machinery),
                 killed_processes=self._killed,
                 oom_killed=counted.oom_killed,
             )

@@ -8,7 +8,7 @@ import os
 import pwd
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from worker.sandbox.cgroups import CgroupLayout, detect_layout
@@ -23,11 +23,6 @@ LAYER_PID_NS = "pid-namespace"
 LAYER_NET_NS = "network-namespace"
 LAYER_USER_NS = "user-namespace"
 
-#: Joins the command's control groups before anything of it runs: the first program started is
-#: a shell that writes itself into each group, then becomes the rest of the command line (or
-#: exits with 125, saying which group it could not join). A worker killed at any moment leaves
-#: a group to sweep, never a command outside one.
-JOIN_SCRIPT = 'while [ "$1" != -- ]; do echo 0 >"$1" || exit 125; shift; done; shift; '
 #: The first process of a PID namespace whose command has control groups. A namespace dies with
 #: its first process, so this one starts the command, says so on its standard input (a socket
 #: to the worker) and waits: the worker, not the kernel, then ends what the command left running,
@@ -101,10 +96,9 @@ class Plan:
         marker: str,
         timeout_ms: int,
         config: SandboxConfig,
-        join_files: Sequence[str] = (),
     ) -> tuple[list[str], dict[str, str]]:
-        """The argv to start and the environment it starts with; ``join_files`` are the
-        ``cgroup.procs`` files of the command's control groups."""
+        """The argv to start and the environment it starts with (with control groups, the
+        shell of ``worker.sandbox.launch`` starts it from inside them)."""
         if marker:
             base_env = {**base_env, MARKER_VARIABLE: marker}
         requested = {k: v for k, v in env.items() if k != MARKER_VARIABLE}
@@ -112,10 +106,6 @@ class Plan:
         if not self.wrapped:
             return shell, {**base_env, **requested}
         argv: list[str] = []
-        if self.grouped:
-            # Everything the call starts is in its groups, the wrappers and the namespaces
-            # they make too: what the call cost the host is what its group counts.
-            argv += [SHELL, "-c", JOIN_SCRIPT + 'exec "$@"', "toolq-join", *join_files, "--"]
         if self.guard:
             argv += [self.guard, "--pdeathsig", "KILL", "--"]
         if self.prlimit:
