@@ -25,9 +25,10 @@ LAYER_USER_NS = "user-namespace"
 
 #: The first process of a PID namespace whose command has control groups. A namespace dies with
 #: its first process, so this one starts the command, says so on its standard input (a socket
-#: to the worker) and waits: the worker, not the kernel, then ends what the command left running,
-#: after counting it, and reads the command's exit status while it is a zombie nobody reaps.
-#: Should the worker close the socket instead, it waits for the command.
+#: to the worker) and waits while the worker reads the command's exit status from the zombie (a
+#: signal told apart from a status above 128) and counts what it left running. When the worker
+#: closes the socket it reaps the command and exits with its status, and the namespace ends the
+#: rest. On a timeout the worker kills the whole group instead.
 INIT_SCRIPT = '"$@" & echo >&0; read _; wait $!'
 
 
