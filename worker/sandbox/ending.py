@@ -91,7 +91,12 @@ class Ending:
             left = [pid for pid in self._group.members() if pid not in machinery]
             self._killed = len(left)
             self.init_socket.close()
-            poll_until(lambda: _has_exited(self._proc.pid), deadline)
+            with contextlib.suppress(OSError):
+                exited = os.pidfd_open(self._proc.pid)
+                try:
+                    _wait_readable([exited], deadline)
+                finally:
+                    os.close(exited)
             self._group.kill(deadline)
         else:
             killed = self._group.kill(deadline)
@@ -176,14 +181,6 @@ def _running(pid: int) -> bool:
             return stat.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
     except (OSError, IndexError):
         return False
-
-
-def _has_exited(pid: int) -> bool:
-    # WNOWAIT: left for ``reap``, which keeps what the kernel counted for it.
-    try:
-        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:
-        return True
 
 
 def _exit_status(pid: int) -> int | None:

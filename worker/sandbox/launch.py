@@ -101,37 +101,44 @@ def launch(plan: Plan, config: SandboxConfig) -> Launch:
     return Launch(group, proc, channel, plan.namespaced)
 
 
+#: Launches kept ready per plan and configuration. Two: calls that come back to back take the
+#: older one, whose shell joined its groups long before, while the next one is still joining.
+READY = 2
+
+
 class Launcher:
-    """Keeps one launch ready per plan and configuration for this process's next call."""
+    """Keeps launches ready per plan and configuration for this process's next calls."""
 
     def __init__(self) -> None:
-        self._ready: dict[tuple[Plan, SandboxConfig], Launch] = {}
+        self._ready: dict[tuple[Plan, SandboxConfig], list[Launch]] = {}
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._making: list[threading.Thread] = []
 
     def take(self, plan: Plan, config: SandboxConfig) -> Launch:
-        """The launch made ready for ``config``, or a new one."""
+        """The oldest launch made ready for ``config``, or a new one."""
         with self._lock:
             self._forget_if_forked()
-            ready = self._ready.pop((plan, config), None)
-        if ready is not None and ready.proc.poll() is None:
-            return ready
-        if ready is not None:
-            ready.abandon()
+            ready = self._ready.get((plan, config), [])
+            oldest = ready.pop(0) if ready else None
+        if oldest is not None and oldest.proc.poll() is None:
+            return oldest
+        if oldest is not None:
+            oldest.abandon()
         return launch(plan, config)
 
     def prepare(self, plan: Plan, config: SandboxConfig) -> None:
-        """Make the next call's launch in the background, unless one is ready."""
+        """Make launches in the background until ``READY`` are ready for ``config``."""
         with self._lock:
             self._forget_if_forked()
-            if (plan, config) in self._ready:
-                return
-            making = threading.Thread(
-                target=self._prepare, args=(plan, config), name="toolq-launch", daemon=True
-            )
-            self._making = [t for t in self._making if t.is_alive()] + [making]
-            making.start()
+            self._making = [t for t in self._making if t.is_alive()]
+            wanted = READY - len(self._ready.get((plan, config), [])) - len(self._making)
+            for _ in range(max(0, wanted)):
+                making = threading.Thread(
+                    target=self._prepare, args=(plan, config), name="toolq-launch", daemon=True
+                )
+                self._making.append(making)
+                making.start()
 
     def release(self) -> None:
         """Let every launch kept ready go (their shells exit, their groups are removed)."""
@@ -140,7 +147,7 @@ class Launcher:
         for thread in making:
             thread.join()
         with self._lock:
-            ready, self._ready = list(self._ready.values()), {}
+            ready, self._ready = [one for kept in self._ready.values() for one in kept], {}
         for unused in ready:
             unused.abandon()
 
@@ -150,9 +157,10 @@ class Launcher:
         except SandboxError:
             return  # the next call makes its own, and says what went wrong
         with self._lock:
-            kept = (plan, config) not in self._ready and os.getpid() == self._pid
+            ready = self._ready.setdefault((plan, config), [])
+            kept = len(ready) < READY and os.getpid() == self._pid
             if kept:
-                self._ready[plan, config] = made
+                ready.append(made)
         if not kept:
             made.abandon()
 
