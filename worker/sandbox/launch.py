@@ -14,6 +14,7 @@ should its worker process die before using it.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shlex
@@ -171,3 +172,6 @@ class Launcher:
 
 
 launcher = Launcher()
+# A process that ends normally lets its ready shells go and removes their groups itself; one
+# that is killed leaves them to exit by themselves and its groups to the sweep.
+atexit.register(launcher.release)
