@@ -10,7 +10,8 @@ private PID and network namespaces: nothing it starts outlives it and it cannot 
 or see other processes.
 
 The parts: ``config`` (what the sandbox is told), ``cgroups`` (which hierarchy does which job on
-this machine), ``callgroup`` (one call's groups), ``plan`` (the layers, which of them this machine
+this machine), ``callgroup`` (one call's groups), ``launch`` (a shell in a call's groups, made ready
+before the call), ``plan`` (the layers, which of them this machine
 gives, and the command line that sets them up), ``output`` (the capped streams and the pump
 reading them), ``ending`` (killing, reaping, counting), ``result`` (what a run tells and what it
 used), ``sweep`` (finding what dead worker processes left), and ``run`` (one command from start
