@@ -98,9 +98,9 @@ def host_account(usage_stack: Stack) -> Iterator[HostAccount]:
                 (CPUACCT / origin.lstrip("/") / "cgroup.procs").write_text(str(pid))
         # What the worker started meanwhile and still runs (the shells it keeps ready for its
         # next calls) goes to the group above.
-        for pid in (group / "cgroup.procs").read_text().split():
+        for started in (group / "cgroup.procs").read_text().split():
             with contextlib.suppress(OSError):
-                (group.parent / "cgroup.procs").write_text(pid)
+                (group.parent / "cgroup.procs").write_text(started)
         group.rmdir()
 
 
