@@ -89,6 +89,11 @@ class ToolCallRecord:
     wall_ms: float
     worker: str | None
     turn: int
+    #: The pool that ran the call; None when the orchestrator ran it (a local tool).
+    pool: str | None = None
+    #: What the call's command used (run_bash), as its worker measured it: the fields of
+    #: ``worker.protocol.ResourceUsage``. The tool's JSON answer in ``output`` has it too.
+    usage: dict[str, Any] | None = None
     #: The output was cut to the output cap (a notice at its end says how much was left out).
     truncated: bool = False
 
@@ -335,6 +340,8 @@ class Agent:
                         record.error_kind,
                         record.duration_ms,
                         record.worker,
+                        record.pool,
+                        record.usage,
                         record.truncated,
                     )
                 )
@@ -363,6 +370,7 @@ class Agent:
                 timeout_ms=self._local_limit_ms(call.name, call.arguments),
             )
         wall_ms = round((time.perf_counter() - started) * 1000, 3)
+        tool = self.registry.get(call.name)
         return ToolCallRecord(
             id=call.id,
             name=call.name,
@@ -374,6 +382,8 @@ class Agent:
             wall_ms=wall_ms,
             worker=outcome.worker or ORCHESTRATOR,
             turn=turn,
+            pool=tool.pool if isinstance(tool, ProxyTool) else None,
+            usage=None if outcome.usage is None else outcome.usage.model_dump(),
             truncated=outcome.truncated,
         )
 

@@ -165,6 +165,25 @@ def status() -> None:
 
 
 @app.command()
+def prune(
+    older_than: Annotated[
+        str | None,
+        typer.Option(help="Idle for at least this long: 90, 30m, 12h, 7d (TOOLQ_WORKSPACE_TTL_S)."),
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List, remove nothing.")] = False,
+) -> None:
+    """Remove run workspaces no call has touched for a while (never one in use)."""
+    from api.commands.prune import run_prune
+    from worker.settings import WorkerSettings
+
+    try:
+        code = run_prune(WorkerSettings(), older_than, dry_run, console)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--older-than") from None
+    raise typer.Exit(code)
+
+
+@app.command()
 def batch(
     input_path: Annotated[Path, typer.Argument(help="JSONL: {id, prompt, ...} a line.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="JSONL results (resumable).")],

@@ -76,4 +76,5 @@ class RemoteTool(ProxyTool):
             worker=result.worker,
             duration_ms=result.duration_ms,
             truncated=result.truncated,
+            usage=result.usage,
         )

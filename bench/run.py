@@ -23,6 +23,7 @@ from bench.big_output import big_output_case
 from bench.conversations import conversations_case
 from bench.report import machine, markdown, plot, write_json
 from bench.round_trip import TOOLQ, round_trip_case
+from bench.sandbox_cgroups import cgroup_case
 from bench.sandbox_cost import sandbox_case
 from bench.sandbox_layers import sandbox_layers
 from bench.search_tree import search_case
@@ -49,6 +50,7 @@ class Sizes:
     conversation_warmup: bool
     conversation_workers: int
     bash_calls: int
+    cgroup_rounds: int
     big_output_bytes: int
     search_files: int
     search_runs: int
@@ -71,6 +73,7 @@ FULL = Sizes(
     conversation_warmup=True,
     conversation_workers=2,
     bash_calls=300,
+    cgroup_rounds=3,
     big_output_bytes=1 << 30,
     search_files=10_000,
     search_runs=5,
@@ -92,6 +95,7 @@ QUICK = Sizes(
     conversation_warmup=False,
     conversation_workers=1,
     bash_calls=5,
+    cgroup_rounds=1,
     big_output_bytes=4 << 20,
     search_files=200,
     search_runs=1,
@@ -173,8 +177,11 @@ def run_cases(sizes: Sizes, progress: Progress) -> list[CaseResult]:
                             sizes.few_conversations,
                             warm_up=sizes.conversation_warmup,
                         )
+        # Sandbox workers of their own, one configuration at a time: no other may take the calls.
+        with progress.step("run_bash with and without control groups"):
+            cgroups = cgroup_case(settings, sizes.bash_calls, sizes.warmup, sizes.cgroup_rounds)
     throughput = throughput_case(by_concurrency, sizes.throughput_calls)
-    return [round_trip, throughput, conversations, sandbox, big, search, tasks, viewer]
+    return [round_trip, throughput, conversations, sandbox, big, search, tasks, viewer, cgroups]
 
 
 def _stop_on_sigterm(signum: int, frame: object) -> None:

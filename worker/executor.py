@@ -17,7 +17,9 @@ from worker.capping import cap_text
 from worker.log_context import log_context
 from worker.mcp.hosting import hosted_tools
 from worker.protocol import POOLS, Pool, ToolCallRequest, ToolCallResult, keys
+from worker.quota import WorkspaceQuota
 from worker.results import ResultStore
+from worker.retention import WorkspaceGone, hold
 from worker.sandbox import SandboxConfig
 from worker.settings import WorkerSettings
 from worker.tools.factory import create_fleet_tool_registry, prepare_workspace
@@ -29,6 +31,9 @@ from worker.tools.workspace import Workspace
 
 log = logging.getLogger(__name__)
 _WORKSPACES_KEPT = 1024
+#: Tries at holding a run's workspace that is being removed as the call comes (see
+#: ``worker.retention``): the second finds it gone and makes it anew.
+_HOLD_TRIES = 3
 
 
 class TimeLimitReached(Exception):
@@ -81,6 +86,7 @@ class Executor:
         self._loop = asyncio.new_event_loop()
         self._workspaces: OrderedDict[str, Workspace] = OrderedDict()
         self._registry = build_registry(settings, time_limit, pools)
+        self._quota = WorkspaceQuota(settings.workspace_root, settings.workspace_quota_bytes)
 
     def handle(self, raw: Any, pool: str | None) -> ToolCallResult:
         """Answer one message from the queue of ``pool``; never raises for bad input."""
@@ -92,7 +98,6 @@ class Executor:
             return self._handle(request, pool)
 
     def _handle(self, request: ToolCallRequest, pool: str | None) -> ToolCallResult:
-        runtime = CallRuntime(self._workspace(request.run_id), request.context)
         tool = self._registry.get(request.tool)
         previous = None
         if tool is not None and not tool.idempotent:
@@ -105,8 +110,14 @@ class Executor:
                 return begin.stored
             previous = begin.previous
         started = time.perf_counter()
-        with running(runtime):
-            result = self._run(request, pool, tool, previous)
+        # Held for the call: touched (the run is in use) and safe from removal until it ends.
+        workspace, held = self._hold(request.run_id)
+        try:
+            runtime = CallRuntime(workspace, request.context)
+            with running(runtime):
+                result = self._run(request, pool, tool, previous, runtime)
+        finally:
+            os.close(held)
         result.duration_ms = round((time.perf_counter() - started) * 1000, 3)
         return self._store.store(result, request.reply_to)
 
@@ -131,6 +142,7 @@ class Executor:
         pool: str | None,
         tool: ExecutableTool | None,
         previous: str | None,
+        runtime: CallRuntime,
     ) -> ToolCallResult:
         if self._clock() > request.deadline:
             return ToolCallResult.failure(
@@ -164,6 +176,10 @@ class Executor:
         if tool is None or not tool.caps_own_output:
             output, cut = cap_text(output, self._settings.output_cap_bytes)
             truncated = truncated or cut
+        if tool is not None and tool.workspace_effect != "none":
+            notice = self._quota.account(request.run_id, runtime.workspace.root)
+            if notice is not None:
+                output = tool.with_notice(output, notice)
         return ToolCallResult(
             task_id=request.task_id,
             tool=request.tool,
@@ -172,6 +188,7 @@ class Executor:
             error_kind=outcome.error_kind,
             truncated=truncated,
             worker=self._worker,
+            usage=runtime.usage,
         )
 
     def _refusal(
@@ -185,6 +202,15 @@ class Executor:
                 f"serves {pool!r}. The call was refused.",
                 self._worker,
             )
+        if tool.workspace_effect == "adds":
+            full = self._quota.refusal(request.run_id)
+            if full is not None:
+                return ToolCallResult.failure(
+                    request,
+                    "over_quota",
+                    f"Error: {tool.name} was not started: {full}.",
+                    self._worker,
+                )
         if previous is not None and not tool.idempotent:
             return ToolCallResult.failure(
                 request,
@@ -196,6 +222,16 @@ class Executor:
         if previous is not None:
             log.warning("re-running interrupted idempotent call %s", request.task_id)
         return None
+
+    def _hold(self, run_id: str) -> tuple[Workspace, int]:
+        """The run's workspace and a descriptor holding it (``worker.retention.hold``)."""
+        for _ in range(_HOLD_TRIES):
+            workspace = self._workspace(run_id)
+            try:
+                return workspace, hold(workspace.root)
+            except WorkspaceGone:
+                self._workspaces.pop(run_id, None)
+        raise WorkspaceGone(f"the workspace of run {run_id} keeps being removed")
 
     def _workspace(self, run_id: str) -> Workspace:
         # Kept per run: a conversation's calls keep coming to the same few processes, and

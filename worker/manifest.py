@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import redis
 
-from worker.protocol import POOLS, Pool, ToolSpec, WorkerInfo, keys
+from worker.protocol import POOLS, Pool, ToolSpec, WorkerInfo, WorkerLimits, keys
 from worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,7 @@ class Heartbeat:
         pools: Iterable[Pool],
         specs: list[ToolSpec],
         unavailable: dict[str, str] | None = None,
+        limits: WorkerLimits | None = None,
     ) -> None:
         self._redis = client
         self._specs = specs
@@ -81,6 +82,7 @@ class Heartbeat:
             pid=os.getpid(),
             started=time.time(),
             unavailable=unavailable or {},
+            limits=limits,
         )
 
     def start(self) -> None:

@@ -34,6 +34,7 @@ RegistryErrorKind = Literal[
 ErrorKind = Literal[
     RegistryErrorKind,
     "interrupted",  # the worker died mid-call; the tool has effects, so it is not run again
+    "over_quota",  # the run's workspace is past its quota: tools that write are not started
     "wrong_pool",  # the call reached a worker whose pool does not serve the tool
     "bad_request",  # the message was not a valid request
     "no_answer",  # no worker answered by the deadline (none listening, died, or too busy)
@@ -84,6 +85,28 @@ def function_tool(name: str, description: str, parameters: dict[str, Any]) -> di
     }
 
 
+class SandboxLimits(BaseModel):
+    """What a sandbox worker applies to each run_bash command, and what enforces each limit."""
+
+    isolation: list[str] = Field(description="The layers every command gets.")
+    memory_mb: int
+    memory_by: str = Field(description="cgroup v2, cgroup v1, or rlimit (address space).")
+    max_processes: int
+    processes_by: str = Field(description="cgroup v2, cgroup v1, or rlimit (per user).")
+    cpu_accounting_by: str = Field(description="cgroup v2, cgroup v1, or rusage.")
+    file_size_mb: int
+    problem: str | None = Field(None, description="Why commands cannot run, if they cannot.")
+
+
+class WorkerLimits(BaseModel):
+    """The limits a worker applies to the runs it serves."""
+
+    workspace_quota_bytes: int = Field(description="0: no quota.")
+    workspace_quota_by: str = Field(description="How the quota holds: accounting, or none.")
+    workspace_ttl_s: int = Field(description="A workspace no call touched this long is removed.")
+    sandbox: SandboxLimits | None = Field(None, description="Only on sandbox workers.")
+
+
 class WorkerInfo(BaseModel):
     """A live worker, as its heartbeat says."""
 
@@ -98,6 +121,20 @@ class WorkerInfo(BaseModel):
         "and why.",
     )
     beat_at: float | None = Field(None, description="Epoch seconds of the last heartbeat.")
+    limits: WorkerLimits | None = None
+
+
+class ResourceUsage(BaseModel):
+    """What a command and everything it started used (run_bash); null where the worker's
+    machine cannot measure it (no control group does that job there)."""
+
+    cpu_ms: int | None = Field(None, description="CPU time, user and system, of every process.")
+    max_rss_kb: int | None = Field(None, description="The most memory held at once.")
+    pids_peak: int | None = Field(None, description="The most processes at once.")
+    killed_processes: int | None = Field(
+        None, description="Processes still running at the end (or the timeout), killed."
+    )
+    oom_killed: bool = Field(False, description="The memory limit stopped a process.")
 
 
 class ToolCallRequest(BaseModel):
@@ -135,6 +172,7 @@ class ToolCallResult(BaseModel):
     duration_ms: float = 0.0
     truncated: bool = False
     worker: str | None = Field(None, description="hostname:pid of the process that ran it.")
+    usage: ResourceUsage | None = Field(None, description="What a command used (run_bash).")
 
     @classmethod
     def failure(
@@ -168,7 +206,7 @@ class CommandAnswer(BaseModel):
     duration_ms: int
     truncated: StreamsCut = Field(default_factory=StreamsCut)
     isolation: list[str] = Field(default_factory=list, description="The layers it ran under.")
-    usage: dict[str, Any] | None = Field(None, description="Resources used, where measured.")
+    usage: ResourceUsage | None = Field(None, description="Resources used, where measured.")
 
 
 class RedisKeys:

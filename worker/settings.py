@@ -136,14 +136,35 @@ class WorkerSettings(FleetSettings):
         description="The most bytes one service operation moves: a file read or written whole, "
         "a command's output stream (batch task files and artifacts, sandbox file transfer).",
     )
+    workspace_quota_bytes: int = Field(
+        1 << 30, ge=0, description="What one run's workspace may hold (1 GiB); 0: no quota."
+    )
+    workspace_ttl_s: int = Field(
+        86_400, gt=0, description="A run's workspace no call touched for this long is removed."
+    )
 
     sandbox_user: str = Field("nobody", description="run_bash's user when the worker is root.")
     sandbox_isolation: Literal["auto", "namespaces", "process"] = Field(
         "auto", description="auto: PID+network namespaces where they work, else process groups."
     )
-    sandbox_memory_mb: int = Field(1024, gt=0, description="run_bash address-space limit.")
-    sandbox_max_processes: int = Field(256, gt=0, description="run_bash process limit.")
+    sandbox_memory_mb: int = Field(
+        1024,
+        gt=0,
+        description="run_bash memory limit: resident memory and swap of the whole command "
+        "(control group), or the address space of each process where no group can be made.",
+    )
+    sandbox_max_processes: int = Field(
+        256, gt=0, description="run_bash process limit: per call (control group), else per user."
+    )
     sandbox_file_size_mb: int = Field(256, gt=0, description="run_bash largest file written.")
+    sandbox_cgroup: Literal["auto", "v2", "v1", "off"] = Field(
+        "auto",
+        description="Control groups for run_bash: auto takes each job from v2, else v1; v2 or "
+        "v1 use only that version; off uses rlimits alone.",
+    )
+    sandbox_cgroup_root: Path = Field(
+        Path("/sys/fs/cgroup"), description="Where the cgroup file systems are mounted."
+    )
 
     @field_validator("mcp_servers")
     @classmethod

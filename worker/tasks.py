@@ -29,6 +29,7 @@ from celery.worker.request import Request
 
 from worker.app import app
 from worker.executor import Executor
+from worker.housekeeping import Housekeeping, worker_limits
 from worker.log_context import show_ids
 from worker.manifest import Heartbeat, fleet_tool_specs
 from worker.mcp.hosting import McpUnavailableError, start_hosting, stop_hosting
@@ -40,6 +41,7 @@ from worker.settings import get_worker_settings
 
 log = logging.getLogger(__name__)
 _heartbeat: list[Heartbeat] = []
+_housekeeping: list[Housekeeping] = []
 
 
 @lru_cache(maxsize=1)
@@ -169,9 +171,13 @@ def _announce(sender: Any, **_: Any) -> None:
     for tools, why in unavailable.items():
         log.error("not serving %s: %s", tools, why)
     client = redis.Redis.from_url(settings.redis_url)
-    beat = Heartbeat(client, sender.hostname, pools, specs, unavailable)
+    limits = worker_limits(settings, pools)
+    beat = Heartbeat(client, sender.hostname, pools, specs, unavailable, limits)
     beat.start()
     _heartbeat.append(beat)
+    chores = Housekeeping(settings, pools)
+    chores.start()
+    _housekeeping.append(chores)
     log.info("toolq worker %s serving pools %s", sender.hostname, pools)
 
 
@@ -179,3 +185,5 @@ def _announce(sender: Any, **_: Any) -> None:
 def _goodbye(**_: Any) -> None:
     while _heartbeat:
         _heartbeat.pop().stop()
+    while _housekeeping:
+        _housekeeping.pop().stop()

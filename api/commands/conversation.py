@@ -25,7 +25,7 @@ from api.fleet import NoWorkersError, calls_in_flight, load_fleet, queue_depths
 from api.llm import ChatModel, ModelError, model_client
 from api.local.stack import LocalStackError, fleet_for
 from api.settings import OrchestratorSettings, get_settings
-from worker.protocol import POOLS
+from worker.protocol import POOLS, WorkerInfo
 
 DEMO_PROMPT = (
     "Write a short note about toolq to notes.txt, read it back, find where it mentions Celery, "
@@ -246,4 +246,34 @@ def show_status(*, console: Console) -> int:
         table.add_row(pool, str(depths.get(pool, "?")), str(len(fleet.workers.get(pool, []))))
     console.print(table)
     console.print(f"calls in flight: {in_flight}")
+    sandboxes = [w for w in fleet.workers.get("sandbox", []) if w.limits is not None]
+    if sandboxes:
+        console.print(limits_table(sandboxes))
     return 0
+
+
+def limits_table(workers: list[WorkerInfo]) -> Table:
+    """Which limits each sandbox worker applies to run_bash, and what enforces them."""
+    table = Table(
+        "sandbox worker", "memory", "processes", "CPU accounted by", "workspace quota", "isolation"
+    )
+    for info in sorted(workers, key=lambda w: w.worker):
+        assert info.limits is not None
+        limits, box = info.limits, info.limits.sandbox
+        quota = (
+            f"{limits.workspace_quota_bytes / 2**20:,.0f} MiB by {limits.workspace_quota_by}"
+            if limits.workspace_quota_bytes
+            else "none"
+        )
+        if box is None:
+            table.add_row(info.worker, "?", "?", "?", quota, "?")
+            continue
+        table.add_row(
+            info.worker,
+            f"{box.memory_mb} MB by {box.memory_by}",
+            f"{box.max_processes} by {box.processes_by}",
+            box.cpu_accounting_by,
+            f"{quota}; idle workspaces removed after {limits.workspace_ttl_s:,} s",
+            box.problem or ", ".join(box.isolation),
+        )
+    return table

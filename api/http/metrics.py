@@ -1,4 +1,10 @@
-"""Prometheus metrics of an orchestrator process: tool calls, their latency, queues and runs.
+"""Prometheus metrics of an orchestrator process: tool calls, their latency, what their commands
+used, queues and runs.
+
+What a command used (run_bash's ``usage``) is measured by its worker and travels in the call's
+result, so it is counted here, as the answers arrive, rather than on the workers: sandbox workers
+take no connections (no port for Prometheus to scrape), and every call a fleet serves for this
+orchestrator passes through it once.
 
 Every ``ApiMetrics`` has its own ``CollectorRegistry``, so two apps in one process (tests, an API
 and a batch) never share or double-register series.
@@ -22,6 +28,12 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 UNKNOWN_TOOL = "unknown"
 #: From a no-op on a warm worker (milliseconds) to a long shell command (minutes).
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+#: From a shell builtin (a millisecond) to a command busy on every core until its time limit.
+CPU_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600, 1200)
+#: From a shell's few hundred KiB to the memory limit of large jobs (8 GiB).
+MEMORY_BUCKETS = tuple(float(1 << shift) for shift in range(20, 34))
+#: From one process to a fork bomb held at the limit.
+PROCESS_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 class ApiMetrics:
@@ -45,6 +57,40 @@ class ApiMetrics:
             "Time a tool call ran, as its executor measured it.",
             ["tool"],
             buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.command_cpu_seconds = Histogram(
+            "toolq_command_cpu_seconds",
+            "CPU time (user and system) of a command and every process it started.",
+            ["pool"],
+            buckets=CPU_BUCKETS,
+            registry=self.registry,
+        )
+        self.command_memory_peak_bytes = Histogram(
+            "toolq_command_memory_peak_bytes",
+            "The most memory a command's processes held at once.",
+            ["pool"],
+            buckets=MEMORY_BUCKETS,
+            registry=self.registry,
+        )
+        self.command_processes_peak = Histogram(
+            "toolq_command_processes_peak",
+            "The most processes a command had at once.",
+            ["pool"],
+            buckets=PROCESS_BUCKETS,
+            registry=self.registry,
+        )
+        self.command_killed_processes = Histogram(
+            "toolq_command_killed_processes",
+            "Processes a command left running (or had at its timeout), killed by the sandbox.",
+            ["pool"],
+            buckets=PROCESS_BUCKETS,
+            registry=self.registry,
+        )
+        self.command_oom_kills = Counter(
+            "toolq_command_oom_kills",
+            "Commands the memory limit stopped.",
+            ["pool"],
             registry=self.registry,
         )
         self.tool_calls_in_flight = Gauge(
@@ -85,6 +131,26 @@ class ApiMetrics:
         elif isinstance(event, ToolCallFinished):
             self.tool_calls_in_flight.dec()
             self._count_call(event.name, event.is_error, event.error_kind, event.duration_ms)
+            self.record_usage(event.pool, event.usage)
+
+    def record_usage(self, pool: str | None, usage: Mapping[str, Any] | None) -> None:
+        """What one command used, in its pool's histograms; figures it could not measure (null)
+        are left out rather than counted as zero."""
+        if not usage:
+            return
+        label = pool or "orchestrator"
+        observed = (
+            (self.command_cpu_seconds, "cpu_ms", 1 / 1000),
+            (self.command_memory_peak_bytes, "max_rss_kb", 1024),
+            (self.command_processes_peak, "pids_peak", 1),
+            (self.command_killed_processes, "killed_processes", 1),
+        )
+        for histogram, field, scale in observed:
+            value = usage.get(field)
+            if isinstance(value, int | float):
+                histogram.labels(pool=label).observe(value * scale)
+        if usage.get("oom_killed"):
+            self.command_oom_kills.labels(pool=label).inc()
 
     def record_tool_calls(self, calls: Iterable[Mapping[str, Any]]) -> None:
         """Count calls after the fact, from a transcript's ``tool_calls`` (batch items)."""
@@ -95,6 +161,7 @@ class ApiMetrics:
                 call.get("error_kind"),
                 float(call.get("duration_ms") or 0),
             )
+            self.record_usage(call.get("pool"), call.get("usage"))
 
     def _count_call(
         self, name: str, is_error: bool, error_kind: str | None, duration_ms: float

@@ -120,6 +120,34 @@ async def test_streaming_assembles_split_arguments_and_reports_tool_activity(
     assert events[-1].text == "The file is written and says what you asked."
 
 
+async def test_a_commands_usage_reaches_the_record_its_event_and_the_transcript(
+    fleet: WorkerFleet, scripted: list[ScriptedServer]
+) -> None:
+    steps = [
+        {
+            "tool_calls": [
+                call("run_bash", {"command": "sleep 30 & echo started"}, id="c-1"),
+                call("write_file", {"path": "a.txt", "content": "alpha"}, id="c-2"),
+            ]
+        },
+        {"content": "Done."},
+    ]
+    agent = make_agent(fleet, scripted, steps, enable=["run_bash"])
+    events = [e async for e in agent.stream_chat("go")]
+    await agent.close()
+
+    bash, write = agent.tool_calls
+    answer = json.loads(bash.output)
+    assert bash.pool == "sandbox" and write.pool == "tools"
+    assert bash.usage == answer["usage"]
+    assert bash.usage is not None and bash.usage["killed_processes"] in (1, None)
+    assert write.usage is None
+    finished = {e.id: e for e in events if isinstance(e, ToolCallFinished)}
+    assert finished["c-1"].usage == bash.usage
+    assert finished["c-1"].pool == "sandbox"
+    assert agent.transcript()["tool_calls"][0]["usage"] == bash.usage
+
+
 async def test_failing_calls_reach_the_model_and_the_rest_of_the_turn_runs(
     fleet: WorkerFleet, scripted: list[ScriptedServer]
 ) -> None:

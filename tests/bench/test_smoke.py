@@ -21,6 +21,7 @@ CASES = {
     "search_text",
     "tasks",
     "viewer",
+    "run_bash_cgroups",
 }
 
 

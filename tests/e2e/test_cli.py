@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -115,6 +117,30 @@ def test_tools_and_status_describe_the_fleet(fleet: WorkerFleet) -> None:
     assert "tools" in status.stdout
     assert "sandbox" in status.stdout
     assert "calls in flight" in status.stdout
+    # Each sandbox worker's limits, and what enforces them.
+    assert "sandbox worker" in status.stdout
+    assert "256 by" in status.stdout
+    assert "1,024 MiB by accounting" in status.stdout
+
+
+def test_prune_removes_idle_workspaces_and_a_dry_run_only_lists(tmp_path: Path) -> None:
+    for name, age in (("run-old", 3 * 86_400), ("run-new", 60)):
+        (tmp_path / name).mkdir()
+        os.utime(tmp_path / name, (time.time() - age, time.time() - age))
+    env = clean_env() | {"TOOLQ_WORKSPACE_ROOT": str(tmp_path)}
+
+    dry = toolq("prune", "--older-than", "2d", "--dry-run", env=env)
+    kept = sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("."))
+    done = toolq("prune", "--older-than", "2d", env=env)
+    bad = toolq("prune", "--older-than", "soon", env=env)
+
+    assert dry.returncode == 0, dry.stderr
+    assert "would remove 1 of 1" in dry.stdout
+    assert kept == ["run-new", "run-old"]
+    assert "removed 1 of 1" in done.stdout
+    assert not (tmp_path / "run-old").exists() and (tmp_path / "run-new").exists()
+    assert bad.returncode == 2
+    assert "'soon' is not a duration" in bad.stderr
 
 
 def test_bad_settings_and_options_are_clear_errors() -> None:

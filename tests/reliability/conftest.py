@@ -79,8 +79,17 @@ KNOWN_GAPS = (
         "run_bash without namespaces",
         "where the machine gives no PID and network namespaces (an unprivileged container), "
         "run_bash falls back to process isolation: commands can reach the network, see other "
-        "processes, and leftovers are found only by the per-call marker sweep. The container "
-        "must then be the isolation. The rows above ran with the layers in the header.",
+        "processes, and leftovers are found by the command's control group (or, where no group "
+        "can be made either, only by the per-call marker sweep). The container must then be "
+        "the isolation. The rows above ran with the layers in the header.",
+    ),
+    (
+        "The workspace quota is accounting, not a hard bound",
+        "a run's workspace is measured after each call that can write to it "
+        "(TOOLQ_WORKSPACE_QUOTA_BYTES): one call can write past the quota before it is measured "
+        "(each file it writes is bounded by TOOLQ_SANDBOX_FILE_SIZE_MB, not their sum), and only "
+        "the next calls are refused. A hard bound needs a file system per run or project quotas "
+        "on the volume the workspaces share, which the worker does not make.",
     ),
 )
 

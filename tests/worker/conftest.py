@@ -58,6 +58,27 @@ def replies(client: fakeredis.FakeRedis) -> list[ToolCallResult]:
     return [ToolCallResult.model_validate_json(r) for r in client.lrange(REPLY, 0, -1)]
 
 
+def config_for(mode: str, **options: object) -> SandboxConfig:
+    """A sandbox configuration for the isolation ``mode`` a test was given."""
+    return SandboxConfig(isolation=mode, **options)  # type: ignore[arg-type]
+
+
+def sleeps(tag: str) -> list[int]:
+    """``sleep`` processes with ``tag`` in an argument (wrappers and shells excluded)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if Path(argv[0].decode(errors="replace")).name == "sleep" and any(
+                tag.encode() in arg for arg in argv[1:]
+            ):
+                found.append(int(entry.name))
+    return found
+
+
 def namespaces_unavailable() -> str | None:
     try:
         describe_isolation(SandboxConfig(isolation="namespaces"))

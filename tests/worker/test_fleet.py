@@ -14,7 +14,7 @@ import pytest
 import redis
 from kombu import Connection, Exchange, Producer
 
-from api.fleet import read_manifest
+from api.fleet import live_workers, read_manifest
 from tests.conftest import Caller, WorkerFleet, wait_for
 from tests.plugins.probe_tools import AREA_PARAMETERS
 from tests.worker.conftest import BUILT_INS
@@ -60,6 +60,23 @@ async def test_run_bash_runs_on_the_sandbox_pool(call: Caller) -> None:
     answer = json.loads(result.output)
     assert answer["stdout"].strip() == "5" and answer["exit_code"] == 0
     assert call.specs["run_bash"].pool == "sandbox"
+
+
+async def test_a_sandbox_worker_publishes_its_limits(fleet: WorkerFleet) -> None:
+    client = redis.Redis.from_url(fleet.settings.redis_url)
+    try:
+        (sandbox,) = live_workers(client, "sandbox")
+        (tools,) = live_workers(client, "tools")
+    finally:
+        client.close()
+    assert sandbox.limits is not None and sandbox.limits.sandbox is not None
+    box = sandbox.limits.sandbox
+    assert (box.memory_mb, box.max_processes) == (1024, 256)
+    assert box.memory_by in ("cgroup v2", "cgroup v1", "rlimit (address space)")
+    assert box.processes_by in ("cgroup v2", "cgroup v1", "rlimit (per user)")
+    assert box.isolation[:2] == ["process-group", "clean-environment"]
+    assert sandbox.limits.workspace_quota_bytes == 1 << 30
+    assert tools.limits is not None and tools.limits.sandbox is None
 
 
 async def test_the_manifest_tells_tools_pools_and_defaults(call: Caller) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, wait_for
-from tests.worker.conftest import NOBODY, namespaces_unavailable
+from tests.worker.conftest import NOBODY, config_for, namespaces_unavailable, sleeps
 from worker import sandbox
 from worker.sandbox import (
     SandboxConfig,
@@ -45,10 +45,6 @@ def run(
     )
 
 
-def config_for(mode: str, **limits: int) -> SandboxConfig:
-    return SandboxConfig(isolation=mode, **limits)  # type: ignore[arg-type]
-
-
 def processes_of(uid: int, *, zombies: bool) -> list[int]:
     found = []
     for pid in _pids():
@@ -75,7 +71,7 @@ def _cmdline(pid: int) -> list[bytes]:
 
 @as_root
 def test_describe_isolation_names_the_layers_of_each_setting(mode: str) -> None:
-    layers = describe_isolation(config_for(mode))
+    layers = describe_isolation(config_for(mode, cgroup="off"))
 
     assert layers[:5] == [
         "process-group",
@@ -140,12 +136,14 @@ def test_a_fork_bomb_is_stopped_and_the_worker_goes_on(mode: str, sandbox_dir: P
 
 
 @as_root
-def test_a_memory_hog_is_stopped(mode: str, sandbox_dir: Path) -> None:
+def test_without_a_control_group_a_memory_hog_meets_the_address_space_limit(
+    mode: str, sandbox_dir: Path
+) -> None:
     if shutil.which("python3", path=sandbox.SAFE_PATH) is None:
         pytest.skip("no python3 on the sandbox's PATH")
     hog = "python3 -c 'block = bytearray(2 * 1024**3); print(len(block))'"
 
-    result = run(hog, sandbox_dir, config_for(mode, memory_mb=512))
+    result = run(hog, sandbox_dir, config_for(mode, memory_mb=512, cgroup="off"))
 
     assert result.exit_code == 1
     assert result.stdout == ""
@@ -282,20 +280,6 @@ def test_an_unprivileged_worker_still_limits_its_commands(sandbox_dir: Path) -> 
     assert (sandbox_dir / "big").stat().st_size <= 1024 * 1024
 
 
-def _sleeps(tag: str) -> list[int]:
-    """``sleep`` processes with ``tag`` among their arguments (wrappers and shells excluded)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if Path(argv[0].decode(errors="replace")).name == "sleep" and tag.encode() in argv:
-                found.append(int(entry.name))
-    return found
-
-
 def test_a_worker_killed_mid_call_leaves_no_command_running(mode: str, sandbox_dir: Path) -> None:
     """With namespaces the command dies with its worker; without, the next worker sweeps it."""
     tag = f"{secrets.randbelow(10**6)}.25"
@@ -311,15 +295,15 @@ def test_a_worker_killed_mid_call_leaves_no_command_running(mode: str, sandbox_d
     )
     try:
         # The command itself, not only its wrappers: the parent-death signal is set by then.
-        wait_for(lambda: bool(_sleeps(tag)), 10, "the command to start")
+        wait_for(lambda: bool(sleeps(tag)), 10, "the command to start")
     finally:
         worker.kill()
         worker.wait()
     if mode == "process":
         wait_for(
-            lambda: sandbox.sweep_orphans(config_for(mode)) == 0 and not _sleeps(tag),
+            lambda: sandbox.sweep_orphans(config_for(mode)) == 0 and not sleeps(tag),
             10,
             "the sweep to end the orphaned command",
         )
     else:
-        wait_for(lambda: not _sleeps(tag), 10, "the namespace to die with its worker")
+        wait_for(lambda: not sleeps(tag), 10, "the namespace to die with its worker")

@@ -55,8 +55,8 @@ def test_the_variables_toolq_sets_or_reads_besides_settings_are_known() -> None:
         ),
         ("toolq_modle", "toolq_modle is not a toolq setting; did you mean TOOLQ_MODEL?"),
         (
-            "TOOLQ_WORKSPACES",
-            "TOOLQ_WORKSPACES is not a toolq setting; did you mean TOOLQ_WORKSPACE_ROOT?",
+            "TOOLQ_WORKSPACE_ROTO",
+            "TOOLQ_WORKSPACE_ROTO is not a toolq setting; did you mean TOOLQ_WORKSPACE_ROOT?",
         ),
         ("TOOLQ_XYZZY", "TOOLQ_XYZZY is not a toolq setting; the settings are in the README"),
     ],

@@ -1,15 +1,21 @@
 """Running one shell command in isolation, with its output capped while it is read.
 
 Layers, strongest last: the command runs in a session of its own with a minimal environment,
-and everything it started is killed when it ends. When the worker is root it runs as an
-unprivileged user under resource limits, without a way to gain privileges. Where the machine
-allows it (see ``describe_isolation``), it gets private PID and network namespaces: nothing it
-starts outlives it and it cannot reach the network or see other processes.
+and everything it started is killed when it ends. Where the worker may make control groups, the
+command and everything it starts are in a group of their own from the first instruction: a
+process limit and a memory limit per call, its CPU counted, and the whole tree killed and counted
+at once. When the worker is root it runs as an unprivileged user under resource limits, without
+a way to gain privileges. Where the machine allows it (see ``describe_isolation``), it gets
+private PID and network namespaces: nothing it starts outlives it and it cannot reach the network
+or see other processes.
 
-The parts: ``config`` (what the sandbox is told), ``plan`` (the layers, which of them this
-machine gives, and the command line that sets them up), ``output`` (the capped streams and the
-pump reading them), ``ending`` (killing, reaping, the result), ``sweep`` (finding marked
-processes), and ``run`` (one command from start to end).
+The parts: ``config`` (what the sandbox is told), ``cgroups`` (which hierarchy does which job on
+this machine), ``callgroup`` (one call's groups), ``launch`` (a shell in a call's groups, made ready
+before the call), ``plan`` (the layers, which of them this machine
+gives, and the command line that sets them up), ``output`` (the capped streams and the pump
+reading them), ``ending`` (killing, reaping, counting), ``result`` (what a run tells and what it
+used), ``sweep`` (finding what dead worker processes left), and ``run`` (one command from start
+to end).
 """
 
 from worker.sandbox.config import (
@@ -20,7 +26,6 @@ from worker.sandbox.config import (
     SandboxConfig,
     SandboxError,
 )
-from worker.sandbox.ending import SandboxResult
 from worker.sandbox.plan import (
     LAYER_CLEAN_ENV,
     LAYER_NET_NS,
@@ -31,6 +36,7 @@ from worker.sandbox.plan import (
     LAYER_USER_NS,
     describe_isolation,
 )
+from worker.sandbox.result import SandboxResult, Usage
 from worker.sandbox.run import run_sandboxed
 from worker.sandbox.sweep import sweep_orphans
 
@@ -49,6 +55,7 @@ __all__ = [
     "SandboxConfig",
     "SandboxError",
     "SandboxResult",
+    "Usage",
     "describe_isolation",
     "run_sandboxed",
     "sweep_orphans",

@@ -14,6 +14,12 @@ if TYPE_CHECKING:
     from worker.settings import WorkerSettings
 
 Isolation = Literal["auto", "namespaces", "process"]
+#: Which control groups run_bash may use: ``auto`` takes each job (killing, CPU accounting, the
+#: process limit, the memory limit) from cgroup v2 where v2 offers it, else from v1; ``v2`` and
+#: ``v1`` use only that version; ``off`` uses none (rlimits alone).
+CgroupMode = Literal["auto", "v2", "v1", "off"]
+#: Where cgroup file systems are mounted.
+CGROUP_ROOT = "/sys/fs/cgroup"
 
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SHELL = "/bin/sh"
@@ -38,12 +44,19 @@ class SandboxConfig:
     max_processes: int = 256
     file_size_mb: int = 256
     output_cap_bytes: int = DEFAULT_OUTPUT_CAP_BYTES
+    cgroup: CgroupMode = "auto"
+    cgroup_root: str = CGROUP_ROOT
 
     def __post_init__(self) -> None:
         if self.isolation not in get_args(Isolation):
             raise ValueError(
                 f"sandbox isolation must be one of {', '.join(get_args(Isolation))}, "
                 f"not {self.isolation!r}"
+            )
+        if self.cgroup not in get_args(CgroupMode):
+            raise ValueError(
+                f"sandbox cgroup must be one of {', '.join(get_args(CgroupMode))}, "
+                f"not {self.cgroup!r}"
             )
         for field in ("memory_mb", "max_processes", "file_size_mb", "output_cap_bytes"):
             if getattr(self, field) <= 0:
@@ -69,4 +82,6 @@ class SandboxConfig:
             max_processes=settings.sandbox_max_processes,
             file_size_mb=settings.sandbox_file_size_mb,
             output_cap_bytes=settings.output_cap_bytes,
+            cgroup=settings.sandbox_cgroup,
+            cgroup_root=str(settings.sandbox_cgroup_root),
         )

@@ -1,48 +1,160 @@
-"""Ending a command: killing it and everything it started, reaping it, and telling what
-happened (its exit status, a timeout, the signal that killed it) in the result."""
+"""Ending a command: killing it and everything it started, reaping it, and reading how it ended
+and what it used.
+
+With a control group, every process of the command is in the group from its first instruction:
+the group is killed at once, and what was in it is counted. Without one, the process group is
+killed, the namespace's first process by pid, and (without a PID namespace) the processes that
+carry the command's marker.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import selectors
 import signal
+import socket
 import subprocess
 import time
-from dataclasses import dataclass
 
+from worker.sandbox.callgroup import CallGroup, poll_until
 from worker.sandbox.config import REAP_BOUND_S
 from worker.sandbox.output import CappedStream
 from worker.sandbox.plan import Plan
+from worker.sandbox.result import Usage
 from worker.sandbox.sweep import sweep_marked
 
 #: What util-linux's unshare (2.38) prints, exiting with 1, when its child died of SIGKILL.
 _UNSHARE_SAW_SIGKILL = b"unshare: sigprocmask unblock failed: Invalid argument\n"
-
-_SIGNAL_HINTS = {
-    signal.SIGXCPU: "CPU time limit reached",
-    signal.SIGXFSZ: "file size limit reached",
-    signal.SIGKILL: "out of memory or CPU time, or killed from outside",
-    signal.SIGSEGV: "segmentation fault",
-}
+#: The pid the first process a PID namespace's init starts always has inside it.
+_FIRST_CHILD_IN_NAMESPACE = "2"
 
 
-@dataclass(frozen=True, slots=True)
-class SandboxResult:
-    """What a command produced; texts are capped and carry notices of what was cut or killed."""
+class Ending:
+    """How one started command ends: ``kill_everything`` once it exited or its time is up, then
+    ``reap`` for its exit status and ``usage`` for what it used."""
 
-    stdout: str
-    stderr: str
-    exit_code: int
-    timed_out: bool
-    duration_ms: int
-    stdout_truncated: bool
-    stderr_truncated: bool
-    isolation: tuple[str, ...]
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        plan: Plan,
+        marker: str,
+        group: CallGroup | None,
+        init_socket: socket.socket | None,
+    ) -> None:
+        self._proc = proc
+        self.plan = plan
+        self._marker = marker
+        self._group = group
+        self.init_socket = init_socket
+        self._init_pid: int | None = None
+        #: The command under the namespace's init, once the init said it started it.
+        self._command_pid: int | None = None
+        self._command_status: int | None = None
+        self._killed: int | None = None
+        self._rusage: resource.struct_rusage | None = None
+
+    def command_started(self) -> int | None:
+        """The init's word that the command started: a pidfd that is readable once the command
+        has exited, or None (the init is gone, or the command could not be found)."""
+        assert self.init_socket is not None
+        with contextlib.suppress(OSError):
+            if not self.init_socket.recv(16):
+                return None
+            self._init_pid = next(iter(_children(self._proc.pid)), None)
+            if self._init_pid is not None:
+                self._command_pid = _first_child_in_namespace(self._init_pid)
+            if self._command_pid is not None:
+                return os.pidfd_open(self._command_pid)
+        # Without the command's pid its status cannot be read: let the init wait for it instead.
+        self.init_socket.close()
+        return None
+
+    def kill_everything(self) -> None:
+        """Kill the started process and every process the command left behind; wait until gone."""
+        deadline = time.monotonic() + REAP_BOUND_S
+        if self._group is None:
+            _kill_without_group(self._proc, self.plan, self._marker)
+            return
+        if self.plan.has_init and self._init_pid is None:
+            self._init_pid = next(iter(_children(self._proc.pid)), None)
+        # The plan's own processes (unshare and the init) are killed with the rest, not counted.
+        machinery = {self._proc.pid, self._init_pid} if self.plan.has_init else set()
+        command = self._command_pid
+        if command is not None and self.init_socket is not None and not _running(command):
+            # The command has ended: its status is read from the zombie while the init has not
+            # reaped it (it may have). What it left running is counted, then the init is told
+            # to go: it reaps the command, exits with its status, and the namespace dies with
+            # it, leftovers and all.
+            self._command_status = _exit_status(command)
+            left = [pid for pid in self._group.members() if pid not in machinery]
+            self._killed = len(left)
+            self.init_socket.close()
+            with contextlib.suppress(OSError):
+                exited = os.pidfd_open(self._proc.pid)
+                try:
+                    _wait_readable([exited], deadline)
+                finally:
+                    os.close(exited)
+            self._group.kill(deadline)
+        else:
+            killed = self._group.kill(deadline)
+            self._killed = len([pid for pid in killed if pid not in machinery])
+        self._group.wait_empty(deadline)
+
+    def reap(self, stderr: CappedStream) -> int | None:
+        """The command's exit status (negative: the signal that killed it), or None when it
+        could not be reaped."""
+        returncode = self._wait()
+        if self._command_status is not None:
+            # Exact, a signal told apart from an exit status above 128, which the init's is not.
+            stderr.remove_suffix(_UNSHARE_SAW_SIGKILL)
+            return self._command_status
+        if self.plan.namespaced and returncode == 1 and stderr.remove_suffix(_UNSHARE_SAW_SIGKILL):
+            return -signal.SIGKILL
+        return returncode
+
+    def usage(self) -> Usage:
+        """What the command used: from its control group, or without one the CPU time the
+        kernel counted for the processes the command waited for. (Not their peak memory: a
+        child started by vfork counts the worker's own memory until it execs.)"""
+        if self._group is not None:
+            counted = self._group.usage()
+            peak = counted.pids_peak
+            return Usage(
+                cpu_ms=counted.cpu_ms,
+                max_rss_kb=counted.max_rss_kb,
+                pids_peak=None if peak is None else max(0, peak - self.plan.machinery),
+                killed_processes=self._killed,
+                oom_killed=counted.oom_killed,
+            )
+        rusage = self._rusage
+        if rusage is None:
+            return Usage(None, None, None, None)
+        cpu_ms = round((rusage.ru_utime + rusage.ru_stime) * 1000)
+        return Usage(cpu_ms, None, None, None)
+
+    def _wait(self) -> int | None:
+        """Reap the started process, keeping what the kernel counted for it and what it
+        waited for; None if it is not gone in time (stuck in the kernel even after SIGKILL)."""
+        proc = self._proc
+        if proc.returncode is None:
+            try:
+                poll_until(self._reaped, time.monotonic() + REAP_BOUND_S)
+            except ChildProcessError:
+                proc.wait()  # reaped already, by Popen itself
+        return proc.returncode
+
+    def _reaped(self) -> bool:
+        pid, status, rusage = os.wait4(self._proc.pid, os.WNOHANG)
+        if pid:
+            self._proc.returncode = os.waitstatus_to_exitcode(status)
+            self._rusage = rusage
+        return bool(pid)
 
 
-def kill_everything(proc: subprocess.Popen[bytes], plan: Plan, marker: str) -> None:
-    """Kill the started process and every process the command left behind; wait until gone."""
+def _kill_without_group(proc: subprocess.Popen[bytes], plan: Plan, marker: str) -> None:
     # The namespace's first process may have left the process group, and dropping root
     # cancelled its parent-death signal, so it is also killed by pid. Its pidfd is taken while
     # unshare, its parent, still holds it unreaped: the pid cannot have been reused.
@@ -62,58 +174,36 @@ def kill_everything(proc: subprocess.Popen[bytes], plan: Plan, marker: str) -> N
         sweep_marked(marker, plan.sweep_uid)
 
 
-def reap(proc: subprocess.Popen[bytes], plan: Plan, stderr: CappedStream) -> int | None:
-    """The started process's exit status (negative: the signal that killed the command), or
-    None when it could not be reaped."""
+def _running(pid: int) -> bool:
+    """``pid`` has not exited (a zombie, or reaped and gone, has)."""
     try:
-        returncode = proc.wait(REAP_BOUND_S)
-    except subprocess.TimeoutExpired:
-        return None  # stuck in the kernel even after SIGKILL; reported as killed
-    if plan.namespaced and returncode == 1 and stderr.remove_suffix(_UNSHARE_SAW_SIGKILL):
-        return -signal.SIGKILL
-    return returncode
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
 
 
-def build_result(
-    stdout: CappedStream,
-    stderr: CappedStream,
-    returncode: int | None,
-    timed_out: bool,
-    timeout_ms: int,
-    started: float,
-    layers: tuple[str, ...],
-) -> SandboxResult:
-    """The result of a command that has ended, with a notice of how it ended when it did not
-    exit by itself."""
-    errors = stderr.text()
-    notice = ""
-    if timed_out:
-        exit_code = -1
-        notice = (
-            f"[timed out after {_duration(timeout_ms)}: the command and every process it "
-            "started were killed]"
-        )
-    elif returncode is None:
-        exit_code = -1
-        notice = "[the command could not be stopped cleanly and was abandoned]"
-    elif returncode < 0:
-        signum = -returncode
-        exit_code = 128 + signum
-        notice = f"[the command was killed by {_signal_name(signum)}]"
-    else:
-        exit_code = returncode
-    if notice:
-        errors = f"{errors}\n{notice}" if errors and not errors.endswith("\n") else errors + notice
-    return SandboxResult(
-        stdout=stdout.text(),
-        stderr=errors,
-        exit_code=exit_code,
-        timed_out=timed_out,
-        duration_ms=round((time.monotonic() - started) * 1000),
-        stdout_truncated=stdout.truncated,
-        stderr_truncated=stderr.truncated,
-        isolation=layers,
-    )
+def _exit_status(pid: int) -> int | None:
+    """The exit status of zombie ``pid`` as ``subprocess`` gives it, or None if it still runs."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if fields[0] != b"Z" or len(fields) < 50:
+        return None
+    return os.waitstatus_to_exitcode(int(fields[49]))
+
+
+def _first_child_in_namespace(init_pid: int) -> int | None:
+    for child in _children(init_pid):
+        with contextlib.suppress(OSError), open(f"/proc/{child}/status") as status:
+            for line in status:
+                if line.startswith("NSpid:"):
+                    if line.split()[-1] == _FIRST_CHILD_IN_NAMESPACE:
+                        return child
+                    break
+    return None
 
 
 def _pidfds(pids: list[int]) -> list[int]:
@@ -143,16 +233,3 @@ def _children(pid: int) -> list[int]:
             with contextlib.suppress(OSError), open(f"{task.path}/children") as listing:
                 found += [int(child) for child in listing.read().split()]
     return found
-
-
-def _duration(ms: int) -> str:
-    return f"{ms // 1000} s" if ms % 1000 == 0 else f"{ms} ms"
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        sig = signal.Signals(signum)
-    except ValueError:
-        return f"signal {signum}"
-    hint = _SIGNAL_HINTS.get(sig)
-    return f"{sig.name} ({hint})" if hint else sig.name

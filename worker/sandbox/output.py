@@ -9,6 +9,7 @@ import os
 import selectors
 import subprocess
 import time
+from collections.abc import Callable
 from typing import IO
 
 _READ_CHUNK = 65_536
@@ -56,10 +57,21 @@ class CappedStream:
         self.pipe.close()
 
 
-class Pump:
-    """Reads both pipes as data comes, and notices when the started process exits."""
+#: Called when its file descriptor is readable; may give a pidfd whose process's exit ends the
+#: command (the namespace's init telling that the command started).
+Notice = Callable[[], "int | None"]
 
-    def __init__(self, proc: subprocess.Popen[bytes], streams: tuple[CappedStream, ...]) -> None:
+
+class Pump:
+    """Reads both pipes as data comes, and notices when the command exits: the started process,
+    or the one a notice names."""
+
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        streams: tuple[CappedStream, ...],
+        notices: tuple[tuple[int, Notice], ...] = (),
+    ) -> None:
         self._proc = proc
         self._selector = selectors.PollSelector()
         self._buffer = bytearray(_READ_CHUNK)
@@ -69,9 +81,12 @@ class Pump:
             self._selector.register(stream.fd, selectors.EVENT_READ, stream)
             self._open += 1
         self._exit_fd: int | None = None
+        self._command_fd: int | None = None
         with contextlib.suppress(OSError, AttributeError):
             self._exit_fd = os.pidfd_open(proc.pid)
             self._selector.register(self._exit_fd, selectors.EVENT_READ, None)
+        for fd, notice in notices:
+            self._selector.register(fd, selectors.EVENT_READ, notice)
 
     def __enter__(self) -> Pump:
         return self
@@ -79,8 +94,9 @@ class Pump:
     def __exit__(self, *exc: object) -> None:
         self._selector.close()
         self._view.release()
-        if self._exit_fd is not None:
-            os.close(self._exit_fd)
+        for fd in (self._exit_fd, self._command_fd):
+            if fd is not None:
+                os.close(fd)
 
     def until_exit(self, deadline: float) -> bool:
         """Read until the process exits (True) or ``deadline`` passes (False)."""
@@ -95,21 +111,30 @@ class Pump:
             for key, _ in self._selector.select(wait):
                 if key.data is None:
                     exited = True
-                else:
+                elif isinstance(key.data, CappedStream):
                     self._read(key.data)
+                else:
+                    self._selector.unregister(key.fd)
+                    self._watch(key.data())
             if exited or (tick is not None and _has_exited(self._proc.pid)):
                 return True
 
     def drain(self, deadline: float) -> None:
         """Read what is left, until both pipes close or ``deadline`` passes."""
-        if self._exit_fd is not None:
-            self._selector.unregister(self._exit_fd)
+        for key in list(self._selector.get_map().values()):
+            if not isinstance(key.data, CappedStream):
+                self._selector.unregister(key.fd)
         while self._open:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
             for key, _ in self._selector.select(remaining):
                 self._read(key.data)
+
+    def _watch(self, pidfd: int | None) -> None:
+        if pidfd is not None:
+            self._command_fd = pidfd
+            self._selector.register(pidfd, selectors.EVENT_READ, None)
 
     def _read(self, stream: CappedStream) -> None:
         try:

@@ -11,6 +11,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from worker.sandbox.cgroups import CgroupLayout, detect_layout
 from worker.sandbox.config import MARKER_VARIABLE, SAFE_PATH, SHELL, SandboxConfig, SandboxError
 
 #: The layers a command can get, as ``describe_isolation`` and every result name them.
@@ -21,6 +22,14 @@ LAYER_NO_NEW_PRIVS = "no-new-privileges"
 LAYER_PID_NS = "pid-namespace"
 LAYER_NET_NS = "network-namespace"
 LAYER_USER_NS = "user-namespace"
+
+#: The first process of a PID namespace whose command has control groups. A namespace dies with
+#: its first process, so this one starts the command, says so on its standard input (a socket
+#: to the worker) and waits while the worker reads the command's exit status from the zombie (a
+#: signal told apart from a status above 128) and counts what it left running. When the worker
+#: closes the socket it reaps the command and exits with its status, and the namespace ends the
+#: rest. On a timeout the worker kills the whole group instead.
+INIT_SCRIPT = '"$@" & echo >&0; read _; wait $!'
 
 
 def describe_isolation(config: SandboxConfig) -> list[str]:
@@ -44,16 +53,41 @@ class Plan:
     #: mid-call takes its command (and, through unshare, the whole namespace) with it.
     guard: str
     env_binary: str
-    #: uid whose processes may carry the marker; None when a PID namespace collects leftovers.
+    #: uid whose processes may carry the marker; None when a PID namespace or a control group
+    #: collects leftovers.
     sweep_uid: int | None
+    #: The control groups each command gets (none: the rlimits hold alone).
+    cgroups: CgroupLayout
+    #: ``env --default-signal`` works: a command started in the background of the namespace's
+    #: first process gets SIGINT and SIGQUIT back, which a shell ignores for background jobs.
+    restores_signals: bool = False
 
     @property
     def namespaced(self) -> bool:
         return bool(self.namespace_argv)
 
     @property
+    def grouped(self) -> bool:
+        return bool(self.cgroups.hierarchies)
+
+    @property
+    def has_init(self) -> bool:
+        """The namespace's first process is ``INIT_SCRIPT``, not the command."""
+        return self.grouped and self.namespaced
+
+    @property
+    def machinery(self) -> int:
+        """Processes of the plan's own in a command's control group: unshare and the init."""
+        return 2 if self.has_init else 0
+
+    @property
     def wrapped(self) -> bool:
-        return self.drop_to is not None or self.namespaced or bool(self.prlimit or self.guard)
+        return (
+            self.drop_to is not None
+            or self.namespaced
+            or self.grouped
+            or bool(self.prlimit or self.guard)
+        )
 
     def command_line(
         self,
@@ -64,7 +98,8 @@ class Plan:
         timeout_ms: int,
         config: SandboxConfig,
     ) -> tuple[list[str], dict[str, str]]:
-        """The argv to start and the environment it starts with."""
+        """The argv to start and the environment it starts with (with control groups, the
+        shell of ``worker.sandbox.launch`` starts it from inside them)."""
         if marker:
             base_env = {**base_env, MARKER_VARIABLE: marker}
         requested = {k: v for k, v in env.items() if k != MARKER_VARIABLE}
@@ -75,18 +110,10 @@ class Plan:
         if self.guard:
             argv += [self.guard, "--pdeathsig", "KILL", "--"]
         if self.prlimit:
-            # SIGXCPU at the soft limit tells what happened; SIGKILL a second later is sure.
-            cpu_s = -(-timeout_ms // 1000) + 1
-            mb = 1024 * 1024
-            argv += [
-                self.prlimit,
-                f"--cpu={cpu_s}:{cpu_s + 1}",
-                f"--as={config.memory_mb * mb}",
-                f"--nproc={config.max_processes}",
-                f"--fsize={config.file_size_mb * mb}",
-                "--",
-            ]
+            argv += [self.prlimit, *self._rlimits(timeout_ms, config), "--"]
         argv += self.namespace_argv
+        if self.has_init:
+            argv += [SHELL, "-c", INIT_SCRIPT, "toolq-init"]
         if self.drop_to is not None:
             uid, gid = self.drop_to
             argv += [self.setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
@@ -95,9 +122,23 @@ class Plan:
             argv += ["--no-new-privs", "--pdeathsig", "keep", "--"]
         # The wrappers run (some as root) before the limits and namespaces hold: a variable such
         # as LD_PRELOAD must reach only the shell, so ``env`` adds the caller's at the last step.
-        if requested:
-            argv += [self.env_binary, "--", *(f"{k}={v}" for k, v in requested.items())]
+        restore = ["--default-signal=INT,QUIT"] if self.has_init and self.restores_signals else []
+        if requested or restore:
+            argv += [self.env_binary, *restore, "--", *(f"{k}={v}" for k, v in requested.items())]
         return argv + shell, base_env
+
+    def _rlimits(self, timeout_ms: int, config: SandboxConfig) -> list[str]:
+        # SIGXCPU at the soft limit tells what happened; SIGKILL a second later is sure.
+        cpu_s = -(-timeout_ms // 1000) + 1
+        mb = 1024 * 1024
+        limits = [f"--cpu={cpu_s}:{cpu_s + 1}", f"--fsize={config.file_size_mb * mb}"]
+        # A control group limits by what a command holds, not what it reserves, and per call,
+        # not per user: the rlimits stand in only where no group does.
+        if self.cgroups.doing("memory") is None:
+            limits.append(f"--as={config.memory_mb * mb}")
+        if self.cgroups.doing("pids") is None:
+            limits.append(f"--nproc={config.max_processes}")
+        return limits
 
 
 @functools.lru_cache(maxsize=8)
@@ -131,6 +172,15 @@ def plan_for(config: SandboxConfig, euid: int) -> Plan:
             )
     env_binary = shutil.which("env", path=SAFE_PATH) or "/usr/bin/env"
     guard = shutil.which("setpriv", path=SAFE_PATH) or ""
+    cgroups = detect_layout(config.cgroup, config.cgroup_root)
+    if not cgroups.hierarchies and config.cgroup in ("v1", "v2"):
+        reasons = "; ".join(sorted({why for _, why in cgroups.missing}))
+        raise SandboxError(
+            f"cgroup {config.cgroup} was requested (sandbox_cgroup={config.cgroup!r}) but this "
+            f"machine does not give it: {reasons}"
+        )
+    layers += cgroups.layers
+    collected = bool(namespace_argv) or cgroups.doing("kill") is not None
     return Plan(
         layers=tuple(layers),
         namespace_argv=namespace_argv,
@@ -139,8 +189,25 @@ def plan_for(config: SandboxConfig, euid: int) -> Plan:
         setpriv=setpriv,
         guard=guard,
         env_binary=env_binary,
-        sweep_uid=None if namespace_argv else (drop_to[0] if drop_to else os.getuid()),
+        sweep_uid=None if collected else (drop_to[0] if drop_to else os.getuid()),
+        cgroups=cgroups,
+        restores_signals=bool(namespace_argv) and _env_restores_signals(env_binary),
     )
+
+
+def _env_restores_signals(env_binary: str) -> bool:
+    try:
+        probe = subprocess.run(
+            [env_binary, "--default-signal=INT,QUIT", "true"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            env={"PATH": SAFE_PATH},
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
 
 
 def _sandbox_ids(user: str) -> tuple[int, int]:

@@ -1,5 +1,6 @@
-"""Running one command from start to end: started under the plan, its output pumped until it
-exits or its time is up, then everything it started killed and its result told."""
+"""Running one command from start to end: started under the plan (inside its control groups,
+where it has them), its output pumped until it exits or its time is up, then everything it
+started killed, its result and usage told, and its group removed."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from worker.sandbox.config import SAFE_PATH, SandboxConfig, SandboxError
-from worker.sandbox.ending import SandboxResult, build_result, kill_everything, reap
-from worker.sandbox.output import CappedStream, Pump
-from worker.sandbox.plan import plan_for
+from worker.sandbox.config import SAFE_PATH, SHELL, SandboxConfig, SandboxError
+from worker.sandbox.ending import Ending
+from worker.sandbox.launch import launcher
+from worker.sandbox.output import CappedStream, Notice, Pump
+from worker.sandbox.plan import Plan, plan_for
+from worker.sandbox.result import SandboxResult, build_result
 
 #: How long to keep reading once the command has ended and its leftovers were killed: their
 #: pipes close at once, unless something escaped (possible only without a PID namespace).
@@ -36,9 +39,29 @@ def run_sandboxed(
     with ``stdin`` as its input (none by default), kill everything it started, report the
     outcome."""
     plan = plan_for(config, os.geteuid())
+    with _input_file(stdin, plan.drop_to) as input_path:
+        if input_path is not None:
+            # The command's own shell opens its input, as the user it runs as, whatever the
+            # layers before it gave it as standard input.
+            command = [SHELL, "-c", 'exec "$@" <"$0"', input_path, *_as_argv(command)]
+        return _run(
+            plan, command, cwd=cwd, home=home, env=env, timeout_ms=timeout_ms, config=config
+        )
+
+
+def _run(
+    plan: Plan,
+    command: str | Sequence[str],
+    *,
+    cwd: Path,
+    home: Path,
+    env: Mapping[str, str],
+    timeout_ms: int,
+    config: SandboxConfig,
+) -> SandboxResult:
     # The marker names the worker process too, so a later sweep can tell an orphan (its worker
     # was killed mid-call) from a command still running for a live worker.
-    marker = "" if plan.namespaced else f"{os.getpid()}-{uuid.uuid4().hex}"
+    marker = "" if plan.sweep_uid is None else f"{os.getpid()}-{uuid.uuid4().hex}"
     base_env = {
         "PATH": SAFE_PATH,
         "HOME": str(home),
@@ -47,47 +70,93 @@ def run_sandboxed(
         "PWD": str(cwd),
     }
     argv, process_env = plan.command_line(command, base_env, env, marker, timeout_ms, config)
-    started = time.monotonic()
-    try:
-        with _input_file(stdin) as input_fd:
+    if not plan.grouped:
+        started = time.monotonic()
+        try:
             proc = subprocess.Popen(
                 argv,
-                stdin=input_fd,
+                stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 cwd=cwd,
                 env=process_env,
-                start_new_session=True,  # also detaches from any terminal, so no TIOCSTI tricks
+                start_new_session=True,  # also detaches from any terminal: no TIOCSTI tricks
             )
-    except OSError as exc:
-        raise SandboxError(f"the command could not be started: {exc.strerror or exc}") from exc
+        except OSError as exc:
+            raise SandboxError(f"the command could not be started: {exc.strerror or exc}") from exc
+        return _follow(proc, Ending(proc, plan, marker, None, None), started, timeout_ms, config)
+    ready = launcher.take(plan, config)
+    try:
+        started = time.monotonic()
+        ready.start(argv, cwd, process_env)
+        channel = ready.channel if plan.has_init else None
+        ending = Ending(ready.proc, plan, marker, ready.group, channel)
+        return _follow(ready.proc, ending, started, timeout_ms, config)
+    finally:
+        ready.channel.close()
+        ready.group.remove()
+        launcher.prepare(plan, config)
+
+
+def _follow(
+    proc: subprocess.Popen[bytes],
+    ending: Ending,
+    started: float,
+    timeout_ms: int,
+    config: SandboxConfig,
+) -> SandboxResult:
+    """Pump the started command's output until it ends or its time is up, end everything it
+    started, and tell how it went."""
     assert proc.stdout is not None and proc.stderr is not None
     stdout = CappedStream(proc.stdout, config.output_cap_bytes)
     stderr = CappedStream(proc.stderr, config.output_cap_bytes)
+    notices: tuple[tuple[int, Notice], ...] = ()
+    if ending.init_socket is not None:
+        notices = ((ending.init_socket.fileno(), ending.command_started),)
     killed = False
     try:
-        with Pump(proc, (stdout, stderr)) as pump:
+        with Pump(proc, (stdout, stderr), notices) as pump:
             timed_out = not pump.until_exit(started + timeout_ms / 1000)
-            kill_everything(proc, plan, marker)
+            ending.kill_everything()
             killed = True
             pump.drain(time.monotonic() + DRAIN_BOUND_S)
     finally:
         if not killed:  # interrupted: nothing may be left running
-            kill_everything(proc, plan, marker)
-        returncode = reap(proc, plan, stderr)
+            ending.kill_everything()
+        returncode = ending.reap(stderr)
         stdout.close()
         stderr.close()
-    return build_result(stdout, stderr, returncode, timed_out, timeout_ms, started, plan.layers)
+    return build_result(
+        stdout,
+        stderr,
+        returncode,
+        timed_out,
+        timeout_ms,
+        started,
+        ending.plan.layers,
+        ending.usage(),
+        config.memory_mb,
+    )
+
+
+def _as_argv(command: str | Sequence[str]) -> list[str]:
+    return [SHELL, "-c", command] if isinstance(command, str) else list(command)
 
 
 @contextlib.contextmanager
-def _input_file(data: bytes | None) -> Iterator[int]:
-    """The command's standard input: nothing, or ``data`` in an unlinked temporary file. A file,
+def _input_file(data: bytes | None, owner: tuple[int, int] | None) -> Iterator[str | None]:
+    """``data`` in a temporary file the command's user may read (None without input). A file,
     not a pipe: the command reads it at its own pace and the worker never blocks writing it."""
     if data is None:
-        yield subprocess.DEVNULL
+        yield None
         return
-    with tempfile.TemporaryFile() as file:
-        file.write(data)
-        file.seek(0)
-        yield file.fileno()
+    fd, path = tempfile.mkstemp(prefix="toolq-input-")
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+        if owner is not None:
+            os.chown(path, *owner)
+        yield path
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)

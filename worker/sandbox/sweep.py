@@ -9,6 +9,7 @@ import signal
 import time
 from collections.abc import Iterator
 
+from worker.sandbox.callgroup import sweep_groups
 from worker.sandbox.config import MARKER_VARIABLE, REAP_BOUND_S, SandboxConfig
 from worker.sandbox.plan import plan_for
 
@@ -16,10 +17,15 @@ from worker.sandbox.plan import plan_for
 def sweep_orphans(config: SandboxConfig) -> int:
     """Kill commands whose worker process died mid-call; returns how many were found.
 
-    Without a PID namespace, a command's children outlive a worker process killed with SIGKILL
-    (only the shell has the parent-death signal). A worker calls this when it starts a process.
+    A command in a control group is found by its group, named after the worker process that
+    made it: this also ends a command whose worker died before the command's parent-death signal
+    was set. Without groups or a PID namespace, a command's children outlive a worker process
+    killed with SIGKILL (only the shell has the parent-death signal) and are found by their
+    marker. A worker calls this when it starts a process, and its main process now and then.
     """
     plan = plan_for(config, os.geteuid())
+    if plan.grouped:
+        return sweep_groups(plan.cgroups)
     if plan.sweep_uid is None:
         return 0
     prefix = f"{MARKER_VARIABLE}=".encode()

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field, field_validator
 
-from worker.protocol import CommandAnswer, StreamsCut
+from worker.protocol import CommandAnswer, ResourceUsage, StreamsCut
 from worker.sandbox import SandboxConfig, SandboxResult, run_sandboxed
 from worker.settings import get_worker_settings
 from worker.tools.interface import ExecutableTool, ToolArgs
 from worker.tools.paths import WorkspaceError, shown
+from worker.tools.runtime import report_usage
 from worker.tools.workspace import Workspace
 
 MAX_TIMEOUT_MS = 600_000
@@ -62,9 +64,10 @@ class RunBashTool(ExecutableTool):
     name: ClassVar[str] = "run_bash"
     description: ClassVar[str] = (
         "Run a shell command (/bin/sh -c) in the workspace and get back JSON with stdout, "
-        "stderr, exit_code, timed_out and duration_ms. Each stream keeps its first 50 KB. "
-        "stdin is empty; there is no network access where the sandbox has a network namespace. "
-        "Processes left running in the background are killed when the command ends. "
+        "stderr, exit_code, timed_out, duration_ms and usage (cpu_ms, max_rss_kb, pids_peak, "
+        "killed_processes, oom_killed). Each stream keeps its first 50 KB. stdin is empty; "
+        "there is no network access where the sandbox has a network namespace. Processes left "
+        "running in the background are killed when the command ends. "
         "Commands can change or destroy any file in the workspace, and nothing undoes them. "
         "Off unless enabled: offered only where the caller switched it on."
     )
@@ -73,6 +76,7 @@ class RunBashTool(ExecutableTool):
     idempotent = False
     enabled_by_default = False
     caps_own_output = True
+    workspace_effect = "adds"
     default_timeout_ms = DEFAULT_TIMEOUT_MS
     timeout_argument = "timeout"
 
@@ -92,7 +96,20 @@ class RunBashTool(ExecutableTool):
             timeout_ms=args.get("timeout", DEFAULT_TIMEOUT_MS),
             config=self._config,
         )
-        return command_answer(result).model_dump_json(exclude_none=True)
+        answer = command_answer(result)
+        if answer.usage is not None:
+            report_usage(answer.usage)
+        return answer.model_dump_json()
+
+    def with_notice(self, output: str, notice: str) -> str:
+        try:
+            answer = json.loads(output)
+        except ValueError:  # an error, in words
+            return super().with_notice(output, notice)
+        if not isinstance(answer, dict):
+            return super().with_notice(output, notice)
+        answer["notice"] = notice
+        return json.dumps(answer, ensure_ascii=False)
 
 
 def command_answer(result: SandboxResult) -> CommandAnswer:
@@ -105,6 +122,7 @@ def command_answer(result: SandboxResult) -> CommandAnswer:
         duration_ms=result.duration_ms,
         truncated=StreamsCut(stdout=result.stdout_truncated, stderr=result.stderr_truncated),
         isolation=list(result.isolation),
+        usage=ResourceUsage(**result.usage.as_dict()),
     )
 
 

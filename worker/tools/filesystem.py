@@ -145,6 +145,7 @@ class WriteFileTool(WorkspaceTool):
         "missing parent directories."
     )
     Args = WriteFileArgs
+    workspace_effect = "adds"
 
     def execute(self, args: dict[str, Any]) -> str:
         path: str = args["path"]
@@ -233,6 +234,7 @@ class MkdirTool(WorkspaceTool):
     description = "Create a directory in the workspace, with any missing parents (like mkdir -p)."
     Args = MkdirArgs
     idempotent = True
+    workspace_effect = "adds"
 
     def execute(self, args: dict[str, Any]) -> str:
         target = self.workspace.resolve(args["path"])
@@ -260,6 +262,7 @@ class RemoveTool(WorkspaceTool):
     )
     Args = RemoveArgs
     enabled_by_default = False
+    workspace_effect = "frees"
 
     def execute(self, args: dict[str, Any]) -> str:
         target = self.workspace.entry(args["path"])

@@ -5,11 +5,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from worker.protocol import ErrorKind, Pool, function_tool
+from worker.protocol import ErrorKind, Pool, ResourceUsage, function_tool
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +25,8 @@ class ToolOutcome:
     duration_ms: float | None = None
     #: The tool left part of its answer out to fit the output cap.
     truncated: bool = False
+    #: What the call's command used (run_bash), as its worker measured it.
+    usage: ResourceUsage | None = None
 
     @property
     def is_error(self) -> bool:
@@ -80,10 +82,19 @@ class ExecutableTool(ABC):
     #: Offered to models; False for service operations that only callers use (worker/tools/
     #: service.py): the Agent, the API's tool list and the MCP server leave them out.
     for_model: ClassVar[bool] = True
+    #: What the tool does to the run's workspace, for its quota (``worker.quota``): ``adds``
+    #: (refused while the run is past its quota; the workspace is measured after), ``frees``
+    #: (measured after, never refused) or ``none``.
+    workspace_effect: ClassVar[Literal["none", "adds", "frees"]] = "none"
 
     @abstractmethod
     def execute(self, args: dict[str, Any]) -> Any | Awaitable[Any]:
         """Run the tool with validated arguments."""
+
+    def with_notice(self, output: str, notice: str) -> str:
+        """``output`` with a notice from the worker (the workspace is past its quota) added in
+        the answer's own form: a line of its own here, a field for tools that answer JSON."""
+        return f"{output}\n[{notice}]"
 
     @classmethod
     def get_schema(cls) -> dict[str, Any]:

@@ -11,18 +11,20 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-from worker.protocol import ToolContextSnapshot
+from worker.protocol import ResourceUsage, ToolContextSnapshot
 from worker.tools.context import ToolContext
 from worker.tools.paths import _Location
 from worker.tools.workspace import Workspace
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CallRuntime:
-    """The run a call belongs to: where it works and what the conversation holds."""
+    """The run a call belongs to: where it works and what the conversation holds; and what the
+    call reports besides its answer (what its command used)."""
 
     workspace: Workspace
     context: ToolContextSnapshot
+    usage: ResourceUsage | None = None
 
 
 _current: ContextVar[CallRuntime] = ContextVar("toolq_call_runtime")
@@ -45,6 +47,13 @@ def running(runtime: CallRuntime) -> Iterator[None]:
         yield
     finally:
         _current.reset(token)
+
+
+def report_usage(usage: ResourceUsage) -> None:
+    """Tell the call's result what its command used; nothing outside a worker's call."""
+    runtime = _current.get(None)
+    if runtime is not None:
+        runtime.usage = usage
 
 
 class CurrentWorkspace(Workspace):

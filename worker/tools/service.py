@@ -84,6 +84,7 @@ class PutFilesTool(ServiceTool):
     name = "toolq.put_files"
     description = "Write files into the run's workspace, replacing any that exist."
     Args = PutFilesArgs
+    workspace_effect = "adds"
 
     def execute(self, args: dict[str, Any]) -> dict[str, Any]:
         contents = {path: decode_content(c, shown(path)) for path, c in args["files"].items()}
@@ -249,6 +250,7 @@ class ExecTool(ServiceTool):
     pool = "sandbox"
     idempotent = False
     timeout_argument = "timeout_ms"
+    workspace_effect = "adds"
 
     def __init__(
         self, workspace: Workspace, transfer_max_bytes: int, sandbox: SandboxConfig

@@ -26,6 +26,7 @@ class SaveSessionContextTool(ExecutableTool):
         "session context file in the workspace."
     )
     Args = SaveSessionContextArgs
+    workspace_effect = "adds"
 
     def __init__(self, context: ToolContext, workspace: Workspace) -> None:
         self.context = context

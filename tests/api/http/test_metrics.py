@@ -92,6 +92,39 @@ def test_transcript_calls_count_like_live_ones() -> None:
     assert sample(text, "toolq_tool_call_seconds_sum", tool="write_file") == pytest.approx(0.93)
 
 
+USAGE = {
+    "cpu_ms": 1500,
+    "max_rss_kb": 2048,
+    "pids_peak": 3,
+    "killed_processes": 2,
+    "oom_killed": True,
+}
+
+
+def test_what_commands_used_is_observed_per_pool_and_unknown_figures_are_left_out() -> None:
+    metrics = ApiMetrics()
+    partial = {**USAGE, "pids_peak": None, "killed_processes": None, "oom_killed": False}
+    metrics.record_event(
+        ToolCallFinished("a", "run_bash", "{}", False, None, 9.0, "w@h", "sandbox", USAGE)
+    )
+    metrics.record_tool_calls(
+        [
+            {"name": "run_bash", "duration_ms": 5, "pool": "sandbox", "usage": partial},
+            {"name": "read_file", "duration_ms": 1, "pool": "tools", "usage": None},
+        ]
+    )
+
+    text = scrape(metrics)
+
+    assert sample(text, "toolq_command_cpu_seconds_count", pool="sandbox") == 2
+    assert sample(text, "toolq_command_cpu_seconds_sum", pool="sandbox") == pytest.approx(3.0)
+    assert sample(text, "toolq_command_memory_peak_bytes_sum", pool="sandbox") == 2 * 2048 * 1024
+    assert sample(text, "toolq_command_processes_peak_count", pool="sandbox") == 1
+    assert sample(text, "toolq_command_killed_processes_sum", pool="sandbox") == 2
+    assert sample(text, "toolq_command_oom_kills_total", pool="sandbox") == 1
+    assert sample(text, "toolq_command_cpu_seconds_count", pool="tools") is None
+
+
 def test_invented_tool_names_count_as_one_unknown_series() -> None:
     metrics = ApiMetrics(tools=["read_file"])
     for n in range(50):

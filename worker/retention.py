@@ -1,0 +1,135 @@
+"""How long run workspaces live: every call touches its run's workspace and holds it while it
+runs; a workspace no call touched for ``TOOLQ_WORKSPACE_TTL_S`` is removed, by the workers now
+and then or by ``toolq prune``, but never while a call of its run is in flight.
+
+A call holds a shared lock on the workspace folder; removal takes the exclusive lock without
+waiting (a run with a call in flight is skipped), moves the folder aside while holding it, and
+deletes it there. A call that opened the folder just before it moved finds it replaced and
+starts again on a new one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from worker.protocol import RUN_ID_PATTERN
+from worker.quota import STATE_DIR, WorkspaceQuota, measure
+
+_RUN_ID = re.compile(RUN_ID_PATTERN)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: Where removed workspaces wait to be deleted, out of every call's way.
+TRASH = "trash"
+
+
+class WorkspaceGone(Exception):
+    """The workspace folder was removed (or replaced) before the call could hold it."""
+
+
+def hold(workspace: Path) -> int:
+    """Touch ``workspace`` and keep it from removal until the returned descriptor is closed;
+    raises ``WorkspaceGone`` when it was removed (or is being removed) meanwhile."""
+    try:
+        fd = os.open(workspace, _DIR_FLAGS)
+    except FileNotFoundError:
+        raise WorkspaceGone(str(workspace)) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        held = os.fstat(fd)
+        current = os.stat(workspace, follow_symlinks=False)
+        if (current.st_dev, current.st_ino) != (held.st_dev, held.st_ino):
+            raise FileNotFoundError(str(workspace))
+        with contextlib.suppress(PermissionError):  # a folder of another user's: not ours to date
+            os.utime(fd)  # last touched: now
+    except FileNotFoundError:
+        os.close(fd)
+        raise WorkspaceGone(str(workspace)) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+@dataclass(frozen=True, slots=True)
+class Expired:
+    """A run workspace past its lifetime: removed, or (in a dry run) to be removed."""
+
+    run_id: str
+    idle_s: float
+    size_bytes: int | None
+    removed: bool
+    #: Why it stays although expired: a call of its run is in flight.
+    skipped: str | None = None
+
+
+def prune(
+    root: Path,
+    older_than_s: float,
+    *,
+    dry_run: bool = False,
+    sizes: bool = False,
+    quota: WorkspaceQuota | None = None,
+    now: float | None = None,
+) -> list[Expired]:
+    """Remove the run workspaces under ``root`` no call touched for ``older_than_s`` seconds."""
+    now = time.time() if now is None else now
+    found: list[Expired] = []
+    with contextlib.suppress(FileNotFoundError), os.scandir(root) as entries:
+        candidates = [
+            e for e in entries if _RUN_ID.match(e.name) and e.is_dir(follow_symlinks=False)
+        ]
+    for entry in sorted(candidates, key=lambda e: e.name):
+        try:
+            idle = now - entry.stat(follow_symlinks=False).st_mtime
+        except FileNotFoundError:
+            continue
+        if idle < older_than_s:
+            continue
+        size = measure(Path(entry.path)).used_bytes if sizes else None
+        if dry_run:
+            found.append(Expired(entry.name, idle, size, removed=False))
+            continue
+        skipped = _remove(root, entry.name, older_than_s, now)
+        if skipped is None and quota is not None:
+            quota.forget(entry.name)
+        found.append(Expired(entry.name, idle, size, removed=skipped is None, skipped=skipped))
+    return found
+
+
+def _remove(root: Path, name: str, older_than_s: float, now: float) -> str | None:
+    """Remove one workspace unless a call holds it; why not, or None once removed."""
+    path = root / name
+    try:
+        fd = os.open(path, _DIR_FLAGS)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return "a call of the run is in flight"
+        if now - os.fstat(fd).st_mtime < older_than_s:
+            return "touched meanwhile"
+        trash = root / STATE_DIR / TRASH
+        trash.mkdir(parents=True, exist_ok=True)
+        aside = trash / f"{name}.{uuid.uuid4().hex[:8]}"
+        os.rename(path, aside)
+    finally:
+        os.close(fd)
+    shutil.rmtree(aside, ignore_errors=True)
+    return None
+
+
+def empty_trash(root: Path) -> None:
+    """Delete what an interrupted removal left aside."""
+    trash = root / STATE_DIR / TRASH
+    with contextlib.suppress(FileNotFoundError), os.scandir(trash) as entries:
+        for entry in entries:
+            shutil.rmtree(entry.path, ignore_errors=True)

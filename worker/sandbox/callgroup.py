@@ -1,0 +1,264 @@
+"""One call's control groups: made with its limits before the command starts, the way to find,
+count and kill every process of the command, what the command used, and gone once it is over.
+
+A group is named after the worker process that made it (pid and start time), so ``sweep_groups``
+can tell the groups of a worker process that died, whose commands nobody will end, from those of
+a live one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from worker.sandbox.cgroups import CgroupLayout, Hierarchy, owner_tag
+from worker.sandbox.config import REAP_BOUND_S, SandboxError
+
+_FIRST_PAUSE_S = 0.0002
+_LONGEST_PAUSE_S = 0.01
+
+
+@dataclass(frozen=True, slots=True)
+class GroupUsage:
+    """What the processes of one group used, as the kernel counted it; None where no hierarchy
+    of this machine counts it."""
+
+    cpu_ms: int | None
+    max_rss_kb: int | None
+    pids_peak: int | None
+    oom_killed: bool
+
+
+class CallGroup:
+    """The group of one call in each hierarchy of a layout (all with the same name)."""
+
+    def __init__(self, layout: CgroupLayout, name: str) -> None:
+        self.name = name
+        self.layout = layout
+        self.dirs = {h: h.parent / name for h in layout.hierarchies}
+        killer = layout.doing("kill")
+        assert killer is not None, "a layout with hierarchies always has one that kills"
+        self._killer = killer
+        self._kill_dir = self.dirs[killer]
+
+    @classmethod
+    def create(cls, layout: CgroupLayout, *, max_processes: int, memory_bytes: int) -> CallGroup:
+        """A new group in every hierarchy of ``layout``, with the limits it does."""
+        group = cls(layout, f"{owner_tag()}-{uuid.uuid4().hex[:12]}")
+        made: list[Path] = []
+        try:
+            for hierarchy, directory in group.dirs.items():
+                directory.mkdir()
+                made.append(directory)
+                _set_limits(hierarchy, directory, max_processes, memory_bytes)
+        except OSError as exc:
+            for directory in reversed(made):
+                with contextlib.suppress(OSError):
+                    directory.rmdir()
+            raise SandboxError(
+                f"cannot make the command's control group in {exc.filename or made[-1:]}: "
+                f"{exc.strerror or exc}"
+            ) from exc
+        return group
+
+    @property
+    def join_files(self) -> list[str]:
+        """The files a process writes ``0`` to, to join the group in every hierarchy."""
+        return [str(directory / "cgroup.procs") for directory in self.dirs.values()]
+
+    def members(self) -> list[int]:
+        return [int(pid) for pid in _read(self._kill_dir / "cgroup.procs").split()]
+
+    def kill(self, deadline: float) -> list[int]:
+        """Kill every process in the group at once; returns the pids that were in it."""
+        directory = self._kill_dir
+        if self._killer.version == 2 and (directory / "cgroup.kill").exists():
+            # Atomic: a process forking meanwhile takes its child with it.
+            members = self.members()
+            if members:
+                _write(directory / "cgroup.kill", "1")
+            return members
+        # Frozen, the processes cannot fork while they are listed and killed.
+        frozen = self._freeze(deadline)
+        try:
+            killed: set[int] = set()
+            while True:
+                members = [pid for pid in self.members() if pid not in killed]
+                if not members or time.monotonic() > deadline:
+                    return sorted(killed)
+                for pid in members:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                killed.update(members)
+                if frozen:
+                    return sorted(killed)
+        finally:
+            if frozen:
+                self._thaw()
+
+    def wait_empty(self, deadline: float) -> bool:
+        """Wait until no process is left in the group; False if some still are at ``deadline``."""
+        return poll_until(lambda: not self.members(), deadline)
+
+    def usage(self) -> GroupUsage:
+        cpu = self.layout.doing("cpu")
+        memory = self.layout.doing("memory")
+        pids = self.layout.doing("pids")
+        return GroupUsage(
+            cpu_ms=None if cpu is None else _cpu_ms(cpu, self.dirs[cpu]),
+            max_rss_kb=None if memory is None else _peak_kb(memory, self.dirs[memory]),
+            pids_peak=None if pids is None else _number(self.dirs[pids] / "pids.peak"),
+            oom_killed=memory is not None and _oom_kills(memory, self.dirs[memory]) > 0,
+        )
+
+    def remove(self, deadline: float | None = None) -> bool:
+        """Kill what is left and remove the group everywhere; False if some part stays."""
+        deadline = time.monotonic() + REAP_BOUND_S if deadline is None else deadline
+        left = list(self.dirs.values())
+
+        def removed() -> bool:
+            for directory in list(left):
+                try:
+                    directory.rmdir()
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    if exc.errno != errno.EBUSY:
+                        raise
+                    continue
+                left.remove(directory)
+            if left:
+                # Busy: a process joined after the group was emptied (a spawn the worker's
+                # death interrupted). It is killed like the rest.
+                self.kill(deadline)
+            return not left
+
+        try:
+            return poll_until(removed, deadline)
+        except OSError:
+            return False
+
+    def _freeze(self, deadline: float) -> bool:
+        directory = self._kill_dir
+        if self._killer.version == 2 and (directory / "cgroup.freeze").exists():
+            state, value, frozen = directory / "cgroup.events", "1", "frozen 1"
+            control = directory / "cgroup.freeze"
+        elif self._killer.version == 1 and (directory / "freezer.state").exists():
+            state, value, frozen = directory / "freezer.state", "FROZEN", "FROZEN"
+            control = state
+        else:
+            return False
+        try:
+            _write(control, value)
+        except OSError:
+            return False
+        return poll_until(lambda: frozen in _read(state).split("\n"), deadline)
+
+    def _thaw(self) -> None:
+        directory = self._kill_dir
+        with contextlib.suppress(OSError):
+            if self._killer.version == 2:
+                _write(directory / "cgroup.freeze", "0")
+            else:
+                _write(directory / "freezer.state", "THAWED")
+
+
+def poll_until(condition: Callable[[], bool], deadline: float) -> bool:
+    """Check ``condition`` at growing intervals (the kernel is usually done at once) until it
+    holds (True) or ``deadline`` passes (False)."""
+    pause = _FIRST_PAUSE_S
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, _LONGEST_PAUSE_S)
+    return True
+
+
+def sweep_groups(layout: CgroupLayout) -> int:
+    """Kill the commands of worker processes that died and remove their groups; how many."""
+    orphans: set[str] = set()
+    for hierarchy in layout.hierarchies:
+        with contextlib.suppress(OSError), os.scandir(hierarchy.parent) as entries:
+            orphans.update(e.name for e in entries if e.is_dir() and not _owner_alive(e.name))
+    for name in orphans:
+        group = CallGroup(layout, name)
+        deadline = time.monotonic() + REAP_BOUND_S
+        group.kill(deadline)
+        group.remove(deadline)
+    return len(orphans)
+
+
+def _set_limits(hierarchy: Hierarchy, directory: Path, processes: int, memory: int) -> None:
+    if "pids" in hierarchy.jobs:
+        _write(directory / "pids.max", str(processes))
+    if "memory" not in hierarchy.jobs:
+        return
+    if hierarchy.version == 2:
+        _write(directory / "memory.max", str(memory))
+        swap = directory / "memory.swap.max"
+        if swap.exists():  # no swap at all: resident memory is all a command may have
+            _write(swap, "0")
+    else:
+        _write(directory / "memory.limit_in_bytes", str(memory))
+        if hierarchy.swap_accounted:  # memory and swap together, set after memory alone
+            _write(directory / "memory.memsw.limit_in_bytes", str(memory))
+
+
+def _cpu_ms(hierarchy: Hierarchy, directory: Path) -> int | None:
+    if hierarchy.version == 2:
+        for line in _read(directory / "cpu.stat").splitlines():
+            name, _, value = line.partition(" ")
+            if name == "usage_usec" and value.strip().isdigit():
+                return round(int(value) / 1000)
+        return None
+    nanoseconds = _number(directory / "cpuacct.usage")
+    return None if nanoseconds is None else round(nanoseconds / 1_000_000)
+
+
+def _peak_kb(hierarchy: Hierarchy, directory: Path) -> int | None:
+    name = "memory.peak" if hierarchy.version == 2 else "memory.max_usage_in_bytes"
+    peak = _number(directory / name)
+    return None if peak is None else peak // 1024
+
+
+def _oom_kills(hierarchy: Hierarchy, directory: Path) -> int:
+    name = "memory.events" if hierarchy.version == 2 else "memory.oom_control"
+    for line in _read(directory / name).splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill" and value.strip().isdigit():
+            return int(value)
+    return 0
+
+
+def _owner_alive(name: str) -> bool:
+    tag = name.split("-", 1)[0]
+    pid = tag.partition(".")[0]
+    if not pid.isdigit():
+        return True  # not a call group: leave it alone
+    return owner_tag(int(pid)) == tag
+
+
+def _number(path: Path) -> int | None:
+    text = _read(path).strip()
+    return int(text) if text.isdigit() else None
+
+
+def _read(path: Path) -> str:
+    try:
+        with open(path) as file:
+            return file.read()
+    except OSError:
+        return ""
+
+
+def _write(path: Path, value: str) -> None:
+    with open(path, "w") as file:
+        file.write(value)
