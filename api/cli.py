@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from api.settings import get_settings
-from worker.protocol import POOLS
+from worker.protocol import AGENTS_QUEUE, POOLS
 
 app = typer.Typer(
     name="toolq",
@@ -27,13 +27,28 @@ err = Console(stderr=True, highlight=False)
 
 @app.command()
 def worker(
-    pool: Annotated[str, typer.Option(help="Which pool to serve: tools or sandbox.")] = "tools",
-    concurrency: Annotated[int | None, typer.Option(help="Worker processes.")] = None,
+    pool: Annotated[
+        str, typer.Option(help="What to serve: the tools or sandbox pool, or agents.")
+    ] = "tools",
+    concurrency: Annotated[
+        int | None,
+        typer.Option(help="Worker processes; for agents, conversations at once (threads)."),
+    ] = None,
     loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
 ) -> None:
-    """Start a worker of one pool (the same as: celery -A worker.app worker -Q POOL)."""
-    if pool not in POOLS:
-        raise typer.BadParameter(f"pool must be one of {', '.join(POOLS)}", param_hint="--pool")
+    """Start a worker of one pool (the same as: celery -A worker.app worker -Q POOL), or an
+    agents worker, which runs whole conversations (celery -A api.agents.app worker -Q agents)."""
+    served = (*POOLS, AGENTS_QUEUE)
+    if pool not in served:
+        raise typer.BadParameter(f"pool must be one of {', '.join(served)}", param_hint="--pool")
+    if pool == AGENTS_QUEUE:
+        from api.llm import ModelError, model_api_from_env
+
+        try:
+            model_api_from_env()
+        except ModelError as exc:
+            err.print(f"[red]Error:[/red] an agents worker asks the model: {escape(str(exc))}")
+            raise typer.Exit(2) from None
     from api.local.stack import worker_argv
 
     argv = worker_argv(pool, node=f"{pool}@%h", concurrency=concurrency, loglevel=loglevel)
@@ -97,12 +112,20 @@ def batch(
     output: Annotated[Path, typer.Option("-o", "--output", help="JSONL results (resumable).")],
     concurrency: Annotated[int, typer.Option(help="Conversations in flight.")] = 100,
     model: Annotated[str | None, typer.Option(help="Default model for lines without one.")] = None,
+    on_fleet: Annotated[
+        bool,
+        typer.Option(
+            "--on-fleet", help="Run the conversations on agents workers, not in this process."
+        ),
+    ] = False,
 ) -> None:
     """Run many conversations; rerun the same command to resume."""
     from api.batch.command import run_batch_command
 
     raise typer.Exit(
-        run_batch_command(input_path, output, concurrency=concurrency, model=model, err=err)
+        run_batch_command(
+            input_path, output, concurrency=concurrency, model=model, on_fleet=on_fleet, err=err
+        )
     )
 
 

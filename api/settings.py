@@ -16,6 +16,15 @@ class OrchestratorSettings(FleetSettings):
     llm_timeout_s: float = Field(60.0, gt=0, description="One model request's timeout.")
     llm_max_retries: int = Field(4, ge=0, description="Retries of a failed model request.")
     max_turns: int = Field(20, gt=0, description="Model turns per conversation.")
+    conversation_timeout_s: float = Field(
+        3600.0,
+        gt=0,
+        description="The longest one batch conversation may run, in toolq batch or on an agents "
+        "worker; a caller waits this plus TOOLQ_REPLY_MARGIN_S for an agents worker's answer.",
+    )
+    agent_concurrency: int = Field(
+        100, gt=0, description="Conversations one agents worker process holds at once."
+    )
 
     api_token: SecretStr | None = Field(None, description="Bearer token for the HTTP API.")
     api_max_body_bytes: int = Field(1_048_576, gt=0, description="Largest request body.")

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import redis
 
-from worker.protocol import Pool, ToolSpec, WorkerInfo, keys
+from worker.protocol import Served, ToolSpec, WorkerInfo, keys
 from worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -58,15 +58,18 @@ def publish_manifest(client: redis.Redis, specs: Iterable[ToolSpec], pools: Iter
 
 
 class Heartbeat:
-    """Keeps ``toolq:worker:<pool>:<name>`` and the manifest alive while the worker runs."""
+    """Keeps ``toolq:worker:<pool>:<name>`` and the manifest alive while the worker runs.
+
+    Agents workers beat too (pool ``agents``, no tools), so callers see them live the same way.
+    """
 
     def __init__(
-        self, client: redis.Redis, worker: str, pools: Iterable[Pool], specs: list[ToolSpec]
+        self, client: redis.Redis, worker: str, pools: Iterable[Served], specs: list[ToolSpec]
     ) -> None:
         self._redis = client
         self._specs = specs
         self._worker = worker
-        self._pools: list[Pool] = sorted(set(pools))
+        self._pools: list[Served] = sorted(set(pools))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="toolq-heartbeat", daemon=True)
         self._info = WorkerInfo(

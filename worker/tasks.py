@@ -10,11 +10,11 @@ from typing import Any
 
 import redis
 from celery import Task
-from celery.exceptions import InvalidTaskError, SoftTimeLimitExceeded, TimeLimitExceeded
+from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 from celery.signals import worker_process_init, worker_ready, worker_shutdown
-from celery.worker.request import Request
 
 from worker.app import app
+from worker.celery_guard import ValidatedRequest
 from worker.executor import Executor
 from worker.manifest import Heartbeat, fleet_tool_specs
 from worker.protocol import TASK_NAME
@@ -34,25 +34,6 @@ def executor() -> Executor:
     store = ResultStore(client, settings.result_ttl_s)
     name = f"{socket.gethostname()}:{os.getpid()}"
     return Executor(settings, store, name, time_limit=(SoftTimeLimitExceeded,))
-
-
-class ValidatedRequest(Request):  # type: ignore[misc]
-    """Refuses a message whose body is not Celery's (args, kwargs, embed) before Celery reads it.
-
-    Celery unpacks the body unguarded: a JSON string in its place stops the whole worker with
-    "Unrecoverable error". Raising InvalidTaskError here makes it log and drop just that message.
-    """
-
-    def __init__(self, message: Any, *args: Any, **kwargs: Any) -> None:
-        body = message.payload
-        if not (
-            isinstance(body, list | tuple)
-            and len(body) == 3
-            and isinstance(body[0], list | tuple)
-            and isinstance(body[1], dict)
-        ):
-            raise InvalidTaskError(f"message body is not [args, kwargs, embed]: {body!r:.200}")
-        super().__init__(message, *args, **kwargs)
 
 
 class ToolTask(Task):  # type: ignore[misc]

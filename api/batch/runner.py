@@ -6,7 +6,9 @@ import asyncio
 import hashlib
 import inspect
 import logging
+import os
 import re
+import socket
 import time
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
 from dataclasses import asdict
@@ -54,14 +56,22 @@ async def run_item(
     settings: OrchestratorSettings,
     run_id: str,
     default_model: str | None = None,
+    timeout_s: float | None = None,
+    attempt: int = 1,
 ) -> dict[str, Any]:
     """Run one conversation to its output record; a failure is a record with status "error".
 
-    Raises only ``CancelledError``.
+    ``timeout_s`` bounds the whole conversation. ``attempt`` counts its runs: an agents worker
+    that died cut the earlier ones. Raises only ``CancelledError``.
     """
     started = time.perf_counter()
     model_name = item.model or default_model or settings.model
     agent: Agent | None = None
+
+    def record(*, answer: str | None = None, error: str | None = None) -> dict[str, Any]:
+        return _record(item, run_id, model_name, agent, started, answer, error, attempt)
+
+    limit = asyncio.timeout(timeout_s)
     with log_context(run_id=run_id):
         try:
             options = AgentOptions(
@@ -72,19 +82,46 @@ async def run_item(
                 system_prompt=item.system_prompt or DEFAULT_SYSTEM_PROMPT,
             )
             agent = Agent(model, options, dispatcher=dispatcher, fleet=fleet, settings=settings)
-            answer = await agent.chat(item.prompt)
+            async with limit:
+                answer = await agent.chat(item.prompt)
         except (ModelError, ValueError) as exc:
             log.warning("conversation %r failed: %s", item.id, exc)
-            return _record(item, run_id, model_name, agent, started, error=str(exc))
+            return record(error=str(exc))
         except Exception as exc:  # a bug must cost one conversation, not the whole batch
+            if limit.expired():
+                log.warning("conversation %r ran past its %g s limit", item.id, timeout_s)
+                return record(error=time_limit_error(timeout_s))
             log.exception("conversation %r failed unexpectedly", item.id)
-            error = f"unexpected {type(exc).__name__}: {exc}"
-            return _record(item, run_id, model_name, agent, started, error=error)
+            return record(error=f"unexpected {type(exc).__name__}: {exc}")
         finally:
             if agent is not None:
                 await agent.close()
         log.debug("conversation %r finished: %s", item.id, agent.stop_reason)
-        return _record(item, run_id, model_name, agent, started, answer=answer)
+        return record(answer=answer)
+
+
+def time_limit_error(timeout_s: float | None) -> str:
+    return f"the conversation did not finish within {timeout_s:g} s (TOOLQ_CONVERSATION_TIMEOUT_S)"
+
+
+def process_name() -> str:
+    """The process that ran a conversation, as its output line names it: ``host:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def failed_record(
+    item: BatchItem,
+    run_id: str,
+    model_name: str,
+    error: str,
+    *,
+    attempts: int,
+    ran_on: str | None,
+    waited_s: float,
+) -> dict[str, Any]:
+    """The output line of a conversation whose run never reported back: only why."""
+    record = _record(item, run_id, model_name, None, time.perf_counter(), None, error, attempts)
+    return record | {"duration_s": round(waited_s, 3), "orchestrator": ran_on}
 
 
 def _record(
@@ -93,9 +130,9 @@ def _record(
     model_name: str,
     agent: Agent | None,
     started: float,
-    *,
-    answer: str | None = None,
-    error: str | None = None,
+    answer: str | None,
+    error: str | None,
+    attempt: int,
 ) -> dict[str, Any]:
     """The output line: what the conversation said and did, as far as it got."""
     transcript = (
@@ -119,6 +156,8 @@ def _record(
         "run_id": run_id,
         "model": transcript["model"],
         "duration_s": round(time.perf_counter() - started, 3),
+        "attempts": attempt,
+        "orchestrator": process_name(),
         "usage": transcript["usage"],
         "tool_calls": transcript["tool_calls"],
         "messages": transcript["messages"],

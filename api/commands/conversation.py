@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from api.agent import Agent, AgentOptions
+from api.agents.messages import CONVERSATION_TASK
 from api.events import (
     AgentEvent,
     FinalAnswer,
@@ -19,11 +20,17 @@ from api.events import (
     ToolCallFinished,
     ToolCallStarted,
 )
-from api.fleet import NoWorkersError, calls_in_flight, load_fleet, queue_depths
+from api.fleet import (
+    NoWorkersError,
+    calls_in_flight,
+    conversations_in_flight,
+    load_fleet,
+    queue_depths,
+)
 from api.llm import ChatModel, ModelError, model_client
 from api.local.stack import LocalStackError, fleet_for
 from api.settings import OrchestratorSettings, get_settings
-from worker.protocol import POOLS
+from worker.protocol import AGENTS_QUEUE, POOLS
 
 DEMO_PROMPT = (
     "Write a short note about toolq to notes.txt, read it back, find where it mentions Celery, "
@@ -173,11 +180,16 @@ def show_status(*, console: Console) -> int:
         console.print("No broker configured (TOOLQ_BROKER_URL): nothing is running to report on.")
         return 1
     fleet = load_fleet(settings.redis_url)
-    depths = queue_depths(settings)
+    depths = queue_depths(settings, (*POOLS, AGENTS_QUEUE))
     in_flight = calls_in_flight(settings)
+    conversations = conversations_in_flight(settings, CONVERSATION_TASK)
     table = Table("pool", "queued", "live workers")
     for pool in POOLS:
         table.add_row(pool, str(depths.get(pool, "?")), str(len(fleet.workers.get(pool, []))))
+    # Not a tool pool: agents workers run whole conversations, whose calls go to the pools above.
+    table.add_section()
+    table.add_row(AGENTS_QUEUE, str(depths.get(AGENTS_QUEUE, "?")), str(len(fleet.agents)))
     console.print(table)
     console.print(f"calls in flight: {in_flight}")
+    console.print(f"conversations in flight: {conversations}")
     return 0
