@@ -103,13 +103,13 @@ def items(count: int, prefix: str = "c") -> list[dict[str, Any] | str]:
 
 def leases_held_by(fleet: WorkerFleet, worker: AgentsWorker) -> set[str]:
     """The conversations whose lease names ``worker``: those it runs right now."""
-    client = redis.Redis.from_url(fleet.settings.redis_url)
+    client = redis.Redis.from_url(fleet.settings.redis_url, decode_responses=True)
     try:
         found = set()
         for key in client.scan_iter(conversation_keys.lease("*"), count=1000):
-            holder = client.get(key)
-            if holder and holder.decode().endswith(f" {worker.process_name}"):
-                found.add(key.decode().split(":")[-2])
+            holder = str(client.get(key) or "")
+            if holder.endswith(f" {worker.process_name}"):
+                found.add(key.split(":")[-2])
         return found
     finally:
         client.close()
@@ -174,7 +174,6 @@ def test_an_agents_worker_killed_mid_batch_loses_and_repeats_no_line(
         if batch.poll() is None:
             batch.kill()
     log = (tmp_path / "batch.log").read_text()
-    print(log)
     assert code == 0, log + survivor.log_tail()
     lines = output.read_text().splitlines()
     results = [json.loads(line) for line in lines]
