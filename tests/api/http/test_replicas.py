@@ -7,8 +7,9 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,12 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from api.fleet import FLEET_TTL_S
 from api.http.runner import SHUTDOWN_ERROR
 from api.local.stack import free_port, worker_environment
 from api.scripted.server import ScriptedServer
 from tests.api.http.conftest import scripted_model
-from tests.conftest import WorkerFleet, wait_for
+from tests.conftest import AgentsWorker, WorkerFleet, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -251,6 +253,36 @@ def test_a_batch_reports_progress_and_every_result(replicas: tuple[Replica, Repl
     assert [c["name"] for c in results["first"]["tool_calls"]] == ["write_file", "read_file"]
     page = a.client.get(f"/v1/batches/{batch_id}", params={"offset": 2, "limit": 10}).json()
     assert len(page["results"]) == 1
+
+
+def test_a_batch_goes_to_the_agents_pool_while_an_agents_worker_is_live(
+    replicas: tuple[Replica, Replica],
+    fleet: WorkerFleet,
+    model: ScriptedServer,
+    agents_workers: Callable[..., AgentsWorker],
+) -> None:
+    a, _ = replicas
+    agents = agents_workers(fleet.settings, model.base_url)
+    # A replica reuses its view of the fleet this long: past it, the next item sees the worker.
+    time.sleep(FLEET_TTL_S + 0.2)
+    items = [{"id": f"n{n}", "prompt": f"note {uuid.uuid4().hex}"} for n in range(4)]
+    response = a.client.post(
+        "/v1/batches", json={"items": items, "concurrency": 4, "model": "scripted:notes"}
+    )
+    assert response.status_code == 202, response.text
+    batch_id = response.json()["id"]
+    wait_for(
+        lambda: a.client.get(f"/v1/batches/{batch_id}").json()["status"] == "succeeded",
+        60,
+        f"the batch to finish:\n{agents.log_tail()}",
+    )
+    results = a.client.get(f"/v1/batches/{batch_id}").json()["results"]
+    assert {r["orchestrator"] for r in results} == {agents.process_name}
+    prompts = {item["id"]: item["prompt"] for item in items}
+    assert {r["id"]: r["answer"] for r in results} == {
+        item_id: f"The note says: {prompt}" for item_id, prompt in prompts.items()
+    }
+    assert {r["attempts"] for r in results} == {1}
 
 
 def test_tools_lists_the_fleet_with_its_live_workers(replicas: tuple[Replica, Replica]) -> None:
