@@ -174,10 +174,12 @@ class ConversationHost:
             await asyncio.sleep(LEASE_RENEW_S)
             held = {cid: running.holder for cid, running in self._running.items()}
             try:
-                lost = await self._store.renew(held)
-            except (RedisError, OSError) as exc:
+                # Bounded: on a host cut off, a command waits on TCP for minutes.
+                async with asyncio.timeout(LEASE_RENEW_S):
+                    lost = await self._store.renew(held)
+            except (RedisError, OSError, TimeoutError) as exc:
                 if time.monotonic() - renewed_at < LEASE_TTL_S:
-                    log.warning("cannot renew conversation leases: %s", exc)
+                    log.warning("cannot renew conversation leases: %r", exc)
                     continue
                 lost = list(held)
                 log.error("leases not renewed in %d s: stopping %d", LEASE_TTL_S, len(lost))
