@@ -27,7 +27,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import redis.asyncio as aioredis
 from celery import Celery
 from redis.exceptions import RedisError
 
@@ -37,7 +36,7 @@ from api.agents.messages import (
     ConversationRequest,
     ConversationResult,
 )
-from api.agents.store import ConversationStore, attempt_of
+from api.agents.store import ConversationStore, attempt_of, store_client
 from api.batch.items import BatchItem
 from api.batch.runner import failed_record
 from api.broker import producer_app
@@ -99,7 +98,7 @@ class ConversationClient:
     ) -> None:
         self._settings = settings
         self._app = celery_app or producer_app(settings)
-        self._redis = aioredis.Redis.from_url(settings.redis_url, health_check_interval=30)
+        self._redis = store_client(settings.redis_url)
         self._store = ConversationStore(self._redis, settings.result_ttl_s)
         self.id = uuid.uuid4().hex
         self.reply_key = keys.reply(self.id)

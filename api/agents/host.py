@@ -16,12 +16,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import redis.asyncio as aioredis
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from api.agents.messages import LEASE_RENEW_S, LEASE_TTL_S, ConversationRequest, ConversationResult
-from api.agents.store import ConversationStore
+from api.agents.store import ConversationStore, store_client
 from api.batch.items import BatchItem
 from api.batch.runner import failed_record, process_name, run_item
 from api.dispatch import Dispatcher
@@ -49,7 +48,7 @@ class ConversationHost:
         self._running: dict[str, _Running] = {}
         #: Conversations stopped here because their lease was lost: they run elsewhere now.
         self._lost: set[str] = set()
-        self._redis = aioredis.Redis.from_url(settings.redis_url, health_check_interval=30)
+        self._redis = store_client(settings.redis_url)
         self._store = ConversationStore(self._redis, settings.result_ttl_s)
         self._fleet = CachedFleet(settings.redis_url)
         self._dispatcher = Dispatcher(settings)

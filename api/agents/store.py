@@ -25,6 +25,12 @@ from api.agents.messages import (
 
 #: What ``current`` holds once the caller has taken the answer: every later message is stale.
 WRITTEN = "written"
+#: Connections one process opens for its conversations' steps: thousands of conversations
+#: starting together wait their turn for one instead of each opening its own (and running into
+#: the pool's limit or Redis's).
+STORE_CONNECTIONS = 32
+#: Seconds a step waits for a connection before it fails as Redis being unreachable.
+CONNECTION_WAIT_S = 30.0
 
 # A delivery starts a run: unless its send was superseded, an answer waits, or a run holds the
 # conversation. The lease names the attempt and the worker.
@@ -122,6 +128,17 @@ class Prepared:
     stored: ConversationResult | None = None
     #: The lease of a run already going on, which the caller waits for instead of sending.
     running: str | None = None
+
+
+def store_client(redis_url: str) -> aioredis.Redis:
+    """A client for ``ConversationStore`` with at most ``STORE_CONNECTIONS`` connections."""
+    pool = aioredis.BlockingConnectionPool.from_url(
+        redis_url,
+        max_connections=STORE_CONNECTIONS,
+        timeout=CONNECTION_WAIT_S,
+        health_check_interval=30,
+    )
+    return aioredis.Redis(connection_pool=pool)
 
 
 def attempt_of(holder: str) -> int:

@@ -12,7 +12,15 @@ import pytest
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-CASES = {"round_trip", "throughput", "conversations", "run_bash", "big_output", "search_text"}
+CASES = {
+    "round_trip",
+    "throughput",
+    "conversations",
+    "run_bash",
+    "big_output",
+    "search_text",
+    "agents_pool",
+}
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +60,19 @@ def test_each_goal_is_judged_pass_or_fail(results: Path) -> None:
         "worker peak RSS growth",
     } <= set(judged)
     assert all(isinstance(passed, bool) for passed in judged.values())
+
+
+def test_the_agents_pool_case_ran_every_arrangement(results: Path) -> None:
+    case = json.loads((results / "latest.json").read_text())["cases"]["agents_pool"]
+    runs = case["figures"]["by_arrangement"]
+    assert set(runs) == {
+        "one orchestrator process",
+        "1 agents worker process",
+        "2 agents worker processes",
+    }
+    assert {run["conversations"] for run in runs.values()} == {10}
+    assert runs["2 agents worker processes"]["cpu_s_by_process"]["agents workers"] > 0
+    assert runs["one orchestrator process"]["cpu_s_by_process"]["agents workers"] == 0
 
 
 def test_the_conversations_all_ran_to_their_answer(results: Path) -> None:

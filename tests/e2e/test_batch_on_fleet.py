@@ -21,7 +21,7 @@ from api.local.stack import worker_environment
 from api.scripted.script import Script
 from api.scripted.server import ScriptedServer
 from tests.conftest import AgentsWorker, WorkerFleet, wait_for
-from tests.e2e.test_batch_cli import TOOLQ, records, workspace, write_items
+from tests.e2e.test_batch_cli import batch_argv, records, run_batch, workspace, write_items
 from tests.scripts import WRITE_THEN_READ
 
 pytestmark = pytest.mark.e2e
@@ -61,31 +61,10 @@ def batch_env(fleet: WorkerFleet) -> dict[str, str]:
     return env | worker_environment(fleet.settings)
 
 
-def argv(source: Path, output: Path, concurrency: int = 8) -> list[str]:
-    return [
-        str(TOOLQ),
-        "batch",
-        str(source),
-        "-o",
-        str(output),
-        "--concurrency",
-        str(concurrency),
-        "--model",
-        "scripted",
-        "--on-fleet",
-    ]
-
-
 def run_on_fleet(
     source: Path, output: Path, env: dict[str, str], concurrency: int = 8
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        argv(source, output, concurrency),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-    )
+    return run_batch(source, output, env, concurrency, "--on-fleet")
 
 
 def start_on_fleet(
@@ -93,7 +72,10 @@ def start_on_fleet(
 ) -> subprocess.Popen[bytes]:
     with log.open("wb") as stderr:
         return subprocess.Popen(
-            argv(source, output, concurrency), env=env, stdout=subprocess.DEVNULL, stderr=stderr
+            batch_argv(source, output, concurrency, "--on-fleet"),
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
         )
 
 

@@ -397,29 +397,52 @@ def test_the_sandbox_host_reaches_the_broker_and_nothing_else(cluster: Cluster) 
         assert "network-namespace" not in answers[name]["isolation"]
 
 
-def test_an_agents_host_cut_off_mid_batch_loses_and_writes_nothing_twice(cluster: Cluster) -> None:
-    """Cuts agents host A off, and plugs it back in at the end: the batches after it run in
-    this process, so whether its worker recovers does not matter to them."""
-    agents_a, agents_b = cluster.agents_a, cluster.agents_b
-    with scripted_model(cluster, TWO_CALLS):
-        batch = start_batch(cluster, "cut-agents", conversations(seconds=0.3), on_fleet=True)
+@dataclass
+class CutBatch:
+    """A batch during which a host's cable was pulled, as it ended."""
+
+    batch: Batch
+    code: int
+    cut_at: int
+    requests: int
+    lines: list[str]
+    records: list[dict[str, Any]]
+    #: Starts of each conversation's slow_write calls, by (id, marker).
+    runs: dict[tuple[str, str], int]
+
+
+def cut_mid_batch(cluster: Cluster, host: Host, name: str, *, on_fleet: bool = False) -> CutBatch:
+    """Pull ``host``'s cable once a quarter of a batch is done; plug it back in at the end."""
+    with scripted_model(cluster, TWO_CALLS) as model:
+        batch = start_batch(cluster, name, conversations(seconds=0.3), on_fleet=on_fleet)
         try:
             wait_for(
                 lambda: len(batch.records()) >= CONVERSATIONS // 4,
                 BATCH_BOUND_S,
                 "a quarter of the batch to finish",
             )
-            agents_a.cut()
+            host.cut()
             cut_at = len(batch.records())
             code = batch.wait()
-            lines = batch.output.read_text().splitlines()
+            requests = model.requests()
             records = batch.records()
+            # Counted before the cable goes back in, while the host can still do nothing.
             runs = {(r["id"], m): runs_of(cluster, r, m) for r in records for m in MARKERS}
         finally:
-            agents_a.reconnect()
-    assert code == 0, f"{batch.started.log_tail()}\n{cluster.logs()}"
+            host.reconnect()
+    lines = batch.output.read_text().splitlines()
+    return CutBatch(batch, code, cut_at, requests, lines, records, runs)
+
+
+def test_an_agents_host_cut_off_mid_batch_loses_and_writes_nothing_twice(cluster: Cluster) -> None:
+    """Cuts agents host A off, and plugs it back in at the end: the batches after it run in
+    this process, so whether its worker recovers does not matter to them."""
+    agents_a, agents_b = cluster.agents_a, cluster.agents_b
+    cut = cut_mid_batch(cluster, agents_a, "cut-agents", on_fleet=True)
+    batch, records, runs = cut.batch, cut.records, cut.runs
+    assert cut.code == 0, f"{batch.started.log_tail()}\n{cluster.logs()}"
     # Every conversation exactly once, each line whole, none lost with the cut host.
-    assert len(lines) == CONVERSATIONS
+    assert len(cut.lines) == CONVERSATIONS
     assert sorted(r["id"] for r in records) == [f"c{n:03}" for n in range(CONVERSATIONS)]
     assert {r["status"] for r in records} == {"ok"}
     rerun = [r for r in records if r["attempts"] > 1]
@@ -434,7 +457,7 @@ def test_an_agents_host_cut_off_mid_batch_loses_and_writes_nothing_twice(cluster
             # A call with effects ran once per run of its conversation, at most.
             assert 1 <= started <= record["attempts"], (record["id"], marker, started)
     print(
-        f"\ncut agents host A after {cut_at} of {CONVERSATIONS} conversations; run again on "
+        f"\ncut agents host A after {cut.cut_at} of {CONVERSATIONS} conversations; run again on "
         f"host B: {len(rerun)} ({', '.join(r['id'] for r in rerun)}); the batch said:\n"
         + "\n".join(line for line in batch.started.log_tail(200).splitlines() if "again" in line)
     )
@@ -443,23 +466,15 @@ def test_an_agents_host_cut_off_mid_batch_loses_and_writes_nothing_twice(cluster
 def test_a_tools_host_cut_off_mid_batch_loses_and_repeats_nothing(cluster: Cluster) -> None:
     """Runs last: it cuts tools host A off and only plugs it back in at the end."""
     tools_a, tools_b = cluster.tools_a, cluster.tools_b
-    with scripted_model(cluster, TWO_CALLS) as model:
-        batch = start_batch(cluster, "cut", conversations(seconds=0.3))
-        try:
-            wait_for(
-                lambda: len(batch.records()) >= CONVERSATIONS // 4,
-                BATCH_BOUND_S,
-                "a quarter of the batch to finish",
-            )
-            tools_a.cut()
-            cut_at = len(batch.records())
-            code = batch.wait()
-            requests = model.requests()
-            records = batch.records()
-            # Counted before the cable goes back in, while host A can still do nothing.
-            runs = {(r["id"], m): runs_of(cluster, r, m) for r in records for m in MARKERS}
-        finally:
-            tools_a.reconnect()
+    cut = cut_mid_batch(cluster, tools_a, "cut")
+    code, cut_at, requests, records, runs = (
+        cut.code,
+        cut.cut_at,
+        cut.requests,
+        cut.records,
+        cut.runs,
+    )
+    batch = cut.batch
     assert code == 0, f"{batch.started.log_tail()}\n{cluster.logs()}"
     # Every conversation exactly once, and each asked the model its three questions once.
     assert sorted(r["id"] for r in records) == [f"c{n:03}" for n in range(CONVERSATIONS)]
