@@ -142,22 +142,13 @@ def queue_depths(settings: FleetSettings, queues: Iterable[str] = POOLS) -> dict
 
 def calls_in_flight(settings: FleetSettings) -> int:
     """Calls taken by a worker and not yet acknowledged."""
-    return _in_flight(settings, UNACKED_HASH, TASK_NAME)
-
-
-def conversations_in_flight(settings: FleetSettings, task_name: str) -> int:
-    """Conversations (Celery task ``task_name``) taken by an agents worker and not yet
-    acknowledged."""
-    return _in_flight(settings, AGENTS_UNACKED_HASH, task_name)
-
-
-def _in_flight(settings: FleetSettings, unacked_hash: str, task_name: str) -> int:
     broker = settings.effective_broker_url
     if broker.startswith(("redis", "rediss")):
         client = redis.Redis.from_url(broker)
         try:
-            return int(client.hlen(unacked_hash))
+            return int(client.hlen(UNACKED_HASH))
         finally:
             client.close()
     active = producer_app(settings).control.inspect(timeout=1.0).active() or {}
-    return sum(1 for tasks in active.values() for task in tasks if task.get("name") == task_name)
+    # Agents workers answer too: their conversations are no tool calls.
+    return sum(1 for tasks in active.values() for task in tasks if task.get("name") == TASK_NAME)

@@ -6,12 +6,13 @@ import asyncio
 import json
 from typing import Any
 
+import redis
 from openai import AsyncOpenAI, OpenAIError
 from rich.console import Console
 from rich.table import Table
 
 from api.agent import Agent, AgentOptions
-from api.agents.messages import CONVERSATION_TASK
+from api.agents.messages import conversation_keys
 from api.events import (
     AgentEvent,
     FinalAnswer,
@@ -23,7 +24,6 @@ from api.events import (
 from api.fleet import (
     NoWorkersError,
     calls_in_flight,
-    conversations_in_flight,
     load_fleet,
     queue_depths,
 )
@@ -182,7 +182,7 @@ def show_status(*, console: Console) -> int:
     fleet = load_fleet(settings.redis_url)
     depths = queue_depths(settings, (*POOLS, AGENTS_QUEUE))
     in_flight = calls_in_flight(settings)
-    conversations = conversations_in_flight(settings, CONVERSATION_TASK)
+    conversations = conversations_running(settings.redis_url)
     table = Table("pool", "queued", "live workers")
     for pool in POOLS:
         table.add_row(pool, str(depths.get(pool, "?")), str(len(fleet.workers.get(pool, []))))
@@ -191,5 +191,15 @@ def show_status(*, console: Console) -> int:
     table.add_row(AGENTS_QUEUE, str(depths.get(AGENTS_QUEUE, "?")), str(len(fleet.agents)))
     console.print(table)
     console.print(f"calls in flight: {in_flight}")
-    console.print(f"conversations in flight: {conversations}")
+    console.print(f"conversations running: {conversations}")
     return 0
+
+
+def conversations_running(redis_url: str) -> int:
+    """Conversations an agents worker runs right now: those with a live lease (the broker's
+    unacknowledged messages would also count those of workers that died, for an hour)."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return sum(1 for _ in client.scan_iter(conversation_keys.lease("*"), count=1000))
+    finally:
+        client.close()

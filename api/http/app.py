@@ -30,6 +30,7 @@ from api.http.state.replicas import ReplicaLease
 from api.http.state.store import ApiStore
 from api.llm import ChatModel
 from api.settings import OrchestratorSettings, get_settings
+from worker.protocol import AGENTS_QUEUE, POOLS
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ def create_app(
     redis: aioredis.Redis | None = None,
     executor: RunExecutorFactory | None = None,
     model: ChatModel | None = None,
-    queue_depths: Callable[[OrchestratorSettings], Mapping[str, int]] = fleet_module.queue_depths,
+    queue_depths: Callable[[OrchestratorSettings], Mapping[str, int]] | None = None,
     lease_ttl_s: float = 15.0,
 ) -> FastAPI:
     """The API app on a configured fleet (``settings`` with a broker).
@@ -56,7 +57,12 @@ def create_app(
     replica = uuid.uuid4().hex[:12]
     make_executor = executor or _agent_executor(settings, model or ChatModel.from_env(settings))
     services = Services(
-        settings, store, make_executor(store, metrics, replica), metrics, replica, queue_depths
+        settings,
+        store,
+        make_executor(store, metrics, replica),
+        metrics,
+        replica,
+        queue_depths or _every_queue_depth,
     )
     lease = ReplicaLease(store, replica)
 
@@ -91,6 +97,11 @@ def create_app(
         app.include_router(router, dependencies=guard, responses=UNAUTHORIZED)
     app.include_router(service.public)
     return app
+
+
+def _every_queue_depth(settings: OrchestratorSettings) -> Mapping[str, int]:
+    """The tool pools' queues and the agents queue."""
+    return fleet_module.queue_depths(settings, (*POOLS, AGENTS_QUEUE))
 
 
 def _agent_executor(settings: OrchestratorSettings, model: ChatModel) -> RunExecutorFactory:

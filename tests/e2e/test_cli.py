@@ -139,7 +139,7 @@ def test_tools_and_status_describe_the_fleet(
     # The agents pool next to the tool pools: nothing queued, one worker live.
     agents = next(line for line in status.stdout.splitlines() if "agents" in line)
     assert [cell.strip() for cell in agents.strip("│ ").split("│")] == ["agents", "0", "1"]
-    assert "conversations in flight: 0" in status.stdout
+    assert "conversations running: 0" in status.stdout
 
 
 def test_bad_settings_and_options_are_clear_errors() -> None:

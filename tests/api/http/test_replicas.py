@@ -309,6 +309,7 @@ def test_metrics_count_the_calls_and_runs_of_the_replica(
     assert sample(text, "toolq_tool_call_seconds_bucket", tool="write_file", le="+Inf") >= 1
     assert sample(text, "toolq_runs_total", status="succeeded") >= 1
     assert sample(text, "toolq_queue_depth", pool="tools") >= 0
+    assert sample(text, "toolq_queue_depth", pool="agents") >= 0
     assert sample(text, "toolq_tool_calls_in_flight") == 0
     assert a.client.get("/metrics", headers={"Authorization": ""}).status_code == 401
 
