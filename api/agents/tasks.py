@@ -65,12 +65,18 @@ def _ours(sender: Any) -> bool:
 def _open(sender: Any, **_: Any) -> None:
     if not _ours(sender):
         return
-    if get_implementation(sender.pool_cls) is not ThreadsPool:
-        raise AgentsWorkerError(
-            "an agents worker runs on Celery's threads pool (-P threads, the default of "
-            f"api.agents.app), not {sender.pool_cls!r}: its conversations share one event loop"
-        )
-    host()
+    try:
+        if get_implementation(sender.pool_cls) is not ThreadsPool:
+            raise AgentsWorkerError(
+                "an agents worker runs on Celery's threads pool (-P threads, the default of "
+                f"api.agents.app), not {sender.pool_cls!r}: its conversations share one event loop"
+            )
+        host()
+    except Exception as exc:
+        # Celery logs and forgets what a signal handler raises: a worker that cannot run a
+        # conversation must not take any, so it stops here, saying why.
+        log.critical("the agents worker cannot start: %s", exc)
+        raise SystemExit(f"toolq agents worker: {exc}") from exc
 
 
 @worker_ready.connect  # type: ignore[untyped-decorator]

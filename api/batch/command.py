@@ -30,7 +30,7 @@ from api.batch.results import OutputBusyError, ResultLog
 from api.batch.runner import batch_run_id, batch_tag_for_output, run_item, run_items
 from api.dispatch import Dispatcher
 from api.fleet import NoWorkersError, load_fleet
-from api.llm import ChatModel, ModelError
+from api.llm import ChatModel, ModelError, model_api_from_env
 from api.local.stack import LocalStackError, fleet_for
 from api.logs import configure_logging
 from api.settings import OrchestratorSettings, get_settings
@@ -68,6 +68,8 @@ def run_batch_command(
     allow_open_files(concurrency + FILES_BESIDES_CONVERSATIONS, err)
     try:
         chat_model = None if on_fleet else ChatModel.from_env(settings)
+        if on_fleet and settings.local_mode:
+            model_api_from_env()  # the local agents worker asks the model with this environment
     except (ModelError, OpenAIError) as exc:
         return _usage_error(err, f"no model API configured: {exc}")
     try:
