@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+from pathlib import Path
+
 from api.agents.app import agents_config, create_agents_app
 from api.agents.messages import CONVERSATION_TASK
 from api.fleet import AGENTS_UNACKED_HASH, UNACKED_HASH
@@ -57,3 +61,19 @@ def test_an_agents_worker_is_started_from_its_own_app() -> None:
     assert "--concurrency" not in argv  # TOOLQ_AGENT_CONCURRENCY decides
     tools = worker_argv("tools", node="t@%h", concurrency=2)
     assert tools[tools.index("-A") + 1] == "worker.app"
+
+
+def test_an_agents_worker_without_a_model_stops_at_start_saying_why(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "TOOLQ_"))}
+    env["TOOLQ_BROKER_URL"] = "redis://127.0.0.1:1/0"  # never reached: it stops before
+    done = subprocess.run(
+        worker_argv("agents", node="a@%h"),
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "toolq agents worker: OPENAI_API_KEY is not set" in done.stderr
