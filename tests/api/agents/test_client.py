@@ -54,6 +54,17 @@ async def worker_store(settings: OrchestratorSettings) -> AsyncIterator[Conversa
     await client.aclose()
 
 
+@pytest.fixture
+async def caller(
+    settings: OrchestratorSettings, worker_store: ConversationStore
+) -> AsyncIterator[tuple[ConversationClient, Sent]]:
+    """A client with one agents worker live, and what it sends."""
+    sent = Sent()
+    await live(worker_store)
+    async with client_for(settings, sent) as client:
+        yield client, sent
+
+
 async def live(store: ConversationStore, name: str = "agents-1@host") -> None:
     await store.redis.set(keys.worker_heartbeat(AGENTS_QUEUE, name), "{}", ex=30)
 
@@ -107,19 +118,16 @@ async def test_a_conversation_is_sent_once_and_its_answer_taken(
 
 
 async def test_a_run_whose_worker_died_is_sent_again_then_given_up(
-    settings: OrchestratorSettings, worker_store: ConversationStore
+    caller: tuple[ConversationClient, Sent], worker_store: ConversationStore
 ) -> None:
-    sent = Sent()
-    await live(worker_store)
-    async with client_for(settings, sent) as client:
-        running = asyncio.create_task(client.run(ITEM, run_id="r-2"))
-        for attempt in (1, 2, 3):
-            await until(lambda n=attempt: len(sent.requests) == n, f"send {attempt}")  # type: ignore[misc]
-            claim = await worker_store.claim(sent.requests[-1], f"host:{attempt}")
-            assert claim.attempt == attempt
-            await asyncio.sleep(0.15)  # the client sees the run going
-            await worker_store.redis.delete(k.lease("r-2"))  # its worker died
-        record = await asyncio.wait_for(running, 5)
+    client, sent = caller
+    running = asyncio.create_task(client.run(ITEM, run_id="r-2"))
+    for attempt in (1, 2, 3):
+        await until(lambda n=attempt: len(sent.requests) == n, f"send {attempt}")  # type: ignore[misc]
+        claim = await worker_store.claim(sent.requests[-1], f"host:{attempt}")
+        assert claim.attempt == attempt
+        await worker_store.redis.delete(k.lease("r-2"))  # its worker died
+    record = await asyncio.wait_for(running, 5)
     assert len({r.task_id for r in sent.requests}) == 3
     assert record["status"] == "error"
     assert record["attempts"] == 3
@@ -128,15 +136,13 @@ async def test_a_run_whose_worker_died_is_sent_again_then_given_up(
 
 
 async def test_a_run_past_its_limit_is_answered_with_an_error(
-    settings: OrchestratorSettings, worker_store: ConversationStore
+    caller: tuple[ConversationClient, Sent], worker_store: ConversationStore
 ) -> None:
-    sent = Sent()
-    await live(worker_store)
-    async with client_for(settings, sent) as client:
-        running = asyncio.create_task(client.run(ITEM, run_id="r-3"))
-        await until(lambda: bool(sent.requests), "the send")
-        await worker_store.claim(sent.requests[0], "host:7")  # and then it hangs
-        record = await asyncio.wait_for(running, 5)
+    client, sent = caller
+    running = asyncio.create_task(client.run(ITEM, run_id="r-3"))
+    await until(lambda: bool(sent.requests), "the send")
+    await worker_store.claim(sent.requests[0], "host:7")  # and then it hangs
+    record = await asyncio.wait_for(running, 5)
     assert record["status"] == "error"
     assert record["orchestrator"] == "host:7"
     assert "never answered" in record["error"]
@@ -146,18 +152,16 @@ async def test_a_run_past_its_limit_is_answered_with_an_error(
 
 
 async def test_an_answer_sent_elsewhere_is_taken_from_redis(
-    settings: OrchestratorSettings, worker_store: ConversationStore
+    caller: tuple[ConversationClient, Sent], worker_store: ConversationStore
 ) -> None:
-    sent = Sent()
-    await live(worker_store)
-    async with client_for(settings, sent) as client:
-        running = asyncio.create_task(client.run(ITEM, run_id="r-4"))
-        await until(lambda: bool(sent.requests), "the send")
-        request = sent.requests[0].model_copy(update={"reply_to": "toolq:reply:someone-else"})
-        claim = await worker_store.claim(request, "host:1")
-        assert claim.holder is not None
-        await worker_store.finish(request, claim.holder, answer(request, 1))
-        assert (await asyncio.wait_for(running, 5))["attempts"] == 1
+    client, sent = caller
+    running = asyncio.create_task(client.run(ITEM, run_id="r-4"))
+    await until(lambda: bool(sent.requests), "the send")
+    request = sent.requests[0].model_copy(update={"reply_to": "toolq:reply:someone-else"})
+    claim = await worker_store.claim(request, "host:1")
+    assert claim.holder is not None
+    await worker_store.finish(request, claim.holder, answer(request, 1))
+    assert (await asyncio.wait_for(running, 5))["attempts"] == 1
 
 
 async def test_a_send_no_worker_started_with_the_queue_empty_is_sent_again(
