@@ -1,4 +1,5 @@
-"""The orchestrator's own Celery app: a producer of tool calls, with no worker code in it.
+"""The orchestrator's own Celery app: a producer of tool calls and conversations, with no worker
+code in it.
 
 It speaks the same messages as the workers' app (JSON only, one queue per pool) but never
 imports it, so sending a call builds no task registry and loads no tool.
@@ -11,7 +12,7 @@ from typing import Any
 from celery import Celery
 from kombu import Queue
 
-from worker.protocol import POOLS
+from worker.protocol import AGENTS_QUEUE, POOLS
 from worker.settings import FleetSettings
 
 
@@ -21,7 +22,7 @@ def producer_config(settings: FleetSettings) -> dict[str, Any]:
         "task_serializer": "json",
         "accept_content": ["json"],
         # The queues as workers declare them: a RabbitMQ queue declared twice must match.
-        "task_queues": [Queue(pool, routing_key=pool) for pool in POOLS],
+        "task_queues": [Queue(name, routing_key=name) for name in (*POOLS, AGENTS_QUEUE)],
         "task_default_queue": POOLS[0],
         # A task-sent event for every call: monitors (Flower, `celery events`) see calls while
         # they wait in the queue, not only once a worker takes them. It goes out in the same
@@ -31,7 +32,8 @@ def producer_config(settings: FleetSettings) -> dict[str, Any]:
 
 
 def producer_app(settings: FleetSettings) -> Celery:
-    """A Celery app that only sends: the dispatcher's, and ``toolq status``'s for queue depths."""
+    """A Celery app that only sends: the dispatcher's, the conversation client's, and ``toolq
+    status``'s for queue depths."""
     app = Celery("toolq-orchestrator", set_as_current=False)
     app.config_from_object(producer_config(settings))
     return app

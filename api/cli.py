@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from api.settings import check_settings, get_settings
-from worker.protocol import POOLS
+from worker.protocol import AGENTS_QUEUE, POOLS
 from worker.settings_check import debugging, exit_on_bad_settings
 
 app = typer.Typer(
@@ -81,14 +81,29 @@ def _reachable_fleet() -> None:
 
 @app.command()
 def worker(
-    pool: Annotated[str, typer.Option(help="Which pool to serve: tools or sandbox.")] = "tools",
-    concurrency: Annotated[int | None, typer.Option(help="Worker processes.")] = None,
+    pool: Annotated[
+        str, typer.Option(help="What to serve: the tools or sandbox pool, or agents.")
+    ] = "tools",
+    concurrency: Annotated[
+        int | None,
+        typer.Option(help="Worker processes; for agents, conversations at once (threads)."),
+    ] = None,
     loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
 ) -> None:
-    """Start a worker of one pool (the same as: celery -A worker.app worker -Q POOL)."""
+    """Start a worker of one pool (the same as: celery -A worker.app worker -Q POOL), or an
+    agents worker, which runs whole conversations (celery -A api.agents.app worker -Q agents)."""
     _checked_settings()
-    if pool not in POOLS:
-        raise typer.BadParameter(f"pool must be one of {', '.join(POOLS)}", param_hint="--pool")
+    served = (*POOLS, AGENTS_QUEUE)
+    if pool not in served:
+        raise typer.BadParameter(f"pool must be one of {', '.join(served)}", param_hint="--pool")
+    if pool == AGENTS_QUEUE:
+        from api.llm import ModelError, model_api_from_env
+
+        try:
+            model_api_from_env()
+        except ModelError as exc:
+            err.print(f"error: an agents worker asks the model: {exc}", markup=False)
+            raise typer.Exit(2) from None
     from api.local.stack import worker_argv
 
     argv = worker_argv(pool, node=f"{pool}@%h", concurrency=concurrency, loglevel=loglevel)
@@ -195,6 +210,12 @@ def batch(
             "--retry-errors", help="Also run again the items whose result has status error."
         ),
     ] = False,
+    on_fleet: Annotated[
+        bool,
+        typer.Option(
+            "--on-fleet", help="Run the conversations on agents workers, not in this process."
+        ),
+    ] = False,
 ) -> None:
     """Run many conversations or tasks; rerun the same command to resume."""
     _checked_settings()
@@ -209,6 +230,7 @@ def batch(
             model=model,
             err=err,
             retry_errors=retry_errors,
+            on_fleet=on_fleet,
         )
     )
 

@@ -22,8 +22,8 @@ import redis.asyncio as aioredis
 from celery import Celery
 from redis.exceptions import RedisError
 
-from api.backoff import Backoff
 from api.broker import producer_app
+from api.replies import RECONNECT, read_replies
 from worker.deadlines import argument_limit_ms, call_limit_ms
 from worker.protocol import (
     TASK_NAME,
@@ -36,7 +36,6 @@ from worker.protocol import (
 from worker.settings import FleetSettings
 
 log = logging.getLogger(__name__)
-_DRAIN_BATCH = 512
 #: The most calls sent in one batch: enough to amortise the round trip, small enough that the
 #: first call of a burst does not wait long for the last.
 _SEND_BATCH = 256
@@ -45,9 +44,6 @@ _OPERATIONS_PER_CALL = 2
 #: A call that cannot be sent is answered this long before its deadline, so that the caller
 #: hears why rather than only that no answer came.
 _ANSWER_MARGIN_S = 0.5
-#: The pause before trying the broker or the result store again after failures in a row: short
-#: enough that a blink costs little, growing so that an outage is not hammered.
-_RECONNECT = Backoff(first_s=0.1, cap_s=2.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +170,7 @@ class Dispatcher:
         unsent: list[_Outgoing] = []
         failures = 0
         while True:
-            pause = _RECONNECT.delay(failures) if unsent else None
+            pause = RECONNECT.delay(failures) if unsent else None
             if not self._take(unsent, pause):
                 break
             tried_at = time.monotonic()
@@ -193,7 +189,7 @@ class Dispatcher:
                     log.warning("cannot send tool calls (%s); trying again", exc)
                 # The next try may take as long as this one did (kombu's own reconnecting).
                 took = time.monotonic() - tried_at
-                unsent = self._give_up_on(unsent, exc, _RECONNECT.delay(failures) + took)
+                unsent = self._give_up_on(unsent, exc, RECONNECT.delay(failures) + took)
             else:
                 failures = 0
         if producer is not None:
@@ -270,32 +266,13 @@ class Dispatcher:
         )
 
     async def _read_replies(self) -> None:
-        failures = 0
-        while not self._closing:
-            try:
-                item = await self._redis.blpop([self.reply_key], timeout=1)
-                if item is None:
-                    continue
-                self._deliver(item[1])
-                # Drain what else has arrived in one round trip, but only when another call is
-                # waiting (the one just answered is still listed): a lone call would pay for an
-                # empty LPOP every time.
-                if len(self._pending) > 1:
-                    more: list[bytes] = await self._redis.lpop(  # type: ignore[assignment]
-                        self.reply_key, _DRAIN_BATCH
-                    )
-                    for raw in more or []:
-                        self._deliver(raw)
-                failures = 0
-            except (RedisError, OSError) as exc:
-                if self._closing:
-                    return
-                # The result store restarted or the network blinked: keep trying; calls still
-                # waiting fall back to their deadline and to the stored result.
-                failures += 1
-                delay = _RECONNECT.delay(failures)
-                log.warning("reply reader: %s; retrying in %.1fs", exc, delay)
-                await asyncio.sleep(delay)
+        await read_replies(
+            self._redis,
+            self.reply_key,
+            self._deliver,
+            others_waiting=lambda: len(self._pending) > 1,
+            closing=lambda: self._closing,
+        )
 
     def _deliver(self, raw: bytes | str) -> None:
         try:

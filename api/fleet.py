@@ -1,17 +1,25 @@
-"""What the fleet offers right now: tools from the workers' manifest, live workers per pool."""
+"""What the fleet offers right now: tools from the workers' manifest, live workers per pool, and
+the live agents workers that run whole conversations."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import redis
 
 from api.broker import producer_app
-from worker.protocol import POOLS, ToolSpec, WorkerInfo, keys
+from worker.protocol import AGENTS_QUEUE, POOLS, TASK_NAME, ToolSpec, WorkerInfo, keys
 from worker.settings import FleetSettings
 
 #: Where kombu's Redis transport keeps delivered, unacknowledged messages.
 UNACKED_HASH = "unacked"
+#: The same for the agents queue, kept apart (its index and mutex keys end ``_index`` and
+#: ``_mutex``): the tool pools' shorter visibility timeout would put a conversation that still
+#: runs back in its queue.
+AGENTS_UNACKED_HASH = "toolq:agents:unacked"
 #: Separator kombu puts between a Redis queue's name and its priority step.
 PRIORITY_SEP = "\x06\x16"
 
@@ -20,10 +28,17 @@ class NoWorkersError(RuntimeError):
     """No worker has published its tools: start workers, or run without a broker (local mode)."""
 
 
+#: How long a process that runs many conversations reuses its view of the fleet.
+FLEET_TTL_S = 2.0
+
+
 @dataclass(frozen=True)
 class Fleet:
     tools: dict[str, ToolSpec]
     workers: dict[str, list[WorkerInfo]] = field(default_factory=dict)
+    #: Live agents workers: not a tool pool, they run conversations (``toolq worker --pool
+    #: agents``).
+    agents: list[WorkerInfo] = field(default_factory=list)
 
     @property
     def model_tools(self) -> dict[str, ToolSpec]:
@@ -61,9 +76,36 @@ def load_fleet(redis_url: str) -> Fleet:
         return Fleet(
             tools=read_manifest(client),
             workers={pool: live_workers(client, pool) for pool in POOLS},
+            agents=live_workers(client, AGENTS_QUEUE),
         )
     finally:
         client.close()
+
+
+class CachedFleet:
+    """The fleet as ``load`` reads it, read again once older than ``ttl_s``: for a process that
+    starts many conversations, each of which needs the fleet's tools."""
+
+    def __init__(
+        self,
+        redis_url: str,
+        *,
+        load: Callable[[str], Fleet] = load_fleet,
+        ttl_s: float = FLEET_TTL_S,
+    ) -> None:
+        self._redis_url = redis_url
+        self._load = load
+        self._ttl_s = ttl_s
+        self._fleet: Fleet | None = None
+        self._loaded_at = 0.0
+        self._lock = asyncio.Lock()
+
+    async def get(self) -> Fleet:
+        async with self._lock:
+            if self._fleet is None or time.monotonic() - self._loaded_at > self._ttl_s:
+                self._fleet = await asyncio.to_thread(self._load, self._redis_url)
+                self._loaded_at = time.monotonic()
+            return self._fleet
 
 
 def read_manifest(client: redis.Redis) -> dict[str, ToolSpec]:
@@ -81,8 +123,8 @@ def live_workers(client: redis.Redis, pool: str) -> list[WorkerInfo]:
     return [WorkerInfo.model_validate_json(v) for v in client.mget(names) if v]
 
 
-def queue_depths(settings: FleetSettings) -> dict[str, int]:
-    """Messages waiting in each pool's queue."""
+def queue_depths(settings: FleetSettings, queues: Iterable[str] = POOLS) -> dict[str, int]:
+    """Messages waiting in each of ``queues`` (by default the tool pools')."""
     broker = settings.effective_broker_url
     if broker.startswith(("redis", "rediss")):
         # Kombu keeps a Redis queue as a list named after it (plus one list per priority step).
@@ -93,13 +135,13 @@ def queue_depths(settings: FleetSettings) -> dict[str, int]:
                     int(client.llen(name))
                     for name in [pool, *(f"{pool}{PRIORITY_SEP}{step}" for step in (3, 6, 9))]
                 )
-                for pool in POOLS
+                for pool in queues
             }
         finally:
             client.close()
     depths: dict[str, int] = {}
     with producer_app(settings).connection_for_write() as conn:
-        for pool in POOLS:
+        for pool in queues:
             try:
                 declared = conn.default_channel.queue_declare(queue=pool, passive=True)
                 depths[pool] = int(declared.message_count)
@@ -119,4 +161,5 @@ def calls_in_flight(settings: FleetSettings) -> int:
         finally:
             client.close()
     active = producer_app(settings).control.inspect(timeout=1.0).active() or {}
-    return sum(len(tasks) for tasks in active.values())
+    # Agents workers answer too: their conversations are no tool calls.
+    return sum(1 for tasks in active.values() for task in tasks if task.get("name") == TASK_NAME)

@@ -158,6 +158,23 @@ def model_client(
     )
 
 
+def model_api_from_env() -> tuple[str | None, str]:
+    """OPENAI_BASE_URL (None: OpenAI's) and OPENAI_API_KEY; ``ModelError`` when neither is set."""
+    base_url = os.environ.get(MODEL_URL_VARIABLE) or None
+    # A URL that cannot be an API fails every attempt alike: refused before any is made.
+    if base_url is not None and (problem := model_url_problem(base_url)):
+        raise ModelError(problem)
+    api_key = os.environ.get("OPENAI_API_KEY")
+    if not api_key:
+        if base_url is None:
+            raise ModelError(
+                "OPENAI_API_KEY is not set: set it, or point OPENAI_BASE_URL at a server "
+                "that needs no key (for example `toolq scripted-llm`)"
+            )
+        api_key = "unused"  # local servers often want no key; the client insists on one
+    return base_url, api_key
+
+
 class ChatModel:
     """Chat turns against any OpenAI-compatible API, within ``policy``'s attempts (by default,
     one more than the client's ``max_retries``)."""
@@ -175,18 +192,7 @@ class ChatModel:
     def from_env(cls, settings: OrchestratorSettings | None = None) -> ChatModel:
         """A client for OPENAI_BASE_URL (default: OpenAI) with OPENAI_API_KEY."""
         settings = settings or get_settings()
-        base_url = os.environ.get(MODEL_URL_VARIABLE) or None
-        # A URL that cannot be an API fails every attempt alike: refused before any is made.
-        if base_url is not None and (problem := model_url_problem(base_url)):
-            raise ModelError(problem)
-        api_key = os.environ.get("OPENAI_API_KEY")
-        if not api_key:
-            if base_url is None:
-                raise ModelError(
-                    "OPENAI_API_KEY is not set: set it, or point OPENAI_BASE_URL at a server "
-                    "that needs no key (for example `toolq scripted-llm`)"
-                )
-            api_key = "unused"  # local servers often want no key; the client insists on one
+        base_url, api_key = model_api_from_env()
         return cls(
             model_client(
                 base_url=base_url,

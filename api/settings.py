@@ -25,6 +25,15 @@ class OrchestratorSettings(FleetSettings):
     task_files_max_bytes: int = Field(
         10 * 1024 * 1024, gt=0, description="The most bytes of `files` one batch item may carry."
     )
+    conversation_timeout_s: float = Field(
+        3600.0,
+        gt=0,
+        description="The longest one batch conversation may run, in toolq batch or on an agents "
+        "worker; a caller waits this plus TOOLQ_REPLY_MARGIN_S for an agents worker's answer.",
+    )
+    agent_concurrency: int = Field(
+        100, gt=0, description="Conversations one agents worker process holds at once."
+    )
 
     api_token: SecretStr | None = Field(None, description="Bearer token for the HTTP API.")
     api_max_body_bytes: int = Field(1_048_576, gt=0, description="Largest request body.")

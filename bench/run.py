@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.agents_pool import agents_pool_case
 from bench.big_output import big_output_case
 from bench.conversations import conversations_case
 from bench.report import machine, markdown, plot, write_json
@@ -49,6 +50,8 @@ class Sizes:
     few_conversations: int
     conversation_warmup: bool
     conversation_workers: int
+    agent_conversations: int
+    agent_processes: tuple[int, ...]
     bash_calls: int
     cgroup_rounds: int
     big_output_bytes: int
@@ -72,6 +75,8 @@ FULL = Sizes(
     few_conversations=10,
     conversation_warmup=True,
     conversation_workers=2,
+    agent_conversations=2000,
+    agent_processes=(1, 2),
     bash_calls=300,
     cgroup_rounds=3,
     big_output_bytes=1 << 30,
@@ -94,6 +99,8 @@ QUICK = Sizes(
     few_conversations=2,
     conversation_warmup=False,
     conversation_workers=1,
+    agent_conversations=10,
+    agent_processes=(1, 2),
     bash_calls=5,
     cgroup_rounds=1,
     big_output_bytes=4 << 20,
@@ -177,11 +184,29 @@ def run_cases(sizes: Sizes, progress: Progress) -> list[CaseResult]:
                             sizes.few_conversations,
                             warm_up=sizes.conversation_warmup,
                         )
+                    with progress.step("conversations on the agents pool"):
+                        agents = agents_pool_case(
+                            settings,
+                            stack.pids("worker-tools"),
+                            sizes.agent_conversations,
+                            sizes.agent_processes,
+                        )
         # Sandbox workers of their own, one configuration at a time: no other may take the calls.
         with progress.step("run_bash with and without control groups"):
             cgroups = cgroup_case(settings, sizes.bash_calls, sizes.warmup, sizes.cgroup_rounds)
     throughput = throughput_case(by_concurrency, sizes.throughput_calls)
-    return [round_trip, throughput, conversations, sandbox, big, search, tasks, viewer, cgroups]
+    return [
+        round_trip,
+        throughput,
+        conversations,
+        sandbox,
+        big,
+        search,
+        tasks,
+        viewer,
+        cgroups,
+        agents,
+    ]
 
 
 def _stop_on_sigterm(signum: int, frame: object) -> None:

@@ -2,7 +2,8 @@
 """Health of a toolq container, whatever its role: ``toolq-healthcheck [api|worker]``.
 
 Without a role it reads the container's command line (PID 1), so the image's single HEALTHCHECK
-serves the API and both worker pools. Exit status 0 means healthy, 1 unhealthy.
+serves the API, both worker pools and the agents workers (whose Celery node answers the same
+ping through the broker). Exit status 0 means healthy, 1 unhealthy.
 """
 
 from __future__ import annotations

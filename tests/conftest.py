@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
+import socket
 import subprocess
 import time
 import uuid
@@ -18,9 +20,15 @@ import redis
 
 from api.dispatch import Dispatcher
 from api.fleet import read_manifest
-from api.local.stack import LocalStack, free_port, redis_server_argv
+from api.local.stack import (
+    LocalStack,
+    free_port,
+    redis_server_argv,
+    worker_argv,
+    worker_environment,
+)
 from api.settings import OrchestratorSettings
-from worker.protocol import Pool, ToolCallResult, ToolSpec
+from worker.protocol import AGENTS_QUEUE, Pool, ToolCallResult, ToolSpec, keys
 from worker.settings import FleetSettings, WorkerSettings
 
 if TYPE_CHECKING:
@@ -161,6 +169,97 @@ def fleet(
     workers = WorkerFleet(fleet_settings(redis_server.url, root)).start()
     yield workers
     workers.stop()
+
+
+class AgentsWorker:
+    """A real agents worker (``celery -A api.agents.app worker -Q agents``) on a fleet's broker,
+    whose conversations ask the model at ``model_url``."""
+
+    def __init__(
+        self, settings: WorkerSettings, model_url: str, log_dir: Path, *, concurrency: int = 20
+    ) -> None:
+        self.settings = settings
+        self.node = f"agents-{uuid.uuid4().hex[:6]}"
+        self.log_path = log_dir / f"{self.node}.log"
+        env = {
+            **os.environ,
+            **worker_environment(settings),
+            "OPENAI_BASE_URL": model_url,
+            "OPENAI_API_KEY": "test",
+            "TOOLQ_AGENT_CONCURRENCY": str(concurrency),
+        }
+        argv = worker_argv(
+            AGENTS_QUEUE,
+            node=f"{self.node}@%h",
+            extra=("--without-gossip", "--without-mingle"),
+        )
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                argv,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    @property
+    def process_name(self) -> str:
+        """How output lines name this worker: ``host:pid``."""
+        return f"{socket.gethostname()}:{self.process.pid}"
+
+    def wait_ready(self) -> AgentsWorker:
+        """Until its heartbeat names its process: one left by an earlier worker is no proof."""
+        client = redis.Redis.from_url(self.settings.redis_url)
+        key = keys.worker_heartbeat(AGENTS_QUEUE, f"{self.node}@{socket.gethostname()}")
+
+        def announced() -> bool:
+            if self.process.poll() is not None:
+                raise AssertionError(f"{self.node} exited:\n{self.log_tail()}")
+            info = client.get(key)
+            return bool(info) and json.loads(info or "{}").get("pid") == self.process.pid
+
+        try:
+            wait_for(announced, 60, f"{self.node} to announce itself")
+        finally:
+            client.close()
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL, to the whole process group: the worker dies mid-conversation."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log_tail(self, lines: int = 60) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+@pytest.fixture
+def agents_workers(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Callable[..., AgentsWorker]]:
+    """Start agents workers (``start(settings, model_url)``): each is stopped after the test."""
+    started: list[AgentsWorker] = []
+    log_dir = tmp_path_factory.mktemp("agents")
+
+    def start(settings: WorkerSettings, model_url: str, *, concurrency: int = 20) -> AgentsWorker:
+        worker = AgentsWorker(settings, model_url, log_dir, concurrency=concurrency)
+        started.append(worker)
+        return worker.wait_ready()
+
+    yield start
+    for worker in started:
+        worker.stop()
 
 
 @pytest.fixture(autouse=True, scope="session")

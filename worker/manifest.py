@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import redis
 
-from worker.protocol import POOLS, Pool, ToolSpec, WorkerInfo, WorkerLimits, keys
+from worker.protocol import POOLS, Pool, Served, ToolSpec, WorkerInfo, WorkerLimits, keys
 from worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -58,13 +58,16 @@ def publish_manifest(client: redis.Redis, specs: Iterable[ToolSpec], pools: Iter
 
 
 class Heartbeat:
-    """Keeps ``toolq:worker:<pool>:<name>`` and the manifest alive while the worker runs."""
+    """Keeps ``toolq:worker:<pool>:<name>`` and the manifest alive while the worker runs.
+
+    Agents workers beat too (pool ``agents``, no tools), so callers see them live the same way.
+    """
 
     def __init__(
         self,
         client: redis.Redis,
         worker: str,
-        pools: Iterable[Pool],
+        pools: Iterable[Served],
         specs: list[ToolSpec],
         unavailable: dict[str, str] | None = None,
         limits: WorkerLimits | None = None,
@@ -72,7 +75,7 @@ class Heartbeat:
         self._redis = client
         self._specs = specs
         self._worker = worker
-        self._pools: list[Pool] = sorted(set(pools))
+        self._pools: list[Served] = sorted(set(pools))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="toolq-heartbeat", daemon=True)
         self._info = WorkerInfo(

@@ -17,6 +17,13 @@ from pydantic import BaseModel, ConfigDict, Field
 Pool = Literal["tools", "sandbox"]
 POOLS: tuple[Pool, ...] = ("tools", "sandbox")
 
+#: The queue of whole conversations, served by agents workers (``api/agents/``), which run the
+#: orchestrator's code and send their tool calls to the pools above. Not a tool pool: no tool is
+#: served there, and no tool worker takes from it.
+AGENTS_QUEUE: Literal["agents"] = "agents"
+#: What a live worker serves, as its heartbeat says: tool pools, or the agents queue.
+Served = Literal[Pool, "agents"]
+
 #: The one Celery task a tool call is.
 TASK_NAME = "toolq.execute_tool"
 
@@ -111,7 +118,7 @@ class WorkerInfo(BaseModel):
     """A live worker, as its heartbeat says."""
 
     worker: str = Field(description="Celery's node name, e.g. tools@host.")
-    pools: list[Pool]
+    pools: list[Served]
     host: str
     pid: int
     started: float = Field(description="Epoch seconds.")

@@ -34,6 +34,8 @@ ORCHESTRATOR_ONLY_FIELDS = (
     "api_token",
     "api_max_body_bytes",
     "task_files_max_bytes",
+    "conversation_timeout_s",
+    "agent_concurrency",
 )
 #: ``TOOLQ_`` variables that are not settings: the traceback switch for errors, and the marker
 #: run_bash puts in each command's environment (``worker.sandbox.config.MARKER_VARIABLE``).

@@ -18,16 +18,16 @@ from typing import Any
 
 import redis
 from celery import Task
-from celery.exceptions import InvalidTaskError, SoftTimeLimitExceeded, TimeLimitExceeded
+from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 from celery.signals import (
     after_setup_logger,
     worker_process_init,
     worker_ready,
     worker_shutdown,
 )
-from celery.worker.request import Request
 
 from worker.app import app
+from worker.celery_guard import ValidatedRequest
 from worker.executor import Executor
 from worker.housekeeping import Housekeeping, worker_limits
 from worker.log_context import show_ids
@@ -74,25 +74,6 @@ def outcome_summary(result: ToolCallResult) -> str:
         if result.is_error
         else f"ok {took}"
     )
-
-
-class ValidatedRequest(Request):  # type: ignore[misc]
-    """Refuses a message whose body is not Celery's (args, kwargs, embed) before Celery reads it.
-
-    Celery unpacks the body unguarded: a JSON string in its place stops the whole worker with
-    "Unrecoverable error". Raising InvalidTaskError here makes it log and drop just that message.
-    """
-
-    def __init__(self, message: Any, *args: Any, **kwargs: Any) -> None:
-        body = message.payload
-        if not (
-            isinstance(body, list | tuple)
-            and len(body) == 3
-            and isinstance(body[0], list | tuple)
-            and isinstance(body[1], dict)
-        ):
-            raise InvalidTaskError(f"message body is not [args, kwargs, embed]: {body!r:.200}")
-        super().__init__(message, *args, **kwargs)
 
 
 class ToolTask(Task):  # type: ignore[misc]

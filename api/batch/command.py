@@ -7,15 +7,17 @@ import contextlib
 import resource
 import shlex
 import signal
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kombu.exceptions import OperationalError
 from openai import OpenAIError
 from redis.exceptions import RedisError
 from rich.console import Console
 
+from api.agents.client import ConversationClient, NoAgentsError
 from api.batch.items import BadLine, BatchItem, InputScan, ItemLimits, scan_input
 from api.batch.progress import (
     BatchOutcome,
@@ -28,7 +30,7 @@ from api.batch.results import OutputBusyError, ResultLog
 from api.batch.runner import batch_run_id, batch_tag_for_output, run_item, run_items
 from api.dispatch import Dispatcher
 from api.fleet import Fleet, NoWorkersError, load_fleet
-from api.llm import ChatModel, ModelError
+from api.llm import ChatModel, ModelError, model_api_from_env
 from api.local.stack import LocalStackError, fleet_for
 from api.logs import configure_logging
 from api.settings import OrchestratorSettings, get_settings
@@ -50,9 +52,13 @@ def run_batch_command(
     model: str | None,
     err: Console,
     retry_errors: bool = False,
+    on_fleet: bool = False,
 ) -> int:
     """Run every line of ``input_path`` not yet in ``output`` (and, with ``retry_errors``, those
-    whose line there has status error); the exit code of ``toolq batch``."""
+    whose line there has status error); the exit code of ``toolq batch``.
+
+    ``on_fleet``: the conversations run on agents workers, which ask the model themselves.
+    """
     settings = get_settings()
     configure_logging(settings)
     if concurrency < 1:
@@ -63,7 +69,9 @@ def run_batch_command(
         return _usage_error(err, "the output file must not be the input file")
     allow_open_files(concurrency + FILES_BESIDES_CONVERSATIONS, err)
     try:
-        chat_model = ChatModel.from_env(settings)
+        chat_model = None if on_fleet else ChatModel.from_env(settings)
+        if on_fleet and settings.local_mode:
+            model_api_from_env()  # the local agents worker asks the model with this environment
     except (ModelError, OpenAIError) as exc:
         return _usage_error(err, f"no model API configured: {exc}")
     try:
@@ -84,12 +92,12 @@ def run_batch_command(
         _report_bad_lines(scan.path, scan.bad_lines, err)
         stats = BatchStats(total=len(scan.pending))
         run = _BatchRun(scan, results, stats, chat_model, model, concurrency, err)
-        resume = _resume_command(input_path, output, concurrency, model, retry_errors)
+        resume = _resume_command(input_path, output, concurrency, model, retry_errors, on_fleet)
         broken: BaseException | None = None
         interrupted = False
         try:
             if scan.pending:
-                with fleet_for(settings) as fleet_settings:
+                with fleet_for(settings, agents=on_fleet) as fleet_settings:
                     fleet = load_fleet(fleet_settings.redis_url).require_tools()
                     _report_bad_lines(scan.path, scan.refuse_unserved(fleet.unserved), err)
                     stats.total = len(scan.pending)
@@ -97,7 +105,15 @@ def run_batch_command(
                         interrupted = asyncio.run(run.execute(fleet_settings, fleet))
         except KeyboardInterrupt:  # before the batch's own signal handling was in place
             interrupted = True
-        except (NoWorkersError, LocalStackError, RedisError, OSError, ValueError) as exc:
+        except (
+            NoWorkersError,
+            NoAgentsError,
+            LocalStackError,
+            RedisError,
+            OperationalError,
+            OSError,
+            ValueError,
+        ) as exc:
             _say(err, f"error: {_reason(exc)}")
             broken = exc
         finally:
@@ -112,35 +128,30 @@ def run_batch_command(
     return EXIT_FAILURES if failures else EXIT_OK
 
 
+Runner = Callable[[BatchItem], Awaitable[dict[str, Any]]]
+
+
 @dataclass
 class _BatchRun:
-    """The asynchronous part of a batch: one dispatcher, fleet and model for every item."""
+    """The asynchronous part of a batch: every item through one runner, each line written once.
+
+    In this process the runner shares one dispatcher, fleet and model among the conversations;
+    on the fleet (``chat_model`` None) it sends each to the agents pool.
+    """
 
     scan: InputScan
     results: ResultLog
     stats: BatchStats
-    chat_model: ChatModel
+    chat_model: ChatModel | None
     default_model: str | None
     concurrency: int
     err: Console
 
     async def execute(self, settings: OrchestratorSettings, fleet: Fleet) -> bool:
         """Run the pending items; True when a signal stopped the batch."""
-        tag = batch_tag_for_output(self.results.path)
         display = progress_display(self.stats, self.err)
 
-        async with Dispatcher(settings) as dispatcher, self.chat_model:
-
-            async def runner(item: BatchItem) -> dict[str, Any]:
-                return await run_item(
-                    item,
-                    model=self.chat_model,
-                    dispatcher=dispatcher,
-                    fleet=fleet,
-                    settings=settings,
-                    run_id=batch_run_id(tag, item.id),
-                    default_model=self.default_model,
-                )
+        async with self._runner(settings, fleet) as runner:
 
             def on_result(record: dict[str, Any]) -> None:
                 self.results.append(record)
@@ -157,7 +168,8 @@ class _BatchRun:
                 ),
                 name="batch",
             )
-            with _signals_cancel(work, self.err, display) as stopped:
+            on_fleet = self.chat_model is None
+            with _signals_cancel(work, self.err, display, on_fleet) as stopped:
                 self.stats.begin()
                 display.start()
                 try:
@@ -170,6 +182,35 @@ class _BatchRun:
                     await display.stop()
             return bool(stopped.by)
 
+    @contextlib.asynccontextmanager
+    async def _runner(self, settings: OrchestratorSettings, fleet: Fleet) -> AsyncIterator[Runner]:
+        tag = batch_tag_for_output(self.results.path)
+        if self.chat_model is None:
+            async with ConversationClient(settings) as client:
+                await client.require_workers()
+
+                async def on_fleet(item: BatchItem) -> dict[str, Any]:
+                    run_id = batch_run_id(tag, item.id)
+                    return await client.run(item, run_id=run_id, default_model=self.default_model)
+
+                yield on_fleet
+            return
+        async with Dispatcher(settings) as dispatcher, self.chat_model as model:
+
+            async def here(item: BatchItem) -> dict[str, Any]:
+                return await run_item(
+                    item,
+                    model=model,
+                    dispatcher=dispatcher,
+                    fleet=fleet,
+                    settings=settings,
+                    run_id=batch_run_id(tag, item.id),
+                    default_model=self.default_model,
+                    timeout_s=settings.conversation_timeout_s,
+                )
+
+            yield here
+
 
 @dataclass
 class _Stop:
@@ -178,9 +219,10 @@ class _Stop:
 
 @contextlib.contextmanager
 def _signals_cancel(
-    work: asyncio.Task[None], err: Console, display: ProgressDisplay
+    work: asyncio.Task[None], err: Console, display: ProgressDisplay, on_fleet: bool
 ) -> Iterator[_Stop]:
-    """SIGINT and SIGTERM cancel ``work``: conversations in flight stop, finished ones stay."""
+    """SIGINT and SIGTERM cancel ``work``: conversations in flight stop (on the fleet, this batch
+    stops waiting for them), finished ones stay."""
     loop = asyncio.get_running_loop()
     stop = _Stop()
 
@@ -189,11 +231,12 @@ def _signals_cancel(
             err.print("Still stopping: waiting for the cancelled conversations to unwind.")
             return
         stop.by = signum.name
-        _say(
-            err,
-            f"{signum.name}: stopping; conversations in flight are cancelled, finished ones are "
-            "saved.",
+        in_flight = (
+            "conversations in flight go on on the agents workers and are collected on resume"
+            if on_fleet
+            else "conversations in flight are cancelled"
         )
+        _say(err, f"{signum.name}: stopping; {in_flight}, finished ones are saved.")
         work.cancel()
 
     handled = (signal.SIGINT, signal.SIGTERM)
@@ -277,13 +320,20 @@ def _print_summary(
 
 
 def _resume_command(
-    input_path: Path, output: Path, concurrency: int, model: str | None, retry_errors: bool
+    input_path: Path,
+    output: Path,
+    concurrency: int,
+    model: str | None,
+    retry_errors: bool,
+    on_fleet: bool = False,
 ) -> str:
     argv = ["toolq", "batch", str(input_path), "-o", str(output), "--concurrency", str(concurrency)]
     if model:
         argv += ["--model", model]
     if retry_errors:
         argv.append("--retry-errors")
+    if on_fleet:
+        argv.append("--on-fleet")
     return shlex.join(argv)
 
 

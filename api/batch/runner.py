@@ -7,7 +7,9 @@ import asyncio
 import hashlib
 import inspect
 import logging
+import os
 import re
+import socket
 import time
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
 from dataclasses import asdict
@@ -16,7 +18,7 @@ from typing import Any, Literal
 
 from api.agent import DEFAULT_SYSTEM_PROMPT, Agent, AgentOptions
 from api.batch.items import BatchItem, ItemLimits
-from api.batch.task import Task, TaskFailed
+from api.batch.task import Task, TaskFailed, TaskResults
 from api.dispatch import Dispatcher
 from api.fleet import Fleet
 from api.llm import ChatModel, ModelError, Usage
@@ -57,11 +59,14 @@ async def run_item(
     settings: OrchestratorSettings,
     run_id: str,
     default_model: str | None = None,
+    timeout_s: float | None = None,
+    attempt: int = 1,
 ) -> dict[str, Any]:
     """Run one item to its output record: its workspace prepared, the conversation, then its
     score and artifacts. A failure is a record with status "error".
 
-    Raises only ``CancelledError``.
+    ``timeout_s`` bounds the conversation. ``attempt`` counts the item's runs: an agents worker
+    that died cut the earlier ones. Raises only ``CancelledError``.
     """
     started = time.perf_counter()
     model_name = item.model or default_model or settings.model
@@ -71,6 +76,7 @@ async def run_item(
     agent: Agent | None = None
     answer: str | None = None
     error: str | None = None
+    limit = asyncio.timeout(timeout_s)
     with log_context(run_id=run_id):
         try:
             await task.prepare()
@@ -85,7 +91,8 @@ async def run_item(
             )
             agent = Agent(model, options, dispatcher=dispatcher, fleet=fleet, settings=settings)
             try:
-                answer = await agent.chat(item.prompt)
+                async with limit:
+                    answer = await agent.chat(item.prompt)
             finally:
                 await agent.close()
             log.debug("conversation %r finished: %s", item.id, agent.stop_reason)
@@ -94,10 +101,14 @@ async def run_item(
             log.warning("item %r failed: %s", item.id, exc)
             error = str(exc)
         except Exception as exc:  # a bug must cost one item, not the whole batch
-            log.exception("item %r failed unexpectedly", item.id)
-            error = f"unexpected {type(exc).__name__}: {exc}"
+            if limit.expired():
+                log.warning("conversation %r ran past its %g s limit", item.id, timeout_s)
+                error = time_limit_error(timeout_s)
+            else:
+                log.exception("item %r failed unexpectedly", item.id)
+                error = f"unexpected {type(exc).__name__}: {exc}"
         error = await _collect(task, error)
-    return _record(item, run_id, model_name, agent, started, task, answer=answer, error=error)
+    return _record(item, run_id, model_name, agent, started, task.results, answer, error, attempt)
 
 
 async def _collect(task: Task, error: str | None) -> str | None:
@@ -114,16 +125,42 @@ async def _collect(task: Task, error: str | None) -> str | None:
     return error
 
 
+def time_limit_error(timeout_s: float | None) -> str:
+    return f"the conversation did not finish within {timeout_s:g} s (TOOLQ_CONVERSATION_TIMEOUT_S)"
+
+
+def process_name() -> str:
+    """The process that ran a conversation, as its output line names it: ``host:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def failed_record(
+    item: BatchItem,
+    run_id: str,
+    model_name: str,
+    error: str,
+    *,
+    attempts: int,
+    ran_on: str | None,
+    waited_s: float,
+) -> dict[str, Any]:
+    """The output line of a conversation whose run never reported back: only why."""
+    record = _record(
+        item, run_id, model_name, None, time.perf_counter(), TaskResults(), None, error, attempts
+    )
+    return record | {"duration_s": round(waited_s, 3), "orchestrator": ran_on}
+
+
 def _record(
     item: BatchItem,
     run_id: str,
     model_name: str,
     agent: Agent | None,
     started: float,
-    task: Task,
-    *,
-    answer: str | None = None,
-    error: str | None = None,
+    results: TaskResults,
+    answer: str | None,
+    error: str | None,
+    attempt: int,
 ) -> dict[str, Any]:
     """The output line: what the item's conversation said and did, as far as it got, and how
     the task went."""
@@ -148,8 +185,10 @@ def _record(
         "run_id": run_id,
         "model": transcript["model"],
         "duration_s": round(time.perf_counter() - started, 3),
+        "attempts": attempt,
+        "orchestrator": process_name(),
         "usage": transcript["usage"],
-        **task.results.fields(),
+        **results.fields(),
         "metadata": item.metadata,
         "tool_calls": transcript["tool_calls"],
         "messages": transcript["messages"],

@@ -7,12 +7,14 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import redis
 from openai import AsyncOpenAI, OpenAIError
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from api.agent import Agent, AgentOptions
+from api.agents.messages import conversation_keys
 from api.events import (
     AgentEvent,
     FinalAnswer,
@@ -21,11 +23,16 @@ from api.events import (
     ToolCallFinished,
     ToolCallStarted,
 )
-from api.fleet import NoWorkersError, calls_in_flight, load_fleet, queue_depths
+from api.fleet import (
+    NoWorkersError,
+    calls_in_flight,
+    load_fleet,
+    queue_depths,
+)
 from api.llm import ChatModel, ModelError, model_client
 from api.local.stack import LocalStackError, fleet_for
 from api.settings import OrchestratorSettings, get_settings
-from worker.protocol import POOLS, WorkerInfo
+from worker.protocol import AGENTS_QUEUE, POOLS, WorkerInfo
 
 DEMO_PROMPT = (
     "Write a short note about toolq to notes.txt, read it back, find where it mentions Celery, "
@@ -239,17 +246,32 @@ def show_status(*, console: Console) -> int:
         console.print("No broker configured (TOOLQ_BROKER_URL): nothing is running to report on.")
         return 1
     fleet = load_fleet(settings.redis_url)
-    depths = queue_depths(settings)
+    depths = queue_depths(settings, (*POOLS, AGENTS_QUEUE))
     in_flight = calls_in_flight(settings)
+    conversations = conversations_running(settings.redis_url)
     table = Table("pool", "queued", "live workers")
     for pool in POOLS:
         table.add_row(pool, str(depths.get(pool, "?")), str(len(fleet.workers.get(pool, []))))
+    # Not a tool pool: agents workers run whole conversations, whose calls go to the pools above.
+    table.add_section()
+    table.add_row(AGENTS_QUEUE, str(depths.get(AGENTS_QUEUE, "?")), str(len(fleet.agents)))
     console.print(table)
     console.print(f"calls in flight: {in_flight}")
+    console.print(f"conversations running: {conversations}")
     sandboxes = [w for w in fleet.workers.get("sandbox", []) if w.limits is not None]
     if sandboxes:
         console.print(limits_table(sandboxes))
     return 0
+
+
+def conversations_running(redis_url: str) -> int:
+    """Conversations an agents worker runs right now: those with a live lease (the broker's
+    unacknowledged messages would also count those of workers that died, for an hour)."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return sum(1 for _ in client.scan_iter(conversation_keys.lease("*"), count=1000))
+    finally:
+        client.close()
 
 
 def limits_table(workers: list[WorkerInfo]) -> Table:

@@ -41,6 +41,7 @@ from api.http.viewer.tickets import StreamTickets
 from api.http.viewer.viewer import Viewer
 from api.llm import ChatModel
 from api.settings import OrchestratorSettings, get_settings
+from worker.protocol import AGENTS_QUEUE, POOLS
 
 if TYPE_CHECKING:
     from api.mcp.http import McpEndpoint
@@ -54,7 +55,7 @@ def create_app(
     redis: aioredis.Redis | None = None,
     executor: RunExecutorFactory | None = None,
     model: ChatModel | None = None,
-    queue_depths: Callable[[OrchestratorSettings], Mapping[str, int]] = fleet_module.queue_depths,
+    queue_depths: Callable[[OrchestratorSettings], Mapping[str, int]] | None = None,
     lease_ttl_s: float = 15.0,
 ) -> FastAPI:
     """The API app on a configured fleet (``settings`` with a broker).
@@ -70,7 +71,12 @@ def create_app(
     replica = uuid.uuid4().hex[:12]
     make_executor = executor or _agent_executor(settings, model or ChatModel.from_env(settings))
     services = Services(
-        settings, store, make_executor(store, metrics, replica), metrics, replica, queue_depths
+        settings,
+        store,
+        make_executor(store, metrics, replica),
+        metrics,
+        replica,
+        queue_depths or _every_queue_depth,
     )
     lease = ReplicaLease(store, replica)
     mcp = _mcp_endpoint(settings, services.executor.fleet)
@@ -132,6 +138,11 @@ async def _no_mcp(scope: Scope, receive: Receive, send: Send) -> None:
         {"detail": "this server has no MCP endpoint: install toolq[mcp] where it runs"}, 501
     )
     await response(scope, receive, send)
+
+
+def _every_queue_depth(settings: OrchestratorSettings) -> Mapping[str, int]:
+    """The tool pools' queues and the agents queue."""
+    return fleet_module.queue_depths(settings, (*POOLS, AGENTS_QUEUE))
 
 
 def _agent_executor(settings: OrchestratorSettings, model: ChatModel) -> RunExecutorFactory:

@@ -1,7 +1,9 @@
-"""Executes runs and batches inside the API process and records their progress in Redis.
+"""Executes runs and batches and records their progress in Redis.
 
-Every run is an asyncio task driving an ``Agent``; all of them share one ``Dispatcher`` (one reply
-reader for every call in flight), one ``ChatModel`` and a briefly cached view of the fleet.
+Every run is an asyncio task driving an ``Agent`` in the API process; all of them share one
+``Dispatcher`` (one reply reader for every call in flight), one ``ChatModel`` and a briefly
+cached view of the fleet. A batch's items go to the agents pool while an agents worker is live
+(``api/agents/``), and run here otherwise.
 Cancellation requests reach the replica that executes a run through a Redis pub/sub channel,
 with a periodic look at the runs' cancel flags for messages missed while disconnected.
 
@@ -22,11 +24,12 @@ from typing import Any, Protocol, cast
 from redis.exceptions import RedisError
 
 from api.agent import Agent, AgentOptions
+from api.agents.client import ConversationClient, NoAgentsError
 from api.batch.items import BatchItem
 from api.batch.runner import batch_run_id, run_item, run_items
 from api.dispatch import Dispatcher
 from api.events import AgentEvent, FinalAnswer, ToolCallFinished, ToolCallStarted, event_to_dict
-from api.fleet import Fleet, load_fleet
+from api.fleet import CachedFleet, Fleet, load_fleet
 from api.http.metrics import ApiMetrics, RunObserver
 from api.http.state.batches import BatchStatus
 from api.http.state.keys import CANCEL_CHANNEL
@@ -40,8 +43,6 @@ log = logging.getLogger(__name__)
 
 SHUTDOWN_ERROR = "the API server shut down before this ended; start it again"
 CANCELLED_ERROR = "cancelled on request"
-#: How long a view of the fleet (tools, live workers) is reused.
-FLEET_TTL_S = 2.0
 #: How long a shutting-down replica gives its runs to record that they were stopped.
 CLOSE_TIMEOUT_S = 10.0
 #: Attempts to record a run's end when Redis is briefly unreachable.
@@ -86,6 +87,7 @@ class AgentExecutor:
         replica: str,
         dispatcher: Dispatcher | None = None,
         fleet_loader: Callable[[str], Fleet] = load_fleet,
+        conversations: ConversationClient | None = None,
         cancel_poll_s: float = 2.0,
     ) -> None:
         self._settings = settings
@@ -94,7 +96,8 @@ class AgentExecutor:
         self._model = model
         self._replica = replica
         self._dispatcher = dispatcher or Dispatcher(settings)
-        self._load_fleet = fleet_loader
+        # Started on first use: only once an agents worker is live.
+        self._conversations = conversations or ConversationClient(settings)
         self._cancel_poll_s = cancel_poll_s
         self._runs: dict[str, asyncio.Task[None]] = {}
         self._batches: dict[str, asyncio.Task[None]] = {}
@@ -104,9 +107,7 @@ class AgentExecutor:
         self._stoppers: set[asyncio.Task[None]] = set()
         self._closing = False
         self._watcher: asyncio.Task[None] | None = None
-        self._fleet: Fleet | None = None
-        self._fleet_loaded_at = 0.0
-        self._fleet_lock = asyncio.Lock()
+        self._fleet = CachedFleet(settings.redis_url, load=fleet_loader)
 
     async def start(self) -> None:
         await self._dispatcher.start()
@@ -126,17 +127,14 @@ class AgentExecutor:
         if self._watcher is not None:
             work.append(("cancel watcher", self._watcher))
         await asyncio.gather(*(self._stop(key, task) for key, task in work))
+        await self._conversations.close()
         await self._dispatcher.close()
         await self._model.aclose()
 
     async def fleet(self) -> Fleet:
-        async with self._fleet_lock:
-            stale = time.monotonic() - self._fleet_loaded_at > FLEET_TTL_S
-            if self._fleet is None or stale:
-                self._fleet = await asyncio.to_thread(self._load_fleet, self._settings.redis_url)
-                self._fleet_loaded_at = time.monotonic()
-                self._metrics.know_tools(self._fleet.tools)
-            return self._fleet
+        fleet = await self._fleet.get()
+        self._metrics.know_tools(fleet.tools)
+        return fleet
 
     # -- runs ----------------------------------------------------------------------------------
 
@@ -265,14 +263,24 @@ class AgentExecutor:
 
         async def run_one(item: BatchItem) -> dict[str, Any]:
             await self._store.batch_item_started(batch_id)
+            run_id = batch_run_id(tag, item.id)
+            fleet = await self.fleet()
+            if fleet.agents:
+                try:
+                    return await self._conversations.run(
+                        item, run_id=run_id, default_model=default_model
+                    )
+                except NoAgentsError:
+                    log.warning("the agents pool is gone: batch %s runs %s here", batch_id, run_id)
             return await run_item(
                 item,
                 model=self._model,
                 dispatcher=self._dispatcher,
-                fleet=await self.fleet(),
+                fleet=fleet,
                 settings=self._settings,
-                run_id=batch_run_id(tag, item.id),
+                run_id=run_id,
                 default_model=default_model,
+                timeout_s=self._settings.conversation_timeout_s,
             )
 
         async def record(result: dict[str, Any]) -> None:

@@ -1,4 +1,5 @@
-"""Local mode: a private Redis and one worker per pool, started and torn down by toolq itself."""
+"""Local mode: a private Redis and one worker per pool (and an agents worker when asked), started
+and torn down by toolq itself."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from types import TracebackType
 import redis
 
 from api.settings import OrchestratorSettings
-from worker.protocol import keys
+from worker.protocol import AGENTS_QUEUE, POOLS, keys
 from worker.settings import WorkerSettings, get_worker_settings
 
 START_TIMEOUT_S = 60.0
@@ -64,8 +65,10 @@ def worker_argv(
     loglevel: str = "INFO",
     extra: tuple[str, ...] = (),
 ) -> list[str]:
-    """``celery -A worker.app worker -Q <pool>`` with this interpreter."""
-    argv = [sys.executable, "-m", "celery", "-A", "worker.app", "worker", "-Q", pool, "-n", node]
+    """``celery -A worker.app worker -Q <pool>`` with this interpreter; for the agents queue,
+    ``celery -A api.agents.app worker -Q agents`` (threads, ``concurrency`` conversations)."""
+    app = "api.agents.app" if pool == AGENTS_QUEUE else "worker.app"
+    argv = [sys.executable, "-m", "celery", "-A", app, "worker", "-Q", pool, "-n", node]
     argv += ["--loglevel", loglevel, *extra]
     if concurrency:
         argv += ["--concurrency", str(concurrency)]
@@ -87,7 +90,7 @@ class LocalStack:
         *,
         plugins: list[str] | None = None,
         concurrency: int = 2,
-        pools: tuple[str, ...] = ("tools", "sandbox"),
+        pools: tuple[str, ...] = POOLS,
     ) -> None:
         self._base = settings
         self._plugins = list(dict.fromkeys([*settings.plugins, *(plugins or [])]))
@@ -133,7 +136,8 @@ class LocalStack:
                 worker_argv(
                     pool,
                     node=f"{pool}-{uuid.uuid4().hex[:6]}@%h",
-                    concurrency=self._concurrency,
+                    # An agents worker holds TOOLQ_AGENT_CONCURRENCY conversations, not processes.
+                    concurrency=None if pool == AGENTS_QUEUE else self._concurrency,
                     loglevel="WARNING",
                     extra=("--without-gossip", "--without-mingle"),
                 ),
@@ -262,15 +266,17 @@ def _pings(client: redis.Redis) -> bool:
 
 @contextlib.contextmanager
 def fleet_for(
-    settings: OrchestratorSettings, *, plugins: list[str] | None = None
+    settings: OrchestratorSettings, *, plugins: list[str] | None = None, agents: bool = False
 ) -> Iterator[OrchestratorSettings]:
-    """The configured fleet, or a local stack when no broker is configured.
+    """The configured fleet, or a local stack when no broker is configured (with an agents
+    worker when ``agents``).
 
-    The local workers take their own settings from this process's ``TOOLQ_*`` variables, as
-    workers started by hand would.
+    The local workers take their own settings from this process's ``TOOLQ_*`` variables (and
+    the agents worker its model's from ``OPENAI_*``), as workers started by hand would.
     """
     if not settings.local_mode:
         yield settings
         return
-    with LocalStack(get_worker_settings(), plugins=plugins) as stack:
+    pools = (*POOLS, AGENTS_QUEUE) if agents else POOLS
+    with LocalStack(get_worker_settings(), plugins=plugins, pools=pools) as stack:
         yield settings.with_fleet(stack.settings)

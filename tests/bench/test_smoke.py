@@ -22,6 +22,7 @@ CASES = {
     "tasks",
     "viewer",
     "run_bash_cgroups",
+    "agents_pool",
 }
 
 
@@ -63,6 +64,19 @@ def test_each_goal_is_judged_pass_or_fail(results: Path) -> None:
         "first page of 2,000 lines (median, from the command's start)",
     } <= set(judged)
     assert all(isinstance(passed, bool) for passed in judged.values())
+
+
+def test_the_agents_pool_case_ran_every_arrangement(results: Path) -> None:
+    case = json.loads((results / "latest.json").read_text())["cases"]["agents_pool"]
+    runs = case["figures"]["by_arrangement"]
+    assert set(runs) == {
+        "one orchestrator process",
+        "1 agents worker process",
+        "2 agents worker processes",
+    }
+    assert {run["conversations"] for run in runs.values()} == {10}
+    assert runs["2 agents worker processes"]["cpu_s_by_process"]["agents workers"] > 0
+    assert runs["one orchestrator process"]["cpu_s_by_process"]["agents workers"] == 0
 
 
 def test_the_conversations_all_ran_to_their_answer(results: Path) -> None:

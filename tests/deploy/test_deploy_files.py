@@ -20,12 +20,15 @@ from celery.app.utils import find_app
 
 from api.settings import OrchestratorSettings
 from tests.deploy import deployfiles as files
-from worker.protocol import POOLS
+from worker.protocol import AGENTS_QUEUE, POOLS
 from worker.settings import WorkerSettings
 from worker.settings_check import known_variables
 
 K8S_VERSION = "1.30"
 SANDBOX = "worker-sandbox"
+AGENTS = "worker-agents"
+#: What a toolq worker may serve: the tool pools, and the agents queue of conversations.
+SERVED = (*POOLS, AGENTS_QUEUE)
 SECRET_VARIABLES = ("TOOLQ_API_TOKEN", "OPENAI_API_KEY")
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|API_KEY|CREDENTIAL|PRIVATE", re.IGNORECASE)
 TOOLQ_VARIABLE = re.compile(r"\bTOOLQ_[A-Z0-9_]*[A-Z0-9]\b")
@@ -301,7 +304,7 @@ def test_compose_toolq_service_has_limits(name: str) -> None:
 
 
 def test_compose_workers_scale() -> None:
-    for pool in POOLS:
+    for pool in SERVED:
         worker = files.services()[f"worker-{pool}"]
         assert "container_name" not in worker
         assert "ports" not in worker
@@ -386,6 +389,50 @@ def test_worker_shutdown_grace_outlasts_the_longest_call(settings_from_files: No
         service = files.services()[name]
         longest = settings_of(files.service_environment(service)).hard_limit_s
         assert files.duration_s(service["stop_grace_period"]) > longest
+
+
+# -- the agents workers ------------------------------------------------------------------------
+
+
+def test_agents_workers_hold_the_model_key_and_no_workspace() -> None:
+    service = files.services()[AGENTS]
+    environment = files.service_environment(service)
+    assert re.fullmatch(r"\$\{OPENAI_API_KEY:\?.+\}", environment["OPENAI_API_KEY"])
+    assert "TOOLQ_API_TOKEN" not in environment
+    assert "volumes" not in service
+    # The model is outside: a network that reaches off the host, and the broker's.
+    networks = files.compose()["networks"]
+    attached = files.service_networks(service)
+    assert "broker" in attached
+    assert any(not (networks[n] or {}).get("internal") for n in attached)
+    env = {v["name"]: v for v in files.containers(AGENTS)[0]["env"]}
+    reference = env["OPENAI_API_KEY"]["valueFrom"]["secretKeyRef"]
+    assert reference == {"name": "toolq-secrets", "key": "OPENAI_API_KEY"}
+    assert "TOOLQ_API_TOKEN" not in env
+    assert "workspaces" not in {v["name"] for v in files.pod_spec(AGENTS)["volumes"]}
+
+
+def conversation_limit(environment: dict[str, str]) -> float:
+    values = {
+        name.removeprefix("TOOLQ_").lower(): files.interpolated(value)
+        for name, value in environment.items()
+        if name.startswith("TOOLQ_")
+    }
+    known = {k: v for k, v in values.items() if k in OrchestratorSettings.model_fields}
+    return OrchestratorSettings.model_validate(known).conversation_timeout_s
+
+
+def test_agents_workers_and_their_callers_agree_on_the_conversation_limit(
+    settings_from_files: None,
+) -> None:
+    """The callers (the API) wait as long as the agents workers let a conversation run."""
+    compose = {name: files.service_environment(files.services()[name]) for name in ("api", AGENTS)}
+    assert conversation_limit(compose["api"]) == conversation_limit(compose[AGENTS])
+    k8s = {name: files.container_environment(name) for name in ("api", AGENTS)}
+    assert conversation_limit(k8s["api"]) == conversation_limit(k8s[AGENTS])
+    concurrency = int(k8s[AGENTS]["TOOLQ_AGENT_CONCURRENCY"])
+    [trigger] = files.objects("ScaledObject")[AGENTS]["spec"]["triggers"]
+    assert 0 < int(trigger["metadata"]["listLength"]) <= concurrency
 
 
 # -- secrets are required and never baked in ---------------------------------------------------
@@ -478,7 +525,7 @@ def test_keda_scales_each_pool_on_its_queue() -> None:
         doc["spec"]["scaleTargetRef"]["name"]: doc for doc in files.objects("ScaledObject").values()
     }
     broker = urlsplit(files.config_map_data()["TOOLQ_BROKER_URL"])
-    for pool in POOLS:
+    for pool in SERVED:
         target = f"worker-{pool}"
         assert target in scaled, f"no ScaledObject scales {target}"
         container = files.containers(target)[0]
@@ -592,7 +639,7 @@ def test_every_toolq_command_used_parses() -> None:
         except typer.TyperException as exc:
             pytest.fail(f"{source}: toolq {' '.join(args)}: {exc}")
         if name == "worker":
-            assert context.params["pool"] in POOLS, f"{source}: no pool {context.params['pool']}"
+            assert context.params["pool"] in SERVED, f"{source}: no pool {context.params['pool']}"
 
 
 def test_every_celery_command_in_the_docs_names_the_app_and_a_pool() -> None:
@@ -609,6 +656,11 @@ def test_every_celery_command_in_the_docs_names_the_app_and_a_pool() -> None:
     with_app = [args for args in commands if "-A" in args]
     assert with_app
     for args in with_app:
-        assert isinstance(find_app(args[args.index("-A") + 1]), Celery)
+        app_name = args[args.index("-A") + 1]
+        assert isinstance(find_app(app_name), Celery)
         if "-Q" in args:
-            assert args[args.index("-Q") + 1] in POOLS
+            queue = args[args.index("-Q") + 1]
+            # Conversations have an app of their own; tool calls, the workers'.
+            assert (app_name, queue) in {("worker.app", p) for p in POOLS} | {
+                ("api.agents.app", AGENTS_QUEUE)
+            }

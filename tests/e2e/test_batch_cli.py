@@ -73,7 +73,7 @@ def environment(fleet: WorkerFleet, server: ScriptedServer) -> dict[str, str]:
     }
 
 
-def batch_argv(source: Path, output: Path, concurrency: int) -> list[str]:
+def batch_argv(source: Path, output: Path, concurrency: int, *more: str) -> list[str]:
     return [
         str(TOOLQ),
         "batch",
@@ -84,14 +84,15 @@ def batch_argv(source: Path, output: Path, concurrency: int) -> list[str]:
         str(concurrency),
         "--model",
         "scripted",
+        *more,
     ]
 
 
 def run_batch(
-    source: Path, output: Path, env: dict[str, str], concurrency: int = 8
+    source: Path, output: Path, env: dict[str, str], concurrency: int = 8, *more: str
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        batch_argv(source, output, concurrency),
+        batch_argv(source, output, concurrency, *more),
         env=env,
         capture_output=True,
         text=True,

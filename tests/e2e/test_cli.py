@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -13,7 +13,7 @@ import pytest
 from api.local.stack import worker_environment
 from api.scripted.script import Script
 from api.scripted.server import ScriptedServer
-from tests.conftest import WorkerFleet
+from tests.conftest import AgentsWorker, WorkerFleet
 from tests.e2e.commands import clean_env, toolq
 
 pytestmark = pytest.mark.e2e
@@ -105,7 +105,10 @@ def test_run_without_a_model_api_says_what_to_set() -> None:
     assert "toolq demo" in done.stderr
 
 
-def test_tools_and_status_describe_the_fleet(fleet: WorkerFleet) -> None:
+def test_tools_and_status_describe_the_fleet(
+    fleet: WorkerFleet, model: ScriptedServer, agents_workers: Callable[..., AgentsWorker]
+) -> None:
+    agents_workers(fleet.settings, model.base_url)
     env = clean_env() | worker_environment(fleet.settings)
     tools = toolq("tools", env=env)
     assert tools.returncode == 0, tools.stderr
@@ -117,6 +120,11 @@ def test_tools_and_status_describe_the_fleet(fleet: WorkerFleet) -> None:
     assert "tools" in status.stdout
     assert "sandbox" in status.stdout
     assert "calls in flight" in status.stdout
+    # The agents pool next to the tool pools: nothing queued, one worker live.
+    agents = next(line for line in status.stdout.splitlines() if "agents" in line)
+    assert [cell.strip() for cell in agents.strip("│ ").split("│")] == ["agents", "0", "1"]
+    assert "conversations running: 0" in status.stdout
+
     # Each sandbox worker's limits, and what enforces them.
     assert "sandbox worker" in status.stdout
     assert "256 by" in status.stdout
@@ -153,3 +161,7 @@ def test_bad_settings_and_options_are_clear_errors() -> None:
     pool = toolq("worker", "--pool", "gpu", env=clean_env())
     assert pool.returncode != 0
     assert "tools" in pool.stderr
+    assert "agents" in pool.stderr
+    keyless = toolq("worker", "--pool", "agents", env=clean_env())
+    assert keyless.returncode == 2
+    assert "an agents worker asks the model: OPENAI_API_KEY is not set" in keyless.stderr

@@ -1,5 +1,6 @@
-"""Scale-out across hosts: a broker, two tools hosts, a sandbox host and an orchestrator, each in a
-network namespace of its own on a private bridge, running ``toolq batch`` as a user would.
+"""Scale-out across hosts: a broker, two tools hosts, a sandbox host, two agents hosts and an
+orchestrator, each in a network namespace of its own on a private bridge, running ``toolq batch``
+(and ``toolq batch --on-fleet``) as a user would.
 
 Processes on different test hosts share the file system (it plays the shared workspace volume)
 but not the network. Each worker runs with its host's own host name (``unshare --uts``), so the
@@ -26,7 +27,7 @@ from api.local.stack import redis_server_binary, worker_environment
 from tests.conftest import REPO, fleet_settings, wait_for
 from tests.netns.hosts import Host, Network, Started, netns_unavailable
 from tests.results_file import finished_records
-from worker.protocol import keys
+from worker.protocol import AGENTS_QUEUE, keys
 from worker.settings import WorkerSettings
 
 pytestmark = [pytest.mark.netns, pytest.mark.integration]
@@ -67,11 +68,15 @@ class Cluster:
     tools_a: Host
     tools_b: Host
     sandbox: Host
+    agents_a: Host
+    agents_b: Host
     settings: WorkerSettings
     workdir: Path
     workers: list[Started]
 
-    def environment(self, settings: WorkerSettings | None = None, **extra: str) -> dict[str, str]:
+    def environment(
+        self, settings: WorkerSettings | None = None, /, **extra: str
+    ) -> dict[str, str]:
         """The machine's environment without toolq or model settings, then these."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLQ_", "OPENAI_"))}
         env["PYTHONPATH"] = str(REPO)  # workers import the test plugins
@@ -96,6 +101,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         tools_a = network.add_host("toolsA")
         tools_b = network.add_host("toolsB")
         sandbox = network.add_host("sandbox", reach_only=broker)
+        agents_a = network.add_host("agentsA")
+        agents_b = network.add_host("agentsB")
         url = f"redis://{broker.address}:{BROKER_PORT}/0"
         settings = fleet_settings(
             url,
@@ -107,7 +114,17 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         network.start(broker, "redis", redis_argv(broker, workdir), env=os.environ)
         assert orchestrator.connect_error(broker.address, BROKER_PORT, patience_s=20) is None
         cluster = Cluster(
-            network, broker, orchestrator, tools_a, tools_b, sandbox, settings, workdir, workers=[]
+            network,
+            broker,
+            orchestrator,
+            tools_a,
+            tools_b,
+            sandbox,
+            agents_a,
+            agents_b,
+            settings,
+            workdir,
+            workers=[],
         )
         # run_bash without its own network namespace: the sandbox host's rule alone must hold.
         sandboxed = settings.model_copy(update={"sandbox_isolation": "process"})
@@ -127,6 +144,23 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                 )
             )
             expected.append(keys.worker_heartbeat(pool, f"{node}@{host.hostname}"))
+        # The agents hosts ask the model on the orchestrator host, with a key of their own.
+        model = {
+            "OPENAI_BASE_URL": f"http://{orchestrator.address}:{MODEL_PORT}/v1",
+            "OPENAI_API_KEY": "agents-host-key",
+            "TOOLQ_AGENT_CONCURRENCY": "8",
+        }
+        for host, node in ((agents_a, "agentsA"), (agents_b, "agentsB")):
+            cluster.workers.append(
+                network.start(
+                    host,
+                    f"worker-{node}",
+                    worker_argv(AGENTS_QUEUE, node),
+                    env=cluster.environment(**model),
+                    uts=True,
+                )
+            )
+            expected.append(keys.worker_heartbeat(AGENTS_QUEUE, f"{node}@{host.hostname}"))
         wait_for(
             lambda: _announced(cluster, expected), START_BOUND_S, "workers on every host to start"
         )
@@ -150,16 +184,17 @@ def redis_argv(broker: Host, workdir: Path) -> list[str]:
 
 
 def worker_argv(pool: str, node: str) -> list[str]:
-    """A worker named after its node; ``%h`` is the host's own name (see Network.start)."""
-    celery = [sys.executable, "-m", "celery", "-A", "worker.app", "worker"]
+    """A worker named after its node; ``%h`` is the host's own name (see Network.start). An
+    agents worker's concurrency is TOOLQ_AGENT_CONCURRENCY's."""
+    app = "api.agents.app" if pool == AGENTS_QUEUE else "worker.app"
+    celery = [sys.executable, "-m", "celery", "-A", app, "worker"]
     return [
         *celery,
         "-Q",
         pool,
         "-n",
         f"{node}@%h",
-        "-c",
-        "2",
+        *(() if pool == AGENTS_QUEUE else ("-c", "2")),
         "--loglevel",
         "INFO",
         "--without-gossip",
@@ -231,27 +266,23 @@ class Batch:
             raise AssertionError(f"toolq batch still running:\n{self.started.log_tail()}") from exc
 
 
-def start_batch(cluster: Cluster, name: str, items: list[dict[str, Any]]) -> Batch:
+def start_batch(
+    cluster: Cluster, name: str, items: list[dict[str, Any]], *, on_fleet: bool = False
+) -> Batch:
+    """``toolq batch`` on the orchestrator host; ``on_fleet``: the agents hosts run the
+    conversations, and the orchestrator holds no model key at all."""
     source = cluster.workdir / f"{name}.jsonl"
     source.write_text("".join(json.dumps(item) + "\n" for item in items))
     output = cluster.workdir / f"{name}.out.jsonl"
+    argv = [str(TOOLQ), "batch", str(source), "-o", str(output), "--concurrency", "8"]
+    argv += ["--model", "scripted"]
+    model = {"OPENAI_BASE_URL": f"http://127.0.0.1:{MODEL_PORT}/v1", "OPENAI_API_KEY": "test"}
+    env = cluster.environment() if on_fleet else cluster.environment(**model)
     started = cluster.network.start(
         cluster.orchestrator,
         f"batch-{name}",
-        [
-            str(TOOLQ),
-            "batch",
-            str(source),
-            "-o",
-            str(output),
-            "--concurrency",
-            "8",
-            "--model",
-            "scripted",
-        ],
-        env=cluster.environment(
-            OPENAI_BASE_URL=f"http://127.0.0.1:{MODEL_PORT}/v1", OPENAI_API_KEY="test"
-        ),
+        [*argv, "--on-fleet"] if on_fleet else argv,
+        env=env,
     )
     return Batch(started, output)
 
@@ -289,6 +320,33 @@ def test_a_batch_spreads_over_both_tools_hosts(cluster: Cluster) -> None:
         cluster.tools_a.hostname,
         cluster.tools_b.hostname,
     }
+    assert requests == 3 * CONVERSATIONS
+
+
+def host_of_record(record: dict[str, Any]) -> str:
+    """The host that ran a conversation, from its ``orchestrator`` field (``hostname:pid``)."""
+    return str(record["orchestrator"]).rsplit(":", 1)[0]
+
+
+def test_a_batch_on_the_fleet_spreads_over_both_agents_hosts(cluster: Cluster) -> None:
+    with scripted_model(cluster, TWO_CALLS) as model:
+        batch = start_batch(cluster, "agents", conversations(seconds=0.05), on_fleet=True)
+        code = batch.wait()
+        requests = model.requests()
+    records = batch.records()
+    assert code == 0, f"{batch.started.log_tail()}\n{cluster.logs()}"
+    assert sorted(r["id"] for r in records) == [f"c{n:03}" for n in range(CONVERSATIONS)]
+    assert {r["status"] for r in records} == {"ok"}
+    assert {r["attempts"] for r in records} == {1}
+    assert Counter(host_of_record(r) for r in records).keys() == {
+        cluster.agents_a.hostname,
+        cluster.agents_b.hostname,
+    }
+    calls = [call for r in records for call in r["tool_calls"]]
+    assert len(calls) == 2 * CONVERSATIONS
+    assert not [c for c in calls if c["is_error"]]
+    assert {host_of(c) for c in calls} <= {cluster.tools_a.hostname, cluster.tools_b.hostname}
+    assert {runs_of(cluster, r, m) for r in records for m in MARKERS} == {1}
     assert requests == 3 * CONVERSATIONS
 
 
@@ -339,26 +397,84 @@ def test_the_sandbox_host_reaches_the_broker_and_nothing_else(cluster: Cluster) 
         assert "network-namespace" not in answers[name]["isolation"]
 
 
-def test_a_tools_host_cut_off_mid_batch_loses_and_repeats_nothing(cluster: Cluster) -> None:
-    """Runs last: it cuts tools host A off and only plugs it back in at the end."""
-    tools_a, tools_b = cluster.tools_a, cluster.tools_b
+@dataclass
+class CutBatch:
+    """A batch during which a host's cable was pulled, as it ended."""
+
+    batch: Batch
+    code: int
+    cut_at: int
+    requests: int
+    lines: list[str]
+    records: list[dict[str, Any]]
+    #: Starts of each conversation's slow_write calls, by (id, marker).
+    runs: dict[tuple[str, str], int]
+
+
+def cut_mid_batch(cluster: Cluster, host: Host, name: str, *, on_fleet: bool = False) -> CutBatch:
+    """Pull ``host``'s cable once a quarter of a batch is done; plug it back in at the end."""
     with scripted_model(cluster, TWO_CALLS) as model:
-        batch = start_batch(cluster, "cut", conversations(seconds=0.3))
+        batch = start_batch(cluster, name, conversations(seconds=0.3), on_fleet=on_fleet)
         try:
             wait_for(
                 lambda: len(batch.records()) >= CONVERSATIONS // 4,
                 BATCH_BOUND_S,
                 "a quarter of the batch to finish",
             )
-            tools_a.cut()
+            host.cut()
             cut_at = len(batch.records())
             code = batch.wait()
             requests = model.requests()
             records = batch.records()
-            # Counted before the cable goes back in, while host A can still do nothing.
+            # Counted before the cable goes back in, while the host can still do nothing.
             runs = {(r["id"], m): runs_of(cluster, r, m) for r in records for m in MARKERS}
         finally:
-            tools_a.reconnect()
+            host.reconnect()
+    lines = batch.output.read_text().splitlines()
+    return CutBatch(batch, code, cut_at, requests, lines, records, runs)
+
+
+def test_an_agents_host_cut_off_mid_batch_loses_and_writes_nothing_twice(cluster: Cluster) -> None:
+    """Cuts agents host A off, and plugs it back in at the end: the batches after it run in
+    this process, so whether its worker recovers does not matter to them."""
+    agents_a, agents_b = cluster.agents_a, cluster.agents_b
+    cut = cut_mid_batch(cluster, agents_a, "cut-agents", on_fleet=True)
+    batch, records, runs = cut.batch, cut.records, cut.runs
+    assert cut.code == 0, f"{batch.started.log_tail()}\n{cluster.logs()}"
+    # Every conversation exactly once, each line whole, none lost with the cut host.
+    assert len(cut.lines) == CONVERSATIONS
+    assert sorted(r["id"] for r in records) == [f"c{n:03}" for n in range(CONVERSATIONS)]
+    assert {r["status"] for r in records} == {"ok"}
+    rerun = [r for r in records if r["attempts"] > 1]
+    assert rerun, "the cut hit no conversation in flight"
+    # What host A held ran again from the start on host B, in the same workspace.
+    assert {host_of_record(r) for r in rerun} == {agents_b.hostname}
+    assert {r["attempts"] for r in rerun} == {2}
+    assert {host_of_record(r) for r in records} == {agents_a.hostname, agents_b.hostname}
+    for record in records:
+        for marker in MARKERS:
+            started = runs[record["id"], marker]
+            # A call with effects ran once per run of its conversation, at most.
+            assert 1 <= started <= record["attempts"], (record["id"], marker, started)
+    print(
+        f"\ncut agents host A after {cut.cut_at} of {CONVERSATIONS} conversations; run again on "
+        f"host B: {len(rerun)} ({', '.join(r['id'] for r in rerun)}); the batch said:\n"
+        + "\n".join(line for line in batch.started.log_tail(200).splitlines() if "again" in line)
+    )
+
+
+def test_a_tools_host_cut_off_mid_batch_loses_and_repeats_nothing(cluster: Cluster) -> None:
+    """Runs last: it cuts tools host A off and only plugs it back in at the end."""
+    tools_a, tools_b = cluster.tools_a, cluster.tools_b
+    cut = cut_mid_batch(cluster, tools_a, "cut")
+    code, cut_at, requests, records, runs = (
+        cut.code,
+        cut.cut_at,
+        cut.requests,
+        cut.records,
+        cut.runs,
+    )
+    batch = cut.batch
     assert code == 0, f"{batch.started.log_tail()}\n{cluster.logs()}"
     # Every conversation exactly once, and each asked the model its three questions once.
     assert sorted(r["id"] for r in records) == [f"c{n:03}" for n in range(CONVERSATIONS)]

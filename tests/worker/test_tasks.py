@@ -18,6 +18,7 @@ from celery.exceptions import InvalidTaskError, TimeLimitExceeded
 from tests.worker.conftest import replies, request
 from worker import tasks
 from worker.app import app
+from worker.celery_guard import ValidatedRequest
 from worker.executor import Executor
 from worker.protocol import TASK_NAME, ToolCallResult
 from worker.results import ResultStore
@@ -59,14 +60,14 @@ def test_a_body_that_is_not_args_kwargs_embed_is_refused(body: Any) -> None:
     message = SimpleNamespace(payload=body)
 
     with pytest.raises(InvalidTaskError, match=r"message body is not \[args, kwargs, embed\]"):
-        tasks.ValidatedRequest(message, app=app, task=app.tasks[TASK_NAME])
+        ValidatedRequest(message, app=app, task=app.tasks[TASK_NAME])
 
 
 def test_a_celery_message_is_taken_with_its_request() -> None:
     body = request("read_file", {"path": "a.txt"})
     message = TaskMessage(TASK_NAME, args=[body])
 
-    taken = tasks.ValidatedRequest(message, app=app, task=app.tasks[TASK_NAME])
+    taken = ValidatedRequest(message, app=app, task=app.tasks[TASK_NAME])
 
     assert taken.task_name == TASK_NAME
     assert taken.args == [body]

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -58,6 +60,8 @@ RECORD_KEYS = {
     "run_id",
     "model",
     "duration_s",
+    "attempts",
+    "orchestrator",
     "usage",
     "score",
     "setup",
@@ -144,7 +148,7 @@ def tool_then_answer(messages: list[dict[str, Any]]) -> ModelTurn:
 
 
 async def run(
-    item: BatchItem, model: ChatModel, default_model: str | None = None
+    item: BatchItem, model: ChatModel, default_model: str | None = None, **options: Any
 ) -> dict[str, Any]:
     return await run_item(
         item,
@@ -154,6 +158,7 @@ async def run(
         settings=SETTINGS,
         run_id="b-12345678-x-abcdef",
         default_model=default_model,
+        **options,
     )
 
 
@@ -168,6 +173,8 @@ async def test_a_finished_conversation_is_one_complete_record() -> None:
     assert result["run_id"] == "b-12345678-x-abcdef"
     assert result["usage"] == {"prompt_tokens": 30, "completion_tokens": 5, "total_tokens": 35}
     assert result["duration_s"] >= 0
+    assert result["attempts"] == 1
+    assert result["orchestrator"] == f"{socket.gethostname()}:{os.getpid()}"
     echo, unknown = result["tool_calls"]
     assert (echo["name"], echo["worker"], echo["is_error"], echo["error_kind"]) == (
         "echo",
@@ -231,6 +238,45 @@ async def test_a_model_error_is_an_error_record_with_the_conversation_so_far() -
     assert result["error"] == "model request failed after 5 attempts: HTTP 503"
     assert len(result["tool_calls"]) == 2
     json.dumps(result)
+
+
+class SlowModel(FakeModel):
+    """Takes ``seconds`` over each turn after the first."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(tool_then_answer)
+        self.seconds = seconds
+
+    async def complete(self, **request: Any) -> ModelTurn:
+        if any(m["role"] == "assistant" for m in request["messages"]):
+            await asyncio.sleep(self.seconds)
+        return await super().complete(**request)
+
+
+async def test_a_conversation_past_its_time_limit_is_an_error_record_with_what_it_did() -> None:
+    result = await run(BatchItem(id="x", prompt="p"), SlowModel(30), timeout_s=0.2, attempt=2)
+    assert set(result) == RECORD_KEYS
+    assert result["status"] == "error"
+    assert result["error"] == (
+        "the conversation did not finish within 0.2 s (TOOLQ_CONVERSATION_TIMEOUT_S)"
+    )
+    assert len(result["tool_calls"]) == 2  # the first turn's calls, made before the limit
+    assert result["attempts"] == 2
+    assert result["duration_s"] < 5
+
+
+async def test_a_timeout_inside_the_conversation_is_not_taken_for_its_time_limit() -> None:
+    def times_out(messages: list[dict[str, Any]]) -> ModelTurn:
+        raise TimeoutError("a socket timed out")
+
+    result = await run(BatchItem(id="x", prompt="p"), FakeModel(times_out), timeout_s=30)
+    assert result["error"] == "unexpected TimeoutError: a socket timed out"
+
+
+async def test_a_time_limit_that_is_not_reached_changes_nothing() -> None:
+    result = await run(BatchItem(id="x", prompt="p"), SlowModel(0.01), timeout_s=30)
+    assert result["status"] == "ok"
+    assert result["answer"] == "answer to p"
 
 
 async def test_an_unexpected_exception_is_an_error_record_too() -> None:

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from api.fleet import FLEET_TTL_S
 from api.http.runner import SHUTDOWN_ERROR
 from api.scripted.server import ScriptedServer
 from tests.api.http.conftest import scripted_model
 from tests.api.http.serving import Replica, serve_environment
-from tests.conftest import WorkerFleet, wait_for
+from tests.conftest import AgentsWorker, WorkerFleet, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -146,6 +148,36 @@ def test_a_batch_reports_progress_and_every_result(replicas: tuple[Replica, Repl
     assert len(page["results"]) == 1
 
 
+def test_a_batch_goes_to_the_agents_pool_while_an_agents_worker_is_live(
+    replicas: tuple[Replica, Replica],
+    fleet: WorkerFleet,
+    model: ScriptedServer,
+    agents_workers: Callable[..., AgentsWorker],
+) -> None:
+    a, _ = replicas
+    agents = agents_workers(fleet.settings, model.base_url)
+    # A replica reuses its view of the fleet this long: past it, the next item sees the worker.
+    time.sleep(FLEET_TTL_S + 0.2)
+    items = [{"id": f"n{n}", "prompt": f"note {uuid.uuid4().hex}"} for n in range(4)]
+    response = a.client.post(
+        "/v1/batches", json={"items": items, "concurrency": 4, "model": "scripted:notes"}
+    )
+    assert response.status_code == 202, response.text
+    batch_id = response.json()["id"]
+    wait_for(
+        lambda: a.client.get(f"/v1/batches/{batch_id}").json()["status"] == "succeeded",
+        60,
+        f"the batch to finish:\n{agents.log_tail()}",
+    )
+    results = a.client.get(f"/v1/batches/{batch_id}").json()["results"]
+    assert {r["orchestrator"] for r in results} == {agents.process_name}
+    prompts = {item["id"]: item["prompt"] for item in items}
+    assert {r["id"]: r["answer"] for r in results} == {
+        item_id: f"The note says: {prompt}" for item_id, prompt in prompts.items()
+    }
+    assert {r["attempts"] for r in results} == {1}
+
+
 def test_tools_lists_the_fleet_with_its_live_workers(replicas: tuple[Replica, Replica]) -> None:
     tools = {t["name"]: t for t in replicas[0].client.get("/v1/tools").json()}
     assert {"read_file", "write_file", "run_bash", "noop", "get_current_weather"} <= set(tools)
@@ -170,6 +202,7 @@ def test_metrics_count_the_calls_and_runs_of_the_replica(
     assert sample(text, "toolq_tool_call_seconds_bucket", tool="write_file", le="+Inf") >= 1
     assert sample(text, "toolq_runs_total", status="succeeded") >= 1
     assert sample(text, "toolq_queue_depth", pool="tools") >= 0
+    assert sample(text, "toolq_queue_depth", pool="agents") >= 0
     assert sample(text, "toolq_tool_calls_in_flight") == 0
     assert a.client.get("/metrics", headers={"Authorization": ""}).status_code == 401
 

@@ -1,0 +1,88 @@
+"""What crosses the agents queue, defined once for callers and agents workers alike: a
+conversation sent to run, its answer, and the Redis keys both sides keep about it.
+
+No key or secret travels here: an agents worker reads ``OPENAI_*`` from its own environment.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from worker.protocol import RUN_ID_PATTERN
+from worker.protocol import keys as fleet_keys
+
+#: The one Celery task a conversation is.
+CONVERSATION_TASK = "toolq.run_conversation"
+
+#: Runs of one conversation at most: a conversation whose agents worker died this many times
+#: (one that brings its worker down, say) is answered with an error rather than run again.
+MAX_ATTEMPTS = 3
+
+#: A conversation's lease on its agents worker: renewed every ``LEASE_RENEW_S`` while it runs,
+#: gone ``LEASE_TTL_S`` after its worker died or lost the network. Callers run it again then.
+LEASE_TTL_S = 15
+LEASE_RENEW_S = 5.0
+
+
+class ConversationRequest(BaseModel):
+    """One conversation, as a caller sends it to the agents queue."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task_id: str = Field(
+        min_length=1,
+        max_length=256,
+        description="The message's id on the wire, also its Celery task id: new for every send.",
+    )
+    conversation_id: str = Field(
+        pattern=RUN_ID_PATTERN,
+        description="The conversation's run_id: names its workspace, its lease, its answer.",
+    )
+    item: dict[str, Any] = Field(description="The batch item, as JSON (api/batch/items.py).")
+    default_model: str | None = Field(None, description="For an item that names no model.")
+    timeout_s: float = Field(gt=0, description="How long the conversation may run.")
+    reply_to: str | None = Field(None, description="Redis list that receives the answer.")
+
+
+class ConversationResult(BaseModel):
+    """The answer to one conversation: its output line, and which run of it made the line."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    conversation_id: str
+    task_id: str
+    attempt: int = Field(ge=1)
+    worker: str = Field(description="hostname:pid of the agents worker that ran it.")
+    record: dict[str, Any] = Field(description="The output line (api/batch/runner.py).")
+
+
+class ConversationKeys:
+    """The Redis keys of one conversation on the agents queue."""
+
+    PREFIX = f"{fleet_keys.PREFIX}:conversation"
+
+    @staticmethod
+    def result(conversation_id: str) -> str:
+        """The answer, stored once, until the caller has taken it."""
+        return f"{ConversationKeys.PREFIX}:{conversation_id}:result"
+
+    @staticmethod
+    def lease(conversation_id: str) -> str:
+        """``<attempt> <worker>`` while an agents worker runs the conversation."""
+        return f"{ConversationKeys.PREFIX}:{conversation_id}:lease"
+
+    @staticmethod
+    def attempts(conversation_id: str) -> str:
+        """How many runs of the conversation have started since it was sent."""
+        return f"{ConversationKeys.PREFIX}:{conversation_id}:attempts"
+
+    @staticmethod
+    def current(conversation_id: str) -> str:
+        """The task id of the send that may run, or ``written`` once the caller has the answer:
+        a message of any other send is dropped."""
+        return f"{ConversationKeys.PREFIX}:{conversation_id}:current"
+
+
+conversation_keys = ConversationKeys()
