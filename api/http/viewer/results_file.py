@@ -34,6 +34,9 @@ class ResultsFile:
         self._offsets = array("q")
         self._line_numbers = array("q")
         self._summaries: list[ItemSummary] = []
+        #: Where each id's line is in the index: a later line of the same id (an item run again,
+        #: ``toolq batch --retry-errors``) takes its place, as for every reader of the file.
+        self._position: dict[str, int] = {}
         self.ok = 0
         self.errors = 0
         self.scored = 0
@@ -127,14 +130,25 @@ class ResultsFile:
 
     def _add(self, offset: int, line: bytes) -> None:
         summary = _summary(line, self._lines)
-        self.ok += summary.status == "ok"
-        self.errors += summary.status != "ok"
-        if summary.passed is not None:
-            self.scored += 1
-            self.passed += summary.passed
+        self._count(summary, 1)
+        earlier = self._position.get(summary.id)
+        if earlier is not None:
+            self._count(self._summaries[earlier], -1)
+            self._offsets[earlier] = offset
+            self._line_numbers[earlier] = self._lines
+            self._summaries[earlier] = summary
+            return
+        self._position[summary.id] = len(self._summaries)
         self._offsets.append(offset)
         self._line_numbers.append(self._lines)
         self._summaries.append(summary)
+
+    def _count(self, summary: ItemSummary, sign: int) -> None:
+        self.ok += sign * (summary.status == "ok")
+        self.errors += sign * (summary.status != "ok")
+        if summary.passed is not None:
+            self.scored += sign
+            self.passed += sign * summary.passed
 
 
 def _summary(line: bytes, number: int) -> ItemSummary:

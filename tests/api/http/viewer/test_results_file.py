@@ -78,3 +78,20 @@ def test_closing_stops_indexing_at_the_next_chunk(tmp_path: Path) -> None:
     file.close()
     file.index()
     assert file.count == 0 and not file.reading
+
+
+async def test_an_item_run_again_shows_its_last_line_in_the_place_of_its_first(
+    tmp_path: Path,
+) -> None:
+    # toolq batch --retry-errors appends the new line; readers take each id's last one.
+    lines = [record("a", "error"), record("b"), record("c", "error"), record("a")]
+    path = write_lines(tmp_path / "out.jsonl", lines)
+    source = ResultsFileSource(path)
+    source.start()
+    every = await source.all_summaries(source.batch_id)
+    assert [(s.id, s.status) for s in every] == [("a", "ok"), ("b", "ok"), ("c", "error")]
+    assert await source.record(source.batch_id, 0) == record("a")
+    batch = await source.batch(source.batch_id)
+    assert batch is not None
+    assert (batch.done, batch.ok, batch.error) == (3, 2, 1)
+    await source.close()
