@@ -1,4 +1,7 @@
-"""The Agent: a conversation on an OpenAI-compatible model whose tool calls run on the workers."""
+"""The Agent: a conversation on an OpenAI-compatible model whose tool calls run on the workers.
+
+``AgentOptions`` and ``ToolCallRecord`` (api/agent_options.py) are importable from here too.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +11,18 @@ import time
 import uuid
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any, cast
 
 from openai import AsyncOpenAI
-from pydantic import BaseModel, ConfigDict, Field
 
+from api.agent_options import (
+    DEFAULT_SYSTEM_PROMPT,
+    ORCHESTRATOR,
+    AgentOptions,
+    ToolCallRecord,
+    stopped_call,
+)
 from api.dispatch import Dispatcher
 from api.events import (
     AgentEvent,
@@ -40,62 +49,13 @@ from api.logs import log_context
 from api.run_tools import RunTools, enable_tool
 from api.settings import OrchestratorSettings, get_settings
 from worker.deadlines import argument_limit_ms, call_limit_ms
-from worker.protocol import RUN_ID_PATTERN
 from worker.settings import WorkerSettings, get_worker_settings
 from worker.tools.context import Message, ToolContext, ToolContextSnapshot
 from worker.tools.functions import as_tool
 from worker.tools.interface import ExecutableTool, ProxyTool
 from worker.tools.registry import ToolRegistry
 
-DEFAULT_SYSTEM_PROMPT = (
-    "You are a helpful assistant. You can use tools that work on files in your workspace; "
-    "call them when they help, several at once when they are independent."
-)
-ORCHESTRATOR = "orchestrator"
-
-
-class AgentOptions(BaseModel):
-    """How a conversation runs. Unknown options are an error, not silently ignored."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    system_prompt: str = DEFAULT_SYSTEM_PROMPT
-    model: str | None = Field(None, description="Model name; TOOLQ_MODEL when unset.")
-    session_context_file_path: str = "session_context.json"
-    max_turns: int | None = Field(None, gt=0, le=1000, description="TOOLQ_MAX_TURNS when unset.")
-    run_id: str | None = Field(None, pattern=RUN_ID_PATTERN, description="Names the workspace.")
-    enable: list[str] = Field(default_factory=list, description="Tools to switch on.")
-    disable: list[str] = Field(default_factory=list, description="Tools to switch off.")
-    tool_timeout_ms: int | None = Field(None, gt=0, description="Per-call deadline override.")
-    time_limit_s: float | None = Field(
-        None, gt=0, description="Wall time the conversation may take; then it stops (time_limit)."
-    )
-    token_limit: int | None = Field(
-        None, gt=0, description="Tokens it may use; no model request is sent past them."
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCallRecord:
-    """One tool call of the conversation, with where and how long it ran."""
-
-    id: str
-    name: str
-    arguments: str
-    output: str
-    is_error: bool
-    error_kind: str | None
-    duration_ms: float
-    wall_ms: float
-    worker: str | None
-    turn: int
-    #: The pool that ran the call; None when the orchestrator ran it (a local tool).
-    pool: str | None = None
-    #: What the call's command used (run_bash), as its worker measured it: the fields of
-    #: ``worker.protocol.ResourceUsage``. The tool's JSON answer in ``output`` has it too.
-    usage: dict[str, Any] | None = None
-    #: The output was cut to the output cap (a notice at its end says how much was left out).
-    truncated: bool = False
+__all__ = ["DEFAULT_SYSTEM_PROMPT", "Agent", "AgentOptions", "ToolCallRecord"]
 
 
 class Agent:
@@ -351,7 +311,7 @@ class Agent:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         for call, task in zip(calls, tasks, strict=True):
-            record = task.result() if not task.cancelled() else _stopped_call(call, turn)
+            record = task.result() if not task.cancelled() else stopped_call(call, turn)
             self.tool_calls.append(record)
             self.messages.append(
                 {"role": "tool", "tool_call_id": call.id, "content": record.output}
@@ -437,19 +397,3 @@ class Agent:
         for observer in self.observers:
             observer(event)
         return event
-
-
-def _stopped_call(call: ModelToolCall, turn: int) -> ToolCallRecord:
-    """A call the time limit cut short: its answer says so (the worker may still finish it)."""
-    return ToolCallRecord(
-        id=call.id,
-        name=call.name,
-        arguments=call.arguments,
-        output="Error: the conversation's time limit was reached before this call finished.",
-        is_error=True,
-        error_kind="time_limit",
-        duration_ms=0.0,
-        wall_ms=0.0,
-        worker=None,
-        turn=turn,
-    )

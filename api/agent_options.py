@@ -1,0 +1,77 @@
+"""How a conversation runs (``AgentOptions``) and what it records of each tool call."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.llm import ModelToolCall
+from worker.protocol import RUN_ID_PATTERN
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a helpful assistant. You can use tools that work on files in your workspace; "
+    "call them when they help, several at once when they are independent."
+)
+ORCHESTRATOR = "orchestrator"
+
+
+class AgentOptions(BaseModel):
+    """How a conversation runs. Unknown options are an error, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    model: str | None = Field(None, description="Model name; TOOLQ_MODEL when unset.")
+    session_context_file_path: str = "session_context.json"
+    max_turns: int | None = Field(None, gt=0, le=1000, description="TOOLQ_MAX_TURNS when unset.")
+    run_id: str | None = Field(None, pattern=RUN_ID_PATTERN, description="Names the workspace.")
+    enable: list[str] = Field(default_factory=list, description="Tools to switch on.")
+    disable: list[str] = Field(default_factory=list, description="Tools to switch off.")
+    tool_timeout_ms: int | None = Field(None, gt=0, description="Per-call deadline override.")
+    time_limit_s: float | None = Field(
+        None, gt=0, description="Wall time the conversation may take; then it stops (time_limit)."
+    )
+    token_limit: int | None = Field(
+        None, gt=0, description="Tokens it may use; no model request is sent past them."
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallRecord:
+    """One tool call of the conversation, with where and how long it ran."""
+
+    id: str
+    name: str
+    arguments: str
+    output: str
+    is_error: bool
+    error_kind: str | None
+    duration_ms: float
+    wall_ms: float
+    worker: str | None
+    turn: int
+    #: The pool that ran the call; None when the orchestrator ran it (a local tool).
+    pool: str | None = None
+    #: What the call's command used (run_bash), as its worker measured it: the fields of
+    #: ``worker.protocol.ResourceUsage``. The tool's JSON answer in ``output`` has it too.
+    usage: dict[str, Any] | None = None
+    #: The output was cut to the output cap (a notice at its end says how much was left out).
+    truncated: bool = False
+
+
+def stopped_call(call: ModelToolCall, turn: int) -> ToolCallRecord:
+    """A call the time limit cut short: its answer says so (the worker may still finish it)."""
+    return ToolCallRecord(
+        id=call.id,
+        name=call.name,
+        arguments=call.arguments,
+        output="Error: the conversation's time limit was reached before this call finished.",
+        is_error=True,
+        error_kind="time_limit",
+        duration_ms=0.0,
+        wall_ms=0.0,
+        worker=None,
+        turn=turn,
+    )
