@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import os
 import stat
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +28,7 @@ from worker.tools.paths import (
     printable,
     shown,
 )
+from worker.tools.ripgrep import files_holding
 from worker.tools.workspace import Workspace
 
 #: A whole search, however many files, gets this long before it answers with what it has.
@@ -140,7 +143,8 @@ class SearchTextTool(SearchTool):
         targets = list(dict.fromkeys(resolved))
         deadline = time.monotonic() + self.time_budget_s
         found = self._collect()
-        search = _TextSearch(self.workspace, matches, found, deadline)
+        literal = None if args["regex"] else query
+        search = _TextSearch(self.workspace, matches, found, deadline, literal)
         problems: list[str] = []
         timed_out = False
         for target in targets:
@@ -194,6 +198,8 @@ class _TextSearch:
     matches: LineMatcher
     found: _Collected
     deadline: float
+    #: The query when it is plain text: ripgrep then picks the files of a tree worth reading.
+    literal: str | None
     binary_skipped: int = 0
 
     def path(self, target: Path) -> None:
@@ -210,6 +216,14 @@ class _TextSearch:
             raise WorkspaceError(f"{shown(where)} is {file_kind(info.st_mode)}")
 
     def tree(self, top: Path) -> None:
+        if self.literal is not None:
+            try:
+                holding = files_holding(self.literal, top, _remaining(self.deadline))
+            except subprocess.TimeoutExpired:
+                raise SearchTimeUp from None
+            if holding is not None:
+                self.listed(top, holding)
+                return
         for rel, dir_fd, _dirs, files in self.workspace.walk(top):
             _remaining(self.deadline)
             for name in files:
@@ -219,6 +233,22 @@ class _TextSearch:
                     self.file(dir_fd, name, where)
                 except WorkspaceError:
                     continue  # a link, pipe or device in a tree is passed over
+
+    def listed(self, top: Path, relatives: list[str]) -> None:
+        """Reads the files at ``relatives`` below ``top``, one directory opened for each run of
+        files in it, passing over any that is no longer a regular file inside the workspace."""
+        for folder, names in itertools.groupby(relatives, key=os.path.dirname):
+            _remaining(self.deadline)
+            try:
+                with self.workspace.directory(top / folder) as dir_fd:
+                    for relative in names:
+                        path = top / relative
+                        try:
+                            self.file(dir_fd, path.name, self.workspace.relative(path))
+                        except WorkspaceError:
+                            continue
+            except WorkspaceError:
+                continue  # the directory went, or became a link, since ripgrep listed it
 
     def file(self, dir_fd: int, name: str, where: str) -> None:
         fd = self.workspace.open_regular_at(dir_fd, name, where)
