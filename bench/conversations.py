@@ -29,6 +29,8 @@ from worker.settings import WorkerSettings
 TURNS_WITH_TOOLS = 3
 CALLS_PER_TURN = 2
 BUSY_GOAL = 0.9
+#: The orchestrator may spend at most this share of the workers' CPU on the same tool calls.
+ORCHESTRATOR_CPU_GOAL = 0.4
 
 
 def script() -> dict[str, Any]:
@@ -169,6 +171,14 @@ def conversations_case(
             unit="calls/s",
             goal=BUSY_GOAL,
             higher_is_better=True,
+        ),
+        Comparison(
+            metric="orchestrator CPU per tool call vs the workers'",
+            value=round(cpu_s["orchestrator"] * 1000 / large["tool_calls"], 3),
+            baseline=round(cpu_s["workers"] * 1000 / large["tool_calls"], 3),
+            baseline_name="the workers' CPU per tool call, same calls",
+            unit="ms",
+            goal=ORCHESTRATOR_CPU_GOAL,
         ),
         Comparison(
             metric=f"orchestrator threads at {many:,} vs at {few} conversations",

@@ -32,6 +32,8 @@ from worker.settings import WorkerSettings
 from worker.tools.registry import ToolRegistry
 
 RUN_ID = "bench"
+#: toolq's round trip p50 against a bare Celery task's, the worker ready.
+P50_GOAL = 0.9
 TOOLQ = "toolq (Dispatcher)"
 BARE = "bare Celery"
 RAW_REDIS = "raw Redis ping-pong"
@@ -268,7 +270,7 @@ def round_trip_case(
         "consumers_waiting_when_idle": ready.idle,
     }
     result.notes += [parts_note(parts), BACK_TO_BACK_NOTE]
-    for pct, goal in (("p50", 1.0), ("p95", None), ("p99", 1.2)):
+    for pct, goal in (("p50", P50_GOAL), ("p95", None), ("p99", 1.2)):
         result.comparisons.append(
             Comparison(
                 metric=f"round trip {pct}, worker ready",

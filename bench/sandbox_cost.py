@@ -18,6 +18,8 @@ from bench.stats import CaseResult, Comparison, summarize
 from worker.settings import WorkerSettings
 
 OVERHEAD_GOAL_MS = 2.0
+#: run_bash through the pool may cost at most this many bare shells above a no-op round trip.
+POOL_COST_GOAL = 3.0
 POOL = "run_bash 'true' through the sandbox pool"
 
 
@@ -102,6 +104,16 @@ def sandbox_case(
             f"subprocess.run), {stats[sandboxed]['p50_ms'] - stats[same_line]['p50_ms']:.2f} ms "
             "is run_bash's own work (pipes, reading, killing and sweeping leftovers)."
         )
+    result.comparisons.append(
+        Comparison(
+            metric="run_bash through the sandbox pool, above a no-op round trip (p50)",
+            value=round(stats[POOL]["p50_ms"] - noop_p50_ms, 3),
+            baseline=shell_p50,
+            baseline_name=SHELL_ONLY,
+            unit="ms",
+            goal=POOL_COST_GOAL,
+        )
+    )
     result.comparisons.append(
         Comparison(
             metric="run_bash through the sandbox pool (p50)",
