@@ -165,15 +165,27 @@ async def test_a_command_cannot_signal_or_trace_the_worker(bash: Bash, report: R
 
 def _started_by_sandbox(stack: Stack, *, uid: int | None = None) -> int:
     """Processes below the sandbox pool's children (of ``uid`` only, if given): the commands
-    of the calls running now, not the shells waiting in the next calls' control groups."""
+    of the calls running now, not the launches waiting for the next calls (a shell in their
+    control groups, or the namespace and its init with nothing under it yet)."""
     main = stack.fleet.worker_pids("sandbox")[0]
     table = processes()
+    children: dict[int, list[int]] = {}
+    for process in table.values():
+        children.setdefault(process.ppid, []).append(process.pid)
+
+    def is_waiting(pid: int) -> bool:
+        argv, below = table[pid].argv, children.get(pid, [])
+        if "toolq-join" in argv or ("toolq-init" in argv and not below):
+            return True
+        unshare = bool(argv) and argv[0].endswith("unshare")
+        return unshare and bool(below) and all(is_waiting(child) for child in below)
+
     below = 0
     for start in table:
         pid, depth = start, 0
         while pid in table and pid > 1 and pid != main:
             pid, depth = table[pid].ppid, depth + 1
-        waiting = "toolq-join" in table[start].argv
+        waiting = pid == main and is_waiting(start)
         if pid == main and depth > 1 and not waiting and (uid is None or _owner(start) == uid):
             below += 1
     return below

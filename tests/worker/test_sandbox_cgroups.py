@@ -21,6 +21,7 @@ from worker import sandbox
 from worker.sandbox import SandboxConfig, SandboxError, describe_isolation, run_sandboxed
 from worker.sandbox.cgroups import CgroupLayout, detect_layout, owner_tag
 from worker.sandbox.launch import launcher
+from worker.sandbox.plan import plan_for
 from worker.sandbox.result import SandboxResult
 
 ROOT = "/sys/fs/cgroup"
@@ -270,3 +271,34 @@ def test_a_worker_killed_as_it_spawns_leaves_nothing_after_the_sweep(
     assert swept >= 1 or not any(d.exists() for d in orphans)  # or another sweep came first
     wait_for(lambda: not sleeps(tag), 10, "the orphaned command to end")
     assert not [d for d in orphans if d.exists()]
+
+
+def test_a_launch_is_ready_with_its_namespaces_before_the_call_comes(
+    grouped: CgroupLayout, sandbox_dir: Path
+) -> None:
+    config = config_for("namespaces")
+    plan = plan_for(config, os.geteuid())
+    launcher.release()
+    launcher.prepare(plan, config)
+    try:
+        wait_for(lambda: len(launcher.ready(plan, config)) == 2, 10, "two launches made ready")
+        own_namespace = os.readlink("/proc/self/ns/pid")
+        for made in launcher.ready(plan, config):
+            # The process started becomes unshare; its one child is the namespace's init,
+            # waiting in a PID namespace of its own for the call's command line.
+            started = made.proc.pid
+            wait_for(lambda: bool(_children(started)), 10, "the init started")  # noqa: B023
+            (init,) = _children(started)
+            assert os.readlink(f"/proc/{init}/ns/pid") != own_namespace
+            assert "toolq-init" in (Path(f"/proc/{init}") / "cmdline").read_bytes().decode()
+            assert made.proc.poll() is None, "a ready launch died with the thread that made it"
+        result = run("echo $$", sandbox_dir, config)
+        assert result.stdout == "2\n"  # the init is 1: the command is its first child
+    finally:
+        launcher.release()
+    assert not _own_groups(grouped)
+
+
+def _children(pid: int) -> list[int]:
+    listing = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    return [int(child) for child in listing.split()]

@@ -1,15 +1,17 @@
 """Starting a command inside its control groups, made ready before the call comes.
 
-The first program of a call is a shell that writes itself into the call's groups and then waits
-for its command line, which it becomes: the wrappers, the namespaces and every process the
-command starts are in the groups from their first instruction, with nothing to move later. A
-worker killed at any moment leaves a group to sweep, never a command outside one.
+The first program of a call is a shell that writes itself into the call's groups. With a PID
+namespace it then becomes the guard and ``unshare``, whose init waits for the call's command line
+(``Plan.ready_argv``); without one, it waits for the command line itself and becomes it. Either
+way the wrappers, the namespaces and every process the command starts are in the groups from
+their first instruction, with nothing to move later. A worker killed at any moment leaves a
+group to sweep, never a command outside one.
 
 Joining a group takes the kernel's lock on every process's group membership, and the first to
-take it after a pause waits for an RCU grace period (milliseconds on a busy machine). So each
-worker process makes the next call's group, and starts the shell that joins it, once a call is
-over: the wait falls between calls, not in them. The shell holds nothing else: it exits at once
-should its worker process die before using it.
+take it after a pause waits for an RCU grace period (milliseconds on a busy machine); making the
+namespaces takes milliseconds too. So each worker process makes the next call's launch once a
+call is over: the waits fall between calls, not in them. A launch holds nothing of a call's: it
+exits at once should its worker process die before using it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import queue
 import shlex
 import socket
 import subprocess
@@ -27,17 +30,16 @@ from pathlib import Path
 
 from worker.sandbox.callgroup import CallGroup
 from worker.sandbox.config import SAFE_PATH, SHELL, SandboxConfig, SandboxError
-from worker.sandbox.plan import Plan
+from worker.sandbox.plan import READ_AND_RUN, Plan
 
 _MB = 1024 * 1024
 #: Joins each group named before ``--`` (exiting with 125, saying which, if one cannot be
-#: joined), then reads its command line from its standard input, a socket to the worker: the
-#: number of lines, then the lines (``read`` takes a byte at a time, so what follows stays for
-#: the namespace's init). Nothing to read (the worker died) ends it.
+#: joined), then runs what follows ``--`` (an init made ready with its namespaces) or, with
+#: nothing after it, reads its command line from its standard input, a socket to the worker, and
+#: becomes it.
 WAITING_SCRIPT = (
-    'while [ "$1" != -- ]; do echo 0 >"$1" || exit 125; shift; done; '
-    'read -r n || exit 0; c=; while [ "$n" -gt 0 ]; do IFS= read -r l; c="$c$l\n"; '
-    'n=$((n-1)); done; eval "$c"'
+    'while [ "$1" != -- ]; do echo 0 >"$1" || exit 125; shift; done; shift; '
+    f'if [ "$#" -gt 0 ]; then exec "$@"; fi; {READ_AND_RUN}'
 )
 
 
@@ -55,10 +57,12 @@ class Launch:
     def start(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str]) -> None:
         """Run ``argv`` in ``cwd`` with ``env``: the waiting shell becomes it."""
         exports = " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
-        # Without an init the command reads nothing; with one, its init gives it /dev/null.
-        stdin = "" if self.namespaced else " </dev/null"
-        line = f"cd -- {shlex.quote(str(cwd))} && export {exports} && exec {shlex.join(argv)}"
-        text = f"{line}{stdin}\n"
+        if self.namespaced:
+            line = Plan.init_line(argv, str(cwd), exports)
+        else:
+            where = shlex.quote(str(cwd))
+            line = f"cd -- {where} && export {exports} && exec {shlex.join(argv)} </dev/null"
+        text = f"{line}\n"
         self.channel.sendall(f"{text.count(chr(10))}\n{text}".encode())
         if not self.namespaced:
             self.channel.close()
@@ -82,10 +86,11 @@ def launch(plan: Plan, config: SandboxConfig) -> Launch:
         max_processes=config.max_processes + plan.machinery,
         memory_bytes=config.memory_mb * _MB,
     )
+    ready = plan.ready_argv if plan.has_init else ()
     channel, its_end = socket.socketpair()
     try:
         proc = subprocess.Popen(
-            [SHELL, "-c", WAITING_SCRIPT, "toolq-join", *group.join_files, "--"],
+            [SHELL, "-c", WAITING_SCRIPT, "toolq-join", *group.join_files, "--", *ready],
             stdin=its_end.fileno(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -108,13 +113,20 @@ READY = 2
 
 
 class Launcher:
-    """Keeps launches ready per plan and configuration for this process's next calls."""
+    """Keeps launches ready per plan and configuration for this process's next calls.
+
+    One thread of this process makes them all and lives as long as the process: a launch's
+    parent-death signal belongs to the thread that started it, so a thread that ended would
+    take the launches it made with it.
+    """
 
     def __init__(self) -> None:
         self._ready: dict[tuple[Plan, SandboxConfig], list[Launch]] = {}
         self._lock = threading.Lock()
         self._pid = os.getpid()
-        self._making: list[threading.Thread] = []
+        self._wanted: queue.SimpleQueue[tuple[Plan, SandboxConfig] | None] = queue.SimpleQueue()
+        self._pending = 0
+        self._maker: threading.Thread | None = None
 
     def take(self, plan: Plan, config: SandboxConfig) -> Launch:
         """The oldest launch made ready for ``config``, or a new one."""
@@ -128,47 +140,61 @@ class Launcher:
             oldest.abandon()
         return launch(plan, config)
 
+    def ready(self, plan: Plan, config: SandboxConfig) -> list[Launch]:
+        """The launches ready for ``config`` now, oldest first."""
+        with self._lock:
+            return list(self._ready.get((plan, config), []))
+
     def prepare(self, plan: Plan, config: SandboxConfig) -> None:
         """Make launches in the background until ``READY`` are ready for ``config``."""
         with self._lock:
             self._forget_if_forked()
-            self._making = [t for t in self._making if t.is_alive()]
-            wanted = READY - len(self._ready.get((plan, config), [])) - len(self._making)
+            wanted = READY - len(self._ready.get((plan, config), [])) - self._pending
             for _ in range(max(0, wanted)):
-                making = threading.Thread(
-                    target=self._prepare, args=(plan, config), name="toolq-launch", daemon=True
+                self._pending += 1
+                self._wanted.put((plan, config))
+            if self._maker is None:
+                self._maker = threading.Thread(
+                    target=self._make, args=(self._wanted,), name="toolq-launch", daemon=True
                 )
-                self._making.append(making)
-                making.start()
+                self._maker.start()
 
     def release(self) -> None:
         """Let every launch kept ready go (their shells exit, their groups are removed)."""
         with self._lock:
-            making = list(self._making)
-        for thread in making:
-            thread.join()
+            maker, self._maker = self._maker, None
+            wanted, self._wanted = self._wanted, queue.SimpleQueue()
+        if maker is not None:
+            wanted.put(None)
+            maker.join()
         with self._lock:
             ready, self._ready = [one for kept in self._ready.values() for one in kept], {}
+            self._pending = 0
         for unused in ready:
             unused.abandon()
 
-    def _prepare(self, plan: Plan, config: SandboxConfig) -> None:
-        try:
-            made = launch(plan, config)
-        except SandboxError:
-            return  # the next call makes its own, and says what went wrong
-        with self._lock:
-            ready = self._ready.setdefault((plan, config), [])
-            kept = len(ready) < READY and os.getpid() == self._pid
-            if kept:
-                ready.append(made)
-        if not kept:
-            made.abandon()
+    def _make(self, wanted: queue.SimpleQueue[tuple[Plan, SandboxConfig] | None]) -> None:
+        while (asked := wanted.get()) is not None:
+            plan, config = asked
+            try:
+                made: Launch | None = launch(plan, config)
+            except SandboxError:
+                made = None  # the next call makes its own, and says what went wrong
+            with self._lock:
+                self._pending = max(0, self._pending - 1)
+                ready = self._ready.setdefault((plan, config), [])
+                kept = made is not None and len(ready) < READY and os.getpid() == self._pid
+                if kept and made is not None:
+                    ready.append(made)
+            if made is not None and not kept:
+                made.abandon()
 
     def _forget_if_forked(self) -> None:
-        # A forked child inherits the parent's launches, whose shells are not its children.
+        # A forked child inherits the parent's launches, whose shells are not its children,
+        # and not the thread that makes them.
         if os.getpid() != self._pid:
-            self._ready, self._making, self._pid = {}, [], os.getpid()
+            self._ready, self._pid = {}, os.getpid()
+            self._wanted, self._pending, self._maker = queue.SimpleQueue(), 0, None
 
 
 launcher = Launcher()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import os
 import pwd
+import shlex
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -23,13 +24,22 @@ LAYER_PID_NS = "pid-namespace"
 LAYER_NET_NS = "network-namespace"
 LAYER_USER_NS = "user-namespace"
 
-#: The first process of a PID namespace whose command has control groups. A namespace dies with
-#: its first process, so this one starts the command, says so on its standard input (a socket
-#: to the worker) and waits while the worker reads the command's exit status from the zombie (a
-#: signal told apart from a status above 128) and counts what it left running. When the worker
-#: closes the socket it reaps the command and exits with its status, and the namespace ends the
-#: rest. On a timeout the worker kills the whole group instead.
-INIT_SCRIPT = '"$@" & echo >&0; read _; wait $!'
+#: Reads a command line from standard input (the number of lines, then the lines; ``read``
+#: takes a byte at a time, so what follows stays on the input) and runs it. Nothing to read (the
+#: worker died, or let the launch go unused) ends it.
+READ_AND_RUN = (
+    'read -r n || exit 0; c=; while [ "$n" -gt 0 ]; do IFS= read -r l; c="$c$l\n"; '
+    'n=$((n-1)); done; eval "$c"'
+)
+
+#: The first process of a PID namespace whose command has control groups, made ready with its
+#: namespaces before the call comes: it reads the call's line, which starts the command in the
+#: background, says so on its standard input (a socket to the worker) and waits while the worker
+#: reads the command's exit status from the zombie (a signal told apart from a status above 128)
+#: and counts what it left running. When the worker closes the socket it reaps the command and
+#: exits with its status, and the namespace ends the rest. On a timeout the worker kills the
+#: whole group instead. (See ``Plan.init_line``.)
+INIT_SCRIPT = READ_AND_RUN
 
 
 def describe_isolation(config: SandboxConfig) -> list[str]:
@@ -81,6 +91,22 @@ class Plan:
         return 2 if self.has_init else 0
 
     @property
+    def ready_argv(self) -> tuple[str, ...]:
+        """With an init: what a launch starts before its call comes, in the call's groups (the
+        guard, the namespaces, and the init waiting for its line)."""
+        guard = (self.guard, "--pdeathsig", "KILL", "--") if self.guard else ()
+        return (*guard, *self.namespace_argv, SHELL, "-c", INIT_SCRIPT, "toolq-init")
+
+    @staticmethod
+    def init_line(argv: Sequence[str], cwd: str, exports: str) -> str:
+        """The line the waiting init runs for a call: the command in the background (its input
+        /dev/null, as for any background job of a shell), word that it started, then the wait."""
+        return (
+            f"cd -- {shlex.quote(cwd)} || exit 126; export {exports}; "
+            f"{shlex.join(argv)} & echo >&0; read _; wait $!"
+        )
+
+    @property
     def wrapped(self) -> bool:
         return (
             self.drop_to is not None
@@ -107,13 +133,14 @@ class Plan:
         if not self.wrapped:
             return shell, {**base_env, **requested}
         argv: list[str] = []
-        if self.guard:
+        # With an init, the guard and the namespaces were put in place before the call came
+        # (``ready_argv``): the init starts what follows.
+        if self.guard and not self.has_init:
             argv += [self.guard, "--pdeathsig", "KILL", "--"]
         if self.prlimit:
             argv += [self.prlimit, *self._rlimits(timeout_ms, config), "--"]
-        argv += self.namespace_argv
-        if self.has_init:
-            argv += [SHELL, "-c", INIT_SCRIPT, "toolq-init"]
+        if not self.has_init:
+            argv += self.namespace_argv
         if self.drop_to is not None:
             uid, gid = self.drop_to
             argv += [self.setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
