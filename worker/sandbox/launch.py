@@ -54,11 +54,14 @@ class Launch:
     channel: socket.socket
     namespaced: bool
 
-    def start(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str]) -> None:
-        """Run ``argv`` in ``cwd`` with ``env``: the waiting shell becomes it."""
+    def start(
+        self, argv: Sequence[str], cwd: Path, env: Mapping[str, str], ulimits: Sequence[str] = ()
+    ) -> None:
+        """Run ``argv`` in ``cwd`` with ``env``: the waiting shell becomes it, or with a PID
+        namespace its init starts it under ``ulimits`` (``Plan.ulimits``)."""
         exports = " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
         if self.namespaced:
-            line = Plan.init_line(argv, str(cwd), exports)
+            line = Plan.init_line(argv, str(cwd), exports, ulimits)
         else:
             where = shlex.quote(str(cwd))
             line = f"cd -- {where} && export {exports} && exec {shlex.join(argv)} </dev/null"

@@ -92,17 +92,21 @@ class Plan:
 
     @property
     def ready_argv(self) -> tuple[str, ...]:
-        """With an init: what a launch starts before its call comes, in the call's groups (the
-        guard, the namespaces, and the init waiting for its line)."""
+        """With an init: what a launch starts before its call comes, in the call's groups: the
+        guard, the namespaces and the init waiting for its line. (The init stays root: it
+        enters the call's folder, which the sandbox user may not reach by its path.)"""
         guard = (self.guard, "--pdeathsig", "KILL", "--") if self.guard else ()
         return (*guard, *self.namespace_argv, SHELL, "-c", INIT_SCRIPT, "toolq-init")
 
     @staticmethod
-    def init_line(argv: Sequence[str], cwd: str, exports: str) -> str:
-        """The line the waiting init runs for a call: the command in the background (its input
-        /dev/null, as for any background job of a shell), word that it started, then the wait."""
+    def init_line(argv: Sequence[str], cwd: str, exports: str, ulimits: Sequence[str]) -> str:
+        """The line the waiting init runs for a call: the call's limits on itself (lowering
+        them needs no privilege, and it serves this one call), the command in the background
+        (its input /dev/null, as for any background job of a shell), word that it started, and
+        the wait."""
+        limits = "".join(f"ulimit {limit} || exit 126; " for limit in ulimits)
         return (
-            f"cd -- {shlex.quote(cwd)} || exit 126; export {exports}; "
+            f"cd -- {shlex.quote(cwd)} || exit 126; {limits}export {exports}; "
             f"{shlex.join(argv)} & echo >&0; read _; wait $!"
         )
 
@@ -134,19 +138,15 @@ class Plan:
             return shell, {**base_env, **requested}
         argv: list[str] = []
         # With an init, the guard and the namespaces were put in place before the call came
-        # (``ready_argv``): the init starts what follows.
-        if self.guard and not self.has_init:
-            argv += [self.guard, "--pdeathsig", "KILL", "--"]
-        if self.prlimit:
-            argv += [self.prlimit, *self._rlimits(timeout_ms, config), "--"]
+        # (``ready_argv``), and the init sets the limits (``init_line``): it starts what
+        # follows.
         if not self.has_init:
+            if self.guard:
+                argv += [self.guard, "--pdeathsig", "KILL", "--"]
+            if self.prlimit:
+                argv += [self.prlimit, *self._rlimits(timeout_ms, config), "--"]
             argv += self.namespace_argv
-        if self.drop_to is not None:
-            uid, gid = self.drop_to
-            argv += [self.setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
-            # Changing user clears the parent-death signal (unshare's --kill-child, or the
-            # guard's): "keep" sets it again, or a killed worker would orphan the command.
-            argv += ["--no-new-privs", "--pdeathsig", "keep", "--"]
+        argv += self._drop()
         # The wrappers run (some as root) before the limits and namespaces hold: a variable such
         # as LD_PRELOAD must reach only the shell, so ``env`` adds the caller's at the last step.
         restore = ["--default-signal=INT,QUIT"] if self.has_init and self.restores_signals else []
@@ -154,18 +154,49 @@ class Plan:
             argv += [self.env_binary, *restore, "--", *(f"{k}={v}" for k, v in requested.items())]
         return argv + shell, base_env
 
-    def _rlimits(self, timeout_ms: int, config: SandboxConfig) -> list[str]:
+    def _drop(self) -> list[str]:
+        if self.drop_to is None:
+            return []
+        uid, gid = self.drop_to
+        # Changing user clears the parent-death signal (unshare's --kill-child, or the
+        # guard's): "keep" sets it again, or a killed worker would orphan the command.
+        return [
+            self.setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
+            "--no-new-privs", "--pdeathsig", "keep", "--",
+        ]  # fmt: skip
+
+    def _limits(self, timeout_ms: int, config: SandboxConfig) -> dict[str, tuple[int, int]]:
+        """The rlimits of a call, soft and hard: CPU seconds, file bytes, and where no control
+        group does, address space bytes and processes."""
+        if not self.prlimit:
+            return {}
         # SIGXCPU at the soft limit tells what happened; SIGKILL a second later is sure.
         cpu_s = -(-timeout_ms // 1000) + 1
         mb = 1024 * 1024
-        limits = [f"--cpu={cpu_s}:{cpu_s + 1}", f"--fsize={config.file_size_mb * mb}"]
+        limits = {"cpu": (cpu_s, cpu_s + 1), "fsize": (config.file_size_mb * mb,) * 2}
         # A control group limits by what a command holds, not what it reserves, and per call,
         # not per user: the rlimits stand in only where no group does.
         if self.cgroups.doing("memory") is None:
-            limits.append(f"--as={config.memory_mb * mb}")
+            limits["as"] = (config.memory_mb * mb,) * 2
         if self.cgroups.doing("pids") is None:
-            limits.append(f"--nproc={config.max_processes}")
+            limits["nproc"] = (config.max_processes,) * 2
         return limits
+
+    def _rlimits(self, timeout_ms: int, config: SandboxConfig) -> list[str]:
+        return [
+            f"--{name}={soft}:{hard}"
+            for name, (soft, hard) in self._limits(timeout_ms, config).items()
+        ]
+
+    def ulimits(self, timeout_ms: int, config: SandboxConfig) -> list[str]:
+        """The same limits as the shell's ``ulimit`` sets them: the soft one first, so that
+        it is never above the hard one; file sizes in 512-byte blocks, address space in KiB."""
+        units = {"cpu": ("-t", 1), "fsize": ("-f", 512), "as": ("-v", 1024), "nproc": ("-p", 1)}
+        found: list[str] = []
+        for name, (soft, hard) in self._limits(timeout_ms, config).items():
+            flag, unit = units[name]
+            found += [f"-S {flag} {soft // unit}", f"-H {flag} {hard // unit}"]
+        return found
 
 
 @functools.lru_cache(maxsize=8)

@@ -88,7 +88,7 @@ def _run(
     ready = launcher.take(plan, config)
     try:
         started = time.monotonic()
-        ready.start(argv, cwd, process_env)
+        ready.start(argv, cwd, process_env, plan.ulimits(timeout_ms, config))
         channel = ready.channel if plan.has_init else None
         ending = Ending(ready.proc, plan, marker, ready.group, channel)
         return _follow(ready.proc, ending, started, timeout_ms, config)
