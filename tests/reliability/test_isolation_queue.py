@@ -166,7 +166,8 @@ async def test_a_command_cannot_signal_or_trace_the_worker(bash: Bash, report: R
 def _started_by_sandbox(stack: Stack, *, uid: int | None = None) -> int:
     """Processes below the sandbox pool's children (of ``uid`` only, if given): the commands
     of the calls running now, not the launches waiting for the next calls (a shell in their
-    control groups, or the namespace and its init with nothing under it yet)."""
+    control groups, or the namespace and its init with nothing under it yet), nor the init of a
+    running call's namespace."""
     main = stack.fleet.worker_pids("sandbox")[0]
     table = processes()
     children: dict[int, list[int]] = {}
@@ -185,7 +186,7 @@ def _started_by_sandbox(stack: Stack, *, uid: int | None = None) -> int:
         pid, depth = start, 0
         while pid in table and pid > 1 and pid != main:
             pid, depth = table[pid].ppid, depth + 1
-        waiting = pid == main and is_waiting(start)
+        waiting = pid == main and (is_waiting(start) or "toolq-init" in table[start].argv)
         if pid == main and depth > 1 and not waiting and (uid is None or _owner(start) == uid):
             below += 1
     return below

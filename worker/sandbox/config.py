@@ -46,6 +46,10 @@ class SandboxConfig:
     output_cap_bytes: int = DEFAULT_OUTPUT_CAP_BYTES
     cgroup: CgroupMode = "auto"
     cgroup_root: str = CGROUP_ROOT
+    #: Where the runs' folders are: a root worker's ready launches wait there, already the
+    #: sandbox user's, and enter a call's folder by its path from there. None: each call drops
+    #: to the sandbox user itself.
+    workspace_root: str | None = None
 
     def __post_init__(self) -> None:
         if self.isolation not in get_args(Isolation):
@@ -84,4 +88,5 @@ class SandboxConfig:
             output_cap_bytes=settings.output_cap_bytes,
             cgroup=settings.sandbox_cgroup,
             cgroup_root=str(settings.sandbox_cgroup_root),
+            workspace_root=str(settings.workspace_root),
         )

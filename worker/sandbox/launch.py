@@ -47,12 +47,15 @@ WAITING_SCRIPT = (
 class Launch:
     """A shell in a call's groups, waiting for the call's command line."""
 
+    plan: Plan
     group: CallGroup
     proc: subprocess.Popen[bytes]
     #: The worker's end of the shell's standard input: the command line goes in, and with a
     #: PID namespace the init's word that the command started comes out (see ``plan``).
     channel: socket.socket
     namespaced: bool
+    #: The folder its first process started in.
+    started_in: str
 
     def start(
         self, argv: Sequence[str], cwd: Path, env: Mapping[str, str], ulimits: Sequence[str] = ()
@@ -61,7 +64,7 @@ class Launch:
         namespace its init starts it under ``ulimits`` (``Plan.ulimits``)."""
         exports = " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
         if self.namespaced:
-            line = Plan.init_line(argv, str(cwd), exports, ulimits)
+            line = self.plan.init_line(argv, str(cwd), exports, ulimits, self.started_in)
         else:
             where = shlex.quote(str(cwd))
             line = f"cd -- {where} && export {exports} && exec {shlex.join(argv)} </dev/null"
@@ -90,6 +93,7 @@ def launch(plan: Plan, config: SandboxConfig) -> Launch:
         memory_bytes=config.memory_mb * _MB,
     )
     ready = plan.ready_argv if plan.has_init else ()
+    started_in = plan.ready_in if plan.ready_in and os.path.isdir(plan.ready_in) else "/"
     channel, its_end = socket.socketpair()
     try:
         proc = subprocess.Popen(
@@ -97,7 +101,7 @@ def launch(plan: Plan, config: SandboxConfig) -> Launch:
             stdin=its_end.fileno(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            cwd="/",
+            cwd=started_in,
             env={"PATH": SAFE_PATH},
             start_new_session=True,  # also detaches from any terminal, so no TIOCSTI tricks
         )
@@ -107,7 +111,7 @@ def launch(plan: Plan, config: SandboxConfig) -> Launch:
         raise SandboxError(f"the command could not be started: {exc.strerror or exc}") from exc
     finally:
         its_end.close()
-    return Launch(group, proc, channel, plan.namespaced)
+    return Launch(plan, group, proc, channel, plan.namespaced, started_in)
 
 
 #: Launches kept ready per plan and configuration. Two: calls that come back to back take the

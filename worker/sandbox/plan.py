@@ -3,11 +3,13 @@ puts them in place (the limits, the namespaces, the user to drop to, the environ
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import pwd
 import shlex
 import shutil
+import stat
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -71,6 +73,9 @@ class Plan:
     #: ``env --default-signal`` works: a command started in the background of the namespace's
     #: first process gets SIGINT and SIGQUIT back, which a shell ignores for background jobs.
     restores_signals: bool = False
+    #: Where a ready init waits, already the sandbox user's (see ``SandboxConfig``); None: the
+    #: init stays root and each call drops to the sandbox user.
+    ready_in: str | None = None
 
     @property
     def namespaced(self) -> bool:
@@ -93,21 +98,36 @@ class Plan:
     @property
     def ready_argv(self) -> tuple[str, ...]:
         """With an init: what a launch starts before its call comes, in the call's groups: the
-        guard, the namespaces and the init waiting for its line. (The init stays root: it
-        enters the call's folder, which the sandbox user may not reach by its path.)"""
+        guard, the namespaces, with ``ready_in`` the drop to the sandbox user, and the init
+        waiting for its line."""
         guard = (self.guard, "--pdeathsig", "KILL", "--") if self.guard else ()
-        return (*guard, *self.namespace_argv, SHELL, "-c", INIT_SCRIPT, "toolq-init")
+        drop = self._drop() if self.ready_in is not None else []
+        init = (SHELL, "-c", INIT_SCRIPT, "toolq-init")
+        return (*guard, *self.namespace_argv, *drop, *init)
 
-    @staticmethod
-    def init_line(argv: Sequence[str], cwd: str, exports: str, ulimits: Sequence[str]) -> str:
-        """The line the waiting init runs for a call: the call's limits on itself (lowering
-        them needs no privilege, and it serves this one call), the command in the background
-        (its input /dev/null, as for any background job of a shell), word that it started, and
-        the wait."""
+    def for_folder(self, cwd: str) -> Plan:
+        """This plan for a call in ``cwd``: one whose init stays root when ``cwd`` is not below
+        ``ready_in`` (the sandbox user may not reach it by its path)."""
+        if self.ready_in is None or _is_within(cwd, self.ready_in):
+            return self
+        return dataclasses.replace(self, ready_in=None)
+
+    def init_line(
+        self, argv: Sequence[str], cwd: str, exports: str, ulimits: Sequence[str], started_in: str
+    ) -> str:
+        """The line a ready init (started in ``started_in``) runs for a call: the command in
+        the background under the call's limits (its input /dev/null, as for any background job
+        of a shell), word that it started, and the wait. An init that is already the sandbox
+        user enters the call's folder by its path from where it waits: the folders above may
+        be closed to that user."""
+        where = cwd
+        if self.ready_in is not None and _is_within(cwd, started_in):
+            where = os.path.join(".", os.path.relpath(cwd, started_in))
         limits = "".join(f"ulimit {limit} || exit 126; " for limit in ulimits)
         return (
-            f"cd -- {shlex.quote(cwd)} || exit 126; {limits}export {exports}; "
-            f"{shlex.join(argv)} & echo >&0; read _; wait $!"
+            f"cd -P -- {shlex.quote(where)} || exit 126; "
+            f"{{ {limits}export {exports}; exec {shlex.join(argv)}; }} & "
+            "echo >&0; read _; wait $!"
         )
 
     @property
@@ -137,9 +157,15 @@ class Plan:
         if not self.wrapped:
             return shell, {**base_env, **requested}
         argv: list[str] = []
+        # The shell ignores SIGINT and SIGQUIT in the background jobs of a namespace's init
+        # and cannot give them back: ``env`` does, at the last step.
+        restore = ["--default-signal=INT,QUIT"] if self.has_init and self.restores_signals else []
         # With an init, the guard and the namespaces were put in place before the call came
         # (``ready_argv``), and the init sets the limits (``init_line``): it starts what
-        # follows.
+        # follows. An init that is already the sandbox user exports the caller's variables too.
+        if self.has_init and self.ready_in is not None:
+            restored = [self.env_binary, *restore, "--", *shell] if restore else shell
+            return restored, {**base_env, **requested}
         if not self.has_init:
             if self.guard:
                 argv += [self.guard, "--pdeathsig", "KILL", "--"]
@@ -149,7 +175,6 @@ class Plan:
         argv += self._drop()
         # The wrappers run (some as root) before the limits and namespaces hold: a variable such
         # as LD_PRELOAD must reach only the shell, so ``env`` adds the caller's at the last step.
-        restore = ["--default-signal=INT,QUIT"] if self.has_init and self.restores_signals else []
         if requested or restore:
             argv += [self.env_binary, *restore, "--", *(f"{k}={v}" for k, v in requested.items())]
         return argv + shell, base_env
@@ -189,8 +214,9 @@ class Plan:
         ]
 
     def ulimits(self, timeout_ms: int, config: SandboxConfig) -> list[str]:
-        """The same limits as the shell's ``ulimit`` sets them: the soft one first, so that
-        it is never above the hard one; file sizes in 512-byte blocks, address space in KiB."""
+        """The same limits as the init's ``ulimit`` sets them (dash's): the soft one first, so
+        that it is never above the hard one; file sizes in 512-byte blocks, address space in
+        KiB."""
         units = {"cpu": ("-t", 1), "fsize": ("-f", 512), "as": ("-v", 1024), "nproc": ("-p", 1)}
         found: list[str] = []
         for name, (soft, hard) in self._limits(timeout_ms, config).items():
@@ -250,6 +276,7 @@ def plan_for(config: SandboxConfig, euid: int) -> Plan:
         sweep_uid=None if collected else (drop_to[0] if drop_to else os.getuid()),
         cgroups=cgroups,
         restores_signals=bool(namespace_argv) and _env_restores_signals(env_binary),
+        ready_in=_ready_in(config.workspace_root, drop_to) if namespace_argv else None,
     )
 
 
@@ -313,3 +340,22 @@ def namespace_failure(argv: tuple[str, ...]) -> str | None:
         reason = probe.stderr.decode("utf-8", "replace").strip()
         return reason or f"unshare exited with code {probe.returncode}"
     return None
+
+
+def _ready_in(workspace_root: str | None, drop_to: tuple[int, int] | None) -> str | None:
+    """``workspace_root`` when the sandbox user may pass through it to a run's folder."""
+    if workspace_root is None or drop_to is None:
+        return None
+    try:
+        info = os.stat(workspace_root)
+    except OSError:
+        return None
+    uid, gid = drop_to
+    search = (
+        stat.S_IXUSR if info.st_uid == uid else stat.S_IXGRP if info.st_gid == gid else stat.S_IXOTH
+    )
+    return workspace_root if info.st_mode & search else None
+
+
+def _is_within(path: str, folder: str) -> bool:
+    return os.path.commonpath([path, folder]) == folder

@@ -38,7 +38,7 @@ def run_sandboxed(
     """Run ``command`` in ``cwd`` (a string through ``/bin/sh -c``, a sequence as the argv),
     with ``stdin`` as its input (none by default), kill everything it started, report the
     outcome."""
-    plan = plan_for(config, os.geteuid())
+    plan = plan_for(config, os.geteuid()).for_folder(str(cwd))
     with _input_file(stdin, plan.drop_to) as input_path:
         if input_path is not None:
             # The command's own shell opens its input, as the user it runs as, whatever the
