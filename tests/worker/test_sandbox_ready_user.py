@@ -123,3 +123,29 @@ def test_runs_the_sandbox_user_cannot_pass_through_keep_a_root_init(tmp_path: Pa
 def _children(pid: int) -> list[int]:
     listing = Path(f"/proc/{pid}/task/{pid}/children").read_text()
     return [int(child) for child in listing.split()]
+
+
+def test_the_callers_variables_reach_the_command_as_from_a_root_init(
+    workspace_root: Path,
+) -> None:
+    run = _run_folder(workspace_root, "run-3")
+    variables = {"A-B": "not a shell name", "ANSWER": 'it\'s "quoted"\nand two lines'}
+    command = "env | grep -A1 -E '^(A-B|ANSWER)=' | sort"
+    fast, dropping = (
+        run_sandboxed(command, cwd=run, home=run, env=variables, timeout_ms=5_000, config=config)
+        for config in (SandboxConfig(workspace_root=str(workspace_root)), SandboxConfig())
+    )
+    assert (fast.stdout, fast.stderr, fast.exit_code) == (dropping.stdout, "", 0)
+    assert 'ANSWER=it\'s "quoted"' in fast.stdout
+
+
+@pytest.mark.parametrize("isolation", ["namespaces", "process"])
+def test_every_plan_drops_to_the_sandbox_user(workspace_root: Path, isolation: str) -> None:
+    run = _run_folder(workspace_root, f"run-{isolation}")
+    for cgroup in ("auto", "off"):
+        config = SandboxConfig(
+            workspace_root=str(workspace_root),
+            cgroup=cgroup,
+            isolation=isolation,  # type: ignore[arg-type]
+        )
+        assert _run("id -u", run, config).stdout == f"{NOBODY.pw_uid}\n", config

@@ -96,12 +96,17 @@ class Plan:
         return 2 if self.has_init else 0
 
     @property
+    def init_drops(self) -> bool:
+        """The ready init has already dropped to the sandbox user: the call does not."""
+        return self.has_init and self.ready_in is not None
+
+    @property
     def ready_argv(self) -> tuple[str, ...]:
         """With an init: what a launch starts before its call comes, in the call's groups: the
         guard, the namespaces, with ``ready_in`` the drop to the sandbox user, and the init
         waiting for its line."""
         guard = (self.guard, "--pdeathsig", "KILL", "--") if self.guard else ()
-        drop = self._drop() if self.ready_in is not None else []
+        drop = self._drop() if self.init_drops else []
         init = (SHELL, "-c", INIT_SCRIPT, "toolq-init")
         return (*guard, *self.namespace_argv, *drop, *init)
 
@@ -121,7 +126,7 @@ class Plan:
         user enters the call's folder by its path from where it waits: the folders above may
         be closed to that user."""
         where = cwd
-        if self.ready_in is not None and _is_within(cwd, started_in):
+        if self.init_drops and _is_within(cwd, started_in):
             where = os.path.join(".", os.path.relpath(cwd, started_in))
         limits = "".join(f"ulimit {limit} || exit 126; " for limit in ulimits)
         return (
@@ -162,17 +167,15 @@ class Plan:
         restore = ["--default-signal=INT,QUIT"] if self.has_init and self.restores_signals else []
         # With an init, the guard and the namespaces were put in place before the call came
         # (``ready_argv``), and the init sets the limits (``init_line``): it starts what
-        # follows. An init that is already the sandbox user exports the caller's variables too.
-        if self.has_init and self.ready_in is not None:
-            restored = [self.env_binary, *restore, "--", *shell] if restore else shell
-            return restored, {**base_env, **requested}
+        # follows, from an init that is already the sandbox user the shell alone.
         if not self.has_init:
             if self.guard:
                 argv += [self.guard, "--pdeathsig", "KILL", "--"]
             if self.prlimit:
                 argv += [self.prlimit, *self._rlimits(timeout_ms, config), "--"]
             argv += self.namespace_argv
-        argv += self._drop()
+        if not self.init_drops:
+            argv += self._drop()
         # The wrappers run (some as root) before the limits and namespaces hold: a variable such
         # as LD_PRELOAD must reach only the shell, so ``env`` adds the caller's at the last step.
         if requested or restore:
@@ -265,6 +268,7 @@ def plan_for(config: SandboxConfig, euid: int) -> Plan:
         )
     layers += cgroups.layers
     collected = bool(namespace_argv) or cgroups.doing("kill") is not None
+    collected_by_init = bool(namespace_argv) and bool(cgroups.hierarchies)
     return Plan(
         layers=tuple(layers),
         namespace_argv=namespace_argv,
@@ -276,7 +280,7 @@ def plan_for(config: SandboxConfig, euid: int) -> Plan:
         sweep_uid=None if collected else (drop_to[0] if drop_to else os.getuid()),
         cgroups=cgroups,
         restores_signals=bool(namespace_argv) and _env_restores_signals(env_binary),
-        ready_in=_ready_in(config.workspace_root, drop_to) if namespace_argv else None,
+        ready_in=_ready_in(config.workspace_root, drop_to) if collected_by_init else None,
     )
 
 
