@@ -45,7 +45,8 @@ WAITING_SCRIPT = (
 
 @dataclass
 class Launch:
-    """A shell in a call's groups, waiting for the call's command line."""
+    """A call's groups with a process in them waiting for the call's command line: a shell,
+    or with a PID namespace the namespace's init (``Plan.ready_argv``)."""
 
     plan: Plan
     group: CallGroup
@@ -85,7 +86,8 @@ class Launch:
 
 
 def launch(plan: Plan, config: SandboxConfig) -> Launch:
-    """A new group for one call of ``config``, and a shell in it waiting for the command."""
+    """A new group for one call of ``config``, and in it a shell, or a namespace's init,
+    waiting for the command."""
     group = CallGroup.create(
         plan.cgroups,
         # The plan's own processes in the group do not count against the command.
