@@ -321,16 +321,16 @@ class Agent:
 
     async def _run_one(self, call: ModelToolCall, turn: int) -> ToolCallRecord:
         # Fleet tools, local tools, unknown and disabled ones: the registry answers for all.
+        tool = self.registry.get(call.name)
         started = time.perf_counter()
         with log_context(run_id=self.run_id, tool_call_id=call.id):
             outcome = await self.registry.run(
                 call.name,
                 call.arguments,
                 tool_call_id=call.id,
-                timeout_ms=self._local_limit_ms(call.name, call.arguments),
+                timeout_ms=self._local_limit_ms(tool, call.arguments),
             )
         wall_ms = round((time.perf_counter() - started) * 1000, 3)
-        tool = self.registry.get(call.name)
         return ToolCallRecord(
             id=call.id,
             name=call.name,
@@ -381,9 +381,8 @@ class Agent:
             session_context_file_path=self.options.session_context_file_path,
         )
 
-    def _local_limit_ms(self, name: str, arguments: str) -> int | None:
+    def _local_limit_ms(self, tool: ExecutableTool | None, arguments: str) -> int | None:
         """The deadline of a tool that runs here; a worker's tools carry theirs to the worker."""
-        tool = self.registry.get(name)
         if tool is None or isinstance(tool, ProxyTool):
             return None
         return call_limit_ms(

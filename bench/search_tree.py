@@ -7,6 +7,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench.stats import CaseResult, Comparison
@@ -40,8 +41,7 @@ def make_tree(root: Path, files: int) -> int:
     return matches
 
 
-def _median_seconds(action: object, runs: int) -> float:
-    assert callable(action)
+def _median_seconds(action: Callable[[], None], runs: int) -> float:
     action()  # warm-up: the page cache, imports
     times = []
     for _ in range(runs):

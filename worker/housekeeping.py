@@ -94,8 +94,6 @@ class Housekeeping:
             log.info("removed %d workspace(s) no call touched for %d s", len(removed), ttl)
 
     def sweep_now(self) -> None:
-        if not self._sandbox:
-            return
         found = sweep_orphans(SandboxConfig.from_settings(self._settings))
         if found:
             log.warning("ended %d command(s) of worker processes that died", found)

@@ -28,6 +28,7 @@ from pydantic import (
 )
 
 from api.settings import OrchestratorSettings
+from worker.deadlines import REPORT_MARGIN_MS
 from worker.protocol import glob_segments
 
 log = logging.getLogger(__name__)
@@ -35,8 +36,8 @@ log = logging.getLogger(__name__)
 #: A set-up or check command's time limit when the item gives none (seconds).
 DEFAULT_COMMAND_TIMEOUT_S = 300.0
 #: What a command's call needs beyond the command's own limit to report how it ended: the
-#: dispatcher adds this much to a call's deadline (api.dispatch).
-REPORT_MARGIN_S = 1.0
+#: call's limit is the command's plus this (worker.deadlines).
+REPORT_MARGIN_S = REPORT_MARGIN_MS / 1000
 
 
 #: One name of a workspace path as the schema documents it: not empty, not "." or "..", no "/" or
@@ -63,6 +64,11 @@ class FileBytes(BaseModel):
     @property
     def data(self) -> bytes:
         return base64.b64decode(self.base64, validate=True)
+
+    @property
+    def size(self) -> int:
+        """How many bytes ``data`` holds, without decoding them (the text is valid base64)."""
+        return len(self.base64) // 4 * 3 - self.base64[-2:].count("=")
 
 
 def _check_files(value: object) -> object:
@@ -190,9 +196,9 @@ class BatchItem(BaseModel):
 class ItemLimits:
     """What a line may ask for on this orchestrator and fleet."""
 
-    files_max_bytes: int = 10 * 1024 * 1024
+    files_max_bytes: int = OrchestratorSettings.model_fields["task_files_max_bytes"].default
     #: The longest call the fleet allows (TOOLQ_MAX_TIMEOUT_MS), in seconds.
-    max_call_s: float = 600.0
+    max_call_s: float = OrchestratorSettings.model_fields["max_timeout_ms"].default / 1000
 
     @classmethod
     def from_settings(cls, settings: OrchestratorSettings) -> ItemLimits:
@@ -210,7 +216,7 @@ class ItemLimits:
     def problems(self, item: BatchItem) -> list[tuple[str, str]]:
         """(field, what is wrong) for what ``item`` asks beyond these limits."""
         found = []
-        size = sum(len(c) for c in item.file_contents().values())
+        size = sum(len(c) if isinstance(c, str) else c.size for c in (item.files or {}).values())
         if size > self.files_max_bytes:
             found.append(
                 (

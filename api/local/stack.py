@@ -266,7 +266,7 @@ def _pings(client: redis.Redis) -> bool:
 
 @contextlib.contextmanager
 def fleet_for(
-    settings: OrchestratorSettings, *, plugins: list[str] | None = None, agents: bool = False
+    settings: OrchestratorSettings, *, agents: bool = False
 ) -> Iterator[OrchestratorSettings]:
     """The configured fleet, or a local stack when no broker is configured (with an agents
     worker when ``agents``).
@@ -278,5 +278,5 @@ def fleet_for(
         yield settings
         return
     pools = (*POOLS, AGENTS_QUEUE) if agents else POOLS
-    with LocalStack(get_worker_settings(), plugins=plugins, pools=pools) as stack:
+    with LocalStack(get_worker_settings(), pools=pools) as stack:
         yield settings.with_fleet(stack.settings)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker.sandbox.cgroups import CgroupLayout, Hierarchy, owner_tag
+from worker.sandbox.cgroups import CgroupLayout, Hierarchy, owner_tag, read_or_empty
 from worker.sandbox.config import REAP_BOUND_S, SandboxError
 
 _FIRST_PAUSE_S = 0.0002
@@ -74,7 +74,7 @@ class CallGroup:
         return [str(directory / "cgroup.procs") for directory in self.dirs.values()]
 
     def members(self) -> list[int]:
-        return [int(pid) for pid in _read(self._kill_dir / "cgroup.procs").split()]
+        return [int(pid) for pid in read_or_empty(self._kill_dir / "cgroup.procs").split()]
 
     def kill(self, deadline: float) -> list[int]:
         """Kill every process in the group at once; returns the pids that were in it."""
@@ -159,7 +159,7 @@ class CallGroup:
             _write(control, value)
         except OSError:
             return False
-        return poll_until(lambda: frozen in _read(state).split("\n"), deadline)
+        return poll_until(lambda: frozen in read_or_empty(state).split("\n"), deadline)
 
     def _thaw(self) -> None:
         directory = self._kill_dir
@@ -214,7 +214,7 @@ def _set_limits(hierarchy: Hierarchy, directory: Path, processes: int, memory: i
 
 def _cpu_ms(hierarchy: Hierarchy, directory: Path) -> int | None:
     if hierarchy.version == 2:
-        for line in _read(directory / "cpu.stat").splitlines():
+        for line in read_or_empty(directory / "cpu.stat").splitlines():
             name, _, value = line.partition(" ")
             if name == "usage_usec" and value.strip().isdigit():
                 return round(int(value) / 1000)
@@ -231,7 +231,7 @@ def _peak_kb(hierarchy: Hierarchy, directory: Path) -> int | None:
 
 def _oom_kills(hierarchy: Hierarchy, directory: Path) -> int:
     name = "memory.events" if hierarchy.version == 2 else "memory.oom_control"
-    for line in _read(directory / name).splitlines():
+    for line in read_or_empty(directory / name).splitlines():
         key, _, value = line.partition(" ")
         if key == "oom_kill" and value.strip().isdigit():
             return int(value)
@@ -247,16 +247,8 @@ def _owner_alive(name: str) -> bool:
 
 
 def _number(path: Path) -> int | None:
-    text = _read(path).strip()
+    text = read_or_empty(path).strip()
     return int(text) if text.isdigit() else None
-
-
-def _read(path: Path) -> str:
-    try:
-        with open(path) as file:
-            return file.read()
-    except OSError:
-        return ""
 
 
 def _write(path: Path, value: str) -> None:

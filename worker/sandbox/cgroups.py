@@ -96,8 +96,8 @@ def detect_layout(
     if mode == "off":
         off = "cgroups are switched off (TOOLQ_SANDBOX_CGROUP=off)"
         return CgroupLayout(missing=tuple((job, off) for job in JOBS))
-    mountinfo = _read("/proc/self/mountinfo") if mountinfo is None else mountinfo
-    proc_cgroup = _read("/proc/self/cgroup") if proc_cgroup is None else proc_cgroup
+    mountinfo = read_or_empty("/proc/self/mountinfo") if mountinfo is None else mountinfo
+    proc_cgroup = read_or_empty("/proc/self/cgroup") if proc_cgroup is None else proc_cgroup
     found = _mounts(mountinfo, Path(root))
     v2_path, v1_paths = _own_groups(proc_cgroup)
     hierarchies: list[Hierarchy] = []
@@ -146,7 +146,7 @@ def _prepare_v2(
         jobs.append("cpu")
     else:
         why["cpu"] = "this kernel's v2 groups have no cpu.stat"
-    offered = set(_read(own / "cgroup.controllers").split())
+    offered = set(read_or_empty(own / "cgroup.controllers").split())
     for controller in V2_CONTROLLERS:
         if controller not in offered:
             why[controller] = f"the v2 hierarchy offers no {controller} controller here" + (
@@ -163,7 +163,7 @@ def _prepare_v2(
 
 def _enable_below(own: Path, controller: str, own_path: str) -> str | None:
     """Enable ``controller`` for the children of the worker's own v2 group."""
-    if controller in _read(own / "cgroup.subtree_control").split():
+    if controller in read_or_empty(own / "cgroup.subtree_control").split():
         return None
     failure = _enable(own, controller)
     if failure is None or "busy" not in failure:
@@ -179,7 +179,7 @@ def _enable_below(own: Path, controller: str, own_path: str) -> str | None:
     leaf = own / WORKER_LEAF
     try:
         leaf.mkdir(exist_ok=True)
-        for pid in _read(own / "cgroup.procs").split():
+        for pid in read_or_empty(own / "cgroup.procs").split():
             with contextlib.suppress(OSError):  # gone meanwhile, or a kernel thread
                 (leaf / "cgroup.procs").write_text(pid)
     except OSError as exc:
@@ -247,12 +247,19 @@ def owner_tag(pid: int | None = None) -> str:
     """``pid.start-time`` of a process, unique on this machine even when pids are reused: the
     first part of the name of every group the process makes."""
     pid = os.getpid() if pid is None else pid
+    fields = stat_fields(pid)
+    start = fields[19].decode() if len(fields) > 19 else "gone"
+    return f"{pid}.{start}"
+
+
+def stat_fields(pid: int) -> list[bytes]:
+    """The fields of ``/proc/<pid>/stat`` after the command name, the state first; none when
+    the process is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
-            start = stat.read().rsplit(b")", 1)[1].split()[19].decode()
+            return stat.read().rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
-        start = "gone"
-    return f"{pid}.{start}"
+        return []
 
 
 def _mounts(mountinfo: str, under: Path) -> list[_Mount]:
@@ -296,7 +303,7 @@ def _own_dir(mount: _Mount, path: str) -> Path | None:
     return mount.point / path[len(root) :].lstrip("/")
 
 
-def _read(path: str | Path) -> str:
+def read_or_empty(path: str | Path) -> str:
     try:
         with open(path) as file:
             return file.read()

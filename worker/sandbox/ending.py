@@ -19,6 +19,7 @@ import subprocess
 import time
 
 from worker.sandbox.callgroup import CallGroup, poll_until
+from worker.sandbox.cgroups import stat_fields
 from worker.sandbox.config import REAP_BOUND_S
 from worker.sandbox.output import CappedStream
 from worker.sandbox.plan import Plan
@@ -176,21 +177,14 @@ def _kill_without_group(proc: subprocess.Popen[bytes], plan: Plan, marker: str) 
 
 def _running(pid: int) -> bool:
     """``pid`` has not exited (a zombie, or reaped and gone, has)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except (OSError, IndexError):
-        return False
+    fields = stat_fields(pid)
+    return bool(fields) and fields[0] not in (b"Z", b"X")
 
 
 def _exit_status(pid: int) -> int | None:
     """The exit status of zombie ``pid`` as ``subprocess`` gives it, or None if it still runs."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    if fields[0] != b"Z" or len(fields) < 50:
+    fields = stat_fields(pid)
+    if not fields or fields[0] != b"Z" or len(fields) < 50:
         return None
     return os.waitstatus_to_exitcode(int(fields[49]))
 

@@ -54,7 +54,6 @@ class Launch:
     #: The worker's end of the shell's standard input: the command line goes in, and with a
     #: PID namespace the init's word that the command started comes out (see ``plan``).
     channel: socket.socket
-    namespaced: bool
     #: The folder its first process started in.
     started_in: str
 
@@ -64,14 +63,14 @@ class Launch:
         """Run ``argv`` in ``cwd`` with ``env``: the waiting shell becomes it, or with a PID
         namespace its init starts it under ``ulimits`` (``Plan.ulimits``)."""
         exports = " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
-        if self.namespaced:
+        if self.plan.has_init:
             line = self.plan.init_line(argv, str(cwd), exports, ulimits, self.started_in)
         else:
             where = shlex.quote(str(cwd))
             line = f"cd -- {where} && export {exports} && exec {shlex.join(argv)} </dev/null"
         text = f"{line}\n"
         self.channel.sendall(f"{text.count(chr(10))}\n{text}".encode())
-        if not self.namespaced:
+        if not self.plan.has_init:
             self.channel.close()
 
     def abandon(self) -> None:
@@ -113,7 +112,7 @@ def launch(plan: Plan, config: SandboxConfig) -> Launch:
         raise SandboxError(f"the command could not be started: {exc.strerror or exc}") from exc
     finally:
         its_end.close()
-    return Launch(plan, group, proc, channel, plan.namespaced, started_in)
+    return Launch(plan, group, proc, channel, started_in)
 
 
 #: Launches kept ready per plan and configuration. Two: calls that come back to back take the

@@ -28,20 +28,12 @@ LAYER_USER_NS = "user-namespace"
 
 #: Reads a command line from standard input (the number of lines, then the lines; ``read``
 #: takes a byte at a time, so what follows stays on the input) and runs it. Nothing to read (the
-#: worker died, or let the launch go unused) ends it.
+#: worker died, or let the launch go unused) ends it. The first process of a PID namespace whose
+#: command has control groups is this script, and the line it reads is ``Plan.init_line``.
 READ_AND_RUN = (
     'read -r n || exit 0; c=; while [ "$n" -gt 0 ]; do IFS= read -r l; c="$c$l\n"; '
     'n=$((n-1)); done; eval "$c"'
 )
-
-#: The first process of a PID namespace whose command has control groups, made ready with its
-#: namespaces before the call comes: it reads the call's line, which starts the command in the
-#: background, says so on its standard input (a socket to the worker) and waits while the worker
-#: reads the command's exit status from the zombie (a signal told apart from a status above 128)
-#: and counts what it left running. When the worker closes the socket it reaps the command and
-#: exits with its status, and the namespace ends the rest. On a timeout the worker kills the
-#: whole group instead. (See ``Plan.init_line``.)
-INIT_SCRIPT = READ_AND_RUN
 
 
 def describe_isolation(config: SandboxConfig) -> list[str]:
@@ -87,7 +79,7 @@ class Plan:
 
     @property
     def has_init(self) -> bool:
-        """The namespace's first process is ``INIT_SCRIPT``, not the command."""
+        """The namespace's first process is an init (``READ_AND_RUN``), not the command."""
         return self.grouped and self.namespaced
 
     @property
@@ -107,7 +99,7 @@ class Plan:
         waiting for its line."""
         guard = (self.guard, "--pdeathsig", "KILL", "--") if self.guard else ()
         drop = self._drop() if self.init_drops else []
-        init = (SHELL, "-c", INIT_SCRIPT, "toolq-init")
+        init = (SHELL, "-c", READ_AND_RUN, "toolq-init")
         return (*guard, *self.namespace_argv, *drop, *init)
 
     def for_folder(self, cwd: str) -> Plan:
@@ -122,9 +114,15 @@ class Plan:
     ) -> str:
         """The line a ready init (started in ``started_in``) runs for a call: the command in
         the background under the call's limits (its input /dev/null, as for any background job
-        of a shell), word that it started, and the wait. An init that is already the sandbox
-        user enters the call's folder by its path from where it waits: the folders above may
-        be closed to that user."""
+        of a shell), word that it started on its standard input (a socket to the worker), and
+        the wait. A namespace dies with its first process, so the init waits while the worker
+        reads the command's exit status from the zombie (a signal told apart from a status
+        above 128) and counts what it left running; when the worker closes the socket, the init
+        reaps the command and exits with its status, and the namespace ends the rest. On a
+        timeout the worker kills the whole group instead.
+
+        An init that is already the sandbox user enters the call's folder by its path from
+        where it waits: the folders above may be closed to that user."""
         where = cwd
         if self.init_drops and _is_within(cwd, started_in):
             where = os.path.join(".", os.path.relpath(cwd, started_in))
@@ -279,7 +277,7 @@ def plan_for(config: SandboxConfig, euid: int) -> Plan:
         env_binary=env_binary,
         sweep_uid=None if collected else (drop_to[0] if drop_to else os.getuid()),
         cgroups=cgroups,
-        restores_signals=bool(namespace_argv) and _env_restores_signals(env_binary),
+        restores_signals=collected_by_init and _env_restores_signals(env_binary),
         ready_in=_ready_in(config.workspace_root, drop_to) if collected_by_init else None,
     )
 
