@@ -1,4 +1,4 @@
-"""Case 7: the same batch of conversations run three ways, in the same run: ``toolq batch`` in one
+"""Case 10: the same batch of conversations run three ways, in the same run: ``toolq batch`` in one
 orchestrator process, and ``toolq batch --on-fleet`` on 1 and on 2 agents worker processes.
 
 Each conversation is case 3's: three turns of two parallel no-op calls against the scripted
@@ -147,7 +147,7 @@ def agents_pool_case(
                 runs[label] = measure(settings, items, model_env, tool_workers, llm_pid, agents)
     result = CaseResult(
         key="agents_pool",
-        title=f"7. Scaling conversations: {conversations:,} conversations in {HERE} vs on "
+        title=f"10. Scaling conversations: {conversations:,} conversations in {HERE} vs on "
         f"{' and '.join(map(str, processes))} agents worker processes (toolq batch, same run)",
         figures={"conversations": conversations, "by_arrangement": runs},
     )

@@ -1,4 +1,4 @@
-"""Case 7: run_bash 'true' through the sandbox pool with a control group per call and without,
+"""Case 9: run_bash 'true' through the sandbox pool with a control group per call and without,
 and with the workspace quota's accounting on, in the same run.
 
 Each configuration is a sandbox worker of its own (one process), started in turn; the rounds
@@ -46,7 +46,7 @@ def cgroup_case(settings: WorkerSettings, calls: int, warmup: int, rounds: int) 
     base = stats[WITHOUT]["p50_ms"]
     result = CaseResult(
         key="run_bash_cgroups",
-        title="7. run_bash through the sandbox pool: a control group per call, and the quota",
+        title="9. run_bash through the sandbox pool: a control group per call, and the quota",
         figures={
             "latency": stats,
             "isolation layers": layers,

@@ -1,4 +1,4 @@
-"""Case 7: ``toolq view`` on a large results file, next to ``jq -s length`` reading the same file.
+"""Case 8: ``toolq view`` on a large results file, next to ``jq -s length`` reading the same file.
 
 The viewer must answer its first page without parsing the whole file first: the time from
 starting ``toolq view`` to the first page of results (the browser's first request) is compared
@@ -154,7 +154,7 @@ def viewer_case(lines: int, runs: int) -> CaseResult:
     view_s = statistics.median(view_times)
     result = CaseResult(
         key="viewer",
-        title=f"7. toolq view's first page of a {lines:,}-line results file, next to jq -s length",
+        title=f"8. toolq view's first page of a {lines:,}-line results file, next to jq -s length",
         figures={
             "lines": lines,
             "file_megabytes": round(size / 1e6, 1),

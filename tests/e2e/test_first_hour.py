@@ -22,6 +22,7 @@ from api.scripted.server import ScriptedServer
 from tests.conftest import WorkerFleet
 from tests.e2e.commands import Ran, clean_env, run_command, toolq
 from tests.rabbitmq import require_rabbitmq, with_wrong_password
+from tests.results_file import finished_records
 from worker.protocol import ToolSpec
 
 pytestmark = pytest.mark.e2e
@@ -349,7 +350,7 @@ def test_a_batch_line_enabling_a_tool_no_worker_serves_is_refused_up_front(
         f"{source}:2: skipped: enable: no worker serves a tool named 'run_bahs' (tools: read_file,"
     )
     assert "1 ok, 0 error, 1 bad lines skipped" in ran.stderr
-    assert [line.split('"')[3] for line in output.read_text().splitlines()] == ["fine"]
+    assert [record["id"] for record in finished_records(output)] == ["fine"]
 
 
 # -- conventions ---------------------------------------------------------------------------------

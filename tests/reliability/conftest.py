@@ -58,8 +58,12 @@ HTTP_API_TESTS = {
         "404",
     ),
     "test_an_invalid_batch_is_refused_naming_the_field": (
-        "Invalid batches: no items, duplicate ids, concurrency 0, unknown tools",
+        "Invalid batches: no items, concurrency 0, unknown tools",
         "422 naming the field",
+    ),
+    "test_items_sharing_an_id_are_refused_naming_the_second": (
+        "A batch whose items share an id",
+        "409 naming the second item, nothing run",
     ),
 }
 

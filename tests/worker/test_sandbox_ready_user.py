@@ -19,10 +19,14 @@ from worker.sandbox.launch import launcher
 from worker.sandbox.plan import plan_for
 from worker.sandbox.result import SandboxResult
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or not detect_layout("auto", "/sys/fs/cgroup").hierarchies,
-    reason="ready launches are the sandbox user's where a root worker makes control groups",
-)
+
+@pytest.fixture(autouse=True)
+def _grouped_as_root() -> None:
+    """Ready launches are the sandbox user's where a root worker makes control groups (asked
+    when a test runs, not when tests are collected: finding the layout prepares groups)."""
+    if os.geteuid() != 0 or not detect_layout("auto", "/sys/fs/cgroup").hierarchies:
+        pytest.skip("ready launches are the sandbox user's where a root worker makes groups")
+
 
 PROBE = (
     "pwd; id -u; echo $HOME $FOO; grep SigIgn /proc/self/status; "
