@@ -80,14 +80,17 @@ class RecentCalls:
                 self._calls.popleft()
             return list(self._calls)
 
-    def rates(self, bucket_s: float = 10.0) -> list[RateBucket]:
-        """Calls and errors per ``bucket_s`` over the whole window, oldest bucket first."""
+    def rates(
+        self, bucket_s: float = 10.0, samples: list[CallSample] | None = None
+    ) -> list[RateBucket]:
+        """Calls and errors per ``bucket_s`` over the whole window, oldest bucket first (of
+        ``samples``, when the caller took them already)."""
         now = self._clock()
         count = math.ceil(self.window_s / bucket_s)
         first = now - count * bucket_s
         calls = [0] * count
         errors = [0] * count
-        for sample in self.samples():
+        for sample in self.samples() if samples is None else samples:
             slot = min(int((sample.at - first) // bucket_s), count - 1)
             if slot >= 0:
                 calls[slot] += 1
@@ -96,10 +99,11 @@ class RecentCalls:
             RateBucket(first + n * bucket_s, bucket_s, calls[n], errors[n]) for n in range(count)
         ]
 
-    def latency_by_tool(self) -> list[ToolLatency]:
-        """p50 and p95 of each tool's calls in the window, busiest tool first."""
+    def latency_by_tool(self, samples: list[CallSample] | None = None) -> list[ToolLatency]:
+        """p50 and p95 of each tool's calls in the window, busiest tool first (of ``samples``,
+        when the caller took them already)."""
         by_tool: dict[str, list[CallSample]] = {}
-        for sample in self.samples():
+        for sample in self.samples() if samples is None else samples:
             by_tool.setdefault(sample.tool, []).append(sample)
         rows = []
         for tool, samples in by_tool.items():

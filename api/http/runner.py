@@ -96,6 +96,7 @@ class AgentExecutor:
         self._model = model
         self._replica = replica
         self._dispatcher = dispatcher or Dispatcher(settings)
+        self._known_fleet: Fleet | None = None
         # Started on first use: only once an agents worker is live.
         self._conversations = conversations or ConversationClient(settings)
         self._cancel_poll_s = cancel_poll_s
@@ -133,7 +134,9 @@ class AgentExecutor:
 
     async def fleet(self) -> Fleet:
         fleet = await self._fleet.get()
-        self._metrics.know_tools(fleet.tools)
+        if fleet is not self._known_fleet:  # the cache hands out the same view for a while
+            self._metrics.know_tools(fleet.tools)
+            self._known_fleet = fleet
         return fleet
 
     # -- runs ----------------------------------------------------------------------------------

@@ -36,8 +36,6 @@ class RateChart:
     height: int
     left: int
     right: int
-    top: int
-    bottom: int
     bars: list[Bar]
     #: The error rate as an SVG polyline's points ("x,y x,y ..."), empty with no calls at all.
     error_line: str
@@ -79,8 +77,6 @@ def rate_chart(buckets: Sequence[RateBucket], now: float | None = None) -> RateC
         height=HEIGHT,
         left=LEFT,
         right=RIGHT,
-        top=TOP,
-        bottom=BOTTOM,
         bars=bars,
         error_line=" ".join(points),
         rate_ticks=[Tick(base - plot_h * f, f"{scale * f:g}/s") for f in (0, 0.5, 1)],

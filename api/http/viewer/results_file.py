@@ -74,9 +74,6 @@ class ResultsFile:
     def size(self) -> int:
         return self.path.stat().st_size
 
-    def modified_recently(self) -> bool:
-        return time.time() - self.path.stat().st_mtime < GROWING_S
-
     def index(self) -> None:
         """Index what was added since the last call, up to the last whole line."""
         with self._lock:
@@ -213,10 +210,11 @@ class ResultsFileSource:
         if batch_id != self.batch_id:
             return None
         file = self.file
-        size = file.size()
+        info = file.path.stat()  # one look at the file for its size, its growth and its end
+        size = info.st_size
         if not file.reading and file.indexed_bytes < size:
             self._catch_up()
-        growing = file.modified_recently()
+        growing = time.time() - info.st_mtime < GROWING_S
         if file.reading:
             shown = f"{file.indexed_bytes / size:.0%}" if size else "0%"
             status, note = "reading", f"Reading the file: {file.count:,} results so far ({shown})."
@@ -235,7 +233,7 @@ class ResultsFileSource:
             error=file.errors,
             scored=file.scored,
             passed=file.passed,
-            finished_at=file.path.stat().st_mtime,
+            finished_at=info.st_mtime,
             note=note,
         )
 

@@ -21,6 +21,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from starlette.responses import Response
 
+from api.http.sse import STREAM_HEADERS
 from api.http.state.keys import ACTIVE
 from api.http.viewer import pages
 from api.http.viewer.viewer import STATIC_DIR, Page, Viewer, render, templates
@@ -29,7 +30,6 @@ from api.http.viewer.viewer import STATIC_DIR, Page, Viewer, render, templates
 BATCH_POLL_S = 1.0
 #: A quiet stream sends a comment this often, so proxies keep it open.
 KEEP_ALIVE_S = 15.0
-STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 PageMaker = Callable[[Viewer, Request], Awaitable[Page]]
 

@@ -102,10 +102,11 @@ class StoreSources:
             )
             for pool in POOLS
         ]
+        window = recent.samples()  # one copy of the window for both figures
         return FleetView(
             pools=pools,
-            rates=recent.rates(RATE_BUCKET_S),
-            latency=recent.latency_by_tool(),
+            rates=recent.rates(RATE_BUCKET_S, window),
+            latency=recent.latency_by_tool(window),
             window_s=recent.window_s,
             replica=services.replica,
             problems=problems,
