@@ -30,7 +30,6 @@ from api.events import (
     StopReason,
     TextDelta,
     TextDiscarded,
-    ToolCallFinished,
     ToolCallStarted,
 )
 from api.fleet import Fleet, load_fleet
@@ -291,20 +290,7 @@ class Agent:
         try:
             for finished in asyncio.as_completed(tasks):
                 record = await self.limits.within(finished)
-                yield self._emit(
-                    ToolCallFinished(
-                        record.id,
-                        record.name,
-                        record.output,
-                        record.is_error,
-                        record.error_kind,
-                        record.duration_ms,
-                        record.worker,
-                        record.pool,
-                        record.usage,
-                        record.truncated,
-                    )
-                )
+                yield self._emit(record.finished_event())
         except LimitReached as reached:
             stopped = reached
             for task in tasks:

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from api.events import ToolCallFinished
 from api.llm import ModelToolCall
 from worker.protocol import RUN_ID_PATTERN
 
@@ -59,6 +60,21 @@ class ToolCallRecord:
     usage: dict[str, Any] | None = None
     #: The output was cut to the output cap (a notice at its end says how much was left out).
     truncated: bool = False
+
+    def finished_event(self) -> ToolCallFinished:
+        """The event that tells this call's end to whoever watches the conversation."""
+        return ToolCallFinished(
+            self.id,
+            self.name,
+            self.output,
+            self.is_error,
+            self.error_kind,
+            self.duration_ms,
+            self.worker,
+            self.pool,
+            self.usage,
+            self.truncated,
+        )
 
 
 def stopped_call(call: ModelToolCall, turn: int) -> ToolCallRecord:

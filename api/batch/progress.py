@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from api.batch.figures import nearest_rank, pass_rate_line
+from api.batch.results import outcome_of
 
 #: Seconds between progress lines when stderr is not a terminal.
 PLAIN_INTERVAL_S = 5.0
@@ -42,10 +43,10 @@ class BatchStats:
         self.tool_calls += len(calls)
         self.tool_errors += sum(1 for call in calls if call.get("is_error"))
         self.durations.append(float(record.get("duration_s") or 0.0))
-        score = record.get("score")
-        if isinstance(score, Mapping):
+        _, passed = outcome_of(record)
+        if passed is not None:
             self.scored += 1
-            self.passed += bool(score.get("passed"))
+            self.passed += passed
 
     def begin(self) -> None:
         """The clock starts with the first conversation, not with the fleet's start-up."""

@@ -18,6 +18,7 @@ from rich.console import Console
 
 from api.batch.figures import nearest_rank, pass_rate_line, wilson_interval
 from api.batch.results import read_latest
+from api.batch.summary import as_number
 from api.batch.task import CHECK_NOT_RUN, SETUP_FAILED
 
 #: How many of the slowest items, and of the ids of each kind of failure, are listed.
@@ -65,7 +66,7 @@ class _Item:
 
 
 def _number(value: object) -> float:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+    return as_number(value) or 0.0
 
 
 def _command(value: object) -> tuple[int, bool] | None:
