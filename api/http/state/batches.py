@@ -129,17 +129,14 @@ class BatchStore(RecordStore):
 
     async def scored_batch(self, batch_id: str) -> ScoredBatch | None:
         fields = await self._batch_fields(batch_id)
-        if fields is None:
-            return None
-        return ScoredBatch(
-            _batch_state(fields), int(fields.get("scored", 0)), int(fields.get("passed", 0))
-        )
+        return None if fields is None else _scored(fields)
 
     async def newest_batches(self, limit: int) -> list[ScoredBatch]:
         """The newest batches still kept, newest first."""
         found = [
-            await self.scored_batch(i)
-            for i in await self._newest(BATCHES_INDEX, batch_state_key, limit)
+            # Only a batch still going may need its replica's lease looked at.
+            await self.scored_batch(batch_id) if fields["status"] in ACTIVE else _scored(fields)
+            for batch_id, fields in await self._newest(BATCHES_INDEX, batch_state_key, limit)
         ]
         return [batch for batch in found if batch is not None]
 
@@ -193,4 +190,10 @@ def _batch_state(fields: dict[str, str]) -> BatchState:
             error=int(fields["errors"]),
             running=max(int(fields["running"]), 0),
         ),
+    )
+
+
+def _scored(fields: dict[str, str]) -> ScoredBatch:
+    return ScoredBatch(
+        _batch_state(fields), int(fields.get("scored", 0)), int(fields.get("passed", 0))
     )

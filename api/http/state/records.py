@@ -84,20 +84,27 @@ class RecordStore:
             pipe.zremrangebyrank(index, 0, -INDEX_SIZE - 1)
             await pipe.execute()
 
-    async def _newest(self, index: str, state_key: Callable[[str], str], limit: int) -> list[str]:
-        """The ids of the newest records of ``index`` that still exist; expired ones leave it."""
+    async def _newest(
+        self, index: str, state_key: Callable[[str], str], limit: int
+    ) -> list[tuple[str, dict[str, str]]]:
+        """The newest records of ``index`` that still exist, with their fields, in one round
+        trip; expired ones leave the index."""
         members: list[bytes | str] = await self.redis.zrevrange(index, 0, limit - 1)  # type: ignore[assignment]
         ids = [text(member) for member in members]
         if not ids:
             return []
         async with self.redis.pipeline(transaction=False) as pipe:
             for record_id in ids:
-                pipe.exists(state_key(record_id))
+                pipe.hgetall(state_key(record_id))
             found = await pipe.execute()
-        gone = [record_id for record_id, hit in zip(ids, found, strict=True) if not hit]
+        gone = [record_id for record_id, raw in zip(ids, found, strict=True) if not raw]
         if gone:
             await self.redis.zrem(index, *gone)
-        return [record_id for record_id, hit in zip(ids, found, strict=True) if hit]
+        return [
+            (record_id, {text(name): text(value) for name, value in raw.items()})
+            for record_id, raw in zip(ids, found, strict=True)
+            if raw
+        ]
 
     async def _apply(
         self,

@@ -68,7 +68,9 @@ class RunStore(RecordStore):
     async def newest_runs(self, limit: int) -> list[RunState]:
         """The newest runs still kept, newest first."""
         found = [
-            await self.get_run(i) for i in await self._newest(RUNS_INDEX, run_state_key, limit)
+            # Only a run still going may need its replica's lease looked at.
+            await self.get_run(run_id) if fields["status"] in ACTIVE else _run_state(fields)
+            for run_id, fields in await self._newest(RUNS_INDEX, run_state_key, limit)
         ]
         return [run for run in found if run is not None]
 
