@@ -47,7 +47,7 @@ from api.llm import (
 from api.logs import log_context
 from api.run_tools import RunTools, enable_tool
 from api.settings import OrchestratorSettings, get_settings
-from worker.deadlines import argument_limit_ms, call_limit_ms
+from worker.deadlines import call_limit_ms
 from worker.settings import WorkerSettings, get_worker_settings
 from worker.tools.context import Message, ToolContext, ToolContextSnapshot
 from worker.tools.functions import as_tool
@@ -374,7 +374,8 @@ class Agent:
         return call_limit_ms(
             self._settings,
             override=self.options.tool_timeout_ms,
-            argument_ms=argument_limit_ms(tool.timeout_argument, arguments),
+            timeout_argument=tool.timeout_argument,
+            arguments=arguments,
             tool_default_ms=tool.default_timeout_ms,
         )
 

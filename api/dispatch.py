@@ -24,7 +24,7 @@ from redis.exceptions import RedisError
 
 from api.broker import producer_app
 from api.replies import RECONNECT, read_replies
-from worker.deadlines import argument_limit_ms, call_limit_ms
+from worker.deadlines import call_limit_ms
 from worker.protocol import (
     TASK_NAME,
     ToolCallRequest,
@@ -123,7 +123,8 @@ class Dispatcher:
         limit = call_limit_ms(
             self._settings,
             override=timeout_ms,
-            argument_ms=argument_limit_ms(spec.timeout_argument, arguments),
+            timeout_argument=spec.timeout_argument,
+            arguments=arguments,
             tool_default_ms=spec.default_timeout_ms,
         )
         wait_s = limit / 1000 + self._settings.hard_limit_grace_s + self._settings.reply_margin_s

@@ -34,9 +34,16 @@ def call_limit_ms(
     settings: FleetSettings,
     *,
     override: int | None,
-    argument_ms: int | None,
+    timeout_argument: str | None,
+    arguments: str | dict[str, Any] | None,
     tool_default_ms: int | None,
 ) -> int:
-    """The call's limit in milliseconds, clamped to the fleet's maximum."""
-    limit = override or argument_ms or tool_default_ms or settings.default_timeout_ms
+    """The call's limit in milliseconds, clamped to the fleet's maximum (the arguments are
+    read only when no override decides it)."""
+    limit = (
+        override
+        or argument_limit_ms(timeout_argument, arguments)
+        or tool_default_ms
+        or settings.default_timeout_ms
+    )
     return min(max(limit, 1), settings.max_timeout_ms)
