@@ -23,6 +23,7 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -30,11 +31,14 @@ from typing import Any
 from celery import Celery
 from redis.exceptions import RedisError
 
+from api.agent_options import AgentOptions
+from api.agents.live_run import run_record
 from api.agents.messages import (
     CONVERSATION_TASK,
     MAX_ATTEMPTS,
     ConversationRequest,
     ConversationResult,
+    LiveRun,
 )
 from api.agents.store import ConversationStore, attempt_of, store_client
 from api.batch.items import BatchItem
@@ -57,6 +61,9 @@ LOST_AFTER_S = 2.0 * HEARTBEAT_TTL_S
 #: Publishing a conversation tries again this way (Celery's publish retry) before giving up.
 SEND_RETRY = {"max_retries": 10, "interval_start": 0.1, "interval_step": 0.5, "interval_max": 2.0}
 
+#: The send that may run, once the caller gave up on the pool: no message matches it.
+ABANDONED = "abandoned"
+
 NO_WORKERS = (
     "no agents worker is live on this broker: start one (toolq worker --pool agents), or run "
     "without --on-fleet"
@@ -67,13 +74,19 @@ class NoAgentsError(RuntimeError):
     """No agents worker is live to run conversations."""
 
 
+#: The record of a conversation the pool never answered: (why, runs started, the worker of the
+#: last run, seconds waited).
+FailedRecord = Callable[[str, int, str | None, float], dict[str, Any]]
+
+
 @dataclass(eq=False)
 class _Flight:
     """One conversation in flight, as the client last saw it."""
 
-    item: BatchItem
     run_id: str
-    default_model: str | None
+    #: What the request carries besides its ids: an item and its default model, or a run.
+    body: dict[str, Any]
+    failed: FailedRecord
     answer: asyncio.Future[dict[str, Any]]
     sent_at: float = 0.0
     #: Runs started before the current send: a higher count means one started since.
@@ -161,10 +174,38 @@ class ConversationClient:
         A conversation whose run is still going (its earlier caller stopped) is waited for, not
         sent again; one that finished meanwhile is answered from Redis.
         """
+        model = item.model or default_model or self._settings.model
+
+        def failed(why: str, attempts: int, ran_on: str | None, waited_s: float) -> dict[str, Any]:
+            error = f"no answer from the agents pool: {why}"
+            return failed_record(
+                item, run_id, model, error, attempts=attempts, ran_on=ran_on, waited_s=waited_s
+            )
+
+        body = {
+            "item": item.model_dump(mode="json", exclude_defaults=True),
+            "default_model": default_model,
+        }
+        return await self._converse(run_id, body, failed)
+
+    async def run_live(self, run_id: str, prompt: str, options: AgentOptions) -> dict[str, Any]:
+        """Run the HTTP API's run ``run_id`` on an agents worker, which writes its events and
+        transcript to the run's record; its end (``api/agents/live_run.py``)."""
+
+        def failed(why: str, attempts: int, ran_on: str | None, _: float) -> dict[str, Any]:
+            error = f"no answer from the agents pool: {why}"
+            return run_record("failed", error=error, attempts=attempts, orchestrator=ran_on)
+
+        body = {"run": LiveRun(prompt=prompt, options=options.model_dump(mode="json"))}
+        return await self._converse(run_id, body, failed)
+
+    async def _converse(
+        self, run_id: str, body: dict[str, Any], failed: FailedRecord
+    ) -> dict[str, Any]:
         if run_id in self._flights:
             raise ValueError(f"conversation {run_id!r} is already in flight")
         await self.start()
-        flight = _Flight(item, run_id, default_model, asyncio.get_running_loop().create_future())
+        flight = _Flight(run_id, body, failed, asyncio.get_running_loop().create_future())
         self._flights[run_id] = flight
         try:
             task_id = self._task_id(run_id)
@@ -194,10 +235,9 @@ class ConversationClient:
         request = ConversationRequest(
             task_id=task_id,
             conversation_id=flight.run_id,
-            item=flight.item.model_dump(mode="json", exclude_defaults=True),
-            default_model=flight.default_model,
             timeout_s=self._settings.conversation_timeout_s,
             reply_to=self.reply_key,
+            **flight.body,
         )
         flight.sent_at = time.monotonic()
         flight.holder = None
@@ -301,7 +341,13 @@ class ConversationClient:
             if gone_s >= self._no_workers_grace_s:
                 error = NoAgentsError(f"{NO_WORKERS} (none for {gone_s:.0f} s)")
                 for flight in flights:
-                    if not flight.answer.done():
+                    # Its message stays queued: an agents worker started later must drop it, as
+                    # the caller runs the conversation elsewhere. One that started meanwhile
+                    # goes on, and is waited for.
+                    abandoned = await self._store.supersede(
+                        flight.run_id, ABANDONED, flight.seen_attempts
+                    )
+                    if abandoned and not flight.answer.done():
                         flight.answer.set_exception(error)
             return
         # Sent before a worker died (which may have taken it), or long enough ago.
@@ -322,19 +368,12 @@ class ConversationClient:
                 why = f"no agents worker started it in {waited:.0f} s"
                 await self._send_again(flight, flight.seen_attempts, why)
 
+    @staticmethod
     def _failed(
-        self, flight: _Flight, holder: str | None, attempts: int, why: str, now: float
+        flight: _Flight, holder: str | None, attempts: int, why: str, now: float
     ) -> dict[str, Any]:
-        model = flight.item.model or flight.default_model or self._settings.model
-        return failed_record(
-            flight.item,
-            flight.run_id,
-            model,
-            f"no answer from the agents pool: {why}",
-            attempts=attempts,
-            ran_on=_worker_of(holder) if holder else None,
-            waited_s=now - flight.sent_at,
-        )
+        ran_on = _worker_of(holder) if holder else None
+        return flight.failed(why, attempts, ran_on, now - flight.sent_at)
 
 
 def _resolve(flight: _Flight, record: dict[str, Any]) -> None:

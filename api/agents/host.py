@@ -19,12 +19,15 @@ from typing import Any
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
+from api.agents.live_run import run_live
 from api.agents.messages import LEASE_RENEW_S, LEASE_TTL_S, ConversationRequest, ConversationResult
 from api.agents.store import ConversationStore, store_client
 from api.batch.items import BatchItem
 from api.batch.runner import failed_record, process_name, run_item
 from api.dispatch import Dispatcher
 from api.fleet import CachedFleet
+from api.http.cancels import watch_cancels
+from api.http.state.runs import RunStore
 from api.llm import ChatModel
 from api.logs import log_context
 from api.settings import OrchestratorSettings
@@ -36,6 +39,8 @@ log = logging.getLogger(__name__)
 class _Running:
     holder: str
     task: asyncio.Task[None]
+    #: Set when someone asks to cancel it: only a run of the HTTP API can be.
+    cancel: asyncio.Event | None = None
 
 
 class ConversationHost:
@@ -50,6 +55,9 @@ class ConversationHost:
         self._lost: set[str] = set()
         self._redis = store_client(settings.redis_url)
         self._store = ConversationStore(self._redis, settings.result_ttl_s)
+        #: Where a run of the HTTP API keeps its events and transcript.
+        self._runs = RunStore(self._redis, retention_s=settings.result_ttl_s)
+        self._closing = False
         self._fleet = CachedFleet(settings.redis_url)
         self._dispatcher = Dispatcher(settings)
         self._loop = asyncio.new_event_loop()
@@ -59,7 +67,7 @@ class ConversationHost:
         self._thread.start()
         try:
             # A missing OPENAI_API_KEY stops the worker here, before it takes a conversation.
-            self._model, self._renewer = self._call(self._start()).result()
+            self._model, self._chores = self._call(self._start()).result()
         except BaseException:
             self._loop.call_soon_threadsafe(self._loop.stop)
             raise
@@ -86,18 +94,30 @@ class ConversationHost:
     def _call(self, coroutine: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
 
-    async def _start(self) -> tuple[ChatModel, asyncio.Task[None]]:
+    async def _start(self) -> tuple[ChatModel, list[asyncio.Task[None]]]:
         # In the loop: the model client's connection pool belongs to it.
         model = ChatModel.from_env(self._settings)
         await self._dispatcher.start()
-        return model, asyncio.create_task(self._renew_leases(), name="toolq-leases")
+        cancels = watch_cancels(
+            self._runs,
+            lambda: [cid for cid, running in self._running.items() if running.cancel],
+            self._cancel_run,
+            closing=lambda: self._closing,
+            poll_s=LEASE_RENEW_S,
+        )
+        return model, [
+            asyncio.create_task(self._renew_leases(), name="toolq-leases"),
+            asyncio.create_task(cancels, name="toolq-cancels"),
+        ]
 
     async def _stop(self) -> None:
-        self._renewer.cancel()
+        self._closing = True
+        for chore in self._chores:
+            chore.cancel()
         for running in list(self._running.values()):
             running.task.cancel()
         await asyncio.gather(
-            self._renewer, *(r.task for r in self._running.values()), return_exceptions=True
+            *self._chores, *(r.task for r in self._running.values()), return_exceptions=True
         )
         await self._dispatcher.close()
         await self._model.aclose()
@@ -121,9 +141,10 @@ class ConversationHost:
                 return
             task = asyncio.current_task()
             assert task is not None
-            self._running[cid] = _Running(claim.holder, task)
+            cancel = asyncio.Event() if request.run is not None else None
+            self._running[cid] = _Running(claim.holder, task, cancel)
             try:
-                record = await self._record(request, claim.attempt)
+                record = await self._record(request, claim.attempt, cancel)
             except asyncio.CancelledError:
                 if cid not in self._lost:
                     raise
@@ -141,13 +162,38 @@ class ConversationHost:
             if not await self._store.finish(request, claim.holder, result):
                 log.info("conversation %s was sent again meanwhile: this answer is dropped", cid)
 
-    async def _record(self, request: ConversationRequest, attempt: int) -> dict[str, Any]:
+    def _cancel_run(self, run_id: str) -> None:
+        running = self._running.get(run_id)
+        if running is not None and running.cancel is not None and not running.cancel.is_set():
+            log.info("cancelling run %s on request", run_id)
+            running.cancel.set()
+
+    async def _record(
+        self, request: ConversationRequest, attempt: int, cancel: asyncio.Event | None
+    ) -> dict[str, Any]:
         cid = request.conversation_id
+        timeout_s = min(request.timeout_s, self._settings.conversation_timeout_s)
+        if request.run is not None and cancel is not None:
+            return await run_live(
+                cid,
+                request.run.prompt,
+                request.run.options,
+                store=self._runs,
+                model=self._model,
+                dispatcher=self._dispatcher,
+                fleet=await self._fleet.get(),
+                settings=self._settings,
+                timeout_s=timeout_s,
+                attempt=attempt,
+                orchestrator=self.name,
+                cancelled=cancel,
+            )
+        raw = request.item or {}
         try:
-            item = BatchItem.model_validate(request.item)
+            item = BatchItem.model_validate(raw)
         except ValidationError as exc:
-            model = request.item.get("model") or request.default_model or self._settings.model
-            item = BatchItem.model_construct(id=str(request.item.get("id", cid)), prompt="")
+            model = raw.get("model") or request.default_model or self._settings.model
+            item = BatchItem.model_construct(id=str(raw.get("id", cid)), prompt="")
             error = f"the agents worker cannot read this item: {exc}"
             return failed_record(
                 item, cid, str(model), error, attempts=attempt, ran_on=self.name, waited_s=0.0
@@ -160,7 +206,7 @@ class ConversationHost:
             settings=self._settings,
             run_id=cid,
             default_model=request.default_model,
-            timeout_s=min(request.timeout_s, self._settings.conversation_timeout_s),
+            timeout_s=timeout_s,
             attempt=attempt,
         )
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from worker.protocol import RUN_ID_PATTERN
 from worker.protocol import keys as fleet_keys
@@ -26,8 +26,18 @@ LEASE_TTL_S = 15
 LEASE_RENEW_S = 5.0
 
 
+class LiveRun(BaseModel):
+    """A conversation of the HTTP API's ``/v1/runs``: its events and transcript go to the run's
+    record as it goes (``api/http/state/runs.py``), where its replica's readers follow it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str
+    options: dict[str, Any] = Field(description="``AgentOptions`` as JSON (api/agent_options.py).")
+
+
 class ConversationRequest(BaseModel):
-    """One conversation, as a caller sends it to the agents queue."""
+    """One conversation, as a caller sends it to the agents queue: a batch item, or a run."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -40,10 +50,19 @@ class ConversationRequest(BaseModel):
         pattern=RUN_ID_PATTERN,
         description="The conversation's run_id: names its workspace, its lease, its answer.",
     )
-    item: dict[str, Any] = Field(description="The batch item, as JSON (api/batch/items.py).")
+    item: dict[str, Any] | None = Field(
+        None, description="The batch item, as JSON (api/batch/items.py)."
+    )
+    run: LiveRun | None = Field(None, description="Or a run of the HTTP API.")
     default_model: str | None = Field(None, description="For an item that names no model.")
     timeout_s: float = Field(gt=0, description="How long the conversation may run.")
     reply_to: str | None = Field(None, description="Redis list that receives the answer.")
+
+    @model_validator(mode="after")
+    def _one_conversation(self) -> ConversationRequest:
+        if (self.item is None) == (self.run is None):
+            raise ValueError("a conversation request carries either an item or a run")
+        return self
 
 
 class ConversationResult(BaseModel):
@@ -55,7 +74,9 @@ class ConversationResult(BaseModel):
     task_id: str
     attempt: int = Field(ge=1)
     worker: str = Field(description="hostname:pid of the agents worker that ran it.")
-    record: dict[str, Any] = Field(description="The output line (api/batch/runner.py).")
+    record: dict[str, Any] = Field(
+        description="The output line (api/batch/runner.py), or a run's end (live_run.py)."
+    )
 
 
 class ConversationKeys:

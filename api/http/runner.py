@@ -1,11 +1,13 @@
 """Executes runs and batches and records their progress in Redis.
 
-Every run is an asyncio task driving an ``Agent`` in the API process; all of them share one
-``Dispatcher`` (one reply reader for every call in flight), one ``ChatModel`` and a briefly
-cached view of the fleet. A batch's items go to the agents pool while an agents worker is live
-(``api/agents/``), and run here otherwise.
-Cancellation requests reach the replica that executes a run through a Redis pub/sub channel,
-with a periodic look at the runs' cancel flags for messages missed while disconnected.
+While an agents worker is live, a run's conversation and a batch's items go to the agents pool
+(``api/agents/``): an agents worker writes a run's events and transcript, and this replica
+records its end. Otherwise every run is an asyncio task driving an ``Agent`` in the API process;
+all of them share one ``Dispatcher`` (one reply reader for every call in flight), one
+``ChatModel`` and a briefly cached view of the fleet.
+Cancellation requests reach the replica that executes a run (and the agents worker running it)
+through a Redis pub/sub channel, with a periodic look at the runs' cancel flags for messages
+missed while disconnected (``api/http/cancels.py``).
 
 A task is cancelled again and again until it says it is winding down: on Python 3.11 a
 cancellation that arrives just as an ``asyncio.wait_for`` completes is lost, and redis-py awaits
@@ -18,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, cast
 
 from redis.exceptions import RedisError
@@ -26,14 +28,14 @@ from redis.exceptions import RedisError
 from api.agent import Agent, AgentOptions
 from api.agents.client import ConversationClient, NoAgentsError
 from api.batch.items import BatchItem
-from api.batch.runner import batch_run_id, run_item, run_items
+from api.batch.runner import batch_run_id, process_name, run_item, run_items
 from api.dispatch import Dispatcher
-from api.events import AgentEvent, FinalAnswer, ToolCallFinished, ToolCallStarted, event_to_dict
 from api.fleet import CachedFleet, Fleet, load_fleet
-from api.http.metrics import ApiMetrics, RunObserver
+from api.http.cancels import watch_cancels
+from api.http.metrics import ApiMetrics
+from api.http.run_stream import stream_into_run
 from api.http.state.batches import BatchStatus
-from api.http.state.keys import CANCEL_CHANNEL
-from api.http.state.runs import RunStatus
+from api.http.state.runs import CANCELLED_ERROR, RunStatus
 from api.http.state.store import ApiStore
 from api.llm import ChatModel, ModelError
 from api.logs import log_context
@@ -42,7 +44,6 @@ from api.settings import OrchestratorSettings
 log = logging.getLogger(__name__)
 
 SHUTDOWN_ERROR = "the API server shut down before this ended; start it again"
-CANCELLED_ERROR = "cancelled on request"
 #: How long a shutting-down replica gives its runs to record that they were stopped.
 CLOSE_TIMEOUT_S = 10.0
 #: Attempts to record a run's end when Redis is briefly unreachable.
@@ -149,6 +150,7 @@ class AgentExecutor:
     async def _execute_run(self, run_id: str, prompt: str, options: AgentOptions) -> None:
         observer = self._metrics.observer()
         agent: Agent | None = None
+        remote = False
         with log_context(run_id=run_id):
             try:
                 if not await self._store.mark_running(run_id):
@@ -156,21 +158,30 @@ class AgentExecutor:
                 if await self._store.cancels_requested([run_id]):
                     await self._finish(run_id, "cancelled", None, error=CANCELLED_ERROR)
                     return
+                fleet = await self.fleet()
+                if fleet.agents:
+                    remote = True
+                    if await self._execute_remotely(run_id, prompt, options):
+                        return
+                    remote = False
                 agent = Agent(
                     self._model,
                     options,
                     dispatcher=self._dispatcher,
-                    fleet=await self.fleet(),
+                    fleet=fleet,
                     settings=self._settings,
                 )
                 agent.observers.append(observer)
-                answer = await self._converse(run_id, agent, prompt, observer)
+                answer = await stream_into_run(self._store, run_id, agent, prompt)
                 await self._finish(
                     run_id, "succeeded", agent, answer=answer, stop_reason=agent.stop_reason
                 )
             except asyncio.CancelledError:
                 self._winding_down.add(run_id)
                 if self._closing and run_id not in self._cancel_requested:
+                    if remote:  # the agents worker stops it too, rather than run it for nobody
+                        with contextlib.suppress(RedisError, OSError):
+                            await self._store.request_cancel(run_id)
                     await self._finish(run_id, "failed", agent, error=SHUTDOWN_ERROR)
                 else:
                     await self._finish(run_id, "cancelled", agent, error=CANCELLED_ERROR)
@@ -186,28 +197,27 @@ class AgentExecutor:
                 if agent is not None:
                     await agent.close()
 
-    async def _converse(
-        self, run_id: str, agent: Agent, prompt: str, observer: RunObserver
-    ) -> str | None:
-        """Stream the conversation into the run's events.
-
-        The transcript is saved each time a round of tool calls begins, so that a reader of a
-        run in progress sees the calls made so far.
-        """
-        answer: str | None = None
-        in_round = False
-        stream = cast(AsyncGenerator[AgentEvent, None], agent.stream_chat(prompt))
-        async with contextlib.aclosing(stream) as events:
-            async for event in events:
-                if isinstance(event, ToolCallStarted) and not in_round:
-                    in_round = True
-                    await self._store.save_transcript(run_id, agent.transcript())
-                elif isinstance(event, ToolCallFinished) and observer.calls_open == 0:
-                    in_round = False
-                await self._store.add_event(run_id, event_to_dict(event))
-                if isinstance(event, FinalAnswer):
-                    answer = event.text
-        return answer
+    async def _execute_remotely(self, run_id: str, prompt: str, options: AgentOptions) -> bool:
+        """Run it on the agents pool, which writes its events and transcript; record its end
+        here. False when the pool is gone: the run goes on in this replica."""
+        try:
+            ended = await self._conversations.run_live(run_id, prompt, options)
+        except NoAgentsError:
+            log.warning("the agents pool is gone: run %s runs here", run_id)
+            return False
+        status = cast(RunStatus, ended["status"])
+        self._metrics.record_tool_calls(ended["tool_calls"])
+        await self._finish(
+            run_id,
+            status,
+            None,
+            answer=ended["answer"],
+            stop_reason=ended["stop_reason"],
+            error=ended["error"],
+            orchestrator=ended["orchestrator"],
+            attempts=ended["attempts"],
+        )
+        return True
 
     async def _finish(
         self,
@@ -218,8 +228,13 @@ class AgentExecutor:
         error: str | None = None,
         answer: str | None = None,
         stop_reason: str | None = None,
+        orchestrator: str | None = None,
+        attempts: int | None = None,
     ) -> None:
+        """Record the run's end; ``agent`` is the one that ran it here, if it ran here."""
         transcript = agent.transcript() if agent is not None else None
+        if agent is not None:
+            orchestrator = process_name()
         for attempt in range(1, FINISH_ATTEMPTS + 1):
             try:
                 ended = await self._store.finish_run(
@@ -229,6 +244,8 @@ class AgentExecutor:
                     answer=answer,
                     stop_reason=stop_reason,
                     transcript=transcript,
+                    orchestrator=orchestrator,
+                    attempts=attempts,
                 )
             except (RedisError, OSError) as exc:
                 if attempt == FINISH_ATTEMPTS:
@@ -339,30 +356,10 @@ class AgentExecutor:
         stopper.add_done_callback(self._stoppers.discard)
 
     async def _watch_cancels(self) -> None:
-        delay = 0.1
-        while not self._closing:
-            try:
-                async with self._store.redis.pubsub() as pubsub:
-                    await pubsub.subscribe(CANCEL_CHANNEL)
-                    # Requests sent while we were not subscribed are found by their flags.
-                    await self._check_cancel_flags()
-                    checked = time.monotonic()
-                    delay = 0.1
-                    while not self._closing:
-                        message = await pubsub.get_message(
-                            ignore_subscribe_messages=True, timeout=self._cancel_poll_s
-                        )
-                        if message is not None:
-                            data = message["data"]
-                            self._cancel_here(data.decode() if isinstance(data, bytes) else data)
-                        if time.monotonic() - checked >= self._cancel_poll_s:
-                            await self._check_cancel_flags()
-                            checked = time.monotonic()
-            except (RedisError, OSError) as exc:
-                log.warning("cancel watcher: %s; retrying in %.1fs", exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-
-    async def _check_cancel_flags(self) -> None:
-        for run_id in await self._store.cancels_requested(list(self._runs)):
-            self._cancel_here(run_id)
+        await watch_cancels(
+            self._store,
+            lambda: list(self._runs),
+            self._cancel_here,
+            closing=lambda: self._closing,
+            poll_s=self._cancel_poll_s,
+        )

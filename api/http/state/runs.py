@@ -27,6 +27,9 @@ from api.http.state.records import HashFields, RecordStore, lost_error, optional
 
 RunStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 
+#: A cancelled run's error, wherever it ran.
+CANCELLED_ERROR = "cancelled on request"
+
 
 class RunState(BaseModel):
     """What ``GET /v1/runs/{id}`` answers."""
@@ -45,6 +48,16 @@ class RunState(BaseModel):
     usage: dict[str, int] = Field(default_factory=dict)
     transcript: dict[str, Any] | None = Field(
         None, description="Messages and tool calls so far; complete once the run has ended."
+    )
+    orchestrator: str | None = Field(
+        None,
+        description="host:pid of the process that ran the conversation: an agents worker, or "
+        "the replica itself when no agents worker was live; set once the run has ended.",
+    )
+    attempts: int | None = Field(
+        None,
+        description="Runs of the conversation on the agents pool: more than 1 when an agents "
+        "worker died and another ran it again from the start.",
     )
 
 
@@ -84,11 +97,15 @@ class RunStore(RecordStore):
             now="started_at",
         )
 
-    async def save_transcript(self, run_id: str, transcript: Mapping[str, Any]) -> None:
+    async def save_transcript(
+        self, run_id: str, transcript: Mapping[str, Any], *, final: bool = False
+    ) -> None:
+        """The transcript so far, while the run is going; a ``final`` one whatever its status,
+        as the agents worker that ran it may save it after its replica recorded the end."""
         await self._apply(
             run_state_key(run_id),
             run_events_key(run_id),
-            ("running",),
+            ("running", "succeeded", "failed", "cancelled") if final else ("running",),
             {"transcript": json.dumps(transcript)},
         )
 
@@ -110,9 +127,15 @@ class RunStore(RecordStore):
         answer: str | None = None,
         stop_reason: str | None = None,
         transcript: Mapping[str, Any] | None = None,
+        orchestrator: str | None = None,
+        attempts: int | None = None,
     ) -> bool:
         """End an active run and append its ``done`` event; False if it had already ended."""
         fields: dict[str, str] = {"status": status}
+        if orchestrator is not None:
+            fields["orchestrator"] = orchestrator
+        if attempts is not None:
+            fields["attempts"] = str(attempts)
         if error is not None:
             fields["error"] = error
         if answer is not None:
@@ -219,4 +242,6 @@ def _run_state(fields: dict[str, str]) -> RunState:
         error=fields.get("error"),
         usage=(transcript or {}).get("usage", {}),
         transcript=transcript,
+        orchestrator=fields.get("orchestrator"),
+        attempts=int(fields["attempts"]) if fields.get("attempts") else None,
     )

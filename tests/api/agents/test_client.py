@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from api.agent_options import AgentOptions
 from api.agents.client import ConversationClient, NoAgentsError
+from api.agents.live_run import run_record
 from api.agents.messages import ConversationRequest, ConversationResult
 from api.agents.messages import conversation_keys as k
 from api.agents.store import ConversationStore
@@ -194,3 +196,28 @@ async def test_no_live_agents_worker_is_an_error_not_a_wait(
         assert time.monotonic() - started < 3
     # The conversation was not taken: a later run of the batch sends it afresh.
     assert await worker_store.redis.get(k.current("r-6")) != b"written"
+    # Its message, still queued, is dropped by an agents worker that starts later: the caller
+    # runs the conversation elsewhere.
+    (queued,) = sent.requests
+    assert (await worker_store.claim(queued, "host:1")).why == "stale"
+
+
+async def test_a_run_of_the_http_api_is_sent_as_a_run_and_its_end_returned(
+    settings: OrchestratorSettings, worker_store: ConversationStore
+) -> None:
+    sent = Sent()
+    await live(worker_store)
+    options = AgentOptions(model="m", run_id="run-7", enable=["noop"])
+    async with client_for(settings, sent) as client:
+        running = asyncio.create_task(client.run_live("run-7", "hello", options))
+        await until(lambda: len(sent.requests) == 1, "the send")
+        (request,) = sent.requests
+        assert request.item is None and request.run is not None
+        assert request.run.prompt == "hello"
+        assert AgentOptions.model_validate(request.run.options) == options
+        claim = await worker_store.claim(request, "host:1")
+        assert claim.holder is not None
+        ended = run_record("succeeded", answer="hi", attempts=1, orchestrator="host:1")
+        result = answer(request, 1).model_copy(update={"record": ended})
+        await worker_store.finish(request, claim.holder, result)
+        assert await asyncio.wait_for(running, 5) == ended

@@ -1,8 +1,10 @@
 """An agents worker process's host, in this process: conversations run on its loop from any
-thread, and one whose lease goes to another run stops here without answering."""
+thread, one whose lease goes to another run stops here without answering, and a run of the HTTP
+API writes its events to the run's record and stops when asked to cancel."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import uuid
 from collections.abc import Iterator
@@ -11,10 +13,12 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 
 from api.agents.host import ConversationHost
 from api.agents.messages import LEASE_RENEW_S, ConversationRequest, ConversationResult
 from api.agents.messages import conversation_keys as k
+from api.http.state.store import ApiStore
 from api.scripted.server import ScriptedServer
 from tests.conftest import WorkerFleet, orchestrator_settings, scripted_server, wait_for
 
@@ -97,4 +101,93 @@ def test_a_conversation_whose_lease_is_taken_stops_without_an_answer(
     assert client.llen(reply_to) == 0
     assert not client.exists(k.result(cid))
     assert client.get(k.lease(cid)) == b"2 elsewhere:1"
+    client.close()
+
+
+def live_run(fleet: WorkerFleet, script: str, reply_to: str) -> dict[str, Any]:
+    """A run of the HTTP API as its replica sends it: recorded in the store, running."""
+    run_id = f"run-{uuid.uuid4().hex}"
+    options = {"model": f"scripted:{script}", "run_id": run_id}
+    prompt = f"p {run_id}"  # the scripted model plays faults once per conversation it tells apart
+
+    async def create() -> None:
+        store = api_store(fleet)
+        await store.create_run(run_id, prompt, options, "replica-under-test")
+        await store.renew_lease("replica-under-test")  # its replica is alive
+        assert await store.mark_running(run_id)
+        await store.redis.aclose()
+
+    asyncio.run(create())
+    return ConversationRequest(
+        task_id=f"{run_id}:1",
+        conversation_id=run_id,
+        run={"prompt": prompt, "options": options},
+        timeout_s=60,
+        reply_to=reply_to,
+    ).model_dump(mode="json")
+
+
+def api_store(fleet: WorkerFleet) -> ApiStore:
+    return ApiStore(aioredis.Redis.from_url(fleet.settings.redis_url), retention_s=600)
+
+
+def answer(client: redis.Redis, reply_to: str) -> dict[str, Any]:
+    raw = client.lpop(reply_to)
+    assert raw is not None
+    return ConversationResult.model_validate_json(raw).record  # type: ignore[arg-type]
+
+
+def test_a_run_of_the_http_api_writes_its_events_and_transcript_and_answers_its_end(
+    host: ConversationHost, fleet: WorkerFleet
+) -> None:
+    client = redis.Redis.from_url(fleet.settings.redis_url)
+    reply_to = f"toolq:reply:{uuid.uuid4().hex}"
+    sent = live_run(fleet, "note", reply_to)
+    run_id = sent["conversation_id"]
+
+    host.run(sent)
+
+    ended = answer(client, reply_to)
+    assert ended["status"] == "succeeded", ended["error"]
+    assert (ended["answer"], ended["stop_reason"]) == ("written", "answered")
+    assert (ended["attempts"], ended["orchestrator"]) == (1, host.name)
+    assert [c["name"] for c in ended["tool_calls"]] == ["write_file"]
+
+    async def recorded() -> tuple[list[str], Any]:
+        store = api_store(fleet)
+        events = await store.read_events(run_id, "0", block_ms=0)
+        state = await store.get_run(run_id)
+        await store.redis.aclose()
+        return [event["type"] for _, event in events], state
+
+    kinds, state = asyncio.run(recorded())
+    assert kinds == ["tool_call_started", "tool_call_finished", "text_delta", "final_answer"]
+    assert state.status == "running"  # its replica records the end
+    assert [c["name"] for c in state.transcript["tool_calls"]] == ["write_file"]
+    assert state.transcript["messages"][-1]["content"] == "written"
+    client.close()
+
+
+def test_a_run_asked_to_cancel_stops_on_the_agents_worker(
+    host: ConversationHost, fleet: WorkerFleet
+) -> None:
+    client = redis.Redis.from_url(fleet.settings.redis_url)
+    reply_to = f"toolq:reply:{uuid.uuid4().hex}"
+    sent = live_run(fleet, "stall", reply_to)
+    running = threading.Thread(target=host.run, args=(sent,))
+    running.start()
+    wait_for(lambda: host.running == 1, 10, "the run to start")
+
+    async def cancel() -> str | None:
+        store = api_store(fleet)
+        outcome = await store.request_cancel(sent["conversation_id"])
+        await store.redis.aclose()
+        return outcome
+
+    assert asyncio.run(cancel()) == "cancelling"
+    running.join(timeout=10)  # the model stalls for 30 s: only the cancel ends it this soon
+
+    assert not running.is_alive()
+    ended = answer(client, reply_to)
+    assert (ended["status"], ended["error"]) == ("cancelled", "cancelled on request")
     client.close()

@@ -9,8 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from api.agents.messages import ConversationResult
+from api.agents.messages import conversation_keys as k
 from api.fleet import FLEET_TTL_S
 from api.http.runner import SHUTDOWN_ERROR
 from api.scripted.server import ScriptedServer
@@ -176,6 +179,52 @@ def test_a_batch_goes_to_the_agents_pool_while_an_agents_worker_is_live(
         item_id: f"The note says: {prompt}" for item_id, prompt in prompts.items()
     }
     assert {r["attempts"] for r in results} == {1}
+
+
+def test_a_run_goes_to_the_agents_pool_and_stops_there_when_cancelled(
+    replicas: tuple[Replica, Replica],
+    fleet: WorkerFleet,
+    model: ScriptedServer,
+    agents_workers: Callable[..., AgentsWorker],
+) -> None:
+    a, b = replicas
+    agents = agents_workers(fleet.settings, model.base_url)
+    time.sleep(FLEET_TTL_S + 0.2)  # past the replica's view of the fleet without the worker
+    prompt = f"remember {uuid.uuid4().hex}"
+    run_id = a.create_run("notes", prompt)
+
+    events = b.events(run_id)  # written by the agents worker, the end by replica a
+    assert [(e["type"], e.get("name")) for e in events if e["type"] != "text_delta"] == [
+        ("tool_call_started", "write_file"),
+        ("tool_call_finished", "write_file"),
+        ("tool_call_started", "read_file"),
+        ("tool_call_finished", "read_file"),
+        ("final_answer", None),
+        ("done", None),
+    ]
+    assert events[-1]["status"] == "succeeded"
+    run = b.run(run_id)
+    assert (run["status"], run["answer"]) == ("succeeded", f"The note says: {prompt}")
+    assert (run["orchestrator"], run["attempts"]) == (agents.process_name, 1)
+    assert [c["name"] for c in run["transcript"]["tool_calls"]] == ["write_file", "read_file"]
+    assert (Path(fleet.settings.workspace_root) / run_id / "note.txt").read_text() == prompt
+
+    stalled = a.create_run("stall")
+    client = redis.Redis.from_url(fleet.settings.redis_url)
+    wait_for(lambda: bool(client.exists(k.lease(stalled))), 30, "the agents worker to take the run")
+    response = b.client.post(f"/v1/runs/{stalled}/cancel")
+    assert response.json() == {"id": stalled, "status": "cancelled"}
+    # The agents worker stopped it too: its conversation answered "cancelled" long before the
+    # model's 60 s stall would have ended it.
+    wait_for(
+        lambda: bool(client.exists(k.result(stalled))), 10, "the agents worker to stop the run"
+    )
+    stored = ConversationResult.model_validate_json(client.get(k.result(stalled)))  # type: ignore[arg-type]
+    assert stored.record["status"] == "cancelled"
+    assert a.run(stalled)["status"] == "cancelled"
+    client.close()
+    agents.stop()
+    time.sleep(FLEET_TTL_S + 0.2)  # the next tests' runs run in the replicas again
 
 
 def test_tools_lists_the_fleet_with_its_live_workers(replicas: tuple[Replica, Replica]) -> None:

@@ -1,0 +1,127 @@
+"""A run of the HTTP API on an agents worker: its events and transcript go to the run's record
+as they would from the replica, and its end comes back to the replica as a small record (the
+replica records the end, so that its metrics and the run's lifecycle stay in one place).
+
+A cancel request reaches the agents worker on the same channel the replicas listen to; the
+conversation stops and answers ``cancelled``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Coroutine
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from api.agent import Agent, AgentOptions
+from api.batch.runner import time_limit_error
+from api.dispatch import Dispatcher
+from api.fleet import Fleet
+from api.http.run_stream import stream_into_run
+from api.http.state.runs import CANCELLED_ERROR, RunStore
+from api.llm import ChatModel, ModelError
+from api.settings import OrchestratorSettings
+
+log = logging.getLogger(__name__)
+
+#: How a run on the agents pool ended, as its replica records it.
+RunOutcome = Literal["succeeded", "failed", "cancelled"]
+
+
+def run_record(
+    outcome: RunOutcome,
+    *,
+    attempts: int,
+    orchestrator: str | None,
+    answer: str | None = None,
+    stop_reason: str | None = None,
+    error: str | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """What a run's conversation answers its replica."""
+    return {
+        "status": outcome,
+        "answer": answer,
+        "stop_reason": stop_reason,
+        "error": error,
+        "attempts": attempts,
+        "orchestrator": orchestrator,
+        "tool_calls": tool_calls or [],
+    }
+
+
+async def run_live(
+    run_id: str,
+    prompt: str,
+    options: dict[str, Any],
+    *,
+    store: RunStore,
+    model: ChatModel,
+    dispatcher: Dispatcher,
+    fleet: Fleet,
+    settings: OrchestratorSettings,
+    timeout_s: float,
+    attempt: int,
+    orchestrator: str,
+    cancelled: asyncio.Event,
+) -> dict[str, Any]:
+    """Run the conversation into the run's record until it ends, ``timeout_s`` passes or
+    ``cancelled`` is set; its end as ``run_record``. Raises only ``CancelledError``."""
+    try:
+        agent_options = AgentOptions.model_validate(options)
+    except ValidationError as exc:
+        unreadable = f"the agents worker cannot read the run's options: {exc}"
+        return run_record("failed", error=unreadable, attempts=attempt, orchestrator=orchestrator)
+    agent = Agent(model, agent_options, dispatcher=dispatcher, fleet=fleet, settings=settings)
+    outcome: RunOutcome
+    answer: str | None
+    error: str | None
+    try:
+        outcome, answer, error = await _converse(
+            stream_into_run(store, run_id, agent, prompt), cancelled, timeout_s
+        )
+    except ModelError as exc:
+        outcome, answer, error = "failed", None, f"the model API failed: {exc}"
+    except Exception as exc:  # a bug must cost this run, not the worker's other conversations
+        log.exception("run %s failed", run_id)
+        outcome, answer, error = "failed", None, f"{type(exc).__name__}: {exc}"
+    finally:
+        await agent.close()
+    transcript = agent.transcript()
+    # The whole conversation, a round cut short included: the last word on the record.
+    await store.save_transcript(run_id, transcript, final=True)
+    return run_record(
+        outcome,
+        answer=answer,
+        stop_reason=agent.stop_reason if outcome == "succeeded" else None,
+        error=error,
+        tool_calls=transcript["tool_calls"],
+        attempts=attempt,
+        orchestrator=orchestrator,
+    )
+
+
+async def _converse(
+    conversation: Coroutine[Any, Any, str | None], cancelled: asyncio.Event, timeout_s: float
+) -> tuple[RunOutcome, str | None, str | None]:
+    """The conversation to its end, its time limit or a cancel request: outcome, answer, error."""
+    running = asyncio.create_task(conversation)
+    stop = asyncio.create_task(cancelled.wait())
+    try:
+        done, _ = await asyncio.wait(
+            {running, stop}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        stop.cancel()
+        if not running.done():
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+    if running in done:
+        return "succeeded", running.result(), None
+    if stop in done:
+        return "cancelled", None, CANCELLED_ERROR
+    return "failed", None, time_limit_error(timeout_s)

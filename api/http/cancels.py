@@ -1,0 +1,52 @@
+"""Cancel requests as the process running a run hears them: a message on the cancel channel,
+and a look at the runs' cancel flags for messages missed while it was not subscribed."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Collection
+
+from redis.exceptions import RedisError
+
+from api.http.state.keys import CANCEL_CHANNEL
+from api.http.state.runs import RunStore
+
+log = logging.getLogger(__name__)
+
+
+async def watch_cancels(
+    store: RunStore,
+    running: Callable[[], Collection[str]],
+    cancel: Callable[[str], None],
+    *,
+    closing: Callable[[], bool],
+    poll_s: float,
+) -> None:
+    """Call ``cancel(run_id)`` for each run asked to stop (it may name a run that is not among
+    ``running()``: ``cancel`` decides), until ``closing()``; Redis going away is waited out."""
+    delay = 0.1
+    while not closing():
+        try:
+            async with store.redis.pubsub() as pubsub:
+                await pubsub.subscribe(CANCEL_CHANNEL)
+                for run_id in await store.cancels_requested(list(running())):
+                    cancel(run_id)
+                checked = time.monotonic()
+                delay = 0.1
+                while not closing():
+                    message = await pubsub.get_message(
+                        ignore_subscribe_messages=True, timeout=poll_s
+                    )
+                    if message is not None:
+                        data = message["data"]
+                        cancel(data.decode() if isinstance(data, bytes) else data)
+                    if time.monotonic() - checked >= poll_s:
+                        for run_id in await store.cancels_requested(list(running())):
+                            cancel(run_id)
+                        checked = time.monotonic()
+        except (RedisError, OSError) as exc:
+            log.warning("cancel watcher: %s; retrying in %.1fs", exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
