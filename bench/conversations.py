@@ -83,18 +83,12 @@ def scripted_model(steps: dict[str, Any] | None = None) -> Iterator[tuple[str, i
             proc.wait(10)
 
 
-def run_orchestrator(settings: WorkerSettings, llm_url: str, conversations: int) -> dict[str, Any]:
+def run_module(settings: WorkerSettings, module: str, llm_url: str, *args: str) -> dict[str, Any]:
+    """``python -m module --llm URL args...`` in a process of its own: its line of JSON, and
+    how many model requests it had to retry."""
     env = {**os.environ, **worker_environment(settings), "PYTHONPATH": python_path()}
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.orchestrator",
-            "--llm",
-            llm_url,
-            "--conversations",
-            str(conversations),
-        ],
+        [sys.executable, "-m", module, "--llm", llm_url, *args],
         env=env,
         capture_output=True,
         text=True,
@@ -102,10 +96,17 @@ def run_orchestrator(settings: WorkerSettings, llm_url: str, conversations: int)
         check=False,
     )
     if done.returncode != 0:
-        raise RuntimeError(f"the orchestrator failed:\n{done.stderr[-4000:]}")
+        raise RuntimeError(f"{module} failed:\n{done.stderr[-4000:]}")
     figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     # Retried model requests pass unseen in the answers but cost a request each.
     figures["model_requests_retried"] = done.stderr.count("model request failed")
+    return figures
+
+
+def run_orchestrator(settings: WorkerSettings, llm_url: str, conversations: int) -> dict[str, Any]:
+    figures = run_module(
+        settings, "bench.orchestrator", llm_url, "--conversations", str(conversations)
+    )
     expected = conversations * TURNS_WITH_TOOLS * CALLS_PER_TURN
     if figures["tool_calls"] != expected or figures["tool_call_errors"]:
         raise RuntimeError(f"the conversations did not go as scripted: {figures}")
@@ -132,6 +133,11 @@ def conversations_case(
         workers_before = sum(cpu_seconds(pid) for pid in workers)
         redis_before = redis_cpu_seconds(client)
         large = run_orchestrator(settings, llm_url, many)
+        # As many requests as the large run asked the model.
+        requests = many * (TURNS_WITH_TOOLS + 1)
+        model_client = run_module(
+            settings, "bench.model_client", llm_url, "--requests", str(requests)
+        )
         cpu_s = {
             "orchestrator": large["cpu_s"],
             "workers": sum(cpu_seconds(pid) for pid in workers) - workers_before,
@@ -150,6 +156,7 @@ def conversations_case(
         "bare_celery_tasks_per_s": bare_tasks_per_s,
         f"at_{few}": small,
         f"at_{many}": large,
+        "model client": model_client,
     }
     result = CaseResult(
         key="conversations",
@@ -161,6 +168,7 @@ def conversations_case(
         cpu_note(many, large["wall_s"], large["tool_calls"], cpu_s),
         ceiling_note(large["tool_calls"], cpu_s, bare_tasks_per_s),
         *orchestrator_notes(many, large),
+        floors_note(large, model_client, cpu_s["workers"]),
     ]
     result.comparisons += [
         Comparison(
@@ -223,6 +231,29 @@ def ceiling_note(calls: int, cpu_s: dict[str, float], bare_tasks_per_s: float) -
         f"{ceiling:.0f} calls/s, {ceiling / bare_tasks_per_s:.2f} of bare Celery's full-load "
         "rate: here the workers share the cores with the orchestrator and the model server, "
         "which bare Celery's full load does not have to run."
+    )
+
+
+def floors_note(run: dict[str, Any], model_client: dict[str, Any], workers_cpu_s: float) -> str:
+    """What the orchestrator pays per tool call to the two libraries it talks through, each
+    measured on its own: the openai client above aiohttp alone, and Celery's publish."""
+    calls = run["tool_calls"]
+    # Each conversation asks the model once per turn with tool calls, and once for its answer.
+    requests_per_call = (TURNS_WITH_TOOLS + 1) / (TURNS_WITH_TOOLS * CALLS_PER_TURN)
+    openai_ms = model_client["openai_cpu_ms_per_request"]
+    aiohttp_ms = model_client["aiohttp_cpu_ms_per_request"]
+    openai_share = (openai_ms - aiohttp_ms) * requests_per_call
+    publish = run["cpu_ms_per_tool_call_in"].get("toolq publish (Celery send_task)", 0.0)
+    workers = workers_cpu_s * 1000 / calls
+    floor = openai_share + publish
+    return (
+        f"The model client, {model_client['requests']:,} chat requests on their own: "
+        f"{openai_ms:.2f} ms of CPU per request through ChatModel (the openai client over "
+        f"aiohttp), {aiohttp_ms:.2f} ms through aiohttp alone with the same body and JSON. "
+        f"Per tool call ({requests_per_call:.2f} requests each here), the openai client's own "
+        f"share is {openai_share:.2f} ms and Celery's send_task {publish:.2f} ms: together "
+        f"{floor:.2f} ms, {floor / workers:.2f} of the workers' CPU per call, before toolq's "
+        "agent loop, replies and asyncio add anything."
     )
 
 

@@ -100,3 +100,12 @@ def test_markdown_names_the_machine_and_every_case(results: Path) -> None:
 
 def test_the_plot_is_a_png(results: Path) -> None:
     assert (results / "latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_model_clients_own_cost_is_measured_beside_aiohttp(results: Path) -> None:
+    figures = json.loads((results / "latest.json").read_text())["cases"]["conversations"]["figures"]
+    client = figures["model client"]
+    largest = max(value["conversations"] for key, value in figures.items() if key.startswith("at_"))
+    assert client["requests"] == largest * 4  # as many as the large run asked the model
+    assert client["openai_cpu_ms_per_request"] > 0 < client["aiohttp_cpu_ms_per_request"]
+    assert client["model_requests_retried"] == 0
