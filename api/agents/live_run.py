@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from api.agent import Agent, AgentOptions
 from api.batch.runner import time_limit_error
 from api.dispatch import Dispatcher
+from api.events import TextDiscarded, event_to_dict
 from api.fleet import Fleet
 from api.http.run_stream import stream_into_run
 from api.http.state.runs import CANCELLED_ERROR, RunStore
@@ -75,6 +76,9 @@ async def run_live(
     except ValidationError as exc:
         unreadable = f"the agents worker cannot read the run's options: {exc}"
         return run_record("failed", error=unreadable, attempts=attempt, orchestrator=orchestrator)
+    if attempt > 1:  # its followers saw an earlier run's text, which this one replaces
+        again = f"the agents worker running it stopped; it runs again from the start ({attempt})"
+        await store.add_event(run_id, event_to_dict(TextDiscarded(again)))
     agent = Agent(model, agent_options, dispatcher=dispatcher, fleet=fleet, settings=settings)
     outcome: RunOutcome
     answer: str | None

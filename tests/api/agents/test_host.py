@@ -168,6 +168,33 @@ def test_a_run_of_the_http_api_writes_its_events_and_transcript_and_answers_its_
     client.close()
 
 
+def test_a_run_started_again_tells_its_followers_the_earlier_text_is_void(
+    host: ConversationHost, fleet: WorkerFleet
+) -> None:
+    client = redis.Redis.from_url(fleet.settings.redis_url)
+    reply_to = f"toolq:reply:{uuid.uuid4().hex}"
+    sent = live_run(fleet, "note", reply_to)
+    run_id = sent["conversation_id"]
+    client.set(k.attempts(run_id), 1)  # an agents worker died running it once
+
+    host.run(sent)
+
+    ended = answer(client, reply_to)
+    assert (ended["status"], ended["attempts"]) == ("succeeded", 2)
+
+    async def first_event() -> dict[str, Any]:
+        store = api_store(fleet)
+        events = await store.read_events(run_id, "0", block_ms=0)
+        await store.redis.aclose()
+        return events[0][1]
+
+    assert asyncio.run(first_event()) == {
+        "type": "text_discarded",
+        "reason": "the agents worker running it stopped; it runs again from the start (2)",
+    }
+    client.close()
+
+
 def test_a_run_asked_to_cancel_stops_on_the_agents_worker(
     host: ConversationHost, fleet: WorkerFleet
 ) -> None:
