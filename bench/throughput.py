@@ -158,9 +158,15 @@ def cost_note(concurrency: int, figures: dict[str, Any]) -> str:
         total = sum(found.values())
         return f"{total:.1f} ({', '.join(f'{k} {v:g}' for k, v in found.items())})"
 
+    def pace(cost: dict[str, Any]) -> str:
+        consumer = cost["cpu_ms_per_call"]["workers' consumer"]
+        return f"{consumer:.3f} ms per call, at most {1000 / consumer:.0f} calls/s"
+
     return (
         f"Throughput with {concurrency} worker process(es), CPU ms per call — toolq: "
-        f"{cpu(toolq)}; bare Celery: {cpu(bare)}. Redis commands per call, those run inside "
-        f"Lua scripts included — toolq: "
-        f"{commands(toolq)}; bare Celery: {commands(bare)}."
+        f"{cpu(toolq)}; bare Celery: {cpu(bare)}. The workers' consumer (Celery's main process, "
+        "which takes each message, hands it to a pool process and acknowledges it) is one "
+        f"process whatever the pool's size: toolq {pace(toolq)} with a core to itself; bare "
+        f"Celery {pace(bare)}. Redis commands per call, those run inside Lua scripts included "
+        f"— toolq: {commands(toolq)}; bare Celery: {commands(bare)}."
     )
