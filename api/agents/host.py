@@ -100,7 +100,7 @@ class ConversationHost:
         await self._dispatcher.start()
         cancels = watch_cancels(
             self._runs,
-            lambda: [cid for cid, running in self._running.items() if running.cancel],
+            lambda: [cid for cid, running in self._running.items() if running.cancel is not None],
             self._cancel_run,
             closing=lambda: self._closing,
             poll_s=LEASE_RENEW_S,

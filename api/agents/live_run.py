@@ -9,12 +9,12 @@ conversation stops and answers ``cancelled``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Coroutine
 from typing import Any, Literal
 
 from pydantic import ValidationError
+from redis.exceptions import RedisError
 
 from api.agent import Agent, AgentOptions
 from api.batch.runner import time_limit_error
@@ -78,7 +78,7 @@ async def run_live(
         return run_record("failed", error=unreadable, attempts=attempt, orchestrator=orchestrator)
     if attempt > 1:  # its followers saw an earlier run's text, which this one replaces
         again = f"the agents worker running it stopped; it runs again from the start ({attempt})"
-        await store.add_event(run_id, event_to_dict(TextDiscarded(again)))
+        await _keep(store.add_event(run_id, event_to_dict(TextDiscarded(again))), run_id)
     agent = Agent(model, agent_options, dispatcher=dispatcher, fleet=fleet, settings=settings)
     outcome: RunOutcome
     answer: str | None
@@ -96,7 +96,7 @@ async def run_live(
         await agent.close()
     transcript = agent.transcript()
     # The whole conversation, a round cut short included: the last word on the record.
-    await store.save_transcript(run_id, transcript, final=True)
+    await _keep(store.save_transcript(run_id, transcript, final=True), run_id)
     return run_record(
         outcome,
         answer=answer,
@@ -122,10 +122,19 @@ async def _converse(
         stop.cancel()
         if not running.done():
             running.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await running
+            # Waited for, not awaited: a cancellation of this task meanwhile still propagates.
+            await asyncio.wait({running})
     if running in done:
         return "succeeded", running.result(), None
     if stop in done:
         return "cancelled", None, CANCELLED_ERROR
     return "failed", None, time_limit_error(timeout_s)
+
+
+async def _keep(write: Coroutine[Any, Any, Any], run_id: str) -> None:
+    """A write to the run's record that the run's outcome does not wait on: Redis out of reach
+    costs the followers that event, not the answer."""
+    try:
+        await write
+    except (RedisError, OSError) as exc:
+        log.warning("run %s: could not write to its record: %s", run_id, exc)
