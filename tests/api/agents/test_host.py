@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import redis
@@ -23,6 +23,8 @@ from api.scripted.server import ScriptedServer
 from tests.conftest import WorkerFleet, orchestrator_settings, scripted_server, wait_for
 
 pytestmark = pytest.mark.integration
+
+T = TypeVar("T")
 
 SCRIPTS: dict[str, list[dict[str, Any]]] = {
     "note": [
@@ -104,117 +106,109 @@ def test_a_conversation_whose_lease_is_taken_stops_without_an_answer(
     client.close()
 
 
-def live_run(fleet: WorkerFleet, script: str, reply_to: str) -> dict[str, Any]:
+@pytest.fixture
+def client(fleet: WorkerFleet) -> Iterator[redis.Redis]:
+    made = redis.Redis.from_url(fleet.settings.redis_url)
+    yield made
+    made.close()
+
+
+def live_run(fleet: WorkerFleet, script: str) -> dict[str, Any]:
     """A run of the HTTP API as its replica sends it: recorded in the store, running."""
     run_id = f"run-{uuid.uuid4().hex}"
     options = {"model": f"scripted:{script}", "run_id": run_id}
     prompt = f"p {run_id}"  # the scripted model plays faults once per conversation it tells apart
 
-    async def create() -> None:
-        store = api_store(fleet)
+    async def create(store: ApiStore) -> None:
         await store.create_run(run_id, prompt, options, "replica-under-test")
         await store.renew_lease("replica-under-test")  # its replica is alive
         assert await store.mark_running(run_id)
-        await store.redis.aclose()
 
-    asyncio.run(create())
+    on_store(fleet, create)
     return ConversationRequest(
         task_id=f"{run_id}:1",
         conversation_id=run_id,
         run={"prompt": prompt, "options": options},
         timeout_s=60,
-        reply_to=reply_to,
+        reply_to=f"toolq:reply:{uuid.uuid4().hex}",
     ).model_dump(mode="json")
 
 
-def api_store(fleet: WorkerFleet) -> ApiStore:
-    return ApiStore(aioredis.Redis.from_url(fleet.settings.redis_url), retention_s=600)
+def on_store(fleet: WorkerFleet, action: Callable[[ApiStore], Awaitable[T]]) -> T:
+    """``action`` on the API's store of the fleet's Redis, from this synchronous test."""
+
+    async def run() -> T:
+        store = ApiStore(aioredis.Redis.from_url(fleet.settings.redis_url), retention_s=600)
+        try:
+            return await action(store)
+        finally:
+            await store.redis.aclose()
+
+    return asyncio.run(run())
 
 
-def answer(client: redis.Redis, reply_to: str) -> dict[str, Any]:
-    raw = client.lpop(reply_to)
+async def events_of(store: ApiStore, run_id: str) -> list[dict[str, Any]]:
+    return [event for _, event in await store.read_events(run_id, "0", block_ms=0)]
+
+
+def answer(client: redis.Redis, sent: dict[str, Any]) -> dict[str, Any]:
+    raw = client.lpop(sent["reply_to"])
     assert raw is not None
     return ConversationResult.model_validate_json(raw).record  # type: ignore[arg-type]
 
 
 def test_a_run_of_the_http_api_writes_its_events_and_transcript_and_answers_its_end(
-    host: ConversationHost, fleet: WorkerFleet
+    host: ConversationHost, fleet: WorkerFleet, client: redis.Redis
 ) -> None:
-    client = redis.Redis.from_url(fleet.settings.redis_url)
-    reply_to = f"toolq:reply:{uuid.uuid4().hex}"
-    sent = live_run(fleet, "note", reply_to)
+    sent = live_run(fleet, "note")
     run_id = sent["conversation_id"]
 
     host.run(sent)
 
-    ended = answer(client, reply_to)
+    ended = answer(client, sent)
     assert ended["status"] == "succeeded", ended["error"]
     assert (ended["answer"], ended["stop_reason"]) == ("written", "answered")
     assert (ended["attempts"], ended["orchestrator"]) == (1, host.name)
     assert [c["name"] for c in ended["tool_calls"]] == ["write_file"]
-
-    async def recorded() -> tuple[list[str], Any]:
-        store = api_store(fleet)
-        events = await store.read_events(run_id, "0", block_ms=0)
-        state = await store.get_run(run_id)
-        await store.redis.aclose()
-        return [event["type"] for _, event in events], state
-
-    kinds, state = asyncio.run(recorded())
+    events = on_store(fleet, lambda store: events_of(store, run_id))
+    kinds = [event["type"] for event in events]
     assert kinds == ["tool_call_started", "tool_call_finished", "text_delta", "final_answer"]
+    state = on_store(fleet, lambda store: store.get_run(run_id))
+    assert state is not None and state.transcript is not None
     assert state.status == "running"  # its replica records the end
     assert [c["name"] for c in state.transcript["tool_calls"]] == ["write_file"]
     assert state.transcript["messages"][-1]["content"] == "written"
-    client.close()
 
 
 def test_a_run_started_again_tells_its_followers_the_earlier_text_is_void(
-    host: ConversationHost, fleet: WorkerFleet
+    host: ConversationHost, fleet: WorkerFleet, client: redis.Redis
 ) -> None:
-    client = redis.Redis.from_url(fleet.settings.redis_url)
-    reply_to = f"toolq:reply:{uuid.uuid4().hex}"
-    sent = live_run(fleet, "note", reply_to)
+    sent = live_run(fleet, "note")
     run_id = sent["conversation_id"]
     client.set(k.attempts(run_id), 1)  # an agents worker died running it once
 
     host.run(sent)
 
-    ended = answer(client, reply_to)
+    ended = answer(client, sent)
     assert (ended["status"], ended["attempts"]) == ("succeeded", 2)
-
-    async def first_event() -> dict[str, Any]:
-        store = api_store(fleet)
-        events = await store.read_events(run_id, "0", block_ms=0)
-        await store.redis.aclose()
-        return events[0][1]
-
-    assert asyncio.run(first_event()) == {
+    assert on_store(fleet, lambda store: events_of(store, run_id))[0] == {
         "type": "text_discarded",
         "reason": "the agents worker running it stopped; it runs again from the start (2)",
     }
-    client.close()
 
 
 def test_a_run_asked_to_cancel_stops_on_the_agents_worker(
-    host: ConversationHost, fleet: WorkerFleet
+    host: ConversationHost, fleet: WorkerFleet, client: redis.Redis
 ) -> None:
-    client = redis.Redis.from_url(fleet.settings.redis_url)
-    reply_to = f"toolq:reply:{uuid.uuid4().hex}"
-    sent = live_run(fleet, "stall", reply_to)
+    sent = live_run(fleet, "stall")
     running = threading.Thread(target=host.run, args=(sent,))
     running.start()
     wait_for(lambda: host.running == 1, 10, "the run to start")
 
-    async def cancel() -> str | None:
-        store = api_store(fleet)
-        outcome = await store.request_cancel(sent["conversation_id"])
-        await store.redis.aclose()
-        return outcome
-
-    assert asyncio.run(cancel()) == "cancelling"
+    outcome = on_store(fleet, lambda store: store.request_cancel(sent["conversation_id"]))
+    assert outcome == "cancelling"
     running.join(timeout=10)  # the model stalls for 30 s: only the cancel ends it this soon
 
     assert not running.is_alive()
-    ended = answer(client, reply_to)
+    ended = answer(client, sent)
     assert (ended["status"], ended["error"]) == ("cancelled", "cancelled on request")
-    client.close()
