@@ -22,14 +22,14 @@ from worker.sandbox.callgroup import CallGroup, poll_until
 from worker.sandbox.cgroups import stat_fields
 from worker.sandbox.config import REAP_BOUND_S
 from worker.sandbox.output import CappedStream
+from worker.sandbox.pidfd import exit_status
 from worker.sandbox.plan import Plan
+from worker.sandbox.procfs import ForkedCommand, children, first_child_in_namespace
 from worker.sandbox.result import Usage
 from worker.sandbox.sweep import sweep_marked
 
 #: What util-linux's unshare (2.38) prints, exiting with 1, when its child died of SIGKILL.
 _UNSHARE_SAW_SIGKILL = b"unshare: sigprocmask unblock failed: Invalid argument\n"
-#: The pid the first process a PID namespace's init starts always has inside it.
-_FIRST_CHILD_IN_NAMESPACE = "2"
 
 
 class Ending:
@@ -43,17 +43,23 @@ class Ending:
         marker: str,
         group: CallGroup | None,
         init_socket: socket.socket | None,
+        forked: ForkedCommand | None = None,
     ) -> None:
         self._proc = proc
         self.plan = plan
         self._marker = marker
         self._group = group
         self.init_socket = init_socket
-        self._init_pid: int | None = None
-        #: The command under the namespace's init, once the init said it started it.
-        self._command_pid: int | None = None
+        #: The command under the namespace's init, once the init said it started it, or from
+        #: the start when the init forked it ahead.
+        self._init_pid = None if forked is None else forked.init_pid
+        self._command_pid = None if forked is None else forked.pid
+        #: Its pidfd (the pump closes it; the launch, when forked ahead).
+        self._command_pidfd = None if forked is None else forked.pidfd
         self._command_status: int | None = None
         self._killed: int | None = None
+        #: The command ended alone (``ended_alone``): ``finish`` ends the rest, after the answer.
+        self.ends_later = False
         self._rusage: resource.struct_rusage | None = None
 
     def command_started(self) -> int | None:
@@ -63,11 +69,12 @@ class Ending:
         with contextlib.suppress(OSError):
             if not self.init_socket.recv(16):
                 return None
-            self._init_pid = next(iter(_children(self._proc.pid)), None)
+            self._init_pid = next(iter(children(self._proc.pid)), None)
             if self._init_pid is not None:
-                self._command_pid = _first_child_in_namespace(self._init_pid)
+                self._command_pid = first_child_in_namespace(self._init_pid)
             if self._command_pid is not None:
-                return os.pidfd_open(self._command_pid)
+                self._command_pidfd = os.pidfd_open(self._command_pid)
+                return self._command_pidfd
         # Without the command's pid its status cannot be read: let the init wait for it instead.
         self.init_socket.close()
         return None
@@ -79,7 +86,7 @@ class Ending:
             _kill_without_group(self._proc, self.plan, self._marker)
             return
         if self.plan.has_init and self._init_pid is None:
-            self._init_pid = next(iter(_children(self._proc.pid)), None)
+            self._init_pid = next(iter(children(self._proc.pid)), None)
         # The plan's own processes (unshare and the init) are killed with the rest, not counted.
         machinery = {self._proc.pid, self._init_pid} if self.plan.has_init else set()
         command = self._command_pid
@@ -88,7 +95,7 @@ class Ending:
             # reaped it (it may have). What it left running is counted, then the init is told
             # to go: it reaps the command, exits with its status, and the namespace dies with
             # it, leftovers and all.
-            self._command_status = _exit_status(command)
+            self._command_status = self._ended_status(command)
             left = [pid for pid in self._group.members() if pid not in machinery]
             self._killed = len(left)
             self.init_socket.close()
@@ -104,9 +111,57 @@ class Ending:
             self._killed = len([pid for pid in killed if pid not in machinery])
         self._group.wait_empty(deadline)
 
+    def ended_alone(self) -> bool:
+        """The command has exited, its status is known, and nothing it started is left: all it
+        printed is in its pipes, and the rest (the init, the namespace, the group) may end after
+        the answer (``finish``). Only the init's own processes hold the pipes then, and they
+        write nothing."""
+        command, group = self._command_pid, self._group
+        if command is None or group is None or self.init_socket is None:
+            return False
+        status = self._ended_status(command)
+        if status is None:
+            return False
+        machinery = {self._proc.pid, self._init_pid}
+        if any(pid not in machinery for pid in group.members()):
+            return False
+        self._command_status, self._killed = status, 0
+        self.ends_later = True
+        return True
+
+    def finish(self) -> None:
+        """After ``ended_alone``: let the init go (it exits, and the namespace with it), reap
+        the launch, and leave the group empty."""
+        assert self.init_socket is not None and self._group is not None
+        deadline = time.monotonic() + REAP_BOUND_S
+        self.init_socket.close()
+        self._wait()
+        self._group.kill(deadline)
+        self._group.wait_empty(deadline)
+        self.ends_later = False
+
+    @property
+    def command_pidfd(self) -> int | None:
+        """The pidfd of a command forked ahead, whose exit ends the call."""
+        return self._command_pidfd
+
+    def _ended_status(self, command: int) -> int | None:
+        # Read from the zombie until the init reaps it (dash waits for the worker's word; bash
+        # reaps at once), then told by the kernel through the pidfd: it keeps the status from
+        # the reaping on. Asked again after the zombie: the reaping may fall in between.
+        pidfd = self._command_pidfd
+        if pidfd is None:
+            return _exit_status(command)
+        for status in (exit_status(pidfd), _exit_status(command), exit_status(pidfd)):
+            if status is not None:
+                return status
+        return None
+
     def reap(self, stderr: CappedStream) -> int | None:
         """The command's exit status (negative: the signal that killed it), or None when it
         could not be reaped."""
+        if self.ends_later:
+            return self._command_status
         returncode = self._wait()
         if self._command_status is not None:
             # Exact, a signal told apart from an exit status above 128, which the init's is not.
@@ -159,7 +214,7 @@ def _kill_without_group(proc: subprocess.Popen[bytes], plan: Plan, marker: str) 
     # The namespace's first process may have left the process group, and dropping root
     # cancelled its parent-death signal, so it is also killed by pid. Its pidfd is taken while
     # unshare, its parent, still holds it unreaped: the pid cannot have been reused.
-    first = _pidfds(_children(proc.pid)) if plan.namespaced else []
+    first = _pidfds(children(proc.pid)) if plan.namespaced else []
     try:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -189,17 +244,6 @@ def _exit_status(pid: int) -> int | None:
     return os.waitstatus_to_exitcode(int(fields[49]))
 
 
-def _first_child_in_namespace(init_pid: int) -> int | None:
-    for child in _children(init_pid):
-        with contextlib.suppress(OSError), open(f"/proc/{child}/status") as status:
-            for line in status:
-                if line.startswith("NSpid:"):
-                    if line.split()[-1] == _FIRST_CHILD_IN_NAMESPACE:
-                        return child
-                    break
-    return None
-
-
 def _pidfds(pids: list[int]) -> list[int]:
     pidfds = []
     for pid in pids:
@@ -218,12 +262,3 @@ def _wait_readable(fds: list[int], deadline: float) -> None:
                 return
             for key, _ in selector.select(remaining):
                 selector.unregister(key.fd)
-
-
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
-    with contextlib.suppress(OSError):
-        for task in os.scandir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError), open(f"{task.path}/children") as listing:
-                found += [int(child) for child in listing.read().split()]
-    return found

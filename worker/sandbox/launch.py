@@ -2,7 +2,9 @@
 
 The first program of a call is a shell that writes itself into the call's groups. With a PID
 namespace it then becomes the guard and ``unshare``, whose init waits for the call's command line
-(``Plan.ready_argv``); without one, it waits for the command line itself and becomes it. Either
+(``Plan.ready_argv``); a bash init has already forked the process that becomes the command, and
+says so (``Launch.confirm``). Without a namespace, the shell waits for the command line itself
+and becomes it. Either
 way the wrappers, the namespaces and every process the command starts are in the groups from
 their first instruction, with nothing to move later. A worker killed at any moment leaves a
 group to sweep, never a command outside one.
@@ -18,19 +20,26 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
+import logging
 import os
 import queue
 import shlex
 import socket
 import subprocess
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from worker.sandbox.callgroup import CallGroup
 from worker.sandbox.config import SAFE_PATH, SHELL, SandboxConfig, SandboxError
+from worker.sandbox.ending import Ending
 from worker.sandbox.plan import READ_AND_RUN, Plan
+from worker.sandbox.procfs import ForkedCommand, find_forked
+
+log = logging.getLogger(__name__)
 
 _MB = 1024 * 1024
 #: Joins each group named before ``--`` (exiting with 125, saying which, if one cannot be
@@ -56,6 +65,33 @@ class Launch:
     channel: socket.socket
     #: The folder its first process started in.
     started_in: str
+    #: With an init that forks ahead: the process that becomes the command, once the init
+    #: said it is there (``confirm``).
+    forked: ForkedCommand | None = None
+    confirmed: bool = False
+
+    def confirm(self, deadline: float) -> None:
+        """With an init that forks ahead, wait for its word that it is ready, and find the
+        process it forked. Without it (the init failed, or is late) the call still runs, and
+        ends the slow way: its group killed, the launch's exit status told."""
+        if self.confirmed or not self.plan.forks_ahead:
+            return
+        self.confirmed = True
+        with contextlib.suppress(OSError):
+            self.channel.settimeout(max(0.0, deadline - time.monotonic()))
+            try:
+                ready = self.channel.recv(1)
+            finally:
+                self.channel.settimeout(None)
+            if ready:
+                self.forked = find_forked(self.proc.pid)
+
+    def close(self) -> None:
+        """The call is over: its channel and its pidfd go."""
+        self.channel.close()
+        if self.forked is not None:
+            os.close(self.forked.pidfd)
+            self.forked = None
 
     def start(
         self, argv: Sequence[str], cwd: Path, env: Mapping[str, str], ulimits: Sequence[str] = ()
@@ -75,7 +111,7 @@ class Launch:
 
     def abandon(self) -> None:
         """Never used: the shell finds nothing to read and exits; its group goes."""
-        self.channel.close()
+        self.close()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(5)
         for stream in (self.proc.stdout, self.proc.stderr):
@@ -115,6 +151,24 @@ def launch(plan: Plan, config: SandboxConfig) -> Launch:
     return Launch(plan, group, proc, channel, started_in)
 
 
+#: How long a call waits for its init's word that it forked ahead: the launch was made during
+#: earlier calls and is usually ready long before.
+CONFIRM_BOUND_S = 10.0
+
+
+def _end(used: Launch, ending: Ending) -> None:
+    try:
+        ending.finish()
+    except OSError:
+        log.exception("a finished call's namespace could not be ended; its group is removed")
+    finally:
+        used.close()
+        used.group.remove()
+
+
+#: Work for the launch thread: a launch to make for a plan and configuration, or a call to end.
+_Job = tuple[Plan, SandboxConfig] | Callable[[], None]
+
 #: Launches kept ready per plan and configuration. Two: calls that come back to back take the
 #: older one, whose shell joined its groups long before, while the next one is still joining.
 READY = 2
@@ -132,7 +186,7 @@ class Launcher:
         self._ready: dict[tuple[Plan, SandboxConfig], list[Launch]] = {}
         self._lock = threading.Lock()
         self._pid = os.getpid()
-        self._wanted: queue.SimpleQueue[tuple[Plan, SandboxConfig] | None] = queue.SimpleQueue()
+        self._wanted: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._pending = 0
         self._maker: threading.Thread | None = None
 
@@ -143,10 +197,21 @@ class Launcher:
             ready = self._ready.get((plan, config), [])
             oldest = ready.pop(0) if ready else None
         if oldest is not None and oldest.proc.poll() is None:
-            return oldest
+            oldest.confirm(time.monotonic() + CONFIRM_BOUND_S)
+            if oldest.forked is not None or not plan.forks_ahead:
+                return oldest
         if oldest is not None:
             oldest.abandon()
-        return launch(plan, config)
+        made = launch(plan, config)
+        made.confirm(time.monotonic() + CONFIRM_BOUND_S)
+        return made
+
+    def end_later(self, used: Launch, ending: Ending) -> None:
+        """Let a call's init and group end in the background, after its answer went."""
+        with self._lock:
+            self._forget_if_forked()
+            self._start_maker()
+            self._wanted.put(functools.partial(_end, used, ending))
 
     def ready(self, plan: Plan, config: SandboxConfig) -> list[Launch]:
         """The launches ready for ``config`` now, oldest first."""
@@ -161,11 +226,14 @@ class Launcher:
             for _ in range(max(0, wanted)):
                 self._pending += 1
                 self._wanted.put((plan, config))
-            if self._maker is None:
-                self._maker = threading.Thread(
-                    target=self._make, args=(self._wanted,), name="toolq-launch", daemon=True
-                )
-                self._maker.start()
+            self._start_maker()
+
+    def _start_maker(self) -> None:
+        if self._maker is None:
+            self._maker = threading.Thread(
+                target=self._make, args=(self._wanted,), name="toolq-launch", daemon=True
+            )
+            self._maker.start()
 
     def release(self) -> None:
         """Let every launch kept ready go (their shells exit, their groups are removed)."""
@@ -181,8 +249,11 @@ class Launcher:
         for unused in ready:
             unused.abandon()
 
-    def _make(self, wanted: queue.SimpleQueue[tuple[Plan, SandboxConfig] | None]) -> None:
+    def _make(self, wanted: queue.SimpleQueue[_Job | None]) -> None:
         while (asked := wanted.get()) is not None:
+            if callable(asked):
+                asked()
+                continue
             plan, config = asked
             try:
                 made: Launch | None = launch(plan, config)

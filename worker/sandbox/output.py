@@ -71,7 +71,10 @@ class Pump:
         proc: subprocess.Popen[bytes],
         streams: tuple[CappedStream, ...],
         notices: tuple[tuple[int, Notice], ...] = (),
+        exit_fd: int | None = None,
     ) -> None:
+        """``exit_fd``: a pidfd whose process's exit ends the command (its owner closes it);
+        by default the started process's, opened here."""
         self._proc = proc
         self._selector = selectors.PollSelector()
         self._buffer = bytearray(_READ_CHUNK)
@@ -82,9 +85,13 @@ class Pump:
             self._open += 1
         self._exit_fd: int | None = None
         self._command_fd: int | None = None
-        with contextlib.suppress(OSError, AttributeError):
-            self._exit_fd = os.pidfd_open(proc.pid)
-            self._selector.register(self._exit_fd, selectors.EVENT_READ, None)
+        if exit_fd is not None:
+            self._selector.register(exit_fd, selectors.EVENT_READ, None)
+        else:
+            with contextlib.suppress(OSError, AttributeError):
+                self._exit_fd = os.pidfd_open(proc.pid)
+                self._selector.register(self._exit_fd, selectors.EVENT_READ, None)
+        self._exit_known = exit_fd is not None or self._exit_fd is not None
         for fd, notice in notices:
             self._selector.register(fd, selectors.EVENT_READ, notice)
 
@@ -101,7 +108,7 @@ class Pump:
     def until_exit(self, deadline: float) -> bool:
         """Read until the process exits (True) or ``deadline`` passes (False)."""
         # Without a pidfd (kernels before 5.3) the exit is polled on a short tick.
-        tick = None if self._exit_fd is not None else 0.02
+        tick = None if self._exit_known else 0.02
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -131,22 +138,37 @@ class Pump:
             for key, _ in self._selector.select(remaining):
                 self._read(key.data)
 
+    def drain_buffered(self) -> None:
+        """Read what the pipes hold now, without waiting for them to close: for a command that
+        ended alone, whose pipes stay open in the init's processes. All it wrote is read then."""
+        for key in list(self._selector.get_map().values()):
+            stream = key.data
+            if isinstance(stream, CappedStream):
+                while self._read(stream):
+                    pass
+                if not stream.at_eof:
+                    stream.at_eof = True
+                    self._selector.unregister(stream.fd)
+                    self._open -= 1
+
     def _watch(self, pidfd: int | None) -> None:
         if pidfd is not None:
             self._command_fd = pidfd
             self._selector.register(pidfd, selectors.EVENT_READ, None)
 
-    def _read(self, stream: CappedStream) -> None:
+    def _read(self, stream: CappedStream) -> bool:
+        """Read one chunk; False when there was none (nothing yet, or the pipe closed)."""
         try:
             count = os.readv(stream.fd, [self._buffer])
         except BlockingIOError:
-            return
+            return False
         if count == 0:
             stream.at_eof = True
             self._selector.unregister(stream.fd)
             self._open -= 1
-            return
+            return False
         stream.take(self._view[:count])
+        return True
 
 
 def _has_exited(pid: int) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import pwd
+import re
 import shlex
 import shutil
 import stat
@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 from worker.sandbox.cgroups import CgroupLayout, detect_layout
 from worker.sandbox.config import MARKER_VARIABLE, SAFE_PATH, SHELL, SandboxConfig, SandboxError
+from worker.sandbox.pidfd import tells_exit_after_reaping
+from worker.sandbox.programs import env_restores_signals, require_binary, sandbox_ids
 
 #: The layers a command can get, as ``describe_isolation`` and every result name them.
 LAYER_PROCESS_GROUP = "process-group"
@@ -34,6 +36,24 @@ READ_AND_RUN = (
     'read -r n || exit 0; c=; while [ "$n" -gt 0 ]; do IFS= read -r l; c="$c$l\n"; '
     'n=$((n-1)); done; eval "$c"'
 )
+#: A bash init forks the command's process before the call comes: it takes SIGINT and SIGQUIT
+#: back (bash lets a background job do so; dash does not), reads the call's line from the
+#: socket (as fd 3: a background job's input is /dev/null) and runs it
+#: (``Plan.init_line``). The init lets go of the command's output (bash would tell there how
+#: the command ended), says it is ready, waits for it, then waits for the worker to close the
+#: socket: the namespace lives on while the worker counts what the command left.
+FORK_AHEAD = (
+    "exec 3<&0; { trap - INT QUIT; "
+    + READ_AND_RUN.replace("read -r", "read -r -u 3")
+    + "; } & exec >/dev/null 2>&1; echo >&0; wait $!; read _"
+)
+
+
+#: ``ulimit``'s flag and unit for each limit, in dash and in bash.
+_DASH_ULIMITS = {"cpu": ("-t", 1), "fsize": ("-f", 512), "as": ("-v", 1024), "nproc": ("-p", 1)}
+_BASH_ULIMITS = {"cpu": ("-t", 1), "fsize": ("-f", 1024), "as": ("-v", 1024), "nproc": ("-u", 1)}
+#: A variable name the init's ``export`` takes.
+_SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def describe_isolation(config: SandboxConfig) -> list[str]:
@@ -68,6 +88,11 @@ class Plan:
     #: Where a ready init waits, already the sandbox user's (see ``SandboxConfig``); None: the
     #: init stays root and each call drops to the sandbox user.
     ready_in: str | None = None
+    #: The init's shell. bash where the kernel tells a reaped command's exit status through a
+    #: pidfd (bash reaps its children at once; dash leaves them for the worker to read): bash
+    #: gives its background command SIGINT and SIGQUIT back itself, so a call starts one
+    #: program, not ``env`` and then the command.
+    init_shell: str = SHELL
 
     @property
     def namespaced(self) -> bool:
@@ -88,6 +113,11 @@ class Plan:
         return 2 if self.has_init else 0
 
     @property
+    def forks_ahead(self) -> bool:
+        """The init has forked the command's process before the call (``FORK_AHEAD``)."""
+        return self.has_init and self.init_shell != SHELL
+
+    @property
     def init_drops(self) -> bool:
         """The ready init has already dropped to the sandbox user: the call does not."""
         return self.has_init and self.ready_in is not None
@@ -99,7 +129,12 @@ class Plan:
         waiting for its line."""
         guard = (self.guard, "--pdeathsig", "KILL", "--") if self.guard else ()
         drop = self._drop() if self.init_drops else []
-        init = (SHELL, "-c", READ_AND_RUN, "toolq-init")
+        # bash reads ~/.bashrc when its input is a socket (as under sshd) unless told not to.
+        init = (
+            (self.init_shell, "--norc", "--noprofile", "-c", FORK_AHEAD, "toolq-init")
+            if self.forks_ahead
+            else (self.init_shell, "-c", READ_AND_RUN, "toolq-init")
+        )
         return (*guard, *self.namespace_argv, *drop, *init)
 
     def for_folder(self, cwd: str) -> Plan:
@@ -121,15 +156,20 @@ class Plan:
         reaps the command and exits with its status, and the namespace ends the rest. On a
         timeout the worker kills the whole group instead.
 
+        An init that forked ahead (``FORK_AHEAD``) has nothing left to start: the process it
+        forked runs the line, and the worker learns the command's exit status from its pidfd.
+
         An init that is already the sandbox user enters the call's folder by its path from
         where it waits: the folders above may be closed to that user."""
         where = cwd
         if self.init_drops and _is_within(cwd, started_in):
             where = os.path.join(".", os.path.relpath(cwd, started_in))
         limits = "".join(f"ulimit {limit} || exit 126; " for limit in ulimits)
+        enter = f"cd -P -- {shlex.quote(where)} || exit 126; "
+        if self.forks_ahead:
+            return f"{enter}{limits}export {exports}; exec {shlex.join(argv)} 3<&-"
         return (
-            f"cd -P -- {shlex.quote(where)} || exit 126; "
-            f"{{ {limits}export {exports}; exec {shlex.join(argv)}; }} & "
+            f"{enter}{{ {limits}export {exports}; exec {shlex.join(argv)}; }} & "
             "echo >&0; read _; wait $!"
         )
 
@@ -162,7 +202,9 @@ class Plan:
         argv: list[str] = []
         # The shell ignores SIGINT and SIGQUIT in the background jobs of a namespace's init
         # and cannot give them back: ``env`` does, at the last step.
-        restore = ["--default-signal=INT,QUIT"] if self.has_init and self.restores_signals else []
+        restore = []
+        if self.has_init and self.restores_signals and not self.forks_ahead:
+            restore = ["--default-signal=INT,QUIT"]
         # With an init, the guard and the namespaces were put in place before the call came
         # (``ready_argv``), and the init sets the limits (``init_line``): it starts what
         # follows, from an init that is already the sandbox user the shell alone.
@@ -175,7 +217,11 @@ class Plan:
         if not self.init_drops:
             argv += self._drop()
         # The wrappers run (some as root) before the limits and namespaces hold: a variable such
-        # as LD_PRELOAD must reach only the shell, so ``env`` adds the caller's at the last step.
+        # as LD_PRELOAD must reach only the shell, so the caller's are added at the last step:
+        # by an init that is already the sandbox user, in the line it runs (names a shell can
+        # export), else by ``env``.
+        if self.init_drops and all(_SHELL_NAME.fullmatch(name) for name in requested):
+            base_env, requested = {**base_env, **requested}, {}
         if requested or restore:
             argv += [self.env_binary, *restore, "--", *(f"{k}={v}" for k, v in requested.items())]
         return argv + shell, base_env
@@ -215,10 +261,10 @@ class Plan:
         ]
 
     def ulimits(self, timeout_ms: int, config: SandboxConfig) -> list[str]:
-        """The same limits as the init's ``ulimit`` sets them (dash's): the soft one first, so
-        that it is never above the hard one; file sizes in 512-byte blocks, address space in
-        KiB."""
-        units = {"cpu": ("-t", 1), "fsize": ("-f", 512), "as": ("-v", 1024), "nproc": ("-p", 1)}
+        """The same limits as the init's ``ulimit`` sets them: the soft one first, so that it
+        is never above the hard one; address space in KiB, file sizes in dash's 512-byte blocks
+        or bash's 1024-byte ones, processes by dash's ``-p`` or bash's ``-u``."""
+        units = _DASH_ULIMITS if self.init_shell == SHELL else _BASH_ULIMITS
         found: list[str] = []
         for name, (soft, hard) in self._limits(timeout_ms, config).items():
             flag, unit = units[name]
@@ -235,9 +281,9 @@ def plan_for(config: SandboxConfig, euid: int) -> Plan:
     drop_to: tuple[int, int] | None = None
     prlimit = setpriv = ""
     if as_root:
-        drop_to = _sandbox_ids(config.user)
-        prlimit = _require_binary("prlimit", "set resource limits")
-        setpriv = _require_binary("setpriv", f"drop to user {config.user!r}")
+        drop_to = sandbox_ids(config.user)
+        prlimit = require_binary("prlimit", "set resource limits")
+        setpriv = require_binary("setpriv", f"drop to user {config.user!r}")
         layers += [f"user:{config.user}", LAYER_NO_NEW_PRIVS, LAYER_RLIMITS]
     else:
         prlimit = shutil.which("prlimit", path=SAFE_PATH) or ""
@@ -267,6 +313,8 @@ def plan_for(config: SandboxConfig, euid: int) -> Plan:
     layers += cgroups.layers
     collected = bool(namespace_argv) or cgroups.doing("kill") is not None
     collected_by_init = bool(namespace_argv) and bool(cgroups.hierarchies)
+    bash = shutil.which("bash", path=SAFE_PATH) if collected_by_init else None
+    init_shell = bash if bash and tells_exit_after_reaping() else SHELL
     return Plan(
         layers=tuple(layers),
         namespace_argv=namespace_argv,
@@ -277,45 +325,11 @@ def plan_for(config: SandboxConfig, euid: int) -> Plan:
         env_binary=env_binary,
         sweep_uid=None if collected else (drop_to[0] if drop_to else os.getuid()),
         cgroups=cgroups,
-        restores_signals=collected_by_init and _env_restores_signals(env_binary),
+        restores_signals=collected_by_init
+        and (init_shell != SHELL or env_restores_signals(env_binary)),
         ready_in=_ready_in(config.workspace_root, drop_to) if collected_by_init else None,
+        init_shell=init_shell,
     )
-
-
-def _env_restores_signals(env_binary: str) -> bool:
-    try:
-        probe = subprocess.run(
-            [env_binary, "--default-signal=INT,QUIT", "true"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            env={"PATH": SAFE_PATH},
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return probe.returncode == 0
-
-
-def _sandbox_ids(user: str) -> tuple[int, int]:
-    try:
-        entry = pwd.getpwnam(user)
-    except KeyError:
-        raise SandboxError(
-            f"the sandbox user {user!r} does not exist; create it or set TOOLQ_SANDBOX_USER"
-        ) from None
-    if entry.pw_uid == 0:
-        raise SandboxError(f"the sandbox user {user!r} is root; choose an unprivileged user")
-    return entry.pw_uid, entry.pw_gid
-
-
-def _require_binary(name: str, purpose: str) -> str:
-    found = shutil.which(name, path=SAFE_PATH)
-    if found is None:
-        raise SandboxError(
-            f"{name} (util-linux) is needed to {purpose} when the worker runs as root"
-        )
-    return found
 
 
 def _namespace_argv(as_root: bool) -> tuple[str, ...]:

@@ -86,15 +86,19 @@ def _run(
             raise SandboxError(f"the command could not be started: {exc.strerror or exc}") from exc
         return _follow(proc, Ending(proc, plan, marker, None, None), started, timeout_ms, config)
     ready = launcher.take(plan, config)
+    ending: Ending | None = None
     try:
         started = time.monotonic()
         ready.start(argv, cwd, process_env, plan.ulimits(timeout_ms, config))
         channel = ready.channel if plan.has_init else None
-        ending = Ending(ready.proc, plan, marker, ready.group, channel)
+        ending = Ending(ready.proc, plan, marker, ready.group, channel, ready.forked)
         return _follow(ready.proc, ending, started, timeout_ms, config)
     finally:
-        ready.channel.close()
-        ready.group.remove()
+        if ending is not None and ending.ends_later:
+            launcher.end_later(ready, ending)
+        else:
+            ready.close()
+            ready.group.remove()
         launcher.prepare(plan, config)
 
 
@@ -111,17 +115,22 @@ def _follow(
     stdout = CappedStream(proc.stdout, config.output_cap_bytes)
     stderr = CappedStream(proc.stderr, config.output_cap_bytes)
     notices: tuple[tuple[int, Notice], ...] = ()
-    if ending.init_socket is not None:
+    exit_fd = ending.command_pidfd
+    if ending.init_socket is not None and exit_fd is None:
         notices = ((ending.init_socket.fileno(), ending.command_started),)
     killed = False
     try:
-        with Pump(proc, (stdout, stderr), notices) as pump:
+        with Pump(proc, (stdout, stderr), notices, exit_fd) as pump:
             timed_out = not pump.until_exit(started + timeout_ms / 1000)
-            ending.kill_everything()
-            killed = True
-            pump.drain(time.monotonic() + DRAIN_BOUND_S)
+            if not timed_out and ending.ended_alone():
+                # Nothing to kill or wait for: the answer goes now, the namespace ends after.
+                pump.drain_buffered()
+            else:
+                ending.kill_everything()
+                killed = True
+                pump.drain(time.monotonic() + DRAIN_BOUND_S)
     finally:
-        if not killed:  # interrupted: nothing may be left running
+        if not killed and not ending.ends_later:  # interrupted: nothing may be left running
             ending.kill_everything()
         returncode = ending.reap(stderr)
         stdout.close()

@@ -1,0 +1,47 @@
+"""What a plan needs from this machine besides namespaces and control groups: the sandbox
+user's ids, the programs that put the layers in place, and whether ``env`` can give a command
+its signals back."""
+
+from __future__ import annotations
+
+import pwd
+import shutil
+import subprocess
+
+from worker.sandbox.config import SAFE_PATH, SandboxError
+
+
+def env_restores_signals(env_binary: str) -> bool:
+    try:
+        probe = subprocess.run(
+            [env_binary, "--default-signal=INT,QUIT", "true"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            env={"PATH": SAFE_PATH},
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
+
+
+def sandbox_ids(user: str) -> tuple[int, int]:
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        raise SandboxError(
+            f"the sandbox user {user!r} does not exist; create it or set TOOLQ_SANDBOX_USER"
+        ) from None
+    if entry.pw_uid == 0:
+        raise SandboxError(f"the sandbox user {user!r} is root; choose an unprivileged user")
+    return entry.pw_uid, entry.pw_gid
+
+
+def require_binary(name: str, purpose: str) -> str:
+    found = shutil.which(name, path=SAFE_PATH)
+    if found is None:
+        raise SandboxError(
+            f"{name} (util-linux) is needed to {purpose} when the worker runs as root"
+        )
+    return found
