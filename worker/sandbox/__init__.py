@@ -11,13 +11,13 @@ or see other processes.
 
 The parts: ``config`` (what the sandbox is told), ``cgroups`` (which hierarchy does which job on
 this machine), ``callgroup`` (one call's groups), ``launch`` (a shell in a call's groups, made ready
-before the call), ``plan`` (the layers, which of them this machine
-gives, and the command line that sets them up), ``programs`` (the user and the programs a plan
-needs), ``output`` (the capped streams and the pump reading them), ``procfs`` (a launch's
-processes found in /proc), ``pidfd`` (an exit status told through a pidfd), ``ending`` (killing,
-reaping, counting, or letting a command that ended alone answer before its namespace ends),
-``result`` (what a run tells and what it used), ``sweep`` (finding what dead worker processes left), and ``run`` (one command from start
-to end).
+before the call), ``plan`` (the layers, which of them this machine gives, and the command line
+that sets them up), ``programs`` (the user and the programs a plan needs), ``output`` (the capped
+streams and the pump reading them), ``procfs`` (a launch's processes found in /proc), ``pidfd``
+(an exit status told through a pidfd), ``ending`` (killing, reaping, counting, or letting a
+command that ended alone answer before its namespace ends), ``result`` (what a run tells and what
+it used), ``sweep`` (finding what dead worker processes left), and ``run`` (one command from
+start to end).
 """
 
 from worker.sandbox.config import (
