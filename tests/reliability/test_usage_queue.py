@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from api.dispatch import Dispatcher
-from tests.conftest import Caller
+from tests.conftest import Caller, wait_for
 from tests.reliability.conftest import Stack, start_stack
 from tests.reliability.report import Counts, Report
 from worker.sandbox import SandboxConfig
@@ -96,12 +96,20 @@ def host_account(usage_stack: Stack) -> Iterator[HostAccount]:
         for pid, origin in origins.items():
             with contextlib.suppress(OSError):  # gone
                 (CPUACCT / origin.lstrip("/") / "cgroup.procs").write_text(str(pid))
-        # What the worker started meanwhile and still runs (the shells it keeps ready for its
-        # next calls) goes to the group above.
-        for started in (group / "cgroup.procs").read_text().split():
-            with contextlib.suppress(OSError):
-                (group.parent / "cgroup.procs").write_text(started)
+        # What the worker started meanwhile and still runs (its spawner, the launches it keeps
+        # ready for its next calls) goes to the group above; a launch made while they move
+        # lands in the group too, and goes on the next pass.
+        wait_for(lambda: _emptied(group), 10, "the test's cpuacct group to empty")
         group.rmdir()
+
+
+def _emptied(group: Path) -> bool:
+    """Moves what is in ``group`` to the group above; true once there was nothing to move."""
+    members = (group / "cgroup.procs").read_text().split()
+    for member in members:
+        with contextlib.suppress(OSError):  # gone
+            (group.parent / "cgroup.procs").write_text(member)
+    return not members
 
 
 def _cpuacct_group(pid: int) -> str:

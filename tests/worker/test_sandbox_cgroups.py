@@ -20,7 +20,7 @@ from tests.worker.conftest import config_for, sleeps
 from worker import sandbox
 from worker.sandbox import SandboxConfig, SandboxError, describe_isolation, run_sandboxed
 from worker.sandbox.cgroups import CgroupLayout, detect_layout, owner_tag
-from worker.sandbox.launch import launcher
+from worker.sandbox.launch import READY, launcher
 from worker.sandbox.plan import plan_for
 from worker.sandbox.result import SandboxResult
 
@@ -286,7 +286,7 @@ def test_a_launch_is_ready_with_its_namespaces_before_the_call_comes(
     launcher.release()
     launcher.prepare(plan, config)
     try:
-        wait_for(lambda: len(launcher.ready(plan, config)) == 2, 10, "two launches made ready")
+        wait_for(lambda: len(launcher.ready(plan, config)) == READY, 10, "the launches made ready")
         own_namespace = os.readlink("/proc/self/ns/pid")
         for made in launcher.ready(plan, config):
             # The process started becomes unshare; its one child is the namespace's init,
@@ -295,7 +295,12 @@ def test_a_launch_is_ready_with_its_namespaces_before_the_call_comes(
             wait_for(lambda: bool(_children(started)), 10, "the init started")  # noqa: B023
             (init,) = _children(started)
             assert os.readlink(f"/proc/{init}/ns/pid") != own_namespace
-            assert "toolq-init" in (Path(f"/proc/{init}") / "cmdline").read_bytes().decode()
+            # Named in its command line (a shell's) or, made by the spawner, in its name.
+            named = {
+                (Path(f"/proc/{init}") / "comm").read_text().strip(),
+                *(Path(f"/proc/{init}") / "cmdline").read_bytes().decode().split("\0"),
+            }
+            assert "toolq-init" in named
             assert made.proc.poll() is None, "a ready launch died with the thread that made it"
         result = run("echo $$", sandbox_dir, config)
         assert result.stdout == "2\n"  # the init is 1: the command is its first child

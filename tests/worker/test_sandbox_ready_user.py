@@ -15,7 +15,7 @@ from tests.conftest import wait_for
 from tests.worker.conftest import NOBODY
 from worker.sandbox import SandboxConfig, run_sandboxed
 from worker.sandbox.cgroups import detect_layout
-from worker.sandbox.launch import launcher
+from worker.sandbox.launch import READY, launcher
 from worker.sandbox.plan import plan_for
 from worker.sandbox.result import SandboxResult
 
@@ -82,7 +82,7 @@ def test_the_init_is_the_sandbox_user_before_the_call_comes(workspace_root: Path
     plan = plan_for(config, 0)
     launcher.release()
     launcher.prepare(plan, config)
-    wait_for(lambda: len(launcher.ready(plan, config)) == 2, 10, "two launches made ready")
+    wait_for(lambda: len(launcher.ready(plan, config)) == READY, 10, "the launches made ready")
     for made in launcher.ready(plan, config):
         started = made.proc.pid
         wait_for(lambda: bool(_children(started)), 10, "the init started")  # noqa: B023

@@ -10,14 +10,15 @@ private PID and network namespaces: nothing it starts outlives it and it cannot 
 or see other processes.
 
 The parts: ``config`` (what the sandbox is told), ``cgroups`` (which hierarchy does which job on
-this machine), ``callgroup`` (one call's groups), ``launch`` (a shell in a call's groups, made ready
-before the call), ``plan`` (the layers, which of them this machine gives, and the command line
-that sets them up), ``programs`` (the user and the programs a plan needs), ``output`` (the capped
-streams and the pump reading them), ``procfs`` (a launch's processes found in /proc), ``pidfd``
-(an exit status told through a pidfd), ``ending`` (killing, reaping, counting, or letting a
-command that ended alone answer before its namespace ends), ``result`` (what a run tells and what
-it used), ``sweep`` (finding what dead worker processes left), and ``run`` (one command from
-start to end).
+this machine), ``callgroup`` (one call's groups), ``launch`` (a call's groups and namespaces, made
+ready before the call), ``spawner`` and ``spawns`` (the small process that makes a root worker's
+launches, and the worker's side of it), ``plan`` (the layers, which of them this machine gives,
+and the command line that sets them up), ``scripts`` (the shell text a launch runs and reads),
+``programs`` (the user and the programs a plan needs), ``output`` (the capped streams and the
+pump reading them), ``procfs`` (a launch's processes found in /proc), ``pidfd`` (an exit status
+told through a pidfd), ``ending`` (killing, reaping, counting, or letting a command that ended
+alone answer before its namespace ends), ``result`` (what a run tells and what it used),
+``sweep`` (finding what dead worker processes left), and ``run`` (one command from start to end).
 """
 
 from worker.sandbox.config import (

@@ -23,6 +23,8 @@ CGROUP_ROOT = "/sys/fs/cgroup"
 
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SHELL = "/bin/sh"
+#: What every command's environment holds, besides its HOME and PWD and the caller's variables.
+COMMAND_ENV = {"PATH": SAFE_PATH, "LANG": "C.UTF-8", "TMPDIR": "/tmp"}
 #: Marks every process of one command (when no PID namespace collects them) so that those
 #: that left its session can still be found and killed.
 MARKER_VARIABLE = "TOOLQ_SANDBOX_ID"

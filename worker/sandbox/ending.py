@@ -15,7 +15,6 @@ import resource
 import selectors
 import signal
 import socket
-import subprocess
 import time
 
 from worker.sandbox.callgroup import CallGroup, poll_until
@@ -26,6 +25,7 @@ from worker.sandbox.pidfd import exit_status
 from worker.sandbox.plan import Plan
 from worker.sandbox.procfs import ForkedCommand, children, first_child_in_namespace
 from worker.sandbox.result import Usage
+from worker.sandbox.spawns import LaunchedProcess
 from worker.sandbox.sweep import sweep_marked
 
 #: What util-linux's unshare (2.38) prints, exiting with 1, when its child died of SIGKILL.
@@ -38,7 +38,7 @@ class Ending:
 
     def __init__(
         self,
-        proc: subprocess.Popen[bytes],
+        proc: LaunchedProcess,
         plan: Plan,
         marker: str,
         group: CallGroup | None,
@@ -210,7 +210,7 @@ class Ending:
         return bool(pid)
 
 
-def _kill_without_group(proc: subprocess.Popen[bytes], plan: Plan, marker: str) -> None:
+def _kill_without_group(proc: LaunchedProcess, plan: Plan, marker: str) -> None:
     # The namespace's first process may have left the process group, and dropping root
     # cancelled its parent-death signal, so it is also killed by pid. Its pidfd is taken while
     # unshare, its parent, still holds it unreaped: the pid cannot have been reused.

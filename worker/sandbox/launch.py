@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import json
 import logging
 import os
 import queue
@@ -36,8 +37,10 @@ from pathlib import Path
 from worker.sandbox.callgroup import CallGroup
 from worker.sandbox.config import SAFE_PATH, SHELL, SandboxConfig, SandboxError
 from worker.sandbox.ending import Ending
-from worker.sandbox.plan import READ_AND_RUN, Plan
+from worker.sandbox.plan import PER_CALL_LIMITS, Plan
 from worker.sandbox.procfs import ForkedCommand, find_forked
+from worker.sandbox.scripts import READ_AND_RUN, numbered, shell_ahead_line
+from worker.sandbox.spawns import LaunchedProcess, SpawnedProcess, spawner
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +62,7 @@ class Launch:
 
     plan: Plan
     group: CallGroup
-    proc: subprocess.Popen[bytes]
+    proc: LaunchedProcess
     #: The worker's end of the shell's standard input: the command line goes in, and with a
     #: PID namespace the init's word that the command started comes out (see ``plan``).
     channel: socket.socket
@@ -87,36 +90,71 @@ class Launch:
                 self.forked = find_forked(self.proc.pid)
 
     def close(self) -> None:
-        """The call is over: its channel and its pidfd go."""
+        """The call is over: its channel and its pidfds go."""
         self.channel.close()
         if self.forked is not None:
             os.close(self.forked.pidfd)
             self.forked = None
+        if isinstance(self.proc, SpawnedProcess):
+            self.proc.close()
 
     def start(
-        self, argv: Sequence[str], cwd: Path, env: Mapping[str, str], ulimits: Sequence[str] = ()
+        self,
+        argv: Sequence[str],
+        cwd: Path,
+        env: Mapping[str, str],
+        limits: Mapping[str, tuple[int, int]] | None = None,
     ) -> None:
         """Run ``argv`` in ``cwd`` with ``env``: the waiting shell becomes it, or with a PID
-        namespace its init starts it under ``ulimits`` (``Plan.ulimits``)."""
+        namespace its init starts it under ``limits`` (``Plan.limits``)."""
+        limits = limits or {}
+        if self.plan.spawned and self.forked is not None:
+            # Made at the lowest priority, between calls; the command runs at the normal one.
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, self.forked.pid, 0)
+        if self.plan.shell_ahead is not None:
+            where = self.plan.folder_from(str(cwd), self.started_in)
+            per_call = {name: limits[name] for name in limits if name in PER_CALL_LIMITS}
+            ulimits = self.plan.ulimits(per_call)
+            text = shell_ahead_line(argv, where, env, ulimits, self.plan.env_binary)
+            self.channel.sendall(numbered(text))
+            return
+        if self.plan.spawned and self.plan.has_init:
+            self.channel.sendall(self._spawned_call(argv, cwd, env, limits))
+            return
         exports = " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
         if self.plan.has_init:
+            ulimits = self.plan.ulimits(limits)
             line = self.plan.init_line(argv, str(cwd), exports, ulimits, self.started_in)
         else:
             where = shlex.quote(str(cwd))
             line = f"cd -- {where} && export {exports} && exec {shlex.join(argv)} </dev/null"
-        text = f"{line}\n"
-        self.channel.sendall(f"{text.count(chr(10))}\n{text}".encode())
+        self.channel.sendall(numbered(line))
         if not self.plan.has_init:
             self.channel.close()
 
+    def _spawned_call(
+        self,
+        argv: Sequence[str],
+        cwd: Path,
+        env: Mapping[str, str],
+        limits: Mapping[str, tuple[int, int]],
+    ) -> bytes:
+        """The call as the spawner's forked process reads it: one line of JSON."""
+        where = self.plan.folder_from(str(cwd), self.started_in)
+        drop = None if self.plan.init_drops else self.plan.drop_to
+        call = {"argv": list(argv), "cwd": where, "env": dict(env), "limits": dict(limits)}
+        return json.dumps({**call, "drop": drop}).encode() + b"\n"
+
     def abandon(self) -> None:
         """Never used: the shell finds nothing to read and exits; its group goes."""
-        self.close()
+        self.channel.close()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(5)
         for stream in (self.proc.stdout, self.proc.stderr):
             if stream is not None:
                 stream.close()
+        self.close()
         self.group.remove()
 
 
@@ -131,6 +169,16 @@ def launch(plan: Plan, config: SandboxConfig) -> Launch:
     )
     ready = plan.ready_argv if plan.has_init else ()
     started_in = plan.ready_in if plan.ready_in and os.path.isdir(plan.ready_in) else "/"
+    if plan.spawned and plan.has_init:
+        drop = plan.drop_to if plan.init_drops else None
+        try:
+            spawned, socket_to_init = spawner.launch(
+                group.join_files, drop, started_in, plan.shell_ahead, plan.limits_ahead(config)
+            )
+        except SandboxError:
+            group.remove()
+            raise
+        return Launch(plan, group, spawned, socket_to_init, started_in)
     channel, its_end = socket.socketpair()
     try:
         proc = subprocess.Popen(
@@ -169,9 +217,10 @@ def _end(used: Launch, ending: Ending) -> None:
 #: Work for the launch thread: a launch to make for a plan and configuration, or a call to end.
 _Job = tuple[Plan, SandboxConfig] | Callable[[], None]
 
-#: Launches kept ready per plan and configuration. Two: calls that come back to back take the
-#: older one, whose shell joined its groups long before, while the next one is still joining.
-READY = 2
+#: Launches kept ready per plan and configuration. Four: calls that come back to back take the
+#: oldest, whose init said long before that it is ready, while the newer ones still wait to join
+#: their groups (the kernel's grace period) or, made at the lowest priority, for a free core.
+READY = 4
 
 
 class Launcher:

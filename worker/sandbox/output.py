@@ -7,10 +7,11 @@ import codecs
 import contextlib
 import os
 import selectors
-import subprocess
 import time
 from collections.abc import Callable
 from typing import IO
+
+from worker.sandbox.spawns import LaunchedProcess
 
 _READ_CHUNK = 65_536
 
@@ -68,7 +69,7 @@ class Pump:
 
     def __init__(
         self,
-        proc: subprocess.Popen[bytes],
+        proc: LaunchedProcess,
         streams: tuple[CappedStream, ...],
         notices: tuple[tuple[int, Notice], ...] = (),
         exit_fd: int | None = None,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import re
 import shlex
 import shutil
 import stat
@@ -15,9 +14,27 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from worker.sandbox.cgroups import CgroupLayout, detect_layout
-from worker.sandbox.config import MARKER_VARIABLE, SAFE_PATH, SHELL, SandboxConfig, SandboxError
+from worker.sandbox.config import (
+    MARKER_VARIABLE,
+    SAFE_PATH,
+    SHELL,
+    SandboxConfig,
+    SandboxError,
+)
 from worker.sandbox.pidfd import tells_exit_after_reaping
-from worker.sandbox.programs import env_restores_signals, require_binary, sandbox_ids
+from worker.sandbox.programs import (
+    env_restores_signals,
+    require_binary,
+    sandbox_ids,
+    signals_ignored_here,
+)
+from worker.sandbox.scripts import (
+    FORK_AHEAD,
+    READ_AND_RUN,
+    SHELL_AHEAD,
+    SHELL_NAME,
+    ulimit_flags,
+)
 
 #: The layers a command can get, as ``describe_isolation`` and every result name them.
 LAYER_PROCESS_GROUP = "process-group"
@@ -28,32 +45,8 @@ LAYER_PID_NS = "pid-namespace"
 LAYER_NET_NS = "network-namespace"
 LAYER_USER_NS = "user-namespace"
 
-#: Reads a command line from standard input (the number of lines, then the lines; ``read``
-#: takes a byte at a time, so what follows stays on the input) and runs it. Nothing to read (the
-#: worker died, or let the launch go unused) ends it. The first process of a PID namespace whose
-#: command has control groups is this script, and the line it reads is ``Plan.init_line``.
-READ_AND_RUN = (
-    'read -r n || exit 0; c=; while [ "$n" -gt 0 ]; do IFS= read -r l; c="$c$l\n"; '
-    'n=$((n-1)); done; eval "$c"'
-)
-#: A bash init forks the command's process before the call comes: it takes SIGINT and SIGQUIT
-#: back (bash lets a background job do so; dash does not), reads the call's line from the
-#: socket (as fd 3: a background job's input is /dev/null) and runs it
-#: (``Plan.init_line``). The init lets go of the command's output (bash would tell there how
-#: the command ended), says it is ready, waits for it, then waits for the worker to close the
-#: socket: the namespace lives on while the worker counts what the command left.
-FORK_AHEAD = (
-    "exec 3<&0; { trap - INT QUIT; "
-    + READ_AND_RUN.replace("read -r", "read -r -u 3")
-    + "; } & exec >/dev/null 2>&1; echo >&0; wait $!; read _"
-)
-
-
-#: ``ulimit``'s flag and unit for each limit, in dash and in bash.
-_DASH_ULIMITS = {"cpu": ("-t", 1), "fsize": ("-f", 512), "as": ("-v", 1024), "nproc": ("-p", 1)}
-_BASH_ULIMITS = {"cpu": ("-t", 1), "fsize": ("-f", 1024), "as": ("-v", 1024), "nproc": ("-u", 1)}
-#: A variable name the init's ``export`` takes.
-_SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: The limits that depend on the call (its time limit); the others depend on the configuration.
+PER_CALL_LIMITS = frozenset({"cpu"})
 
 
 def describe_isolation(config: SandboxConfig) -> list[str]:
@@ -93,6 +86,11 @@ class Plan:
     #: gives its background command SIGINT and SIGQUIT back itself, so a call starts one
     #: program, not ``env`` and then the command.
     init_shell: str = SHELL
+    #: A root worker's launches come from its spawner (``worker.sandbox.spawner``): system
+    #: calls in a small process of its own instead of five programs per launch. Its init forks
+    #: ahead like bash's; the process forked sets the call up itself (folder, limits, variables,
+    #: the drop where the init did not) and execs the command.
+    spawned: bool = False
 
     @property
     def namespaced(self) -> bool:
@@ -114,8 +112,9 @@ class Plan:
 
     @property
     def forks_ahead(self) -> bool:
-        """The init has forked the command's process before the call (``FORK_AHEAD``)."""
-        return self.has_init and self.init_shell != SHELL
+        """The init has forked the command's process before the call (``FORK_AHEAD``, or the
+        spawner's)."""
+        return self.has_init and (self.spawned or self.init_shell != SHELL)
 
     @property
     def init_drops(self) -> bool:
@@ -161,9 +160,7 @@ class Plan:
 
         An init that is already the sandbox user enters the call's folder by its path from
         where it waits: the folders above may be closed to that user."""
-        where = cwd
-        if self.init_drops and _is_within(cwd, started_in):
-            where = os.path.join(".", os.path.relpath(cwd, started_in))
+        where = self.folder_from(cwd, started_in)
         limits = "".join(f"ulimit {limit} || exit 126; " for limit in ulimits)
         enter = f"cd -P -- {shlex.quote(where)} || exit 126; "
         if self.forks_ahead:
@@ -172,6 +169,21 @@ class Plan:
             f"{enter}{{ {limits}export {exports}; exec {shlex.join(argv)}; }} & "
             "echo >&0; read _; wait $!"
         )
+
+    @property
+    def shell_ahead(self) -> tuple[str, ...] | None:
+        """A spawned launch whose init is already the sandbox user: the argv its forked process
+        becomes before the call, the shell that will run the command (``SHELL_AHEAD``)."""
+        if self.spawned and self.init_drops:
+            return (SHELL, "-c", SHELL_AHEAD, SHELL)
+        return None
+
+    def folder_from(self, cwd: str, started_in: str) -> str:
+        """``cwd`` as a ready init enters it: by its path from where it waits when it is
+        already the sandbox user (the folders above may be closed to that user)."""
+        if self.init_drops and _is_within(cwd, started_in):
+            return os.path.join(".", os.path.relpath(cwd, started_in))
+        return cwd
 
     @property
     def wrapped(self) -> bool:
@@ -197,7 +209,8 @@ class Plan:
             base_env = {**base_env, MARKER_VARIABLE: marker}
         requested = {k: v for k, v in env.items() if k != MARKER_VARIABLE}
         shell = [SHELL, "-c", command] if isinstance(command, str) else list(command)
-        if not self.wrapped:
+        if not self.wrapped or (self.has_init and self.spawned):
+            # A spawned command's process drops to the user and sets the variables itself.
             return shell, {**base_env, **requested}
         argv: list[str] = []
         # The shell ignores SIGINT and SIGQUIT in the background jobs of a namespace's init
@@ -220,7 +233,7 @@ class Plan:
         # as LD_PRELOAD must reach only the shell, so the caller's are added at the last step:
         # by an init that is already the sandbox user, in the line it runs (names a shell can
         # export), else by ``env``.
-        if self.init_drops and all(_SHELL_NAME.fullmatch(name) for name in requested):
+        if self.init_drops and all(SHELL_NAME.fullmatch(name) for name in requested):
             base_env, requested = {**base_env, **requested}, {}
         if requested or restore:
             argv += [self.env_binary, *restore, "--", *(f"{k}={v}" for k, v in requested.items())]
@@ -237,7 +250,7 @@ class Plan:
             "--no-new-privs", "--pdeathsig", "keep", "--",
         ]  # fmt: skip
 
-    def _limits(self, timeout_ms: int, config: SandboxConfig) -> dict[str, tuple[int, int]]:
+    def limits(self, timeout_ms: int, config: SandboxConfig) -> dict[str, tuple[int, int]]:
         """The rlimits of a call, soft and hard: CPU seconds, file bytes, and where no control
         group does, address space bytes and processes."""
         if not self.prlimit:
@@ -257,19 +270,18 @@ class Plan:
     def _rlimits(self, timeout_ms: int, config: SandboxConfig) -> list[str]:
         return [
             f"--{name}={soft}:{hard}"
-            for name, (soft, hard) in self._limits(timeout_ms, config).items()
+            for name, (soft, hard) in self.limits(timeout_ms, config).items()
         ]
 
-    def ulimits(self, timeout_ms: int, config: SandboxConfig) -> list[str]:
-        """The same limits as the init's ``ulimit`` sets them: the soft one first, so that it
-        is never above the hard one; address space in KiB, file sizes in dash's 512-byte blocks
-        or bash's 1024-byte ones, processes by dash's ``-p`` or bash's ``-u``."""
-        units = _DASH_ULIMITS if self.init_shell == SHELL else _BASH_ULIMITS
-        found: list[str] = []
-        for name, (soft, hard) in self._limits(timeout_ms, config).items():
-            flag, unit = units[name]
-            found += [f"-S {flag} {soft // unit}", f"-H {flag} {hard // unit}"]
-        return found
+    def limits_ahead(self, config: SandboxConfig) -> dict[str, tuple[int, int]]:
+        """The limits that do not depend on the call, which a shell started ahead has from its
+        start (all but ``PER_CALL_LIMITS``)."""
+        limits = self.limits(0, config)
+        return {name: limits[name] for name in limits if name not in PER_CALL_LIMITS}
+
+    def ulimits(self, limits: Mapping[str, tuple[int, int]]) -> list[str]:
+        """``limits`` as this plan's init shell's ``ulimit`` sets them."""
+        return ulimit_flags(limits, bash=self.init_shell != SHELL)
 
 
 @functools.lru_cache(maxsize=8)
@@ -313,8 +325,15 @@ def plan_for(config: SandboxConfig, euid: int) -> Plan:
     layers += cgroups.layers
     collected = bool(namespace_argv) or cgroups.doing("kill") is not None
     collected_by_init = bool(namespace_argv) and bool(cgroups.hierarchies)
-    bash = shutil.which("bash", path=SAFE_PATH) if collected_by_init else None
-    init_shell = bash if bash and tells_exit_after_reaping() else SHELL
+    # An init that reaps its command at once (the spawner's, bash) needs the kernel to tell
+    # the command's exit status through a pidfd.
+    exit_told = collected_by_init and tells_exit_after_reaping()
+    spawned = exit_told and as_root
+    # A shell cannot give its jobs back a signal ignored when it started: where this process
+    # ignores SIGINT or SIGQUIT, the dash init and ``env --default-signal`` do.
+    bash_init = exit_told and not spawned and not signals_ignored_here()
+    bash = shutil.which("bash", path=SAFE_PATH) if bash_init else None
+    init_shell = bash or SHELL
     return Plan(
         layers=tuple(layers),
         namespace_argv=namespace_argv,
@@ -326,9 +345,10 @@ def plan_for(config: SandboxConfig, euid: int) -> Plan:
         sweep_uid=None if collected else (drop_to[0] if drop_to else os.getuid()),
         cgroups=cgroups,
         restores_signals=collected_by_init
-        and (init_shell != SHELL or env_restores_signals(env_binary)),
+        and (spawned or init_shell != SHELL or env_restores_signals(env_binary)),
         ready_in=_ready_in(config.workspace_root, drop_to) if collected_by_init else None,
         init_shell=init_shell,
+        spawned=spawned,
     )
 
 

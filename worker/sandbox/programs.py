@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import pwd
 import shutil
+import signal
 import subprocess
 
 from worker.sandbox.config import SAFE_PATH, SandboxError
+
+#: The signals a shell ignores in its background jobs, which a command gets back.
+_RESTORED = (signal.SIGINT, signal.SIGQUIT)
 
 
 def env_restores_signals(env_binary: str) -> bool:
@@ -24,6 +28,12 @@ def env_restores_signals(env_binary: str) -> bool:
     except (OSError, subprocess.TimeoutExpired):
         return False
     return probe.returncode == 0
+
+
+def signals_ignored_here() -> bool:
+    """This process ignores SIGINT or SIGQUIT (as a program started in the background of a
+    script does), and so would every process it starts unless one gives them back."""
+    return any(signal.getsignal(number) is signal.SIG_IGN for number in _RESTORED)
 
 
 def sandbox_ids(user: str) -> tuple[int, int]:

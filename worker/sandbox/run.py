@@ -13,12 +13,13 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from worker.sandbox.config import SAFE_PATH, SHELL, SandboxConfig, SandboxError
+from worker.sandbox.config import COMMAND_ENV, SHELL, SandboxConfig, SandboxError
 from worker.sandbox.ending import Ending
 from worker.sandbox.launch import launcher
 from worker.sandbox.output import CappedStream, Notice, Pump
 from worker.sandbox.plan import Plan, plan_for
 from worker.sandbox.result import SandboxResult, build_result
+from worker.sandbox.spawns import LaunchedProcess
 
 #: How long to keep reading once the command has ended and its leftovers were killed: their
 #: pipes close at once, unless something escaped (possible only without a PID namespace).
@@ -62,13 +63,7 @@ def _run(
     # The marker names the worker process too, so a later sweep can tell an orphan (its worker
     # was killed mid-call) from a command still running for a live worker.
     marker = "" if plan.sweep_uid is None else f"{os.getpid()}-{uuid.uuid4().hex}"
-    base_env = {
-        "PATH": SAFE_PATH,
-        "HOME": str(home),
-        "LANG": "C.UTF-8",
-        "TMPDIR": "/tmp",
-        "PWD": str(cwd),
-    }
+    base_env = {**COMMAND_ENV, "HOME": str(home), "PWD": str(cwd)}
     argv, process_env = plan.command_line(command, base_env, env, marker, timeout_ms, config)
     if not plan.grouped:
         started = time.monotonic()
@@ -89,7 +84,7 @@ def _run(
     ending: Ending | None = None
     try:
         started = time.monotonic()
-        ready.start(argv, cwd, process_env, plan.ulimits(timeout_ms, config))
+        ready.start(argv, cwd, process_env, plan.limits(timeout_ms, config))
         channel = ready.channel if plan.has_init else None
         ending = Ending(ready.proc, plan, marker, ready.group, channel, ready.forked)
         return _follow(ready.proc, ending, started, timeout_ms, config)
@@ -103,7 +98,7 @@ def _run(
 
 
 def _follow(
-    proc: subprocess.Popen[bytes],
+    proc: LaunchedProcess,
     ending: Ending,
     started: float,
     timeout_ms: int,

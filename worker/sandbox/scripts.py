@@ -1,0 +1,84 @@
+"""The shell text of a launch: the scripts its waiting processes run, and the lines a call
+sends them (the folder, the limits, the variables, the command)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+
+from worker.sandbox.config import COMMAND_ENV, SHELL
+
+#: Reads a command line from standard input (the number of lines, then the lines; ``read``
+#: takes a byte at a time, so what follows stays on the input) and runs it. Nothing to read (the
+#: worker died, or let the launch go unused) ends it. The first process of a PID namespace whose
+#: command has control groups is this script, and the line it reads is ``Plan.init_line``.
+READ_AND_RUN = (
+    'read -r n || exit 0; c=; while [ "$n" -gt 0 ]; do IFS= read -r l; c="$c$l\n"; '
+    'n=$((n-1)); done; eval "$c"'
+)
+#: A bash init forks the command's process before the call comes: it takes SIGINT and SIGQUIT
+#: back (bash lets a background job do so; dash does not), reads the call's line from the
+#: socket (as fd 3: a background job's input is /dev/null) and runs it
+#: (``Plan.init_line``). The init lets go of the command's output (bash would tell there how
+#: the command ended), says it is ready, waits for it, then waits for the worker to close the
+#: socket: the namespace lives on while the worker counts what the command left.
+FORK_AHEAD = (
+    "exec 3<&0; { trap - INT QUIT; "
+    + READ_AND_RUN.replace("read -r", "read -r -u 3")
+    + "; } & exec >/dev/null 2>&1; echo >&0; wait $!; read _"
+)
+#: The call's shell started ahead by the spawner (``Plan.shell_ahead``): it reads the call's line
+#: from fd 3 (the socket), lets go of it, and runs the line itself; ``$0`` is the shell's path,
+#: as in ``sh -c``. The line ends with the command's own text, run by ``eval``: the shell names
+#: it in the messages of errors at the command's top level ("sh: 1: eval: x: not found").
+SHELL_AHEAD = READ_AND_RUN.replace("read -r", "read -r <&3").replace(
+    'eval "$c"', 'exec 3<&-; eval "$c"'
+)
+
+#: ``ulimit``'s flag and unit for each limit, in dash and in bash.
+_DASH_ULIMITS = {"cpu": ("-t", 1), "fsize": ("-f", 512), "as": ("-v", 1024), "nproc": ("-p", 1)}
+_BASH_ULIMITS = {"cpu": ("-t", 1), "fsize": ("-f", 1024), "as": ("-v", 1024), "nproc": ("-u", 1)}
+#: A variable name a shell's ``export`` takes.
+SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def numbered(line: str) -> bytes:
+    """``line`` as ``READ_AND_RUN`` reads it: the number of its lines, then its lines."""
+    text = f"{line}\n"
+    return f"{text.count(chr(10))}\n{text}".encode()
+
+
+def ulimit_flags(limits: Mapping[str, tuple[int, int]], *, bash: bool) -> list[str]:
+    """``limits`` as a shell's ``ulimit`` sets them: the soft one first, so that it is never
+    above the hard one; address space in KiB, file sizes in dash's 512-byte blocks or bash's
+    1024-byte ones, processes by dash's ``-p`` or bash's ``-u``."""
+    units = _BASH_ULIMITS if bash else _DASH_ULIMITS
+    found: list[str] = []
+    for name, (soft, hard) in limits.items():
+        flag, unit = units[name]
+        found += [f"-S {flag} {soft // unit}", f"-H {flag} {hard // unit}"]
+    return found
+
+
+def shell_ahead_line(
+    argv: Sequence[str], cwd: str, env: Mapping[str, str], ulimits: Sequence[str], env_binary: str
+) -> str:
+    """The line a shell started ahead (``SHELL_AHEAD``) runs for a call: the folder, the
+    limits, the variables, then the command's text itself (a ``sh -c`` command line, run by
+    this shell without starting another) or, for any other argv, its exec. The reader's own
+    variables are unset first; variables a shell cannot export go through ``env_binary``."""
+    exported = {name: value for name, value in env.items() if SHELL_NAME.fullmatch(name)}
+    others = [f"{name}={value}" for name, value in env.items() if name not in exported]
+    # The shell started with COMMAND_ENV: only what differs goes in the line.
+    exported = {k: v for k, v in exported.items() if COMMAND_ENV.get(k) != v}
+    exports = " ".join(f"{name}={shlex.quote(value)}" for name, value in exported.items())
+    setup = "".join(f"ulimit {limit} || exit 126; " for limit in ulimits)
+    export = f"export {exports}; " if exports else ""
+    line = f"cd -P -- {shlex.quote(cwd)} || exit 126; {setup}{export}unset n c l"
+    if not others and len(argv) == 3 and list(argv[:2]) == [SHELL, "-c"]:
+        # On the same line: the command's own lines are numbered as under ``sh -c``.
+        return f"{line}; {argv[2]}"
+    if others:
+        argv = [env_binary, "--", *others, *argv]
+    return f"{line}; exec {shlex.join(argv)}"

@@ -1,0 +1,264 @@
+"""The spawner: one small process per worker process that makes a root worker's launches with
+system calls instead of programs.
+
+A launch made of programs starts five of them (a shell that joins the groups, setpriv, unshare,
+setpriv again, the init) before the call's own; on a small machine that is most of what a
+sandboxed call costs. The spawner is this file, run by the worker's Python with nothing else
+imported (``python -I -S``): it holds nothing of the worker's. For each launch it forks a
+process that joins the call's groups, makes the namespaces (PID, mount, network) and forks the
+namespace's init; the init mounts the namespace's /proc, drops to the sandbox user where the
+launch says so, and forks the process that becomes the command, which reads the call from the
+socket and execs it. That is the contract of a bash init that forks ahead (``Plan.forks_ahead``):
+the worker finds the same processes, reads the command's exit status through its pidfd, and ends
+the call the same way.
+
+The spawner lives as long as its worker's end of the control socket: when the worker dies the
+spawner exits, each launch's first process dies with it (parent-death signal), the init with
+that, and the namespace with the init.
+
+Only the standard library: this file runs before, and apart from, anything of toolq's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import resource
+import signal
+import socket
+import sys
+from typing import Any
+
+#: The niceness the spawner and what it makes run at until a call starts.
+LAUNCH_NICENESS = 19
+#: The largest request (join files and the drop) and call (argv, folder, variables) accepted.
+MAX_MESSAGE = 1 << 20
+#: Exit statuses a launch's processes use as a shell would: the setting up failed (125), the
+#: command's folder or limits could not be set (126), the command could not be run (127).
+SETUP_FAILED, CANNOT_ENTER, CANNOT_RUN = 125, 126, 127
+
+_CLONE_NEWNS, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
+_PR_SET_PDEATHSIG, _PR_SET_NAME, _PR_SET_NO_NEW_PRIVS = 1, 15, 38
+_RLIMITS = {
+    "cpu": resource.RLIMIT_CPU,
+    "fsize": resource.RLIMIT_FSIZE,
+    "as": resource.RLIMIT_AS,
+    "nproc": resource.RLIMIT_NPROC,
+}
+
+
+def _libc() -> Any:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _call(result: int, what: str) -> None:
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def _name(libc: Any, name: bytes) -> None:
+    libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
+
+
+def _die_with_parent(libc: Any, parent: int) -> None:
+    _call(libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
+    if os.getppid() != parent:  # the parent died before the signal was set
+        os._exit(SETUP_FAILED)
+
+
+def _fail(code: int, message: str) -> None:
+    os.write(2, f"toolq sandbox: {message}\n".encode(errors="replace"))
+    os._exit(code)
+
+
+def _drop(libc: Any, uid: int, gid: int) -> None:
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+    _call(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
+
+
+def _let_go_of_output() -> None:
+    """The launch's own processes hold no end of the command's pipes: they close when the
+    command and what it started are done."""
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    os.close(null)
+
+
+def _read_line(channel: socket.socket) -> bytes:
+    """One line from the worker (empty: the worker let the launch go, or died)."""
+    data = bytearray()
+    while not data.endswith(b"\n"):
+        chunk = channel.recv(65536)
+        if not chunk or len(data) > MAX_MESSAGE:
+            return b""
+        data += chunk
+    return bytes(data)
+
+
+def _wait_in_a_shell(channel: socket.socket, request: dict[str, Any]) -> None:
+    """The process forked ahead becomes the call's shell before the call comes, with the
+    environment and the limits every call has: it reads the rest of the call from the socket
+    (as fd 3) and runs it itself (``scripts.shell_ahead_line``)."""
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.dup2(channel.fileno(), 3)
+    for name, (soft, hard) in request["limits"].items():
+        resource.setrlimit(_RLIMITS[name], (soft, hard))
+    shell = request["shell"]
+    os.execve(shell[0], shell, request["env"])
+
+
+def _run_the_call(libc: Any, channel: socket.socket, request: dict[str, Any]) -> None:
+    """The process forked ahead: wait for the call, set it up, become the command; or, where
+    the init has dropped to the sandbox user already, become the shell that waits for it."""
+    _name(libc, b"toolq-command")
+    for number in (signal.SIGINT, signal.SIGQUIT, signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(number, signal.SIG_DFL)
+    if request["shell"] is not None:
+        _wait_in_a_shell(channel, request)
+    line = _read_line(channel)
+    if not line:
+        os._exit(0)
+    call = json.loads(line)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    try:
+        os.chdir(call["cwd"])
+    except OSError as exc:
+        _fail(CANNOT_ENTER, f"cannot enter {call['cwd']}: {exc.strerror}")
+    try:
+        for name, (soft, hard) in call["limits"].items():
+            resource.setrlimit(_RLIMITS[name], (soft, hard))
+        if call["drop"] is not None:
+            _drop(libc, *call["drop"])
+    except (OSError, ValueError) as exc:
+        _fail(CANNOT_ENTER, f"cannot set the command's limits: {exc}")
+    argv = call["argv"]
+    try:
+        os.execve(argv[0], argv, call["env"])
+    except OSError as exc:
+        _fail(CANNOT_RUN if exc.errno == 2 else CANNOT_ENTER, f"{argv[0]}: {exc.strerror}")
+
+
+def _init(libc: Any, channel: socket.socket, request: dict[str, Any]) -> None:
+    """The namespace's first process: its /proc, the drop, the command's process forked ahead,
+    then, reaping what ends, the wait for the worker's word that the call is over."""
+    _name(libc, b"toolq-init")
+    _call(libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None), "mount --make-rprivate /")
+    _call(
+        libc.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None),
+        "mount /proc",
+    )
+    if request["ready_in"] is not None:
+        os.chdir(request["ready_in"])
+    if request["drop"] is not None:
+        _drop(libc, *request["drop"])
+    # Set after the drop: changing user clears it.
+    _call(libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
+    command = os.fork()
+    if command == 0:
+        _run_the_call(libc, channel, request)
+    _let_go_of_output()
+    channel.sendall(b"\n")
+    # What ends in the namespace is reaped at once, the command and every orphan that came to
+    # the init alike: a zombie counts against the call's process limit until it is. The socket
+    # is the command's until it ends: then the init reads it, for the worker's word.
+    while os.waitpid(-1, 0)[0] != command:
+        pass
+    signal.signal(signal.SIGCHLD, _reap)
+    _reap()
+    while channel.recv(4096):
+        pass
+    os._exit(0)
+
+
+def _launch(libc: Any, spawner: int, channel: socket.socket, request: dict[str, Any]) -> None:
+    """A launch's first process: in the call's groups, it makes the namespaces and waits for
+    their init, as unshare would."""
+    _name(libc, b"toolq-launch")
+    _die_with_parent(libc, spawner)
+    for join in request["join"]:
+        try:
+            with open(join, "w") as file:
+                file.write("0")
+        except OSError as exc:
+            _fail(SETUP_FAILED, f"cannot join {join}: {exc.strerror}")
+    try:
+        _call(libc.unshare(_CLONE_NEWPID | _CLONE_NEWNS | _CLONE_NEWNET), "unshare")
+        init = os.fork()
+        if init == 0:
+            _die_with_parent(libc, os.getppid())
+            _init(libc, channel, request)
+    except OSError as exc:
+        _fail(SETUP_FAILED, str(exc))
+    channel.close()
+    _let_go_of_output()
+    _, status = os.waitpid(init, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code)
+
+
+def _reap(*_: object) -> None:
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+
+
+def _serve(control: socket.socket) -> None:
+    libc = _libc()
+    spawner = os.getpid()
+    _name(libc, b"toolq-spawner")
+    # Launches are made, and calls' namespaces end, at the lowest priority: between calls, not
+    # in their way. The worker gives each command's process the normal priority as its call
+    # starts.
+    os.nice(LAUNCH_NICENESS)
+    signal.signal(signal.SIGCHLD, _reap)
+    while True:
+        message = control.recv(MAX_MESSAGE)
+        if not message:
+            return  # the worker is gone
+        request = json.loads(message)
+        worker_end, launch_end = socket.socketpair()
+        out_read, out_write = os.pipe()
+        err_read, err_write = os.pipe()
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            control.send(json.dumps({"error": f"fork: {exc.strerror}"}).encode())
+            pid = -1
+        if pid == 0:
+            try:
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                control.close()
+                worker_end.close()
+                os.close(out_read)
+                os.close(err_read)
+                os.dup2(out_write, 1)
+                os.dup2(err_write, 2)
+                _launch(libc, spawner, launch_end, request)
+            finally:
+                os._exit(SETUP_FAILED)
+        if pid > 0:
+            fds = [worker_end.fileno(), out_read, err_read]
+            socket.send_fds(control, [json.dumps({"pid": pid}).encode()], fds)
+        worker_end.close()
+        launch_end.close()
+        for fd in (out_read, out_write, err_read, err_write):
+            os.close(fd)
+
+
+if __name__ == "__main__":
+    _serve(socket.socket(fileno=int(sys.argv[1])))
