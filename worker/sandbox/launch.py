@@ -103,11 +103,11 @@ class Launch:
         argv: Sequence[str],
         cwd: Path,
         env: Mapping[str, str],
-        limits: Mapping[str, tuple[int, int]] | None = None,
+        limits: Mapping[str, tuple[int, int]],
     ) -> None:
-        """Run ``argv`` in ``cwd`` with ``env``: the waiting shell becomes it, or with a PID
-        namespace its init starts it under ``limits`` (``Plan.limits``)."""
-        limits = limits or {}
+        """Run ``argv`` in ``cwd`` with ``env`` under ``limits`` (``Plan.limits``): the waiting
+        shell becomes it; with a PID namespace the init starts it, or the process the spawner
+        forked ahead runs it (as the shell started ahead, or by exec)."""
         if self.plan.spawned and self.forked is not None:
             # Made at the lowest priority, between calls; the command runs at the normal one.
             with contextlib.suppress(OSError):

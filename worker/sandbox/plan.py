@@ -14,13 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from worker.sandbox.cgroups import CgroupLayout, detect_layout
-from worker.sandbox.config import (
-    MARKER_VARIABLE,
-    SAFE_PATH,
-    SHELL,
-    SandboxConfig,
-    SandboxError,
-)
+from worker.sandbox.config import MARKER_VARIABLE, SAFE_PATH, SHELL, SandboxConfig, SandboxError
 from worker.sandbox.pidfd import tells_exit_after_reaping
 from worker.sandbox.programs import (
     env_restores_signals,
@@ -88,8 +82,8 @@ class Plan:
     init_shell: str = SHELL
     #: A root worker's launches come from its spawner (``worker.sandbox.spawner``): system
     #: calls in a small process of its own instead of five programs per launch. Its init forks
-    #: ahead like bash's; the process forked sets the call up itself (folder, limits, variables,
-    #: the drop where the init did not) and execs the command.
+    #: ahead like bash's; the process forked is the call's shell already (``shell_ahead``), or
+    #: sets the call up itself (folder, limits, variables, the drop) and execs the command.
     spawned: bool = False
 
     @property
