@@ -13,12 +13,14 @@ from celery import Celery
 from kombu import Queue
 
 from worker.protocol import AGENTS_QUEUE, POOLS
+from worker.redis_transport import transport_setting
 from worker.settings import FleetSettings
 
 
 def producer_config(settings: FleetSettings) -> dict[str, Any]:
     return {
         "broker_url": settings.effective_broker_url,
+        **transport_setting(settings.effective_broker_url),
         "task_serializer": "json",
         "accept_content": ["json"],
         # The queues as workers declare them: a RabbitMQ queue declared twice must match.

@@ -23,9 +23,12 @@ def noop() -> str:
 
 
 def create_app(settings: WorkerSettings) -> Celery:
-    """A Celery app with toolq's configuration (prefork, prefetch 1, acks_late, JSON)."""
+    """A Celery app with toolq's configuration (prefork, prefetch 1, acks_late, JSON) on kombu's
+    own transport: toolq's Redis transport (worker/redis_transport.py) is toolq's code, not
+    Celery's, so the baseline goes without it."""
     config: dict[str, Any] = {
         **celery_config(settings),
+        "broker_transport": None,
         "task_queues": [Queue(QUEUE, routing_key=QUEUE)],
         "task_default_queue": QUEUE,
     }

@@ -8,6 +8,7 @@ from celery import Celery
 from kombu import Queue
 
 from worker.protocol import POOLS
+from worker.redis_transport import transport_setting
 from worker.settings import WorkerSettings, get_worker_settings
 from worker.settings_check import checked_worker_settings, exit_on_bad_settings
 
@@ -17,6 +18,7 @@ def celery_config(settings: WorkerSettings) -> dict[str, Any]:
     broker = settings.effective_broker_url
     config: dict[str, Any] = {
         "broker_url": broker,
+        **transport_setting(broker),
         "result_backend": settings.redis_url,
         # JSON only: a pickled message is refused before anything is deserialised.
         "task_serializer": "json",

@@ -11,6 +11,7 @@ from kombu import Queue
 from api.fleet import AGENTS_UNACKED_HASH
 from api.settings import OrchestratorSettings, get_settings
 from worker.protocol import AGENTS_QUEUE
+from worker.redis_transport import transport_setting
 
 #: Seconds a conversation's message stays unacknowledged past its time limit before the Redis
 #: transport hands it out again (its caller will have sent it again long before).
@@ -22,6 +23,7 @@ def agents_config(settings: OrchestratorSettings) -> dict[str, Any]:
     broker = settings.effective_broker_url
     config: dict[str, Any] = {
         "broker_url": broker,
+        **transport_setting(broker),
         "task_serializer": "json",
         "accept_content": ["json"],
         "task_ignore_result": True,

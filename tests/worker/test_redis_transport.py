@@ -1,0 +1,124 @@
+"""toolq's Redis transport: kombu's, with one Redis client per channel, on a real Redis."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+import redis
+from kombu import Connection, Exchange, Queue
+
+from api.agents.app import agents_config
+from api.broker import producer_config
+from api.settings import OrchestratorSettings
+from tests.conftest import RedisServer
+from worker.app import celery_config
+from worker.redis_transport import TRANSPORT, Channel, transport_setting
+from worker.settings import WorkerSettings
+
+MESSAGES = 200
+
+
+class ClientsBuilt:
+    """Counts the ``redis.Redis`` objects built while it is installed."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        build = redis.Redis.__init__
+
+        def counting(client: redis.Redis, *args: Any, **kwargs: Any) -> None:
+            self.count += 1
+            build(client, *args, **kwargs)
+
+        monkeypatch.setattr(redis.Redis, "__init__", counting)
+
+
+@pytest.fixture
+def clients_built(monkeypatch: pytest.MonkeyPatch) -> ClientsBuilt:
+    return ClientsBuilt(monkeypatch)
+
+
+@pytest.fixture
+def queue() -> Queue:
+    name = f"transport-{uuid.uuid4().hex[:8]}"
+    return Queue(name, Exchange(name, type="direct"), routing_key=name)
+
+
+def round_trip(url: str, transport: str | None, queue: Queue) -> list[int]:
+    """Publish MESSAGES messages, then take and acknowledge each: a worker's commands."""
+    with Connection(url, transport=transport) as conn:
+        producer = conn.Producer()
+        for number in range(MESSAGES):
+            producer.publish(
+                {"n": number},
+                exchange=queue.exchange,
+                routing_key=queue.name,
+                declare=[queue],
+                serializer="json",
+            )
+        received: list[int] = []
+        bound = queue(conn.default_channel)
+        while (message := bound.get(no_ack=False)) is not None:
+            received.append(message.payload["n"])
+            message.ack()
+        return received
+
+
+def test_every_app_names_it_for_a_redis_broker() -> None:
+    url = "redis://127.0.0.1:1/0"
+    orchestrator = OrchestratorSettings(broker_url=url)
+    for config in (
+        celery_config(WorkerSettings(broker_url=url)),
+        producer_config(orchestrator),
+        agents_config(orchestrator),
+    ):
+        assert config["broker_transport"] == TRANSPORT
+
+
+@pytest.mark.parametrize("url", ["amqp://guest:guest@127.0.0.1:5672//", "rediss://127.0.0.1:1/0"])
+def test_other_brokers_keep_kombus_own_transport(url: str) -> None:
+    # rediss:// in particular: kombu gives it its TLS defaults by the scheme's name.
+    assert transport_setting(url) == {}
+    assert "broker_transport" not in celery_config(
+        WorkerSettings(broker_url=url, result_backend="redis://127.0.0.1:1/0")
+    )
+
+
+@pytest.mark.integration
+def test_a_channel_builds_one_client_for_all_its_commands(
+    redis_server: RedisServer, queue: Queue, clients_built: ClientsBuilt
+) -> None:
+    received = round_trip(redis_server.url, TRANSPORT, queue)
+    assert received == list(range(MESSAGES))
+    # The channel's shared client, and the one kombu keeps for blocking reads.
+    assert clients_built.count <= 3
+
+
+@pytest.mark.integration
+def test_kombus_own_builds_one_per_command(
+    redis_server: RedisServer, queue: Queue, clients_built: ClientsBuilt
+) -> None:
+    # What the transport is for: the same work on kombu's channel builds a client for each
+    # publish and each acknowledgement.
+    assert round_trip(redis_server.url, None, queue) == list(range(MESSAGES))
+    assert clients_built.count >= 2 * MESSAGES
+
+
+@pytest.mark.integration
+def test_a_new_pool_gets_a_new_client(redis_server: RedisServer, queue: Queue) -> None:
+    with Connection(redis_server.url, transport=TRANSPORT) as conn:
+        channel = conn.default_channel
+        assert isinstance(channel, Channel)
+        producer = conn.Producer(channel)
+        producer.publish({"n": 1}, exchange=queue.exchange, routing_key=queue.name, declare=[queue])
+        with channel.conn_or_acquire() as first:
+            pass
+        # What a channel does when its connections are dropped: a later command makes a new pool.
+        channel._disconnect_pools()
+        producer.publish({"n": 2}, exchange=queue.exchange, routing_key=queue.name, declare=[queue])
+        with channel.conn_or_acquire() as second:
+            assert second is not first
+            assert second.connection_pool is channel.pool
+        bound = queue(channel)
+        assert [bound.get(no_ack=True).payload["n"] for _ in range(2)] == [1, 2]
