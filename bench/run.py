@@ -25,7 +25,7 @@ from bench.conversations import conversations_case
 from bench.report import machine, markdown, plot, write_json
 from bench.round_trip import TOOLQ, round_trip_case
 from bench.sandbox_cgroups import cgroup_case
-from bench.sandbox_cost import sandbox_case
+from bench.sandbox_cost import NoopRoundTrips, sandbox_case
 from bench.sandbox_layers import sandbox_layers
 from bench.search_tree import search_case
 from bench.stack import bare_worker, bench_settings, private_redis, python_path, toolq_workers
@@ -155,10 +155,14 @@ def run_cases(sizes: Sizes, progress: Progress) -> list[CaseResult]:
                         round_trip = round_trip_case(
                             settings, bare, sizes.round_trips, sizes.warmup, sizes.fast_calls
                         )
-                    noop_p50 = round_trip.figures["latency"][TOOLQ]["p50_ms"]
+                    latency = round_trip.figures["latency"]
+                    noop = NoopRoundTrips(
+                        ready_p50_ms=latency[TOOLQ]["p50_ms"],
+                        back_to_back_p50_ms=latency[f"{TOOLQ}, back to back"]["p50_ms"],
+                    )
                     with progress.step("run_bash through the pool"):
                         sandbox = sandbox_case(
-                            settings, layers, noop_p50, sizes.bash_calls, sizes.warmup
+                            settings, layers, noop, sizes.bash_calls, sizes.warmup
                         )
                     with progress.step("big output"):
                         big = big_output_case(settings, stack, sizes.big_output_bytes)
