@@ -308,6 +308,10 @@ class Launcher:
                 made: Launch | None = launch(plan, config)
             except SandboxError:
                 made = None  # the next call makes its own, and says what went wrong
+            if made is not None:
+                # Here rather than when a call takes it: the init's word and the search for
+                # its forked process come off the call's path.
+                made.confirm(time.monotonic() + CONFIRM_BOUND_S)
             with self._lock:
                 self._pending = max(0, self._pending - 1)
                 ready = self._ready.setdefault((plan, config), [])
