@@ -23,7 +23,7 @@ from api.dispatch import Dispatcher
 from api.fleet import read_manifest
 from bench import redis_echo
 from bench.noop_plugin import NoopTool
-from bench.stack import BareWorker, python_path
+from bench.stack import TRANSPORT_NOTE, BareWorker, python_path
 from bench.stats import CaseResult, Comparison, summarize
 from worker.executor import Executor, build_registry
 from worker.protocol import ToolCallRequest, ToolSpec
@@ -269,7 +269,7 @@ def round_trip_case(
         "worker_ready_waits_given_up": ready.gave_up,
         "consumers_waiting_when_idle": ready.idle,
     }
-    result.notes += [parts_note(parts), BACK_TO_BACK_NOTE]
+    result.notes += [parts_note(parts), BACK_TO_BACK_NOTE, TRANSPORT_NOTE]
     for pct, goal in (("p50", P50_GOAL), ("p95", None), ("p99", 1.2)):
         result.comparisons.append(
             Comparison(

@@ -16,7 +16,7 @@ from api.local.stack import LocalStack
 from bench.cost import CostMeter
 from bench.procinfo import process_tree
 from bench.round_trip import RUN_ID, noop_spec
-from bench.stack import BareWorker
+from bench.stack import TRANSPORT_NOTE, BareWorker
 from bench.stats import CaseResult, Comparison
 from worker.settings import WorkerSettings
 
@@ -134,6 +134,7 @@ def throughput_case(by_concurrency: dict[int, dict[str, Any]], calls: int) -> Ca
     )
     if subscribes >= 0.5:
         result.notes.append(SUBSCRIBE_NOTE)
+    result.notes.append(TRANSPORT_NOTE)
     return result
 
 
