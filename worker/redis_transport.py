@@ -3,13 +3,14 @@
 Kombu's Redis channel builds a new ``redis.Redis`` for every message it publishes, every
 acknowledgement, every index update and every task event (``Channel.conn_or_acquire``). With
 redis-py 8 building one costs more CPU than the round trip it is built for (about 0.1 ms: the
-client registers its response callbacks and its event dispatcher anew), and a worker's consumer
-builds five per task, its own Celery process's busiest part. They all draw connections from the
-channel's one pool, and a ``redis.Redis`` is safe to share between threads (each command takes a
+client registers its response callbacks and its event dispatcher anew), and a worker's consumer,
+Celery's busiest process, builds five per task. They all draw connections from the channel's one
+pool, and a ``redis.Redis`` is safe to share between threads (each command takes a
 connection from the pool), so this channel keeps one and hands it out each time.
 
 Every Celery app of toolq's (the tool pools' workers, the agents workers, the callers') names
-this transport for a ``redis://`` broker; ``rediss://`` and other brokers keep kombu's own.
+this transport for a ``redis://`` broker. Other brokers keep kombu's own, ``rediss://`` too:
+kombu gives it its TLS defaults by the transport's name.
 """
 
 from __future__ import annotations
