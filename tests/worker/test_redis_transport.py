@@ -10,11 +10,11 @@ import redis
 from kombu import Connection, Exchange, Queue
 
 from api.agents.app import agents_config
-from api.broker import producer_config
+from api.broker import producer_app, producer_config
 from api.settings import OrchestratorSettings
 from tests.conftest import RedisServer
-from worker.app import celery_config
-from worker.redis_transport import TRANSPORT, Channel, transport_setting
+from worker.app import celery_config, create_celery_app
+from worker.redis_transport import TRANSPORT, Channel, Transport, transport_setting
 from worker.settings import WorkerSettings
 
 MESSAGES = 200
@@ -74,6 +74,14 @@ def test_every_app_names_it_for_a_redis_broker() -> None:
         agents_config(orchestrator),
     ):
         assert config["broker_transport"] == TRANSPORT
+
+
+def test_celery_connects_through_it() -> None:
+    # What Celery makes of the setting, for the workers' app and the callers' (nothing connects).
+    settings = WorkerSettings(broker_url="redis://127.0.0.1:1/0")
+    for app in (create_celery_app(settings), producer_app(settings)):
+        with app.connection_for_write() as conn:
+            assert isinstance(conn.transport, Transport)
 
 
 @pytest.mark.parametrize("url", ["amqp://guest:guest@127.0.0.1:5672//", "rediss://127.0.0.1:1/0"])
