@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -18,14 +19,21 @@ from worker.log_context import log_context
 from worker.mcp.hosting import hosted_tools
 from worker.protocol import POOLS, Pool, ToolCallRequest, ToolCallResult, keys
 from worker.quota import WorkspaceQuota
-from worker.results import ResultStore
+from worker.results import PendingBegin, ResultStore
 from worker.retention import WorkspaceGone, hold
 from worker.sandbox import SandboxConfig
 from worker.settings import WorkerSettings
 from worker.tools.factory import create_fleet_tool_registry, prepare_workspace
 from worker.tools.interface import ExecutableTool
 from worker.tools.registry import ToolRegistry
-from worker.tools.runtime import CallRuntime, CurrentWorkspace, current_context, running
+from worker.tools.runtime import (
+    CallRuntime,
+    CurrentWorkspace,
+    NotAdmitted,
+    admit_current_call,
+    current_context,
+    running,
+)
 from worker.tools.service import service_tools
 from worker.tools.workspace import Workspace
 
@@ -40,6 +48,13 @@ class TimeLimitReached(Exception):
     """Raised into a running tool when its soft time limit passes (mapped from Celery's)."""
 
 
+def _admit(marker: PendingBegin) -> None:
+    """A call with effects starts only as its first run, its start marker stored."""
+    begin = marker.result()
+    if begin.stored is not None or begin.previous is not None:
+        raise NotAdmitted
+
+
 def build_registry(
     settings: WorkerSettings,
     passthrough: tuple[type[BaseException], ...] = (),
@@ -48,7 +63,8 @@ def build_registry(
     """Built-in tools, plugins and the tools of the MCP servers of ``pools``, as every worker of
     this fleet has them: built once per process, each tool acting on the workspace and
     conversation of the call in hand."""
-    registry = ToolRegistry(passthrough=passthrough, sync_in_thread=False)
+    # A call refused admission leaves its tool as it is: the executor answers it.
+    registry = ToolRegistry(passthrough=(*passthrough, NotAdmitted), sync_in_thread=False)
     workspace = CurrentWorkspace()
     create_fleet_tool_registry(settings, current_context(), workspace, registry)
     sandbox = SandboxConfig.from_settings(settings)
@@ -99,27 +115,55 @@ class Executor:
 
     def _handle(self, request: ToolCallRequest, pool: str | None) -> ToolCallResult:
         tool = self._registry.get(request.tool)
-        previous = None
-        if tool is not None and not tool.idempotent:
-            # At most once: a finished call is answered from the store, and a call cut short
-            # elsewhere is found by its start marker. A tool safe to repeat skips this round
-            # trip; running it again is harmless and the store keeps its first answer.
-            begin = self._store.begin(request.task_id, self._worker)
-            if begin.stored is not None:
-                self._store.reply_again(begin.stored, request.reply_to)
-                return begin.stored
-            previous = begin.previous
+        if tool is None or tool.idempotent:
+            # Safe to repeat: no start marker. Running it again is harmless and the store keeps
+            # its first answer.
+            return self._store.store(self._held_run(request, pool, tool, None), request.reply_to)
+        # At most once: a finished call is answered from the store, and a call cut short
+        # elsewhere is found by its start marker. The marker's round trip overlaps the call's
+        # preparation; nothing of the call starts before its answer is back (``admit``).
+        marker = self._store.begin_ahead(request.task_id, self._worker)
+        try:
+            result: ToolCallResult | None = self._held_run(request, pool, tool, marker)
+        except NotAdmitted:
+            result = None
+        except BaseException:
+            marker.discard()
+            raise
+        begin = marker.result()
+        if begin.stored is not None:
+            self._store.reply_again(begin.stored, request.reply_to)
+            return begin.stored
+        if begin.previous is not None:
+            result = ToolCallResult.failure(
+                request,
+                "interrupted",
+                f"Error: {tool.name} was interrupted (worker {begin.previous} stopped mid-call); "
+                "its outcome is unknown and it was not run again because it has effects.",
+                self._worker,
+            )
+        assert result is not None  # only a stored answer or a cut call refuses admission
+        return self._store.store(result, request.reply_to)
+
+    def _held_run(
+        self,
+        request: ToolCallRequest,
+        pool: str | None,
+        tool: ExecutableTool | None,
+        marker: PendingBegin | None,
+    ) -> ToolCallResult:
         started = time.perf_counter()
         # Held for the call: touched (the run is in use) and safe from removal until it ends.
         workspace, held = self._hold(request.run_id)
         try:
-            runtime = CallRuntime(workspace, request.context)
+            admit = None if marker is None else functools.partial(_admit, marker)
+            runtime = CallRuntime(workspace, request.context, admit=admit)
             with running(runtime):
-                result = self._run(request, pool, tool, previous, runtime)
+                result = self._run(request, pool, tool, runtime)
         finally:
             os.close(held)
         result.duration_ms = round((time.perf_counter() - started) * 1000, 3)
-        return self._store.store(result, request.reply_to)
+        return result
 
     def store_timeout(self, raw: Any, limit_s: float) -> None:
         """The worker child was replaced past the hard limit: answer for it."""
@@ -141,7 +185,6 @@ class Executor:
         request: ToolCallRequest,
         pool: str | None,
         tool: ExecutableTool | None,
-        previous: str | None,
         runtime: CallRuntime,
     ) -> ToolCallResult:
         if self._clock() > request.deadline:
@@ -160,9 +203,11 @@ class Executor:
                 self._worker,
             )
         if tool is not None:
-            refusal = self._refusal(request, tool, pool, previous)
+            refusal = self._refusal(request, tool, pool)
             if refusal is not None:
                 return refusal
+            if not tool.admits_itself:
+                admit_current_call()
         try:
             outcome = self._registry.run_blocking(request.tool, request.arguments, self._loop)
         except self._time_limit:
@@ -192,7 +237,7 @@ class Executor:
         )
 
     def _refusal(
-        self, request: ToolCallRequest, tool: ExecutableTool, pool: str | None, previous: str | None
+        self, request: ToolCallRequest, tool: ExecutableTool, pool: str | None
     ) -> ToolCallResult | None:
         if tool.pool != pool:
             return ToolCallResult.failure(
@@ -211,16 +256,6 @@ class Executor:
                     f"Error: {tool.name} was not started: {full}.",
                     self._worker,
                 )
-        if previous is not None and not tool.idempotent:
-            return ToolCallResult.failure(
-                request,
-                "interrupted",
-                f"Error: {tool.name} was interrupted (worker {previous} stopped mid-call); its "
-                "outcome is unknown and it was not run again because it has effects.",
-                self._worker,
-            )
-        if previous is not None:
-            log.warning("re-running interrupted idempotent call %s", request.task_id)
         return None
 
     def _hold(self, run_id: str) -> tuple[Workspace, int]:

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
+from redis.commands.core import Script
+from redis.connection import Connection
 
 from worker.protocol import ToolCallResult, keys
 
@@ -71,13 +73,89 @@ class ResultStore:
 
     def begin(self, task_id: str, worker: str) -> Begin:
         """The stored answer of a finished call, or mark the call started by ``worker``."""
-        state, value = self._begin(
+        return self.begin_ahead(task_id, worker).result()
+
+    def begin_ahead(self, task_id: str, worker: str) -> PendingBegin:
+        """``begin`` sent now, its answer read by ``PendingBegin.result``: the round trip
+        overlaps whatever the caller does in between, which must start nothing of the call's."""
+        return PendingBegin(
+            self._redis,
+            self._begin,
             keys=[keys.result(task_id), keys.started(task_id)],
             args=[worker, self._ttl_s],
         )
-        state = state.decode() if isinstance(state, bytes) else state
-        if state == "done":
-            return Begin(stored=ToolCallResult.model_validate_json(value))
-        if state == "cut":
-            return Begin(previous=value.decode() if isinstance(value, bytes) else str(value))
-        return Begin()
+
+
+class PendingBegin:
+    """A call's ``begin`` on its way: the script's call written on a connection of its own,
+    the answer read once, by ``result``.
+
+    Where the connection fails, or the server does not know the script yet, ``result`` asks
+    again through the client, as a script is always called (its retries, the script loaded);
+    an exception while the answer is awaited drops the connection, whose next reply would
+    otherwise be this one's."""
+
+    def __init__(
+        self, client: redis.Redis, script: Script, keys: list[str], args: list[str | int]
+    ) -> None:
+        self._client = client
+        self._script = script
+        self._keys = keys
+        self._args = args
+        self._begin: Begin | None = None
+        self._connection: Connection | None = None
+        try:
+            self._connection = client.connection_pool.get_connection()
+            self._connection.send_command(  # type: ignore[no-untyped-call]
+                "EVALSHA", script.sha, len(keys), *keys, *args
+            )
+        except BaseException as exc:
+            self._give_back(broken=True)
+            if not isinstance(exc, redis.ConnectionError):
+                raise
+
+    def result(self) -> Begin:
+        """How the call begins; the first call waits for the server's answer."""
+        if self._begin is None:
+            self._begin = _as_begin(self._read())
+        return self._begin
+
+    def discard(self) -> None:
+        """The call ended before its answer was needed: the connection goes, unread."""
+        self._give_back(broken=True)
+
+    def _read(self) -> Any:
+        connection = self._connection
+        if connection is None:
+            return self._script(keys=self._keys, args=self._args)
+        try:
+            answer = connection.read_response()
+        except (redis.ConnectionError, redis.TimeoutError):
+            self._give_back(broken=True)
+            return self._script(keys=self._keys, args=self._args)
+        except redis.exceptions.NoScriptError:
+            self._give_back(broken=False)
+            return self._script(keys=self._keys, args=self._args)
+        except BaseException:
+            self._give_back(broken=True)
+            raise
+        self._give_back(broken=False)
+        return answer
+
+    def _give_back(self, *, broken: bool) -> None:
+        connection, self._connection = self._connection, None
+        if connection is None:
+            return
+        if broken:
+            connection.disconnect()  # type: ignore[no-untyped-call]
+        self._client.connection_pool.release(connection)
+
+
+def _as_begin(answer: Any) -> Begin:
+    state, value = answer
+    state = state.decode() if isinstance(state, bytes) else state
+    if state == "done":
+        return Begin(stored=ToolCallResult.model_validate_json(value))
+    if state == "cut":
+        return Begin(previous=value.decode() if isinstance(value, bytes) else str(value))
+    return Begin()

@@ -74,6 +74,49 @@ def test_an_interrupted_call_is_rerun_only_when_safe(
         assert "outcome is unknown" in result.output
 
 
+def test_run_bash_cut_short_elsewhere_never_starts_its_command(
+    executor: Executor, client: fakeredis.FakeRedis, settings: WorkerSettings
+) -> None:
+    # run_bash waits for its start marker's answer only as its command is handed over: a
+    # launch is ready by then, and must be let go with nothing run.
+    client.set(keys.started("cut-bash"), "dead-worker:9")
+    cut = executor.handle(
+        request("run_bash", {"command": "touch ran"}, task_id="cut-bash"), "sandbox"
+    )
+    assert cut.error_kind == "interrupted"
+    assert "dead-worker:9" in cut.output
+    assert not (Path(settings.workspace_root) / "run-1" / "ran").exists()
+    after = executor.handle(request("run_bash", {"command": "touch ran"}), "sandbox")
+    assert json.loads(after.output)["exit_code"] == 0
+    assert (Path(settings.workspace_root) / "run-1" / "ran").exists()
+
+
+def test_run_bash_answered_before_is_answered_again_not_run(
+    executor: Executor, client: fakeredis.FakeRedis, settings: WorkerSettings
+) -> None:
+    first = executor.handle(
+        request("run_bash", {"command": "echo once >>runs"}, task_id="b"), "sandbox"
+    )
+    again = executor.handle(
+        request("run_bash", {"command": "echo once >>runs"}, task_id="b"), "sandbox"
+    )
+    assert again == first
+    assert (Path(settings.workspace_root) / "run-1" / "runs").read_text() == "once\n"
+    assert replies(client) == [first, first]
+
+
+def test_run_bash_that_fails_before_its_command_still_marks_the_call(
+    executor: Executor, client: fakeredis.FakeRedis
+) -> None:
+    # Refused before anything started (no such folder): the marker's answer is still read, and
+    # the connection it came on goes back to the pool clean.
+    body = request("run_bash", {"command": "true", "cwd": "missing"}, task_id="no-cwd")
+    refused = executor.handle(body, "sandbox")
+    assert refused.is_error and "missing" in refused.output
+    assert client.get(keys.started("no-cwd")) == b"test-worker:1"
+    assert executor.handle(body, "sandbox") == refused  # stored: answered again, not re-run
+
+
 def test_a_call_for_another_pool_is_refused(executor: Executor) -> None:
     result = executor.handle(request("run_bash", {"command": "id"}), "tools")
     assert result.error_kind == "wrong_pool"

@@ -10,7 +10,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from worker.sandbox.config import COMMAND_ENV, SHELL, SandboxConfig, SandboxError
@@ -35,10 +35,12 @@ def run_sandboxed(
     timeout_ms: int,
     config: SandboxConfig,
     stdin: bytes | None = None,
+    before_start: Callable[[], None] | None = None,
 ) -> SandboxResult:
     """Run ``command`` in ``cwd`` (a string through ``/bin/sh -c``, a sequence as the argv),
     with ``stdin`` as its input (none by default), kill everything it started, report the
-    outcome."""
+    outcome. ``before_start`` is called once all is ready, just before the command is handed
+    over: what it raises stops the call with nothing of the command started."""
     plan = plan_for(config, os.geteuid()).for_folder(str(cwd))
     with _input_file(stdin, plan.drop_to) as input_path:
         if input_path is not None:
@@ -46,7 +48,14 @@ def run_sandboxed(
             # layers before it gave it as standard input.
             command = [SHELL, "-c", 'exec "$@" <"$0"', input_path, *_as_argv(command)]
         return _run(
-            plan, command, cwd=cwd, home=home, env=env, timeout_ms=timeout_ms, config=config
+            plan,
+            command,
+            cwd=cwd,
+            home=home,
+            env=env,
+            timeout_ms=timeout_ms,
+            config=config,
+            before_start=before_start or _nothing,
         )
 
 
@@ -59,6 +68,7 @@ def _run(
     env: Mapping[str, str],
     timeout_ms: int,
     config: SandboxConfig,
+    before_start: Callable[[], None],
 ) -> SandboxResult:
     # The marker names the worker process too, so a later sweep can tell an orphan (its worker
     # was killed mid-call) from a command still running for a live worker.
@@ -66,6 +76,7 @@ def _run(
     base_env = {**COMMAND_ENV, "HOME": str(home), "PWD": str(cwd)}
     argv, process_env = plan.command_line(command, base_env, env, marker, timeout_ms, config)
     if not plan.grouped:
+        before_start()
         started = time.monotonic()
         try:
             proc = subprocess.Popen(
@@ -83,6 +94,7 @@ def _run(
     ready = launcher.take(plan, config)
     ending: Ending | None = None
     try:
+        before_start()
         started = time.monotonic()
         ready.start(argv, cwd, process_env, plan.limits(timeout_ms, config))
         channel = ready.channel if plan.has_init else None
@@ -141,6 +153,10 @@ def _follow(
         ending.usage(),
         config.memory_mb,
     )
+
+
+def _nothing() -> None:
+    pass
 
 
 def _as_argv(command: str | Sequence[str]) -> list[str]:

@@ -13,7 +13,7 @@ from worker.sandbox import SandboxConfig, SandboxResult, run_sandboxed
 from worker.settings import get_worker_settings
 from worker.tools.interface import ExecutableTool, ToolArgs
 from worker.tools.paths import WorkspaceError, shown
-from worker.tools.runtime import report_usage
+from worker.tools.runtime import admit_current_call, report_usage
 from worker.tools.workspace import Workspace
 
 MAX_TIMEOUT_MS = 600_000
@@ -74,6 +74,8 @@ class RunBashTool(ExecutableTool):
     Args: ClassVar[type[BaseModel]] = RunBashArgs
     pool = "sandbox"
     idempotent = False
+    # Its command is handed over last, after the launch and the command line are ready.
+    admits_itself = True
     enabled_by_default = False
     caps_own_output = True
     workspace_effect = "adds"
@@ -95,6 +97,7 @@ class RunBashTool(ExecutableTool):
             env=args.get("env") or {},
             timeout_ms=args.get("timeout", DEFAULT_TIMEOUT_MS),
             config=self._config,
+            before_start=admit_current_call,
         )
         answer = command_answer(result)
         if answer.usage is not None:

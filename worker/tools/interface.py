@@ -68,6 +68,10 @@ class ExecutableTool(ABC):
     pool: ClassVar[Pool] = "tools"
     #: Safe to run twice: a call interrupted mid-run (its worker died) is run again only if True.
     idempotent: ClassVar[bool] = False
+    #: The tool calls ``worker.tools.runtime.admit_current_call`` itself, just before its effects
+    #: start (run_bash, as its command is handed over): the executor runs it without waiting for
+    #: the call's start marker, whose round trip then overlaps the tool's own preparation.
+    admits_itself: ClassVar[bool] = False
     #: Offered to the model unless the caller says otherwise; False makes the tool opt-in (the
     #: default factory registers it disabled, and the fleet's manifest says so).
     enabled_by_default: ClassVar[bool] = True

@@ -6,7 +6,7 @@ call, and the tools' workspace and context, being views of it, act on the call i
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -25,6 +25,14 @@ class CallRuntime:
     workspace: Workspace
     context: ToolContextSnapshot
     usage: ResourceUsage | None = None
+    #: Waits until the call may start its effects, raising ``NotAdmitted`` if it may not (see
+    #: ``admit_current_call``); None: nothing to wait for.
+    admit: Callable[[], None] | None = None
+
+
+class NotAdmitted(Exception):
+    """The call must not start: it was answered before, or started on a worker that stopped
+    mid-call. The executor gives the answer."""
 
 
 _current: ContextVar[CallRuntime] = ContextVar("toolq_call_runtime")
@@ -47,6 +55,14 @@ def running(runtime: CallRuntime) -> Iterator[None]:
         yield
     finally:
         _current.reset(token)
+
+
+def admit_current_call() -> None:
+    """Wait until the running call may start its effects (its start marker is stored); raises
+    ``NotAdmitted`` when it may not. Nothing outside a worker's call."""
+    runtime = _current.get(None)
+    if runtime is not None and runtime.admit is not None:
+        runtime.admit()
 
 
 def report_usage(usage: ResourceUsage) -> None:
