@@ -117,6 +117,21 @@ def test_run_bash_that_fails_before_its_command_still_marks_the_call(
     assert executor.handle(body, "sandbox") == refused  # stored: answered again, not re-run
 
 
+def test_a_plugin_tool_that_admits_itself_starts_its_effects_only_when_admitted(
+    settings: WorkerSettings, client: fakeredis.FakeRedis
+) -> None:
+    settings = settings.model_copy(update={"plugins": ["tests.plugins.late_effects"]})
+    executor = Executor(settings, ResultStore(client, 60), "test-worker:1")
+    folder = Path(settings.workspace_root) / "run-1"
+    client.set(keys.started("cut-late"), "dead-worker:9")
+    cut = executor.handle(request("late_write", {"name": "a"}, task_id="cut-late"), "tools")
+    assert cut.error_kind == "interrupted"
+    assert (folder / "a.prepared").exists()  # it prepared while the marker's answer came
+    assert not (folder / "a").exists()
+    done = executor.handle(request("late_write", {"name": "b"}), "tools")
+    assert done.output == "written" and (folder / "b").read_text() == "written"
+
+
 def test_a_call_for_another_pool_is_refused(executor: Executor) -> None:
     result = executor.handle(request("run_bash", {"command": "id"}), "tools")
     assert result.error_kind == "wrong_pool"
