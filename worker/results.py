@@ -127,20 +127,24 @@ class PendingBegin:
     def _read(self) -> Any:
         connection = self._connection
         if connection is None:
-            return self._script(keys=self._keys, args=self._args)
+            return self._ask_again()
         try:
             answer = connection.read_response()
         except (redis.ConnectionError, redis.TimeoutError):
             self._give_back(broken=True)
-            return self._script(keys=self._keys, args=self._args)
+            return self._ask_again()
         except redis.exceptions.NoScriptError:
             self._give_back(broken=False)
-            return self._script(keys=self._keys, args=self._args)
+            return self._ask_again()
         except BaseException:
             self._give_back(broken=True)
             raise
         self._give_back(broken=False)
         return answer
+
+    def _ask_again(self) -> Any:
+        """Through the client, as any script call: loaded if missing, with its retries."""
+        return self._script(keys=self._keys, args=self._args)
 
     def _give_back(self, *, broken: bool) -> None:
         connection, self._connection = self._connection, None
