@@ -4,6 +4,10 @@ Calls go out through one publishing thread, which sends whatever has queued up s
 send as one batch (one Redis round trip on a Redis broker). Answers come back through one
 Redis list per dispatcher, drained by one reader task. A thousand calls in flight cost a
 thousand futures, not a thousand threads or connections.
+
+An answer is taken only when it is the call's own, sealed with the random key the call carried;
+calls lost before they started are sent again, and a call's deadline gets a true account of it
+(``api.call_watch``).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from celery import Celery
 from redis.exceptions import RedisError
 
 from api.broker import producer_app
+from api.call_watch import CallWatch, InFlight
 from api.replies import RECONNECT, read_replies
 from worker.deadlines import call_limit_ms
 from worker.protocol import (
@@ -48,9 +53,9 @@ _ANSWER_MARGIN_S = 0.5
 
 @dataclass(frozen=True, slots=True)
 class _Outgoing:
+    #: The message to send: the call's first, or one sent again (``send_number`` > 1).
     request: ToolCallRequest
-    pool: str
-    answer: asyncio.Future[ToolCallResult]
+    flight: InFlight
 
 
 class Dispatcher:
@@ -62,7 +67,9 @@ class Dispatcher:
         self._redis = aioredis.Redis.from_url(settings.redis_url, health_check_interval=30)
         self.id = uuid.uuid4().hex
         self.reply_key = keys.reply(self.id)
-        self._pending: dict[str, asyncio.Future[ToolCallResult]] = {}
+        self._pending: dict[str, InFlight] = {}
+        self._watch = CallWatch(self._redis, settings, self._pending, self._send_again, self.id)
+        self._watcher: asyncio.Task[None] | None = None
         # Kombu's producers are not thread-safe and publishing blocks: one thread sends
         # everything, whatever the number of calls in flight.
         self._outbox: queue.SimpleQueue[_Outgoing | None] = queue.SimpleQueue()
@@ -79,15 +86,28 @@ class Dispatcher:
     def in_flight(self) -> int:
         return len(self._pending)
 
+    @property
+    def refused_answers(self) -> int:
+        """Answers refused since the start because they were not their call's own."""
+        return self._watch.refused
+
     async def start(self) -> None:
         if self._reader is None:
             self._loop = asyncio.get_running_loop()
             self._reader = asyncio.create_task(self._read_replies(), name="toolq-replies")
+            self._watcher = asyncio.create_task(
+                self._watch.watch(lambda: self._closing), name="toolq-call-watch"
+            )
             self._sender = threading.Thread(target=self._send_loop, name="toolq-send", daemon=True)
             self._sender.start()
 
     async def close(self) -> None:
         self._closing = True
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+            self._watcher = None
         if self._reader is not None:
             # A blocking BLPOP does not answer a cancel promptly in redis.asyncio; closing its
             # connection does, and the reader then sees it is closing.
@@ -138,25 +158,37 @@ class Dispatcher:
             timeout_ms=limit,
             deadline=time.time() + wait_s,
             reply_to=self.reply_key,
+            seal_key=ToolCallRequest.new_seal_key(),
         )
 
     async def call(self, request: ToolCallRequest, pool: str) -> ToolCallResult:
         """Send one call and wait for its answer until its deadline; never raises for failures."""
         if self._reader is None:
             await self.start()
-        loop = asyncio.get_running_loop()
-        answer: asyncio.Future[ToolCallResult] = loop.create_future()
-        self._pending[request.task_id] = answer
+        if request.seal_key is None:
+            # Only an answer sealed with the call's own key is taken: a call needs one.
+            request = request.model_copy(update={"seal_key": ToolCallRequest.new_seal_key()})
+        flight = InFlight(request, pool, asyncio.get_running_loop().create_future())
+        self._pending[request.task_id] = flight
         sent_at = time.monotonic()
-        self._outbox.put(_Outgoing(request, pool, answer))
+        self._outbox.put(_Outgoing(request, flight))
         try:
-            # The answer comes from the reply list, or from the sender when sending failed.
+            # The answer comes from the reply list or the store, or from the sender when
+            # sending failed.
             async with asyncio.timeout(max(request.deadline - time.time(), 0.01)):
-                return await answer
+                return await flight.answer
         except TimeoutError:
-            return await self._no_answer(request, pool, time.monotonic() - sent_at)
+            return await self._watch.last_word(flight, time.monotonic() - sent_at)
         finally:
             self._pending.pop(request.task_id, None)
+
+    def _send_again(self, flight: InFlight) -> None:
+        """The call's next message, with the same id and key: whichever a worker starts first
+        runs, and any other is dropped by the start marker."""
+        number = flight.request.send_number + 1
+        flight.request = flight.request.model_copy(update={"send_number": number})
+        flight.sent_at = None
+        self._outbox.put(_Outgoing(flight.request, flight))
 
     def _send_loop(self) -> None:
         """The sending thread: whatever has queued up goes out together.
@@ -226,18 +258,26 @@ class Dispatcher:
         # once, since results are stored once per call.
         with producer.batch(_OPERATIONS_PER_CALL * _SEND_BATCH):
             for item in batch:
-                self._publish(item.request, item.pool, producer)
+                self._publish(item.request, item.flight.pool, producer)
+        sent_at = time.monotonic()
+        for item in batch:
+            item.flight.sent_at = sent_at
 
     def _give_up_on(
         self, unsent: list[_Outgoing], exc: Exception, next_try_s: float
     ) -> list[_Outgoing]:
         """Answer the calls whose deadline comes before the next try is over (``next_try_s``
-        from now); the others stay."""
+        from now); the others stay. A message sent again is dropped instead: its call went out
+        once, and may run, so its deadline answers for it."""
         cutoff = time.time() + next_try_s + _ANSWER_MARGIN_S
-        late = [item for item in unsent if item.request.deadline <= cutoff]
+        late = [
+            item
+            for item in unsent
+            if item.request.deadline <= cutoff and item.request.send_number == 1
+        ]
         if late:
             assert self._loop is not None
-            failed = [(item, _unsent(item.request, item.pool, exc)) for item in late]
+            failed = [(item, _unsent(item.request, item.flight.pool, exc)) for item in late]
             try:
                 self._loop.call_soon_threadsafe(_answer_failures, failed)
             except RuntimeError:  # the loop is closed: nobody waits any more
@@ -279,43 +319,17 @@ class Dispatcher:
         try:
             result = ToolCallResult.model_validate_json(raw)
         except ValueError:
-            log.error("dropping a malformed reply: %.200r", raw)
+            self._watch.refused += 1
+            log.warning("dropping a malformed reply: %.200r", raw)
             return
-        future = self._pending.get(result.task_id)
-        if future is not None and not future.done():
-            future.set_result(result)
-        # Anything else is a late answer to a call its caller gave up on: dropped.
-
-    async def _no_answer(
-        self, request: ToolCallRequest, pool: str, waited: float
-    ) -> ToolCallResult:
-        """Say why nothing came back: no worker, a worker that died, or the store unreachable."""
-        try:
-            stored = await self._redis.get(keys.result(request.task_id))
-            if stored:
-                return ToolCallResult.model_validate_json(stored)
-            started_by = await self._redis.get(keys.started(request.task_id))
-            workers = [k async for k in self._redis.scan_iter(keys.worker_heartbeats(pool))]
-        except (RedisError, OSError) as exc:
-            why = f"the broker/result store is unreachable ({exc})"
-        else:
-            if started_by:
-                who = started_by.decode() if isinstance(started_by, bytes) else started_by
-                why = f"worker {who} started it but never answered (it may have died)"
-            elif not workers:
-                # Heartbeats are refreshed every few seconds: right after a broker restart live
-                # workers have none yet, so say both.
-                why = (
-                    f"no worker is serving the {pool!r} queue (none has announced itself: none "
-                    "runs, or the broker restarted moments ago)"
-                )
-            else:
-                why = f"none of the {len(workers)} live {pool!r} workers took it in time"
-        return ToolCallResult.failure(
-            request,
-            "no_answer",
-            f"Error: no answer for {request.tool} after {waited:.1f} s: {why}.",
-        )
+        flight = self._pending.get(result.task_id)
+        if flight is None or flight.answer.done():
+            return  # a late answer to a call its caller gave up on: dropped
+        key = flight.request.seal_key
+        if key is None or not result.is_sealed_with(key):
+            self._watch.refuse(result.task_id, "a reply")
+            return
+        flight.answer.set_result(result)
 
 
 def _unsent(request: ToolCallRequest, pool: str, exc: Exception) -> ToolCallResult:
@@ -343,5 +357,5 @@ def _release(producer: Any) -> None:
 
 def _answer_failures(failed: list[tuple[_Outgoing, ToolCallResult]]) -> None:
     for item, result in failed:
-        if not item.answer.done():
-            item.answer.set_result(result)
+        if not item.flight.answer.done():
+            item.flight.answer.set_result(result)

@@ -9,8 +9,10 @@ works where the caller shares no disk with the workers.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -19,10 +21,14 @@ from typing import Any, Literal
 from api.dispatch import Dispatcher
 from api.fleet import Fleet
 from worker.protocol import CommandAnswer, ErrorKind
+from worker.settings import FleetSettings
 
 FileProblemKind = Literal[
-    "not_found", "is_a_directory", "not_a_regular_file", "too_large", "refused"
+    "not_found", "is_a_directory", "not_a_regular_file", "too_large", "refused", "in_use"
 ]
+#: Between two tries at removing a workspace another call of the run holds.
+_FIRST_PAUSE_S = 0.1
+_LONGEST_PAUSE_S = 2.0
 
 
 class ServiceCallError(RuntimeError):
@@ -69,6 +75,12 @@ class CommandResult(CommandAnswer):
     """What a command did, as run_bash reports it, and the worker that ran it."""
 
     worker: str | None = None
+
+
+def calls_end_within_s(settings: FleetSettings) -> float:
+    """How long a call sent before now may still be running on the fleet: its longest deadline,
+    the grace of the hard limit past it, and the margin for the answer."""
+    return settings.max_timeout_ms / 1000 + settings.hard_limit_grace_s + settings.reply_margin_s
 
 
 class RunWorkspace:
@@ -158,10 +170,32 @@ class RunWorkspace:
         answer, worker = await self._call_with_worker("toolq.exec", arguments, None)
         return CommandResult.model_validate({**answer, "worker": worker})
 
-    async def remove(self, *, timeout_ms: int | None = None) -> bool:
-        """Remove the whole workspace; whether there was one."""
-        answer = await self._call("toolq.remove_workspace", {}, timeout_ms)
-        return bool(answer["removed"])
+    async def remove(self, *, timeout_ms: int | None = None, wait_s: float = 0.0) -> bool:
+        """Remove the whole workspace; whether there was one.
+
+        A workspace is never removed while another call of the run is in flight: it is tried
+        again until ``wait_s`` seconds have passed (``calls_end_within_s`` waits for any call
+        sent before), then ``FileProblemError`` ("in_use") says so.
+        """
+        give_up = time.monotonic() + wait_s
+        pause = _FIRST_PAUSE_S
+        while True:
+            answer = await self._call("toolq.remove_workspace", {}, timeout_ms)
+            kept = answer.get("kept")
+            if kept is None:
+                return bool(answer["removed"])
+            if time.monotonic() + pause > give_up:
+                raise FileProblemError(
+                    "in_use", f"the workspace of run {self.run_id} was kept: {kept}"
+                )
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _LONGEST_PAUSE_S)
+
+    async def runs_beside(self, prefix: str, *, timeout_ms: int | None = None) -> list[str]:
+        """The other runs with a workspace on the fleet whose ids start with ``prefix`` (at
+        most 10,000 at a time: remove some and ask again for the rest)."""
+        answer = await self._call("toolq.list_workspaces", {"prefix": prefix}, timeout_ms)
+        return [str(run) for run in answer["runs"]]
 
     async def _call(
         self, operation: str, arguments: dict[str, Any], timeout_ms: int | None

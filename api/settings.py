@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from functools import lru_cache
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr
@@ -36,6 +37,11 @@ class OrchestratorSettings(FleetSettings):
     )
 
     api_token: SecretStr | None = Field(None, description="Bearer token for the HTTP API.")
+    api_tokens_file: Path | None = Field(
+        None,
+        description="A file of `<tenant-name> <token>` lines: one bearer token per tenant of the "
+        "HTTP API, each seeing only its own runs and batches.",
+    )
     api_max_body_bytes: int = Field(1_048_576, gt=0, description="Largest request body.")
 
     def with_fleet(self, fleet: FleetSettings) -> OrchestratorSettings:

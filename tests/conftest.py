@@ -80,15 +80,23 @@ def scripted_server(
 class RedisServer:
     """A redis-server of the test's own on a free port; can be stopped and started again."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(
+        self, workdir: Path, password: str | None = None, *, appendonly: bool = False
+    ) -> None:
         self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.password = password
+        #: Keep an append-only file, as deployed: what was written survives a restart.
+        self.appendonly = appendonly
+        auth = f":{password}@" if password else ""
+        self.url = f"redis://{auth}127.0.0.1:{self.port}/0"
         self._dir = workdir
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        auth = ["--requirepass", self.password] if self.password else []
+        persist = ["--appendonly", "yes"] if self.appendonly else []
         self._proc = subprocess.Popen(
-            redis_server_argv(self.port, self._dir),
+            [*redis_server_argv(self.port, self._dir), *auth, *persist],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -96,10 +104,15 @@ class RedisServer:
         wait_for(lambda: _pings(client), what="redis-server to answer")
         client.close()
 
-    def stop(self) -> None:
+    def stop(self, *, graceful: bool = False) -> None:
+        """Kill the server, or with ``graceful`` shut it down as a restart does (it writes out
+        its append-only file first)."""
         if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait()
+            if graceful:
+                self._proc.terminate()
+            else:
+                self._proc.kill()
+            self._proc.wait(timeout=60)
             self._proc = None
 
 

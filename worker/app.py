@@ -7,6 +7,7 @@ from typing import Any
 from celery import Celery
 from kombu import Queue
 
+from worker.lifeline import serve_or_exit
 from worker.protocol import POOLS
 from worker.redis_transport import transport_setting
 from worker.settings import WorkerSettings, get_worker_settings
@@ -52,7 +53,9 @@ def celery_config(settings: WorkerSettings) -> dict[str, Any]:
 def create_celery_app(settings: WorkerSettings | None = None) -> Celery:
     celery_app = Celery("toolq", include=["worker.tasks"])
     celery_app.config_from_object(celery_config(settings or get_worker_settings()))
-    return celery_app
+    # A worker whose consumer stops for good exits (a supervisor starts it again), and its
+    # heartbeat says live only while its consumer takes calls: never a live worker that is deaf.
+    return serve_or_exit(celery_app)
 
 
 # Checked before Celery starts anything: a misspelt variable or a URL toolq cannot use stops

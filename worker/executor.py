@@ -48,10 +48,15 @@ class TimeLimitReached(Exception):
     """Raised into a running tool when its soft time limit passes (mapped from Celery's)."""
 
 
+class NotRunHere(Exception):
+    """This delivery neither ran nor answered its call, which another holds: a message of the
+    call that started it (the caller sent the call again), or the caller, which stopped waiting."""
+
+
 def _admit(marker: PendingBegin) -> None:
     """A call with effects starts only as its first run, its start marker stored."""
     begin = marker.result()
-    if begin.stored is not None or begin.previous is not None:
+    if begin.stored is not None or begin.previous is not None or begin.held_by is not None:
         raise NotAdmitted
 
 
@@ -115,16 +120,23 @@ class Executor:
 
     def _handle(self, request: ToolCallRequest, pool: str | None) -> ToolCallResult:
         tool = self._registry.get(request.tool)
-        if tool is None or tool.idempotent:
-            # Safe to repeat: no start marker. Running it again is harmless and the store keeps
-            # its first answer.
-            return self._store.store(self._held_run(request, pool, tool, None), request.reply_to)
-        # At most once: a finished call is answered from the store, and a call cut short
-        # elsewhere is found by its start marker. The marker's round trip overlaps the call's
-        # preparation; nothing of the call starts before its answer is back (``admit``).
-        marker = self._store.begin_ahead(request.task_id, self._worker)
+        # Every call marks its start, so that a caller with no answer knows whether it may have
+        # run. Tools safe to repeat run whatever the marker says, and the store keeps their
+        # first answer. The others run at most once: a finished call is answered from the
+        # store, and a call cut short elsewhere is found by its start marker. The marker's
+        # round trip overlaps the call's preparation; nothing of a call with effects starts
+        # before its answer is back (``admit``).
+        gated = tool is not None and not tool.idempotent
+        # A store that refuses for a while is asked again for as long as the caller waits.
+        marker = self._store.begin_ahead(
+            request.task_id,
+            self._worker,
+            request.send_number,
+            request.seal_key,
+            deadline=request.deadline,
+        )
         try:
-            result: ToolCallResult | None = self._held_run(request, pool, tool, marker)
+            result = self._held_run(request, pool, tool, marker if gated else None)
         except NotAdmitted:
             result = None
         except BaseException:
@@ -132,8 +144,15 @@ class Executor:
             raise
         begin = marker.result()
         if begin.stored is not None:
-            self._store.reply_again(begin.stored, request.reply_to)
+            self._store.reply_again(begin.stored, request.reply_to, deadline=request.deadline)
             return begin.stored
+        if tool is None or not gated:
+            assert result is not None  # only a call with effects waits for admission
+            return self._store.store(
+                result, request.reply_to, request.seal_key, deadline=request.deadline
+            )
+        if begin.held_by is not None:
+            raise NotRunHere(f"the call is held by {begin.held_by}")
         if begin.previous is not None:
             result = ToolCallResult.failure(
                 request,
@@ -143,7 +162,9 @@ class Executor:
                 self._worker,
             )
         assert result is not None  # only a stored answer or a cut call refuses admission
-        return self._store.store(result, request.reply_to)
+        return self._store.store(
+            result, request.reply_to, request.seal_key, deadline=request.deadline
+        )
 
     def _held_run(
         self,
@@ -157,7 +178,7 @@ class Executor:
         workspace, held = self._hold(request.run_id)
         try:
             admit = None if marker is None else functools.partial(_admit, marker)
-            runtime = CallRuntime(workspace, request.context, admit=admit)
+            runtime = CallRuntime(workspace, request.context, admit=admit, workspace_lock=held)
             with running(runtime):
                 result = self._run(request, pool, tool, runtime)
         finally:
@@ -178,7 +199,9 @@ class Executor:
             "the worker process running it was replaced.",
             self._worker,
         )
-        self._store.store(result, request.reply_to)
+        # One try, with no wait: this runs in the worker's main process, whose event loop takes
+        # the calls and must not stop for a store that refuses.
+        self._store.store(result, request.reply_to, request.seal_key)
 
     def _run(
         self,
@@ -298,6 +321,9 @@ class Executor:
         )
         reply_to = data.get("reply_to")
         if isinstance(reply_to, str) and keys.is_reply(reply_to):
+            seal_key = data.get("seal_key")
+            if isinstance(seal_key, str):
+                result = result.sealed_with(seal_key)
             self._store.reply_again(result, reply_to)
         log.error("invalid tool call request: %s", fields)
         return result

@@ -8,7 +8,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import redis
 
@@ -61,6 +61,8 @@ class Heartbeat:
     """Keeps ``toolq:worker:<pool>:<name>`` and the manifest alive while the worker runs.
 
     Agents workers beat too (pool ``agents``, no tools), so callers see them live the same way.
+    A beat goes out only while ``serving()`` says the worker takes calls: a process that lives
+    on without its consumer drops out of the fleet when its key lapses.
     """
 
     def __init__(
@@ -71,8 +73,10 @@ class Heartbeat:
         specs: list[ToolSpec],
         unavailable: dict[str, str] | None = None,
         limits: WorkerLimits | None = None,
+        serving: Callable[[], bool] | None = None,
     ) -> None:
         self._redis = client
+        self._serving = serving
         self._specs = specs
         self._worker = worker
         self._pools: list[Served] = sorted(set(pools))
@@ -107,8 +111,18 @@ class Heartbeat:
             self._redis.delete(*(keys.worker_heartbeat(p, self._worker) for p in self._pools))
 
     def _run(self) -> None:
+        skipping = False
         while not self._stop.wait(HEARTBEAT_INTERVAL_S):
+            if self._serving is not None and not self._serving():
+                if not skipping:
+                    log.warning("the worker takes no calls now (its consumer is not running)")
+                skipping = True
+                continue
+            skipping = False
             try:
                 self.beat()
             except redis.RedisError as exc:
                 log.warning("heartbeat failed: %s", exc)
+            if self._stop.is_set():
+                # Stopped while this beat was on its way: it must not outlive the stop.
+                self.stop()

@@ -8,6 +8,9 @@ workspace-relative glob follows, which callers check before they send one.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import secrets
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -40,11 +43,13 @@ RegistryErrorKind = Literal[
 #: Why a call failed: the registry's kinds, then those of the layers around it.
 ErrorKind = Literal[
     RegistryErrorKind,
-    "interrupted",  # the worker died mid-call; the tool has effects, so it is not run again
+    # The call may have run, and its outcome is unknown: its worker died mid-call (a tool with
+    # effects is not run again), or no answer came although it started, or nobody could tell.
+    "interrupted",
     "over_quota",  # the run's workspace is past its quota: tools that write are not started
     "wrong_pool",  # the call reached a worker whose pool does not serve the tool
     "bad_request",  # the message was not a valid request
-    "no_answer",  # no worker answered by the deadline (none listening, died, or too busy)
+    "no_answer",  # no worker started it by the deadline (none listening, or all too busy)
     "broker_unavailable",  # the call could not be sent
 ]
 
@@ -164,6 +169,27 @@ class ToolCallRequest(BaseModel):
     timeout_ms: int = Field(gt=0, description="The tool's own deadline, already clamped.")
     deadline: float = Field(description="Epoch seconds after which nobody waits for the answer.")
     reply_to: str | None = Field(None, description="Redis list that receives the result.")
+    # Not in repr: a request that ends up in a log or a traceback must not hand out its key.
+    seal_key: str | None = Field(
+        None,
+        repr=False,
+        min_length=32,
+        max_length=256,
+        description="A random key of this call's own, never logged nor shown to monitors: the "
+        "worker seals its answer with it, and the caller takes no answer that is not so sealed. "
+        "None: the answer is not sealed, and its caller cannot tell it from a forged one.",
+    )
+    send_number: int = Field(
+        1,
+        ge=1,
+        description="Which message of the call this is: 1, then one more each time the caller "
+        "sends again a call that no worker started. A message that finds the call started by "
+        "another neither runs nor answers it.",
+    )
+
+    @staticmethod
+    def new_seal_key() -> str:
+        return secrets.token_hex(32)
 
 
 class ToolCallResult(BaseModel):
@@ -180,6 +206,26 @@ class ToolCallResult(BaseModel):
     truncated: bool = False
     worker: str | None = Field(None, description="hostname:pid of the process that ran it.")
     usage: ResourceUsage | None = Field(None, description="What a command used (run_bash).")
+    seal: str | None = Field(
+        None,
+        description="HMAC-SHA256, under the request's seal_key, of the rest of the answer: "
+        "proof that a worker that got the call wrote this answer to it.",
+    )
+
+    def sealed_with(self, key: str | None) -> ToolCallResult:
+        """This answer sealed with ``key`` (a request's ``seal_key``); as it is when None."""
+        if key is None:
+            return self
+        return self.model_copy(update={"seal": self._mac(key)})
+
+    def is_sealed_with(self, key: str) -> bool:
+        """Whether a worker that had ``key`` wrote this very answer."""
+        return self.seal is not None and hmac.compare_digest(self.seal, self._mac(key))
+
+    def _mac(self, key: str) -> str:
+        # The answer as it travels, less the seal: any change to it breaks the seal.
+        content = self.model_dump_json(exclude={"seal"}).encode()
+        return hmac.new(key.encode(), content, hashlib.sha256).hexdigest()
 
     @classmethod
     def failure(
@@ -231,8 +277,9 @@ class RedisKeys:
 
     @staticmethod
     def started(task_id: str) -> str:
-        """Set when a worker begins a call: a second delivery finds it and knows the first was
-        cut."""
+        """Set when a worker begins a call (``start_mark``): a second delivery finds it and knows
+        the first was cut. Set by the caller when it stops waiting for a call never started,
+        which then never starts."""
         return f"{RedisKeys.PREFIX}:started:{task_id}"
 
     @staticmethod
@@ -256,6 +303,23 @@ class RedisKeys:
 
 
 keys = RedisKeys()
+
+#: The ``send_number`` of the start marker a caller sets for a call it stopped waiting for.
+CALLER_GAVE_UP = 0
+
+
+def start_mark(send_number: int, starter: str) -> str:
+    """A start marker's value: which message of the call started it, and who did."""
+    return f"{send_number} {starter}"
+
+
+def read_start_mark(value: bytes | str) -> tuple[int, str]:
+    """``(send_number, starter)`` of a start marker; a bare name is the first message's."""
+    text = value.decode(errors="replace") if isinstance(value, bytes) else value
+    number, _, starter = text.partition(" ")
+    if number.isdigit() and starter:
+        return int(number), starter
+    return 1, text
 
 
 def glob_segments(pattern: str) -> tuple[str, ...]:

@@ -8,6 +8,10 @@ Celery's busiest process, builds five per task. They all draw connections from t
 pool, and a ``redis.Redis`` is safe to share between threads (each command takes a
 connection from the pool), so this channel keeps one and hands it out each time.
 
+The channel also rides out two faults that would otherwise stop a worker's consumer for good
+("Unrecoverable error"): a Redis that refuses writes for a while (``QoS``), and a restore of
+unacknowledged messages through a connection already closed (``_connparams``).
+
 Every Celery app of toolq's (the tool pools' workers, the agents workers, the callers') names
 this transport for a ``redis://`` broker. Other brokers keep kombu's own, ``rediss://`` too:
 kombu gives it its TLS defaults by the transport's name.
@@ -15,17 +19,60 @@ kombu gives it its TLS defaults by the transport's name.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import redis
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
+
+from worker.store_refusals import REFUSED_WRITES
+
+log = logging.getLogger(__name__)
 
 #: Celery's ``broker_transport`` setting for a plain Redis broker.
 TRANSPORT = f"{__name__}:Transport"
 
 
+class QoS(kombu_redis.QoS):  # type: ignore[misc]
+    """Kombu's acknowledgements, through a Redis that refuses writes for a while.
+
+    A message taken is recorded as unacknowledged (so that it is handed out again if its worker
+    dies) and the record is removed when it is acknowledged. Both are writes, which Redis refuses
+    at ``maxmemory`` with ``noeviction`` (in a transaction, every command) or as a read-only
+    replica; kombu raises, and the consumer stops for good. Here a message whose record could not
+    be written runs all the same: it is already off the queue, and the call's start marker keeps
+    it at most once (if this worker dies mid-call, nothing hands it out again; its caller's
+    deadline answers for it). A record that could not be removed stays: the message comes back
+    after the visibility timeout and is answered from its stored result.
+    """
+
+    def append(self, message: Any, delivery_tag: Any) -> None:
+        try:
+            super().append(message, delivery_tag)
+        except REFUSED_WRITES as exc:
+            log.warning("message %s taken without its unacknowledged record: %s", delivery_tag, exc)
+            virtual.QoS.append(self, message, delivery_tag)
+
+    def ack(self, delivery_tag: Any) -> None:
+        try:
+            super().ack(delivery_tag)
+        except REFUSED_WRITES as exc:
+            log.warning("message %s acknowledged, its record left behind: %s", delivery_tag, exc)
+            virtual.QoS.ack(self, delivery_tag)
+
+    def reject(self, delivery_tag: Any, requeue: bool = False) -> None:
+        try:
+            super().reject(delivery_tag, requeue=requeue)
+        except REFUSED_WRITES as exc:
+            log.warning("message %s rejected, its record left behind: %s", delivery_tag, exc)
+            virtual.QoS.ack(self, delivery_tag)
+
+
 class Channel(kombu_redis.Channel):  # type: ignore[misc]
+    QoS = QoS
     _shared_client: Any = None
 
     @contextmanager
@@ -38,6 +85,16 @@ class Channel(kombu_redis.Channel):  # type: ignore[misc]
         if shared is None or shared.connection_pool is not self.pool:
             shared = self._shared_client = self._create_client()
         yield shared
+
+    def _connparams(self, asynchronous: bool = False) -> Any:
+        # A channel closed after its connection (Celery does so when the broker goes away) tries
+        # to hand its unacknowledged messages back through it; kombu then fails on the closed
+        # connection's missing client with an AttributeError nothing catches, and the consumer
+        # stops for good. As a connection error it is ignored like the rest of that clean-up:
+        # the messages are handed out again after the visibility timeout.
+        if self.connection.client is None:
+            raise redis.ConnectionError("the broker connection is already closed")
+        return super()._connparams(asynchronous)
 
 
 class Transport(kombu_redis.Transport):  # type: ignore[misc]

@@ -1,36 +1,54 @@
-"""Results stored once per task_id, and the start marker that makes redelivery safe."""
+"""Results stored once per task_id, and the start marker that makes redelivery safe.
+
+A stored result counts only if it is the call's own: sealed with the key its request carries
+(``ToolCallRequest.seal_key``). Anyone who can write to Redis can put text at a call's result
+key before the call runs; a worker that took it for the answer would skip the call and hand
+that text on, so such a value is replaced, and said so.
+"""
 
 from __future__ import annotations
 
+import functools
+import logging
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import redis
 from redis.commands.core import Script
 from redis.connection import Connection
 
-from worker.protocol import ToolCallResult, keys
+from worker.protocol import ToolCallResult, keys, read_start_mark, start_mark
+from worker.store_refusals import REFUSED_WRITES, until_deadline
 
-# Store the result unless one exists, then push whichever is stored to the caller's inbox:
-# a redelivered call that ran again still answers with the first outcome. (GET then SET rather
-# than SET NX GET: the script is atomic either way, and this runs on Redis 6.2 too.)
+log = logging.getLogger(__name__)
+#: Values not the call's own a worker replaces at its result key before it gives up: each try is
+#: a race that whoever writes them must win again.
+_UNBOUND_TRIES = 3
+
+# Store the result and push it to the caller's inbox, unless a result is kept already: that one
+# comes back unpushed, for the worker to check that it is the call's own before answering with
+# it (a redelivered call that ran again still answers with its first outcome). ARGV[3] is a
+# kept value found not to be the call's own: it is replaced. (GET then SET rather than SET NX
+# GET: the script is atomic either way, and this runs on Redis 6.2 too.)
 _STORE_ONCE = """
 local stored = redis.call('GET', KEYS[1])
-if not stored then redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2]) end
-local answer = stored or ARGV[1]
+if stored and stored ~= ARGV[3] then return {'kept', stored} end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
 if KEYS[2] ~= '' then
-  redis.call('RPUSH', KEYS[2], answer)
+  redis.call('RPUSH', KEYS[2], ARGV[1])
   redis.call('EXPIRE', KEYS[2], ARGV[2])
 end
-return answer
+return {'stored', ''}
 """
 
 
 # One round trip before a call runs: its stored result if it finished, else the start marker
-# (set now, or the name of the worker that set it before: the call was cut short there).
+# (set now, or the mark of whoever set it before). ARGV[3] is a stored value found not to be
+# the call's own: it is dropped.
 _BEGIN = """
 local stored = redis.call('GET', KEYS[1])
-if stored then return {'done', stored} end
+if stored and stored ~= ARGV[3] then return {'done', stored} end
+if stored then redis.call('DEL', KEYS[1]) end
 if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'EX', ARGV[2]) then return {'new', ''} end
 return {'cut', redis.call('GET', KEYS[2]) or ''}
 """
@@ -38,11 +56,15 @@ return {'cut', redis.call('GET', KEYS[2]) or ''}
 
 @dataclass(frozen=True, slots=True)
 class Begin:
-    """How a delivery of a call starts: already answered, first run, or a run cut short."""
+    """How a delivery of a call starts: already answered, first run, a run cut short, or
+    held by another message of the call."""
 
     stored: ToolCallResult | None = None
-    #: The worker that started the call before (it died mid-call), when there was one.
+    #: The worker that started this message of the call before (it died mid-call).
     previous: str | None = None
+    #: Who holds the call when another message of it started it (the caller sent it again), or
+    #: when its caller stopped waiting: this delivery must neither run nor answer it.
+    held_by: str | None = None
 
 
 class ResultStore:
@@ -54,35 +76,89 @@ class ResultStore:
         self._store = client.register_script(_STORE_ONCE)
         self._begin = client.register_script(_BEGIN)
 
-    def store(self, result: ToolCallResult, reply_to: str | None) -> ToolCallResult:
-        """Keep the first result for this call and send the kept one to ``reply_to``."""
-        payload = result.model_dump_json()
-        kept = self._store(
-            keys=[keys.result(result.task_id), reply_to or ""], args=[payload, self._ttl_s]
-        )
-        if kept == payload.encode() or kept == payload:
-            return result
-        return ToolCallResult.model_validate_json(cast(Any, kept))
+    def store(
+        self,
+        result: ToolCallResult,
+        reply_to: str | None,
+        seal_key: str | None = None,
+        *,
+        deadline: float | None = None,
+    ) -> ToolCallResult:
+        """Keep the first result of this call, sealed with ``seal_key``, and send the kept one
+        to ``reply_to``; a store that refuses is asked again until ``deadline``."""
+        sealed = result.sealed_with(seal_key)
+        payload = sealed.model_dump_json()
+        unbound: bytes | str = ""
+        for _ in range(_UNBOUND_TRIES):
+            state, kept = until_deadline(
+                functools.partial(
+                    self._store,
+                    keys=[keys.result(result.task_id), reply_to or ""],
+                    args=[payload, self._ttl_s, unbound],
+                ),
+                deadline,
+                f"the answer to call {result.task_id}",
+            )
+            if _text(state) == "stored":
+                return sealed
+            found = _own_result(kept, seal_key)
+            if found is not None:
+                self.reply_again(found, reply_to, deadline=deadline)
+                return found
+            _warn_unbound(result.task_id)
+            unbound = kept
+        # Written over again each time: the caller still gets the call's own answer.
+        self.reply_again(sealed, reply_to, deadline=deadline)
+        return sealed
 
-    def reply_again(self, result: ToolCallResult, reply_to: str | None) -> None:
-        if reply_to:
+    def reply_again(
+        self, result: ToolCallResult, reply_to: str | None, *, deadline: float | None = None
+    ) -> None:
+        if not reply_to:
+            return
+        payload = result.model_dump_json()
+
+        def push() -> None:
+            # A pipeline forgets its commands when it runs, refused or not: built per try.
             pipe = self._redis.pipeline(transaction=False)
-            pipe.rpush(reply_to, result.model_dump_json())
+            pipe.rpush(reply_to, payload)
             pipe.expire(reply_to, self._ttl_s)
             pipe.execute()
 
-    def begin(self, task_id: str, worker: str) -> Begin:
-        """The stored answer of a finished call, or mark the call started by ``worker``."""
-        return self.begin_ahead(task_id, worker).result()
+        until_deadline(push, deadline, f"the answer to call {result.task_id}")
 
-    def begin_ahead(self, task_id: str, worker: str) -> PendingBegin:
+    def begin(
+        self,
+        task_id: str,
+        worker: str,
+        send_number: int = 1,
+        seal_key: str | None = None,
+        *,
+        deadline: float | None = None,
+    ) -> Begin:
+        """The stored answer of a finished call, or mark the call started by ``worker``, as
+        message ``send_number`` of the call; a stored answer counts if sealed with ``seal_key``."""
+        return self.begin_ahead(task_id, worker, send_number, seal_key, deadline=deadline).result()
+
+    def begin_ahead(
+        self,
+        task_id: str,
+        worker: str,
+        send_number: int = 1,
+        seal_key: str | None = None,
+        *,
+        deadline: float | None = None,
+    ) -> PendingBegin:
         """``begin`` sent now, its answer read by ``PendingBegin.result``: the round trip
         overlaps whatever the caller does in between, which must start nothing of the call's."""
         return PendingBegin(
             self._redis,
             self._begin,
             keys=[keys.result(task_id), keys.started(task_id)],
-            args=[worker, self._ttl_s],
+            args=[start_mark(send_number, worker), self._ttl_s, ""],
+            send_number=send_number,
+            seal_key=seal_key,
+            deadline=deadline,
         )
 
 
@@ -90,18 +166,29 @@ class PendingBegin:
     """A call's ``begin`` on its way: the script's call written on a connection of its own,
     the answer read once, by ``result``.
 
-    Where the connection fails, or the server does not know the script yet, ``result`` asks
-    again through the client, as a script is always called (its retries, the script loaded);
-    an exception while the answer is awaited drops the connection, whose next reply would
-    otherwise be this one's."""
+    Where the connection fails, the server does not know the script yet or refuses the write,
+    ``result`` asks again through the client, as a script is always called (its retries, the
+    script loaded), until ``deadline``; an exception while the answer is awaited drops the
+    connection, whose next reply would otherwise be this one's."""
 
     def __init__(
-        self, client: redis.Redis, script: Script, keys: list[str], args: list[str | int]
+        self,
+        client: redis.Redis,
+        script: Script,
+        keys: list[str],
+        args: list[str | int | bytes],
+        *,
+        send_number: int = 1,
+        seal_key: str | None = None,
+        deadline: float | None = None,
     ) -> None:
         self._client = client
         self._script = script
         self._keys = keys
         self._args = args
+        self._send_number = send_number
+        self._seal_key = seal_key
+        self._deadline = deadline
         self._begin: Begin | None = None
         self._connection: Connection | None = None
         try:
@@ -117,7 +204,7 @@ class PendingBegin:
     def result(self) -> Begin:
         """How the call begins; the first call waits for the server's answer."""
         if self._begin is None:
-            self._begin = _as_begin(self._read())
+            self._begin = self._settle(self._read())
         return self._begin
 
     def discard(self) -> None:
@@ -136,15 +223,46 @@ class PendingBegin:
         except redis.exceptions.NoScriptError:
             self._give_back(broken=False)
             return self._ask_again()
+        except REFUSED_WRITES:
+            # Refused, and said so in full: the connection is fine.
+            self._give_back(broken=False)
+            return self._ask_again()
         except BaseException:
             self._give_back(broken=True)
             raise
         self._give_back(broken=False)
         return answer
 
+    def _settle(self, answer: Any) -> Begin:
+        """How the call begins, from the script's answer: a stored value that is not the
+        call's own is dropped and the call begun again."""
+        for tries_left in reversed(range(_UNBOUND_TRIES)):
+            state, value = answer
+            state = _text(state)
+            if state == "new":
+                return Begin()
+            if state == "cut":
+                number, starter = read_start_mark(value)
+                if number == self._send_number:
+                    return Begin(previous=starter)
+                return Begin(held_by=starter)
+            stored = _own_result(value, self._seal_key)
+            if stored is not None:
+                return Begin(stored=stored)
+            _warn_unbound(self._keys[0].removeprefix(keys.result("")))
+            if not tries_left:
+                break
+            self._args[2] = value
+            answer = self._ask_again()
+        return Begin(held_by="whoever keeps writing results that are not its own")
+
     def _ask_again(self) -> Any:
         """Through the client, as any script call: loaded if missing, with its retries."""
-        return self._script(keys=self._keys, args=self._args)
+        return until_deadline(
+            lambda: self._script(keys=self._keys, args=self._args),
+            self._deadline,
+            f"the start of call {self._keys[0].removeprefix(keys.result(''))}",
+        )
 
     def _give_back(self, *, broken: bool) -> None:
         connection, self._connection = self._connection, None
@@ -155,11 +273,25 @@ class PendingBegin:
         self._client.connection_pool.release(connection)
 
 
-def _as_begin(answer: Any) -> Begin:
-    state, value = answer
-    state = state.decode() if isinstance(state, bytes) else state
-    if state == "done":
-        return Begin(stored=ToolCallResult.model_validate_json(value))
-    if state == "cut":
-        return Begin(previous=value.decode() if isinstance(value, bytes) else str(value))
-    return Begin()
+def _own_result(raw: bytes | str, seal_key: str | None) -> ToolCallResult | None:
+    """The result stored as ``raw`` if it is the call's own: sealed with ``seal_key`` (any
+    result, for a call that has none)."""
+    try:
+        result = ToolCallResult.model_validate_json(raw)
+    except ValueError:
+        return None
+    if seal_key is None or result.is_sealed_with(seal_key):
+        return result
+    return None
+
+
+def _warn_unbound(task_id: str) -> None:
+    log.warning(
+        "call %s: its result key held a value that is not its own (not sealed with its key); "
+        "dropped",
+        task_id,
+    )
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,6 +1,8 @@
 """How long run workspaces live: every call touches its run's workspace and holds it while it
 runs; a workspace no call touched for ``TOOLQ_WORKSPACE_TTL_S`` is removed, by the workers now
-and then or by ``toolq prune``, but never while a call of its run is in flight.
+and then or by ``toolq prune``, and a run's caller may remove its own (the service operation
+``toolq.remove_workspace``, whose call turns its own hold exclusive), but never while another
+call of its run is in flight.
 
 A call holds a shared lock on the workspace folder; removal takes the exclusive lock without
 waiting (a run with a call in flight is skipped), moves the folder aside while holding it, and
@@ -22,11 +24,14 @@ from pathlib import Path
 
 from worker.protocol import RUN_ID_PATTERN
 from worker.quota import STATE_DIR, WorkspaceQuota, measure
+from worker.sandbox.identity import release
 
 _RUN_ID = re.compile(RUN_ID_PATTERN)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 #: Where removed workspaces wait to be deleted, out of every call's way.
 TRASH = "trash"
+#: Why a workspace stays: a call of its run holds it.
+IN_FLIGHT = "a call of the run is in flight"
 
 
 class WorkspaceGone(Exception):
@@ -114,17 +119,69 @@ def _remove(root: Path, name: str, older_than_s: float, now: float) -> str | Non
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            return "a call of the run is in flight"
-        if now - os.fstat(fd).st_mtime < older_than_s:
+            return IN_FLIGHT
+        held = os.fstat(fd)
+        if now - held.st_mtime < older_than_s:
             return "touched meanwhile"
-        trash = root / STATE_DIR / TRASH
-        trash.mkdir(parents=True, exist_ok=True)
-        aside = trash / f"{name}.{uuid.uuid4().hex[:8]}"
-        os.rename(path, aside)
+        aside = _move_aside(root, name)
     finally:
         os.close(fd)
-    shutil.rmtree(aside, ignore_errors=True)
+    _delete(root, name, aside, held.st_uid)
     return None
+
+
+def remove_held(root: Path, name: str, held: int) -> str | None:
+    """Remove the workspace ``name`` that the calling call holds by ``held`` (its descriptor
+    from ``hold``), unless another call holds it too; why not, or None once removed."""
+    try:
+        # The call's own shared lock made exclusive, which no other holder allows.
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        # Linux lets go of the shared lock before it tries: the call holds it again.
+        fcntl.flock(held, fcntl.LOCK_SH)
+        return IN_FLIGHT
+    try:
+        info = os.fstat(held)
+        try:
+            current = os.stat(root / name, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        if (current.st_dev, current.st_ino) != (info.st_dev, info.st_ino):
+            return None  # removed by another between the two locks; a new run's folder is there
+        aside = _move_aside(root, name)
+    finally:
+        # Calls waiting to hold the folder go on at once, find it moved and make a new one.
+        fcntl.flock(held, fcntl.LOCK_UN)
+    _delete(root, name, aside, info.st_uid)
+    return None
+
+
+def _move_aside(root: Path, name: str) -> Path:
+    """Move a workspace its remover holds exclusively out of every call's way."""
+    trash = root / STATE_DIR / TRASH
+    trash.mkdir(parents=True, exist_ok=True)
+    aside = trash / f"{name}.{uuid.uuid4().hex[:8]}"
+    os.rename(root / name, aside)
+    return aside
+
+
+def _delete(root: Path, name: str, aside: Path, uid: int) -> None:
+    shutil.rmtree(aside, ignore_errors=True)
+    # The run's uid is free again for another run (its processes ended with its last call).
+    release(root, name, uid)
+
+
+def run_ids(root: Path, prefix: str = "") -> list[str]:
+    """The runs that have a workspace under ``root`` and an id starting with ``prefix``."""
+    with contextlib.suppress(FileNotFoundError), os.scandir(root) as entries:
+        return sorted(
+            e.name
+            for e in entries
+            if e.name.startswith(prefix)
+            and _RUN_ID.match(e.name)
+            and e.is_dir(follow_symlinks=False)
+        )
+    return []
 
 
 def empty_trash(root: Path) -> None:

@@ -13,6 +13,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from worker.capping import DEFAULT_OUTPUT_CAP_BYTES, DEFAULT_TRANSFER_MAX_BYTES
 from worker.mcp.config import load_servers
+from worker.sandbox.identity import DEFAULT_UID_RANGE, UidRange
 
 LOCAL_REDIS_URL = "redis://127.0.0.1:6379/0"
 ENV_PREFIX = "TOOLQ_"
@@ -32,6 +33,7 @@ ORCHESTRATOR_ONLY_FIELDS = (
     "llm_max_retries",
     "max_turns",
     "api_token",
+    "api_tokens_file",
     "api_max_body_bytes",
     "task_files_max_bytes",
     "conversation_timeout_s",
@@ -66,6 +68,12 @@ class FleetSettings(BaseSettings):
     )
     reply_margin_s: float = Field(
         10.0, gt=0, description="Seconds past a call's deadline before the caller gives up."
+    )
+    resend_after_s: float = Field(
+        5.0,
+        gt=0,
+        description="A call no worker has started this long after it was sent, while its "
+        "pool's queue is empty, is sent again (its message was lost).",
     )
     output_cap_bytes: int = Field(
         DEFAULT_OUTPUT_CAP_BYTES, gt=0, description="Cap on every tool's answer (50 KB)."
@@ -145,7 +153,21 @@ class WorkerSettings(FleetSettings):
         86_400, gt=0, description="A run's workspace no call touched for this long is removed."
     )
 
-    sandbox_user: str = Field("nobody", description="run_bash's user when the worker is root.")
+    sandbox_user: str = Field(
+        "nobody",
+        description="run_bash's user when the worker is root and runs share one uid "
+        "(TOOLQ_SANDBOX_SHARED=allow, or an empty TOOLQ_SANDBOX_UID_RANGE).",
+    )
+    sandbox_uid_range: str = Field(
+        DEFAULT_UID_RANGE,
+        description="The uids (and gids) runs take, FIRST-LAST: each run's commands run as a uid "
+        "of their own and its workspace is that uid's alone. Empty: runs share TOOLQ_SANDBOX_USER.",
+    )
+    sandbox_shared: Literal["deny", "allow"] = Field(
+        "deny",
+        description="allow: a sandbox worker that cannot keep runs apart (no per-run uids, as "
+        "when it is not root) starts anyway and its runs share one uid; deny: it refuses to start.",
+    )
     sandbox_isolation: Literal["auto", "namespaces", "process"] = Field(
         "auto", description="auto: PID+network namespaces where they work, else process groups."
     )
@@ -167,6 +189,13 @@ class WorkerSettings(FleetSettings):
     sandbox_cgroup_root: Path = Field(
         Path("/sys/fs/cgroup"), description="Where the cgroup file systems are mounted."
     )
+
+    @field_validator("sandbox_uid_range")
+    @classmethod
+    def _a_uid_range(cls, text: str) -> str:
+        if text.strip():
+            UidRange.parse(text)
+        return text.strip()
 
     @field_validator("mcp_servers")
     @classmethod

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 from functools import lru_cache
 from typing import Any
 
@@ -21,6 +22,7 @@ from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 from celery.signals import (
     after_setup_logger,
+    worker_init,
     worker_process_init,
     worker_ready,
     worker_shutdown,
@@ -28,8 +30,9 @@ from celery.signals import (
 
 from worker.app import app
 from worker.celery_guard import ValidatedRequest
-from worker.executor import Executor
+from worker.executor import Executor, NotRunHere
 from worker.housekeeping import Housekeeping, worker_limits
+from worker.lifeline import VITALS, consumer_lost
 from worker.log_context import show_ids
 from worker.manifest import Heartbeat, fleet_tool_specs
 from worker.mcp.hosting import McpUnavailableError, start_hosting, stop_hosting
@@ -40,6 +43,8 @@ from worker.sandbox import SandboxConfig, SandboxError, sweep_orphans
 from worker.settings import get_worker_settings
 
 log = logging.getLogger(__name__)
+#: The exit status of a sandbox worker that refuses to start because its runs would share a uid.
+EXIT_CANNOT_ISOLATE = 3
 _heartbeat: list[Heartbeat] = []
 _housekeeping: list[Housekeeping] = []
 
@@ -107,7 +112,11 @@ class ToolTask(Task):  # type: ignore[misc]
 def execute_tool(self: Task, request: Any) -> str:
     delivery = self.request.delivery_info or {}
     pool = delivery.get("routing_key")
-    result = executor().handle(request, pool)
+    try:
+        result = executor().handle(request, pool)
+    except NotRunHere as exc:
+        # A spare message of a call that runs, or ran, elsewhere: nothing to answer here.
+        return f"not run: {exc}"
     summary = outcome_summary(result)
     if result.is_error:
         raise ToolCallFailed(summary)
@@ -118,6 +127,18 @@ def execute_tool(self: Task, request: Any) -> str:
 def _log_call_ids(logger: logging.Logger, **_: Any) -> None:
     # Celery's log format knows nothing of calls: a tool's traceback must say whose call it was.
     show_ids(logger)
+
+
+@worker_init.connect  # type: ignore[untyped-decorator]
+def _refuse_to_share_runs(sender: Any, **_: Any) -> None:
+    # Fail closed: a sandbox worker whose runs would share one uid says so and exits, before it
+    # takes a call, unless the operator allowed it.
+    if "sandbox" not in served_pools(sender.app):
+        return
+    refusal = SandboxConfig.from_settings(get_worker_settings()).sharing_refusal()
+    if refusal is not None:
+        print(f"error: {refusal}", file=sys.stderr, flush=True)
+        os._exit(EXIT_CANNOT_ISOLATE)
 
 
 @worker_process_init.connect  # type: ignore[untyped-decorator]
@@ -153,7 +174,9 @@ def _announce(sender: Any, **_: Any) -> None:
         log.error("not serving %s: %s", tools, why)
     client = redis.Redis.from_url(settings.redis_url)
     limits = worker_limits(settings, pools)
-    beat = Heartbeat(client, sender.hostname, pools, specs, unavailable, limits)
+    beat = Heartbeat(
+        client, sender.hostname, pools, specs, unavailable, limits, serving=VITALS.serving
+    )
     beat.start()
     _heartbeat.append(beat)
     chores = Housekeeping(settings, pools)
@@ -163,8 +186,14 @@ def _announce(sender: Any, **_: Any) -> None:
 
 
 @worker_shutdown.connect  # type: ignore[untyped-decorator]
+@consumer_lost.connect  # type: ignore[untyped-decorator]
 def _goodbye(**_: Any) -> None:
-    while _heartbeat:
-        _heartbeat.pop().stop()
-    while _housekeeping:
-        _housekeeping.pop().stop()
+    # A consumer lost for good withdraws the worker at once, from a thread of its own, while
+    # the main thread may be stopping it: each heartbeat and chore is stopped by one of them.
+    for started in (_heartbeat, _housekeeping):
+        while True:
+            try:
+                item = started.pop()
+            except IndexError:
+                break
+            item.stop()

@@ -18,6 +18,7 @@ from redis.exceptions import RedisError
 from rich.console import Console
 
 from api.agents.client import ConversationClient, NoAgentsError
+from api.batch.attempts import Attempt, AttemptLog, attempts_path
 from api.batch.items import BadLine, BatchItem, InputScan, ItemLimits, scan_input
 from api.batch.progress import (
     BatchOutcome,
@@ -78,7 +79,13 @@ def run_batch_command(
         results = ResultLog.open(output)
     except (OSError, OutputBusyError) as exc:
         return _usage_error(err, f"cannot use {output} for results: {_reason(exc)}")
-    with results:
+    try:
+        attempts = AttemptLog.open(attempts_path(output))
+    except OSError as exc:
+        results.close()
+        where = attempts_path(output)
+        return _usage_error(err, f"cannot use {where} for the attempts: {_reason(exc)}")
+    with results, attempts:
         _report_output(results, err)
         try:
             scan = scan_input(
@@ -91,7 +98,7 @@ def run_batch_command(
             return _usage_error(err, f"cannot read {input_path}: {_reason(exc)}")
         _report_bad_lines(scan.path, scan.bad_lines, err)
         stats = BatchStats(total=len(scan.pending))
-        run = _BatchRun(scan, results, stats, chat_model, model, concurrency, err)
+        run = _BatchRun(scan, results, stats, chat_model, model, concurrency, err, attempts)
         resume = _resume_command(input_path, output, concurrency, model, retry_errors, on_fleet)
         broken: BaseException | None = None
         interrupted = False
@@ -146,6 +153,7 @@ class _BatchRun:
     default_model: str | None
     concurrency: int
     err: Console
+    attempts: AttemptLog
 
     async def execute(self, settings: OrchestratorSettings, fleet: Fleet) -> bool:
         """Run the pending items; True when a signal stopped the batch."""
@@ -190,26 +198,41 @@ class _BatchRun:
                 await client.require_workers()
 
                 async def on_fleet(item: BatchItem) -> dict[str, Any]:
-                    run_id = batch_run_id(tag, item.id)
-                    return await client.run(item, run_id=run_id, default_model=self.default_model)
+                    attempt = self._fleet_attempt(item.id, batch_run_id(tag, item.id))
+                    record = await client.run(
+                        item, run_id=attempt.run_id, default_model=self.default_model
+                    )
+                    return attempt.counted_in(record)
 
                 yield on_fleet
             return
         async with Dispatcher(settings) as dispatcher, self.chat_model as model:
 
             async def here(item: BatchItem) -> dict[str, Any]:
+                attempt = self.attempts.begin(item.id, batch_run_id(tag, item.id))
                 return await run_item(
                     item,
                     model=model,
                     dispatcher=dispatcher,
                     fleet=fleet,
                     settings=settings,
-                    run_id=batch_run_id(tag, item.id),
+                    run_id=attempt.run_id,
                     default_model=self.default_model,
                     timeout_s=settings.conversation_timeout_s,
+                    attempt=attempt.number,
+                    earlier_run_ids=attempt.earlier_run_ids,
                 )
 
             yield here
+
+    def _fleet_attempt(self, item_id: str, first_run_id: str) -> Attempt:
+        """The attempt an item runs as on the agents pool: the one a stopped batch sent there
+        and never saw finish, which may still run there (or its answer wait) and is collected,
+        not started again; else a new one, as in this process."""
+        last = self.attempts.last(item_id)
+        if last is not None and last.on_fleet and item_id not in self.results.done:
+            return last
+        return self.attempts.begin(item_id, first_run_id, on_fleet=True)
 
 
 @dataclass

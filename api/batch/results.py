@@ -1,4 +1,5 @@
-"""A batch's output, its only state: whole JSONL lines appended, resumable after any kill.
+"""A batch's output, its state (with the attempt log, ``attempts.py``): whole JSONL lines
+appended, resumable after any kill.
 
 Each finished conversation is appended as one whole line, so after Ctrl-C, a crash or a kill the
 ids already in the output are the ones that are done, and running the same batch again runs only

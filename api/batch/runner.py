@@ -11,7 +11,7 @@ import os
 import re
 import socket
 import time
-from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal
@@ -61,12 +61,15 @@ async def run_item(
     default_model: str | None = None,
     timeout_s: float | None = None,
     attempt: int = 1,
+    earlier_run_ids: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Run one item to its output record: its workspace prepared, the conversation, then its
     score and artifacts. A failure is a record with status "error".
 
-    ``timeout_s`` bounds the conversation. ``attempt`` counts the item's runs: an agents worker
-    that died cut the earlier ones. Raises only ``CancelledError``.
+    ``timeout_s`` bounds the conversation. ``attempt`` counts the item's runs: a stop of the
+    batch or an agents worker that died cut the earlier ones, or they ended in an error that
+    ``--retry-errors`` runs again. ``earlier_run_ids`` names the workspaces of earlier runs that
+    worked elsewhere (``api.batch.attempts``). Raises only ``CancelledError``.
     """
     started = time.perf_counter()
     model_name = item.model or default_model or settings.model
@@ -108,7 +111,18 @@ async def run_item(
                 log.exception("item %r failed unexpectedly", item.id)
                 error = f"unexpected {type(exc).__name__}: {exc}"
         error = await _collect(task, error)
-    return _record(item, run_id, model_name, agent, started, task.results, answer, error, attempt)
+    return _record(
+        item,
+        run_id,
+        model_name,
+        agent,
+        started,
+        task.results,
+        answer,
+        error,
+        attempt,
+        earlier_run_ids,
+    )
 
 
 async def _collect(task: Task, error: str | None) -> str | None:
@@ -161,6 +175,7 @@ def _record(
     answer: str | None,
     error: str | None,
     attempt: int,
+    earlier_run_ids: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The output line: what the item's conversation said and did, as far as it got, and how
     the task went."""
@@ -186,6 +201,7 @@ def _record(
         "model": transcript["model"],
         "duration_s": round(time.perf_counter() - started, 3),
         "attempts": attempt,
+        "earlier_run_ids": list(earlier_run_ids),
         "orchestrator": process_name(),
         "usage": transcript["usage"],
         **results.fields(),

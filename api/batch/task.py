@@ -76,8 +76,9 @@ class Task:
         item = self.item
         if not item.is_task:
             return
-        # An item run again (after a stop, or --retry-errors) starts from its files alone, not
-        # from what an earlier attempt left.
+        # Each attempt has a workspace of its own (api.batch.attempts), so this one is new; but a
+        # machine crash can lose an attempt's line, and then its workspace is used again: it
+        # starts from the item's files alone, not from what that attempt left.
         await self._service("the workspace could not be prepared", self.workspace.remove())
         if item.files:
             contents = item.file_contents()

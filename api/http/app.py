@@ -27,14 +27,18 @@ from starlette.types import Receive, Scope, Send
 
 from api import fleet as fleet_module
 from api.fleet import Fleet
-from api.http.auth import BodySizeLimit, TokenGuard, token_guard
+from api.http.auth import BodySizeLimit, TokenGuard, require_tenant
 from api.http.bodies import UNAUTHORIZED, FieldProblem, refusal
+from api.http.event_hub import EventHub
 from api.http.metrics import ApiMetrics
+from api.http.redis_clients import own_connection, store_client
 from api.http.routes import batches, runs, service
 from api.http.runner import AgentExecutor, RunExecutor, RunExecutorFactory
 from api.http.services import Services
+from api.http.state.keys import DEFAULT_TENANT
 from api.http.state.replicas import ReplicaLease
 from api.http.state.store import ApiStore
+from api.http.tenants import Tenants
 from api.http.viewer.routes import mount_viewer
 from api.http.viewer.store import StoreSources
 from api.http.viewer.tickets import StreamTickets
@@ -57,15 +61,18 @@ def create_app(
     model: ChatModel | None = None,
     queue_depths: Callable[[OrchestratorSettings], Mapping[str, int]] | None = None,
     lease_ttl_s: float = 15.0,
+    tenants: Tenants | None = None,
 ) -> FastAPI:
     """The API app on a configured fleet (``settings`` with a broker).
 
     ``redis`` (the state store), ``executor`` (what runs conversations) and ``model`` default to
     the real ones from ``settings`` and OPENAI_BASE_URL / OPENAI_API_KEY; tests inject their own.
+    ``tenants`` default to those of ``settings``' tokens (``TokensFileError`` for a bad file).
     """
     settings = settings or get_settings()
+    tenants = tenants if tenants is not None else Tenants.from_settings(settings)
     owns_redis = redis is None
-    client = redis or aioredis.Redis.from_url(settings.redis_url, health_check_interval=30)
+    client = redis or store_client(settings.redis_url)
     store = ApiStore(client, retention_s=settings.result_ttl_s, lease_ttl_s=lease_ttl_s)
     metrics = ApiMetrics()
     replica = uuid.uuid4().hex[:12]
@@ -77,6 +84,9 @@ def create_app(
         metrics,
         replica,
         queue_depths or _every_queue_depth,
+        tenants,
+        EventHub(client),
+        own_connection(client),
     )
     lease = ReplicaLease(store, replica)
     mcp = _mcp_endpoint(settings, services.executor.fleet)
@@ -84,14 +94,17 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await lease.start()
+        await services.redis_probe.initialize()  # takes its connection while the pool is idle
         await services.executor.start()
         log.info("API replica %s serving", replica)
         try:
             async with mcp.running() if mcp is not None else contextlib.nullcontext():
                 yield
         finally:
+            await services.event_hub.close()
             await services.executor.close()
             await lease.stop()
+            await services.redis_probe.aclose()
             if owns_redis:
                 await client.aclose()
 
@@ -109,16 +122,25 @@ def create_app(
     app.add_exception_handler(HTTPException, _unreadable_body)  # type: ignore[arg-type]
     app.add_exception_handler(RedisError, _store_unreachable)  # type: ignore[arg-type]
     app.add_middleware(BodySizeLimit, limit=settings.api_max_body_bytes)
-    guard = [Depends(token_guard(settings.api_token))]
+    guard = [Depends(require_tenant)]
     for router in (runs.router, batches.router, service.router):
         app.include_router(router, dependencies=guard, responses=UNAUTHORIZED)
     app.include_router(service.public)
     # An ASGI app of its own, not a FastAPI route: the token guard wraps it the same way.
-    app.router.routes.append(Route("/mcp", TokenGuard(mcp or _no_mcp, settings.api_token)))
-    sources = StoreSources(services)
-    tickets = StreamTickets(settings.api_token) if settings.api_token else None
-    mount_viewer(app, Viewer(sources, sources, sources, tickets), guard)
+    app.router.routes.append(Route("/mcp", TokenGuard(mcp or _no_mcp, tenants)))
+    viewers = {name: _tenant_viewer(services, name) for name in tenants.names}
+    # What a shell page is rendered with: it holds data only on an API without tokens, whose
+    # one tenant is the default one.
+    shell = viewers.get(DEFAULT_TENANT) or next(iter(viewers.values()))
+    mount_viewer(app, shell, guard, per_tenant=viewers)
     return app
+
+
+def _tenant_viewer(services: Services, tenant: str) -> Viewer:
+    """The viewer of one tenant's runs and batches, whose stream tickets its own token signs."""
+    sources = StoreSources(services, tenant)
+    token = services.tenants.tokens.get(tenant)
+    return Viewer(sources, sources, sources, StreamTickets(token) if token else None)
 
 
 def _mcp_endpoint(

@@ -1,67 +1,75 @@
-"""What guards the HTTP API: the bearer token (on routes and on ``/mcp``), the listening address,
-the body size."""
+"""What guards the HTTP API: the bearer tokens (on routes and on ``/mcp``), who each one is, the
+listening address, the body size."""
 
 from __future__ import annotations
 
-import hmac
-from collections.abc import Awaitable, Callable
 from typing import Annotated
 
-from fastapi import Depends, HTTPException
+from fastapi import Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.security.utils import get_authorization_scheme_param
-from pydantic import SecretStr
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from api.http.services import Svc
+from api.http.state.keys import DEFAULT_TENANT
+from api.http.tenants import Tenants
 
 bearer_scheme = HTTPBearer(
     auto_error=False,
     scheme_name="bearer",
-    description="The server's TOOLQ_API_TOKEN, sent as `Authorization: Bearer <token>`.",
+    description="The server's TOOLQ_API_TOKEN, or a token of its TOOLQ_API_TOKENS_FILE, sent as "
+    "`Authorization: Bearer <token>`. Each token sees the runs and batches it started, and no "
+    "others.",
 )
 
 
-def token_guard(token: SecretStr | None) -> Callable[..., Awaitable[None]]:
-    """A dependency that admits requests bearing ``token``; every request when it is None."""
-    expected = token.get_secret_value().encode() if token else None
+async def require_tenant(
+    request: Request,
+    services: Svc,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
+) -> str:
+    """The tenant whose token the request bears (401 when it bears none of them); the default
+    tenant when the API has no token. Kept in ``request.state.tenant`` for the viewer's pages."""
+    tenant = tenant_or_refusal(services.tenants, credentials.credentials if credentials else None)
+    if isinstance(tenant, HTTPException):
+        raise tenant
+    request.state.tenant = tenant
+    return tenant
 
-    async def require_token(
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
-    ) -> None:
-        refusal = token_refusal(expected, credentials.credentials if credentials else None)
-        if refusal is not None:
-            raise refusal
 
-    return require_token
+#: A route's parameter of this type is the caller's tenant (and the route is behind the tokens).
+Tenant = Annotated[str, Depends(require_tenant)]
 
 
-def token_refusal(expected: bytes | None, presented: str | None) -> HTTPException | None:
-    """Why a request bearing ``presented`` is refused (401), or None when it may pass."""
-    if expected is None:
-        return None
+def tenant_or_refusal(tenants: Tenants, presented: str | None) -> str | HTTPException:
+    """The tenant of a request bearing ``presented``, or why it is refused (401)."""
+    if tenants.is_open:
+        return DEFAULT_TENANT
     if presented is None:
         return HTTPException(
             401,
-            "this API needs the header 'Authorization: Bearer <TOOLQ_API_TOKEN>'",
+            f"this API needs the header 'Authorization: Bearer <{tenants.which_token}>'",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    if not hmac.compare_digest(presented.encode(), expected):
+    tenant = tenants.identify(presented)
+    if tenant is None:
         return HTTPException(
             401,
-            "the bearer token is not this server's TOOLQ_API_TOKEN",
+            f"the bearer token is not this server's {tenants.which_token}",
             headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
         )
-    return None
+    return tenant
 
 
 class TokenGuard:
     """The bearer token check in front of an ASGI app that is not a FastAPI route (``/mcp``):
-    the same answers as the routes' guard."""
+    the same answers as the routes' guard; any tenant's token lets a request in."""
 
-    def __init__(self, app: ASGIApp, token: SecretStr | None) -> None:
+    def __init__(self, app: ASGIApp, tenants: Tenants) -> None:
         self.app = app
-        self._expected = token.get_secret_value().encode() if token else None
+        self._tenants = tenants
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -69,8 +77,8 @@ class TokenGuard:
                 Headers(scope=scope).get("authorization")
             )
             presented = credentials if scheme.lower() == "bearer" and credentials else None
-            refusal = token_refusal(self._expected, presented)
-            if refusal is not None:
+            refusal = tenant_or_refusal(self._tenants, presented)
+            if isinstance(refusal, HTTPException):
                 response = JSONResponse(
                     {"detail": refusal.detail}, refusal.status_code, headers=refusal.headers
                 )

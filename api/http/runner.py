@@ -69,7 +69,12 @@ class RunExecutor(Protocol):
         items: Sequence[BatchItem],
         concurrency: int,
         default_model: str | None = None,
-    ) -> None: ...
+        *,
+        workspace_of: Callable[[str], str] | None = None,
+    ) -> None:
+        """``workspace_of`` gives what the workers call each item's workspace (its run_id, by
+        default): the tenant's own name of it."""
+        ...
 
 
 RunExecutorFactory = Callable[[ApiStore, ApiMetrics, str], RunExecutor]
@@ -265,9 +270,12 @@ class AgentExecutor:
         items: Sequence[BatchItem],
         concurrency: int,
         default_model: str | None = None,
+        *,
+        workspace_of: Callable[[str], str] | None = None,
     ) -> None:
         task = asyncio.create_task(
-            self._execute_batch(batch_id, items, concurrency, default_model), name=batch_id
+            self._execute_batch(batch_id, items, concurrency, default_model, workspace_of),
+            name=batch_id,
         )
         self._batches[batch_id] = task
         task.add_done_callback(lambda _: self._batches.pop(batch_id, None))
@@ -278,12 +286,15 @@ class AgentExecutor:
         items: Sequence[BatchItem],
         concurrency: int,
         default_model: str | None,
+        workspace_of: Callable[[str], str] | None,
     ) -> None:
         tag = batch_id.removeprefix("batch-")[:8]
 
         async def run_one(item: BatchItem) -> dict[str, Any]:
             await self._store.batch_item_started(batch_id)
             run_id = batch_run_id(tag, item.id)
+            if workspace_of is not None:
+                run_id = workspace_of(run_id)
             fleet = await self.fleet()
             if fleet.agents:
                 try:

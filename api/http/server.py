@@ -14,6 +14,7 @@ import sys
 from types import FrameType
 from typing import NoReturn
 
+from api.http.tenants import Tenants, TokensFileError
 from api.settings import OrchestratorSettings, get_settings
 
 log = logging.getLogger(__name__)
@@ -29,20 +30,29 @@ def serve(host: str, port: int, *, settings: OrchestratorSettings | None = None)
     The port is taken first: a port in use is said at once, before a local stack starts.
     """
     settings = settings or get_settings()
-    if not settings.api_token and not is_loopback(host):
+    try:
+        tenants = Tenants.from_settings(settings)
+    except TokensFileError as exc:
+        _refuse(str(exc))
+    if tenants.is_open and not is_loopback(host):
         _refuse(
             f"refusing to listen on {host} without TOOLQ_API_TOKEN: anyone who can reach it "
-            "could run agents and tools. Set TOOLQ_API_TOKEN, or listen on 127.0.0.1."
+            "could run agents and tools. Set TOOLQ_API_TOKEN (or TOOLQ_API_TOKENS_FILE), or "
+            "listen on 127.0.0.1."
         )
     listener = _listen(host, port)
     try:
-        _serve_on(listener, host, port, settings)
+        _serve_on(listener, host, port, settings, tenants)
     finally:
         listener.close()
 
 
 def _serve_on(
-    listener: socket.socket, host: str, port: int, settings: OrchestratorSettings
+    listener: socket.socket,
+    host: str,
+    port: int,
+    settings: OrchestratorSettings,
+    tenants: Tenants,
 ) -> None:
     # Imported once the port is ours (see the module's docstring).
     import uvicorn
@@ -71,7 +81,7 @@ def _serve_on(
         signal.signal(stop_signal, _exit_cleanly)
     try:
         with fleet_for(settings) as fleet_settings:
-            app = create_app(fleet_settings, model=model)
+            app = create_app(fleet_settings, model=model, tenants=tenants)
             config = uvicorn.Config(
                 app, host=host, port=port, log_config=None, timeout_graceful_shutdown=5
             )

@@ -8,13 +8,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
 
+import redis.asyncio as aioredis
 from fastapi import Depends, HTTPException, Request
 from redis.exceptions import RedisError
 
 from api.fleet import Fleet
+from api.http.event_hub import EventHub
 from api.http.metrics import ApiMetrics
 from api.http.runner import RunExecutor
 from api.http.state.store import ApiStore
+from api.http.tenants import Tenants
 from api.settings import OrchestratorSettings
 
 log = logging.getLogger(__name__)
@@ -33,6 +36,12 @@ class Services:
     metrics: ApiMetrics
     replica: str
     queue_depths: Callable[[OrchestratorSettings], Mapping[str, int]]
+    #: Who may call, by token, and how their workspaces are named.
+    tenants: Tenants
+    #: Reads the live events of the runs followed in this replica, for every stream.
+    event_hub: EventHub
+    #: A connection of the health probe's own: no burst of requests can make it wait.
+    redis_probe: aioredis.Redis
 
 
 def _services(request: Request) -> Services:

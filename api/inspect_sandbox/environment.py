@@ -11,8 +11,7 @@ Every command runs as the fleet's unprivileged sandbox user; ``exec(user=...)`` 
 from __future__ import annotations
 
 import logging
-import re
-import uuid
+import sys
 from typing import Literal, overload
 
 from inspect_ai.log import transcript
@@ -25,10 +24,17 @@ from inspect_ai.util import (
     sandboxenv,
 )
 
+from api.inspect_sandbox.cleanup import clean_up
 from api.inspect_sandbox.contract import call_error, exec_outcome, file_error
 from api.inspect_sandbox.link import LINK
 from api.inspect_sandbox.outside import SHELL, read_outside, write_outside
-from api.run_workspace import FileProblemError, RunWorkspace, ServiceCallError
+from api.inspect_sandbox.owners import new_run_id
+from api.run_workspace import (
+    FileProblemError,
+    RunWorkspace,
+    ServiceCallError,
+    calls_end_within_s,
+)
 from api.settings import OrchestratorSettings
 
 log = logging.getLogger(__name__)
@@ -67,7 +73,7 @@ class ToolqSandboxEnvironment(SandboxEnvironment):
         cls, task_name: str, config: SandboxEnvironmentConfigType | None, metadata: dict[str, str]
     ) -> dict[str, SandboxEnvironment]:
         dispatcher = await LINK.dispatcher()
-        workspace = RunWorkspace(dispatcher, LINK.fleet, new_run_id(task_name))
+        workspace = RunWorkspace(dispatcher, LINK.fleet, new_run_id(task_name, LINK.owner))
         return {"default": cls(workspace, LINK.settings)}
 
     @classmethod
@@ -79,9 +85,11 @@ class ToolqSandboxEnvironment(SandboxEnvironment):
         interrupted: bool,
     ) -> None:
         for environment in environments.values():
-            workspace = environment.as_type(cls).workspace
+            sandbox = environment.as_type(cls)
+            workspace = sandbox.workspace
             try:
-                await workspace.remove()
+                # A command the sample left running (it was interrupted) ends by its deadline.
+                await workspace.remove(wait_s=calls_end_within_s(sandbox._settings))
             except (ServiceCallError, FileProblemError) as exc:
                 log.warning("could not remove the workspace of run %s: %s", workspace.run_id, exc)
 
@@ -89,7 +97,28 @@ class ToolqSandboxEnvironment(SandboxEnvironment):
     async def task_cleanup(
         cls, task_name: str, config: SandboxEnvironmentConfigType | None, cleanup: bool
     ) -> None:
+        if not cleanup:
+            print(
+                f"toolq: the workspaces of {task_name}'s samples are kept (no sandbox cleanup); "
+                "`inspect sandbox cleanup toolq` removes them, `inspect sandbox cleanup toolq "
+                "<run id>` one (each sample's transcript names its run)",
+                file=sys.stderr,
+            )
         await LINK.close()
+
+    @classmethod
+    async def cli_cleanup(cls, id: str | None) -> None:
+        """``inspect sandbox cleanup toolq [RUN_ID]``: the workspaces of evals that no longer
+        run, or the one of ``id`` (see ``api.inspect_sandbox.cleanup``)."""
+        await LINK.open()
+        try:
+            cleaned = await clean_up(LINK, id)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
+        finally:
+            await LINK.close()
+        print(cleaned.report())
 
     # -- commands -----------------------------------------------------------------------------
 
@@ -188,12 +217,6 @@ class ToolqSandboxEnvironment(SandboxEnvironment):
         in JSON, a few MiB a second on a busy machine."""
         allowance = size * _TRANSFER_MS_PER_MIB // 2**20
         return min(self._settings.default_timeout_ms + allowance, self._settings.max_timeout_ms)
-
-
-def new_run_id(task_name: str) -> str:
-    """A fresh run id that names the task, for the sample's workspace folder."""
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", task_name).strip("-._")[:60] or "task"
-    return f"inspect-{slug}-{uuid.uuid4().hex[:12]}"
 
 
 def _refuse_config(config: SandboxEnvironmentConfigType | None) -> None:

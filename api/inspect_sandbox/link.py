@@ -6,7 +6,8 @@ Inspect runs an eval's lifecycle hooks and samples on one event loop, but a proc
 several evals one after another (each ``inspect_ai.eval`` call has its own loop), and several
 tasks share one fleet. So the fleet is opened by the first ``task_init`` and let go by the last
 ``task_cleanup``, and a ``Dispatcher``, which belongs to the loop it was started on, is made
-for each loop on first use and closed by the cleanup that runs on that loop.
+for each loop on first use and closed by the cleanup that runs on that loop. While the fleet is
+open, this process is the owner of its samples' workspaces (``owners``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import anyio
 
 from api.dispatch import Dispatcher
 from api.fleet import Fleet, load_fleet
+from api.inspect_sandbox.owners import EvalOwner
 from api.local.stack import fleet_for
 from api.settings import OrchestratorSettings
 
@@ -35,6 +37,7 @@ class FleetLink:
         self._stack: contextlib.ExitStack | None = None
         self._settings: OrchestratorSettings | None = None
         self._fleet: Fleet | None = None
+        self._owner: EvalOwner | None = None
         self._dispatchers: dict[asyncio.AbstractEventLoop, Dispatcher] = {}
 
     @property
@@ -51,6 +54,12 @@ class FleetLink:
     def fleet(self) -> Fleet:
         assert self._fleet is not None, "settings is checked first"
         return self._fleet
+
+    @property
+    def owner(self) -> str:
+        """The id of this process as the owner of its samples' workspaces (see ``owners``)."""
+        assert self._owner is not None, "settings is checked first"
+        return self._owner.id
 
     async def open(self) -> None:
         """Reach the fleet (starting a local stack when no broker is set) for one more user."""
@@ -86,10 +95,14 @@ class FleetLink:
                     settings = stack.enter_context(fleet_for(settings))
                     fleet = load_fleet(settings.redis_url).require_tools()
                     _require_service_operations(fleet)
+                    owner = EvalOwner(settings.redis_url)
+                    owner.start()
+                    stack.callback(owner.stop)  # before the fleet, which may be a local stack
                 except BaseException:
                     stack.close()
                     raise
                 self._stack, self._settings, self._fleet = stack, settings, fleet
+                self._owner = owner
             self._users += 1
 
     def _close(self) -> None:
@@ -99,6 +112,7 @@ class FleetLink:
             self._users -= 1
             if self._users == 0 and self._stack is not None:
                 stack, self._stack, self._settings, self._fleet = self._stack, None, None, None
+                self._owner = None
                 stack.close()
 
 

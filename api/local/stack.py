@@ -22,6 +22,8 @@ from types import TracebackType
 
 import redis
 
+from api.local.children import spawn
+from api.local.leftovers import FOLDER_PREFIX, StackRecorder, clear_leftovers
 from api.settings import OrchestratorSettings
 from worker.protocol import AGENTS_QUEUE, POOLS, keys
 from worker.settings import WorkerSettings, get_worker_settings
@@ -96,7 +98,10 @@ class LocalStack:
         self._plugins = list(dict.fromkeys([*settings.plugins, *(plugins or [])]))
         self._concurrency = concurrency
         self._pools = pools
-        self._dir = Path(tempfile.mkdtemp(prefix="toolq-local-"))
+        # What a stack killed with its process left is cleared first (see api.local.leftovers).
+        clear_leftovers(Path(tempfile.gettempdir()))
+        self._dir = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))
+        self._recorder = StackRecorder(self._dir)
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._launch: dict[str, tuple[list[str], dict[str, str]]] = {}
         self._stopping = threading.Event()
@@ -213,16 +218,10 @@ class LocalStack:
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
         self._launch[name] = (argv, env)
         output = (self._dir / f"{name}.log").open("ab")
-        proc = subprocess.Popen(
-            argv,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-        )
+        proc = spawn(argv, env=env, output=output)
         output.close()
         self._procs[name] = proc
+        self._recorder.started(name, proc.pid)
 
     def _supervise(self) -> None:
         """Start again a worker that exited: kombu can stop one for good on a broker restart."""

@@ -31,6 +31,7 @@ from api.mcp.server import (
     fleet_mcp_server,
     handshake_only,
 )
+from api.run_workspace import calls_end_within_s
 from api.settings import OrchestratorSettings
 
 #: Without a token the API listens on loopback only; a web page must not reach it by a name
@@ -40,6 +41,8 @@ LOOPBACK_ONLY = TransportSecuritySettings(
     allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
     allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
 )
+#: How often sessions are looked at for having been idle too long.
+IDLE_ROUND_S = 60.0
 
 
 class McpEndpoint:
@@ -54,13 +57,22 @@ class McpEndpoint:
         """What one run of the API serves MCP with: made anew each time, since the SDK's session
         manager runs once and a closed dispatcher stays closed."""
         dispatcher = Dispatcher(self._settings)
-        runs = SessionRuns(self._fleet, dispatcher, idle_timeout_s=SESSION_IDLE_TIMEOUT_S)
+        runs = SessionRuns(
+            self._fleet,
+            dispatcher,
+            idle_timeout_s=SESSION_IDLE_TIMEOUT_S,
+            removal_wait_s=calls_end_within_s(self._settings),
+        )
         server = fleet_mcp_server(runs, _session_of)
         handshake_only(server)
         manager = StreamableHTTPSessionManager(
             app=server,
             session_idle_timeout=SESSION_IDLE_TIMEOUT_S,
-            security_settings=None if self._settings.api_token else LOOPBACK_ONLY,
+            security_settings=(
+                None
+                if self._settings.api_token or self._settings.api_tokens_file
+                else LOOPBACK_ONLY
+            ),
         )
         return dispatcher, runs, manager
 
@@ -77,7 +89,7 @@ class McpEndpoint:
         It runs in a task of its own: its task group must end in the task it began in, and
         whoever runs the app's lifespan may begin and end it in different tasks.
         """
-        dispatcher, _runs, manager = self._parts = self._start_parts()
+        dispatcher, runs, manager = self._parts = self._start_parts()
         started, stop = asyncio.Event(), asyncio.Event()
 
         async def hold() -> None:
@@ -85,7 +97,14 @@ class McpEndpoint:
                 started.set()
                 await stop.wait()
 
+        async def end_idle_sessions() -> None:
+            # The SDK closes an idle session without telling: its run ends here, as long after.
+            while True:
+                await asyncio.sleep(IDLE_ROUND_S)
+                runs.end_idle()
+
         holder = asyncio.create_task(hold(), name="toolq-mcp-sessions")
+        idler = asyncio.create_task(end_idle_sessions(), name="toolq-mcp-idle-sessions")
         ready = asyncio.create_task(started.wait())
         try:
             await asyncio.wait([holder, ready], return_when=asyncio.FIRST_COMPLETED)
@@ -95,7 +114,9 @@ class McpEndpoint:
             yield
         finally:
             stop.set()
+            idler.cancel()
             await holder
+            await runs.close()
             await dispatcher.close()
             self._parts = None
 
@@ -106,7 +127,7 @@ class McpEndpoint:
         if scope.get("method") == "DELETE":  # the client ended its session
             session = Request(scope).headers.get(MCP_SESSION_ID_HEADER)
             if session is not None:
-                self.runs.forget(session)
+                self.runs.end(session)
 
 
 def _session_of(ctx: ServerRequestContext[Any]) -> tuple[str | None, ToolChoice]:

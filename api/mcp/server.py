@@ -9,6 +9,7 @@ failure comes back as an MCP tool error (``isError``) with the text a model woul
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -21,12 +22,16 @@ from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from redis.exceptions import RedisError
 
 from api.dispatch import Dispatcher
 from api.fleet import Fleet, NoWorkersError
 from api.logs import log_context
 from api.run_tools import RunTools
+from api.run_workspace import FileProblemError, RunWorkspace, ServiceCallError
 from worker.protocol import ToolContextSnapshot
+
+log = logging.getLogger(__name__)
 
 #: A session unused this long is forgotten (the HTTP transport closes it after as long).
 SESSION_IDLE_TIMEOUT_S = 30 * 60
@@ -51,11 +56,14 @@ SessionOf = Callable[[ServerRequestContext[Any]], tuple[str | None, ToolChoice]]
 class _Session:
     tools: RunTools
     last_used: float
+    #: A tool was called, so the run may have a workspace on the fleet.
+    called: bool = False
 
 
 class SessionRuns:
-    """One run per MCP session: made at the session's first request, forgotten when it ends or
-    has been idle for ``idle_timeout_s``. Every session's calls share one ``Dispatcher``."""
+    """One run per MCP session: made at the session's first request, ended when the session
+    ends or has been idle for ``idle_timeout_s``, and its workspace removed then. Every
+    session's calls share one ``Dispatcher``."""
 
     def __init__(
         self,
@@ -63,25 +71,31 @@ class SessionRuns:
         dispatcher: Dispatcher,
         *,
         idle_timeout_s: float = SESSION_IDLE_TIMEOUT_S,
+        removal_wait_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._fleet = fleet
         self._dispatcher = dispatcher
         self._idle_timeout_s = idle_timeout_s
+        self._removal_wait_s = removal_wait_s
         self._clock = clock
         self._sessions: dict[str, _Session] = {}
         self._lock = asyncio.Lock()
+        #: The workspaces of ended sessions being removed, by the task removing each.
+        self._removals: dict[asyncio.Task[None], str] = {}
 
-    async def tools(self, session: str, choice: ToolChoice) -> RunTools:
-        """The session's tools, made with ``choice`` on its first request."""
+    async def tools(self, session: str, choice: ToolChoice, *, calling: bool = False) -> RunTools:
+        """The session's tools, made with ``choice`` on its first request; ``calling``: for a
+        call of a tool."""
         async with self._lock:
             now = self._clock()
-            self._forget_idle(now)
+            self._end_idle(now)
             known = self._sessions.get(session)
             if known is None:
                 known = _Session(await self.preview(choice), now)
                 self._sessions[session] = known
             known.last_used = now
+            known.called = known.called or calling
             return known.tools
 
     async def preview(self, choice: ToolChoice) -> RunTools:
@@ -100,17 +114,51 @@ class SessionRuns:
             disable=choice.disable,
         )
 
-    def forget(self, session: str) -> None:
-        self._sessions.pop(session, None)
+    def end(self, session: str) -> None:
+        """The session ended: its run's workspace is removed in the background, once no call
+        of the run is in flight (waiting up to ``removal_wait_s`` for those that are)."""
+        ended = self._sessions.pop(session, None)
+        if ended is None or not ended.called:
+            return
+        run_id = ended.tools.run_id
+        removal = asyncio.create_task(
+            self._remove(run_id, self._removal_wait_s), name=f"toolq-mcp-remove-{run_id}"
+        )
+        self._removals[removal] = run_id
+        removal.add_done_callback(lambda done: self._removals.pop(done, None))
+
+    def end_idle(self) -> None:
+        """End the sessions unused for longer than ``idle_timeout_s``."""
+        self._end_idle(self._clock())
+
+    async def close(self) -> None:
+        """Every session ends (the server stops). Their workspaces are removed now, but for
+        those with a call of the run still in flight: the workers remove them once their
+        lifetime (``TOOLQ_WORKSPACE_TTL_S``) has passed."""
+        waiting = list(self._removals)
+        runs = [*self._removals.values()]
+        runs += [s.tools.run_id for s in self._sessions.values() if s.called]
+        self._sessions.clear()
+        for removal in waiting:
+            removal.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+        await asyncio.gather(*(self._remove(run_id, 0.0) for run_id in runs))
 
     @property
     def open_sessions(self) -> int:
         return len(self._sessions)
 
-    def _forget_idle(self, now: float) -> None:
+    def _end_idle(self, now: float) -> None:
         idle = [k for k, s in self._sessions.items() if now - s.last_used > self._idle_timeout_s]
         for key in idle:
-            del self._sessions[key]
+            self.end(key)
+
+    async def _remove(self, run_id: str, wait_s: float) -> None:
+        try:
+            workspace = RunWorkspace(self._dispatcher, await self._fleet(), run_id)
+            await workspace.remove(wait_s=wait_s)
+        except (ServiceCallError, FileProblemError, NoWorkersError, RedisError) as exc:
+            log.warning("the workspace of MCP run %s stays: %s", run_id, exc)
 
 
 def fleet_mcp_server(runs: SessionRuns, session_of: SessionOf) -> Server[Any]:
@@ -120,7 +168,7 @@ def fleet_mcp_server(runs: SessionRuns, session_of: SessionOf) -> Server[Any]:
         session, choice = session_of(ctx)
         try:
             if session is not None:
-                return await runs.tools(session, choice)
+                return await runs.tools(session, choice, calling=not listing)
             if listing:
                 return await runs.preview(choice)
         except ValueError as exc:

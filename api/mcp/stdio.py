@@ -64,5 +64,9 @@ async def _serve(settings: OrchestratorSettings, choice: ToolChoice) -> None:
             tools.run_id,
         )
         server = fleet_mcp_server(runs, lambda _: (STDIO_SESSION, choice))
-        async with stdio_server() as (read_stream, write_stream):
-            await server.run(read_stream, write_stream, server.create_initialization_options())
+        try:
+            async with stdio_server() as (read_stream, write_stream):
+                await server.run(read_stream, write_stream, server.create_initialization_options())
+        finally:
+            # The client closed stdin: the session, and with it the run, is over.
+            await runs.close()

@@ -115,7 +115,7 @@ async def test_a_slow_local_tool_is_answered_as_a_timeout_at_its_deadline(
     [record] = agent.tool_calls
     assert record.error_kind == "timeout" and record.is_error
     assert record.output == "Error: slow_lookup timed out after 500 ms and was stopped."
-    assert 500 <= record.wall_ms < 2500
+    assert 500 <= record.wall_ms < 30_000  # answered at its limit, not when the gate opened
     assert answer == f"Going on without it: {record.output}"
 
 

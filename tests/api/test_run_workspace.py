@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
 from api.dispatch import Dispatcher
 from api.fleet import Fleet, load_fleet
-from api.run_workspace import FileProblemError, RunWorkspace, ServiceCallError
+from api.run_workspace import (
+    FileProblemError,
+    RunWorkspace,
+    ServiceCallError,
+    calls_end_within_s,
+)
 from tests.conftest import WorkerFleet
 
 pytestmark = pytest.mark.integration
@@ -64,6 +71,34 @@ async def test_removing_the_workspace_removes_its_folder(
     await workspace.put_files({"x.txt": "x"})
     assert await workspace.remove() is True
     assert not (fleet.settings.workspace_root / workspace.run_id).exists()
+
+
+async def test_a_workspace_is_removed_only_once_its_call_in_flight_has_ended(
+    workspace: RunWorkspace, fleet: WorkerFleet
+) -> None:
+    folder = fleet.settings.workspace_root / workspace.run_id
+    waits_for_go = "touch started; while [ ! -e go ]; do sleep 0.05; done; echo went"
+    command = asyncio.create_task(workspace.run(waits_for_go, timeout_ms=60_000))
+    await until(lambda: (folder / "started").exists() or command.done(), "the command to start")
+    with pytest.raises(FileProblemError) as kept:
+        await workspace.remove()
+    assert kept.value.kind == "in_use"
+    assert str(kept.value).endswith("was kept: a call of the run is in flight")
+    assert (folder / "started").exists()
+    removal = asyncio.create_task(workspace.remove(wait_s=calls_end_within_s(fleet.settings)))
+    (folder / "go").touch()
+    assert (await command).stdout == "went\n"
+    assert await removal is True
+    assert not folder.exists()
+
+
+async def until(condition: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    """Until ``condition`` holds, giving the event loop its turn; fails after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.02)
 
 
 async def test_an_operation_nobody_serves_is_a_clear_error(fleet: WorkerFleet) -> None:

@@ -21,10 +21,14 @@ COMPOSE_FILE = DEPLOY / "compose.yaml"
 DEPLOY_DOC = REPO_ROOT / "docs" / "deploy.md"
 README = REPO_ROOT / "README.md"
 HEALTHCHECK_SCRIPT = DEPLOY / "healthcheck.py"
+APPARMOR = DEPLOY / "apparmor"
+ENV_EXAMPLE = DEPLOY / ".env.example"
 
 TOOLQ_IMAGE = "toolq"
 KUSTOMIZATION = "kustomization.yaml"
 EXAMPLE_SECRET = "secret.example.yaml"
+#: Kinds of KEDA's CRDs, whose schemas the Kubernetes validator does not have.
+KEDA_KINDS = ("ScaledObject", "TriggerAuthentication")
 
 Manifest = dict[str, Any]
 
@@ -68,17 +72,24 @@ def service_environment(service: Manifest) -> dict[str, str]:
     return {key: str(value) for key, value in environment.items()}
 
 
-_INTERPOLATION = re.compile(r"^\$\{(?P<name>\w+)(?:(?P<op>:-|:\?)(?P<arg>.*))?\}$")
+_INTERPOLATION = re.compile(r"\$\{(?P<name>\w+)(?:(?P<op>:-|:\?)(?P<arg>[^}]*))?\}")
 
 
 def interpolated(value: str) -> str:
-    """The value compose would use with nothing set: a default, or a stand-in for a required one."""
-    match = _INTERPOLATION.match(value)
-    if match is None:
-        return value
-    if match["op"] == ":-":
-        return match["arg"]
-    return f"<{match['name']}>"
+    """The value compose would use with nothing set: each ``${...}`` in it replaced by its
+    default, or by ``<NAME>`` for a required one."""
+
+    def replacement(match: re.Match[str]) -> str:
+        return match["arg"] if match["op"] == ":-" else f"<{match['name']}>"
+
+    return _INTERPOLATION.sub(replacement, value)
+
+
+def required_variable(value: str) -> str | None:
+    """``NAME`` when ``value`` is exactly ``${NAME:?message}`` (compose refuses to start without
+    it), else None."""
+    match = _INTERPOLATION.fullmatch(value)
+    return match["name"] if match is not None and match["op"] == ":?" and match["arg"] else None
 
 
 def duration_s(value: str) -> float:
@@ -150,6 +161,12 @@ def toolq_deployments() -> list[str]:
 def config_map_data() -> dict[str, str]:
     data: dict[str, str] = objects("ConfigMap")["toolq-config"]["data"]
     return data
+
+
+def container_env(deployment_name: str) -> list[Manifest]:
+    """The ``env`` entries of a deployment's first container, in their order."""
+    entries: list[Manifest] = containers(deployment_name)[0].get("env", [])
+    return entries
 
 
 def container_environment(deployment_name: str) -> dict[str, str]:

@@ -7,6 +7,9 @@ import importlib.resources
 import json
 import os
 import re
+import shutil
+import subprocess
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -26,12 +29,27 @@ from worker.settings_check import known_variables
 
 K8S_VERSION = "1.30"
 SANDBOX = "worker-sandbox"
+TOOLS = "worker-tools"
 AGENTS = "worker-agents"
 #: What a toolq worker may serve: the tool pools, and the agents queue of conversations.
 SERVED = (*POOLS, AGENTS_QUEUE)
 SECRET_VARIABLES = ("TOOLQ_API_TOKEN", "OPENAI_API_KEY")
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|API_KEY|CREDENTIAL|PRIVATE", re.IGNORECASE)
 TOOLQ_VARIABLE = re.compile(r"\bTOOLQ_[A-Z0-9_]*[A-Z0-9]\b")
+
+#: Redis's password: required by compose, a key of this Secret on Kubernetes.
+REDIS_PASSWORD = "REDIS_PASSWORD"
+REDIS_SECRET = "toolq-redis"
+#: What the pools' workers may do as root in their user namespace, and nothing more.
+POOL_CAPABILITIES = {
+    SANDBOX: {"SETUID", "SETGID", "CHOWN", "FOWNER", "KILL", "SYS_ADMIN", "DAC_OVERRIDE"},
+    TOOLS: {"CHOWN", "DAC_OVERRIDE", "FOWNER"},
+}
+#: The uids a pod with hostUsers: false (or a container under Docker's userns-remap) maps.
+MAPPED_UIDS = range(0, 65536)
+#: uids a run must never take: the image's user, and nobody.
+RESERVED_UIDS = (10001, 65534)
+APPARMOR_PROFILE = "toolq-sandbox"
 
 # KEDA's CRD schema is not available offline: these are the ScaledObject fields the files use.
 SCALED_OBJECT_SCHEMA: dict[str, Any] = {
@@ -90,6 +108,38 @@ SCALED_OBJECT_SCHEMA: dict[str, Any] = {
 }
 
 
+TRIGGER_AUTHENTICATION_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "keda.sh/v1alpha1"},
+        "kind": {"const": "TriggerAuthentication"},
+        "metadata": SCALED_OBJECT_SCHEMA["properties"]["metadata"],
+        "spec": {
+            "type": "object",
+            "required": ["secretTargetRef"],
+            "additionalProperties": False,
+            "properties": {
+                "secretTargetRef": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["parameter", "name", "key"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "parameter": {"type": "string"},
+                            "name": {"type": "string"},
+                            "key": {"type": "string"},
+                        },
+                    },
+                }
+            },
+        },
+    },
+}
+
+
 @pytest.fixture
 def settings_from_files(monkeypatch: pytest.MonkeyPatch) -> None:
     """Settings built in a test see the deploy files' values, not this machine's TOOLQ_ env."""
@@ -124,7 +174,7 @@ def manifest_id(entry: tuple[str, files.Manifest]) -> str:
     return f"{source}:{document['kind']}/{document['metadata']['name']}"
 
 
-CORE_MANIFESTS = [entry for entry in files.manifests() if entry[1]["kind"] != "ScaledObject"]
+CORE_MANIFESTS = [entry for entry in files.manifests() if entry[1]["kind"] not in files.KEDA_KINDS]
 
 
 # -- the files are valid -----------------------------------------------------------------------
@@ -142,12 +192,19 @@ def test_schema_validation_rejects_a_misspelt_field() -> None:
         kubernetes_validate.validate(broken, K8S_VERSION, strict=True)
 
 
-def test_scaled_objects_match_the_keda_fields_used() -> None:
-    scaled = files.objects("ScaledObject")
-    assert scaled, "keda.yaml defines no ScaledObject"
-    for name, document in scaled.items():
-        errors = list(jsonschema.Draft202012Validator(SCALED_OBJECT_SCHEMA).iter_errors(document))
-        assert not errors, f"ScaledObject {name}: {[error.message for error in errors]}"
+@pytest.mark.parametrize(
+    ("kind", "schema"),
+    [
+        ("ScaledObject", SCALED_OBJECT_SCHEMA),
+        ("TriggerAuthentication", TRIGGER_AUTHENTICATION_SCHEMA),
+    ],
+)
+def test_keda_objects_match_the_keda_fields_used(kind: str, schema: dict[str, Any]) -> None:
+    found = files.objects(kind)
+    assert found, f"keda.yaml defines no {kind}"
+    for name, document in found.items():
+        errors = list(jsonschema.Draft202012Validator(schema).iter_errors(document))
+        assert not errors, f"{kind} {name}: {[error.message for error in errors]}"
 
 
 def test_compose_file_matches_the_compose_specification() -> None:
@@ -178,7 +235,8 @@ def test_compose_sandbox_is_only_on_internal_networks() -> None:
         assert (networks[network] or {}).get("internal") is True, f"{network} is not internal"
     for escape in ("ports", "network_mode", "extra_hosts", "links", "external_links"):
         assert escape not in sandbox
-    broker_host = urlsplit(files.service_environment(sandbox)["TOOLQ_BROKER_URL"]).hostname
+    broker_url = files.interpolated(files.service_environment(sandbox)["TOOLQ_BROKER_URL"])
+    broker_host = urlsplit(broker_url).hostname
     assert broker_host in files.services()
     assert set(files.service_networks(files.services()[str(broker_host)])) & set(attached)
 
@@ -239,11 +297,20 @@ def test_k8s_sandbox_egress_goes_to_the_broker_and_dns_only() -> None:
     assert unexpected == []
 
 
+def k8s_broker_url() -> str:
+    """The broker URL of every toolq Deployment, which must be one and the same."""
+    urls = {
+        files.container_environment(name)["TOOLQ_BROKER_URL"] for name in files.toolq_deployments()
+    }
+    assert len(urls) == 1, urls
+    return urls.pop()
+
+
 def test_k8s_broker_rule_matches_the_redis_service() -> None:
     service = files.objects("Service")["redis"]
     assert files.selects({"matchLabels": service["spec"]["selector"]}, files.pod_labels("redis"))
     assert [port["port"] for port in service["spec"]["ports"]] == [6379]
-    broker = urlsplit(files.config_map_data()["TOOLQ_BROKER_URL"])
+    broker = urlsplit(k8s_broker_url())
     assert broker.hostname is not None and broker.hostname.split(".")[0] == "redis"
     assert broker.port == 6379
 
@@ -260,7 +327,7 @@ def test_keda_may_read_the_queue_lengths() -> None:
         assert keda in peers, f"{policy['metadata']['name']} shuts KEDA out: pools would not scale"
 
 
-def test_sandbox_receives_no_secrets() -> None:
+def test_sandbox_receives_no_secret_but_the_redis_password() -> None:
     sandbox = files.services()[SANDBOX]
     assert not set(files.service_environment(sandbox)) & set(SECRET_VARIABLES)
     assert "env_file" not in sandbox and "secrets" not in sandbox
@@ -268,7 +335,12 @@ def test_sandbox_receives_no_secrets() -> None:
     assert spec["automountServiceAccountToken"] is False
     for container in spec["containers"]:
         assert not [source for source in container.get("envFrom", []) if "secretRef" in source]
-        assert not [v for v in container.get("env", []) if "secretKeyRef" in v.get("valueFrom", {})]
+        references = [
+            variable["valueFrom"]["secretKeyRef"]
+            for variable in container.get("env", [])
+            if "secretKeyRef" in variable.get("valueFrom", {})
+        ]
+        assert references == [{"name": REDIS_SECRET, "key": REDIS_PASSWORD}]
     assert not [v for v in spec.get("volumes", []) if {"secret", "projected"} & set(v)]
 
 
@@ -280,7 +352,15 @@ def test_compose_service_is_locked_down(name: str) -> None:
     service = files.services()[name]
     user = str(service.get("user", ""))
     assert user, f"{name} runs as the image's user, which may be root"
-    assert user.split(":")[0] not in ("0", "root")
+    if name in POOL_CAPABILITIES:
+        # Root in the user namespace of the daemon's userns-remap, which `host` would leave.
+        assert service.get("userns_mode") is None
+        added = service.get("cap_add", [])
+        assert len(added) == len(set(added)) and set(added) == POOL_CAPABILITIES[name]
+    else:
+        assert user.split(":")[0] not in ("0", "root")
+        assert "cap_add" not in service
+        assert not [o for o in service.get("security_opt", []) if "unconfined" in o]
     assert service.get("read_only") is True
     assert service.get("cap_drop") == ["ALL"]
     assert "no-new-privileges:true" in service.get("security_opt", [])
@@ -318,8 +398,17 @@ def test_k8s_deployment_is_locked_down(name: str) -> None:
     assert not [key for key in ("hostNetwork", "hostPID", "hostIPC") if spec.get(key)]
     for container in spec["containers"]:
         context = {**pod_context, **container.get("securityContext", {})}
-        assert context.get("runAsNonRoot") is True, container["name"]
-        assert context.get("runAsUser", 0) > 0
+        added = context.get("capabilities", {}).get("add", [])
+        if name in POOL_CAPABILITIES:
+            # Root, in the pod's own user namespace: an unprivileged range of uids on the node.
+            assert spec.get("hostUsers") is False
+            assert len(added) == len(set(added)) and set(added) == POOL_CAPABILITIES[name]
+            # The API refuses `CAP_SYS_ADMIN` next to allowPrivilegeEscalation: false.
+            assert not [capability for capability in added if capability.startswith("CAP_")]
+        else:
+            assert context.get("runAsNonRoot") is True, container["name"]
+            assert context.get("runAsUser", 0) > 0
+            assert added == []
         assert context.get("readOnlyRootFilesystem") is True
         assert context.get("allowPrivilegeEscalation") is False
         assert context.get("capabilities", {}).get("drop") == ["ALL"]
@@ -330,12 +419,62 @@ def test_k8s_deployment_is_locked_down(name: str) -> None:
             assert {"cpu", "memory"} <= set(resources.get(kind, {})), f"{container['name']} {kind}"
 
 
-def test_namespace_enforces_the_restricted_pod_security_standard() -> None:
+#: What the baseline Pod Security Standard lets a container add.
+BASELINE_CAPABILITIES = {
+    "AUDIT_WRITE",
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "MKNOD",
+    "NET_BIND_SERVICE",
+    "SETFCAP",
+    "SETGID",
+    "SETPCAP",
+    "SETUID",
+    "SYS_CHROOT",
+}
+
+
+def beyond_baseline(name: str) -> set[str]:
+    """What a Deployment's pods ask that the baseline Pod Security Standard refuses."""
+    spec = files.pod_spec(name)
+    found = {key for key in ("hostNetwork", "hostPID", "hostIPC") if spec.get(key)}
+    found |= {"hostPath" for volume in spec.get("volumes", []) if "hostPath" in volume}
+    for container in spec["containers"]:
+        context = {**spec.get("securityContext", {}), **container.get("securityContext", {})}
+        added = set(context.get("capabilities", {}).get("add", []))
+        found |= {f"capability {capability}" for capability in added - BASELINE_CAPABILITIES}
+        if context.get("privileged"):
+            found.add("privileged")
+        if context.get("procMount", "Default") != "Default":
+            found.add(f"procMount {context['procMount']}")
+        for profile in ("seccompProfile", "appArmorProfile"):
+            if context.get(profile, {}).get("type") == "Unconfined":
+                found.add(f"{profile} Unconfined")
+    return found
+
+
+def test_only_the_sandbox_pool_goes_beyond_the_baseline_pod_security_standard() -> None:
+    beyond = {name: beyond_baseline(name) for name in files.objects("Deployment")}
+    assert {name for name, found in beyond.items() if found} == {SANDBOX}
+    assert beyond[SANDBOX] == {"capability SYS_ADMIN", "procMount Unmasked"}
+    # So the namespace admits it, and names it (warns) on every apply.
     for namespace in files.objects("Namespace").values():
         labels = namespace["metadata"]["labels"]
-        assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+        assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+        assert labels["pod-security.kubernetes.io/warn"] == "baseline"
     namespaces = {doc["metadata"].get("namespace") for _, doc in files.manifests()} - {None}
     assert namespaces == set(files.objects("Namespace"))
+
+
+def test_k8s_only_the_sandbox_unmasks_proc_and_only_in_its_user_namespace() -> None:
+    for name in files.objects("Deployment"):
+        for container in files.containers(name):
+            unmasked = container.get("securityContext", {}).get("procMount") == "Unmasked"
+            assert unmasked == (name == SANDBOX), name
+    assert files.pod_spec(SANDBOX)["hostUsers"] is False
 
 
 # -- health checks -----------------------------------------------------------------------------
@@ -456,11 +595,13 @@ def test_k8s_api_reads_the_secrets_from_the_secret() -> None:
         assert reference["key"] in secret["stringData"]
 
 
-def test_example_secret_holds_only_placeholders() -> None:
-    secret = files.objects("Secret")["toolq-secrets"]
-    assert "data" not in secret
-    for key, value in secret["stringData"].items():
-        assert value.startswith("REPLACE-ME"), f"{key} holds a value that looks real"
+def test_example_secrets_hold_only_placeholders() -> None:
+    secrets = files.objects("Secret")
+    assert {"toolq-secrets", REDIS_SECRET} <= set(secrets)
+    for name, secret in secrets.items():
+        assert "data" not in secret, name
+        for key, value in secret["stringData"].items():
+            assert value.startswith("REPLACE-ME"), f"{name}: {key} holds a value that looks real"
 
 
 def test_no_secret_is_set_in_plain_text() -> None:
@@ -476,6 +617,187 @@ def test_no_secret_is_set_in_plain_text() -> None:
         for container in files.containers(name):
             plain = [v["name"] for v in container.get("env", []) if "value" in v]
             assert not [variable for variable in plain if SECRET_NAME.search(variable)]
+
+
+# -- Redis wants a password, and every client has it -------------------------------------------
+
+
+def strings_in(node: object) -> Iterator[str]:
+    """Every string value in a parsed YAML document."""
+    if isinstance(node, str):
+        yield node
+    elif isinstance(node, dict):
+        for value in node.values():
+            yield from strings_in(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from strings_in(value)
+
+
+def test_every_redis_url_carries_the_password() -> None:
+    compose_urls = [
+        files.interpolated(value) for value in strings_in(files.compose()) if "redis://" in value
+    ]
+    k8s_urls = [
+        value for _, doc in files.manifests() for value in strings_in(doc) if "redis://" in value
+    ]
+    assert compose_urls and k8s_urls
+    for url in compose_urls:
+        assert urlsplit(url).password == f"<{REDIS_PASSWORD}>", url
+    for url in k8s_urls:
+        assert urlsplit(url).password == f"$({REDIS_PASSWORD})", url
+    for url in re.findall(r"rediss?://[^\s`'\"]+", files.DEPLOY_DOC.read_text()):
+        parts = urlsplit(url)
+        assert not parts.hostname or parts.password, f"docs/deploy.md: {url}"
+
+
+def test_compose_redis_requires_the_password() -> None:
+    redis = files.services()["redis"]
+    command = redis["command"]
+    assert files.required_variable(command[command.index("--requirepass") + 1]) == REDIS_PASSWORD
+    # Calls queued but not yet taken survive a restart.
+    assert command[command.index("--appendonly") + 1] == "yes"
+    # The health check logs in (redis-cli reads REDISCLI_AUTH): PONG means the password works.
+    environment = files.service_environment(redis)
+    assert files.required_variable(environment["REDISCLI_AUTH"]) == REDIS_PASSWORD
+    kind, check = redis["healthcheck"]["test"]
+    assert kind == "CMD-SHELL" and "redis-cli ping" in check and "PONG" in check
+    for name, service in files.toolq_services().items():
+        url = files.interpolated(files.service_environment(service)["TOOLQ_BROKER_URL"])
+        assert urlsplit(url).password == f"<{REDIS_PASSWORD}>", name
+    example = files.ENV_EXAMPLE.read_text()
+    assert re.search(rf"^{REDIS_PASSWORD}=$", example, flags=re.MULTILINE)
+
+
+def secret_reference(variable: files.Manifest) -> dict[str, Any]:
+    reference: dict[str, Any] = variable["valueFrom"]["secretKeyRef"]
+    assert not reference.get("optional", False), variable["name"]
+    return reference
+
+
+def test_k8s_redis_requires_the_password_from_the_secret() -> None:
+    [container] = files.containers("redis")
+    args = container["args"]
+    assert args[args.index("--requirepass") + 1] == f"$({REDIS_PASSWORD})"
+    assert args[args.index("--appendonly") + 1] == "yes"
+    env = files.container_env("redis")
+    names = [variable["name"] for variable in env]
+    assert secret_reference(env[names.index(REDIS_PASSWORD)]) == {
+        "name": REDIS_SECRET,
+        "key": REDIS_PASSWORD,
+    }
+    # The probe logs in: $(VAR) expands only a variable listed before it.
+    assert env[names.index("REDISCLI_AUTH")]["value"] == f"$({REDIS_PASSWORD})"
+    assert names.index(REDIS_PASSWORD) < names.index("REDISCLI_AUTH")
+    probe = " ".join(container["readinessProbe"]["exec"]["command"])
+    assert "redis-cli ping" in probe and "PONG" in probe
+    assert REDIS_PASSWORD in files.objects("Secret")[REDIS_SECRET]["stringData"]
+
+
+@pytest.mark.parametrize("name", files.toolq_deployments())
+def test_k8s_component_logs_in_to_redis_with_the_secret_password(name: str) -> None:
+    env = files.container_env(name)
+    names = [variable["name"] for variable in env]
+    assert secret_reference(env[names.index(REDIS_PASSWORD)]) == {
+        "name": REDIS_SECRET,
+        "key": REDIS_PASSWORD,
+    }
+    # After the password: $(REDIS_PASSWORD) before it would stay as it is written.
+    assert names.index(REDIS_PASSWORD) < names.index("TOOLQ_BROKER_URL")
+    url = env[names.index("TOOLQ_BROKER_URL")]["value"]
+    assert urlsplit(url).password == f"$({REDIS_PASSWORD})"
+    # A ConfigMap's values are never expanded: a broker URL there would carry no password.
+    assert "TOOLQ_BROKER_URL" not in files.config_map_data()
+
+
+# -- each run apart: the pools' user namespaces and the sandbox's isolation ---------------------
+
+
+def test_sandbox_isolation_is_namespaces_and_refuses_to_share(settings_from_files: None) -> None:
+    compose = settings_of(files.service_environment(files.services()[SANDBOX]))
+    k8s = settings_of(files.container_environment(SANDBOX))
+    for settings in (compose, k8s):
+        assert settings.sandbox_isolation == "namespaces"
+        assert settings.sandbox_shared == "deny"
+
+
+def uid_range(text: str) -> range:
+    first, _, last = text.partition("-")
+    return range(int(first), int(last) + 1)
+
+
+def test_pools_give_runs_uids_their_user_namespace_maps(settings_from_files: None) -> None:
+    environments = {
+        "compose": [files.service_environment(files.services()[f"worker-{p}"]) for p in POOLS],
+        "k8s": [files.container_environment(f"worker-{p}") for p in POOLS],
+    }
+    for deploy, pools in environments.items():
+        # A run's workspace belongs to its uid whichever pool touches it: the pools agree.
+        ranges = {settings_of(environment).sandbox_uid_range for environment in pools}
+        assert len(ranges) == 1, f"{deploy}: {ranges}"
+        uids = uid_range(ranges.pop())
+        assert MAPPED_UIDS.start <= uids.start and uids.stop <= MAPPED_UIDS.stop, deploy
+        assert not [uid for uid in RESERVED_UIDS if uid in uids], deploy
+
+
+def test_sandbox_mounts_under_the_shipped_apparmor_profile() -> None:
+    profile = (files.APPARMOR / APPARMOR_PROFILE).read_text()
+    assert re.search(rf"^profile {APPARMOR_PROFILE} ", profile, flags=re.MULTILINE)
+    rules = [
+        line.split("#", 1)[0].strip()
+        for line in profile.splitlines()
+        if line.split("#", 1)[0].strip()
+    ]
+    # The calls' own mounts, each to a named place; a bare `mount,` would allow any.
+    mounts = [rule for rule in rules if rule.startswith("mount ")]
+    assert mounts and all("->" in rule for rule in mounts)
+    assert "mount," not in rules
+    # What the runtime's default profile denies stays denied.
+    for denied in (
+        "@{PROC}/sysrq-trigger rwklx,",
+        "@{PROC}/kcore rwklx,",
+        "/sys/firmware/** rwklx,",
+    ):
+        assert f"deny {denied}" in rules
+    context = files.containers(SANDBOX)[0]["securityContext"]
+    assert context["appArmorProfile"] == {"type": "Localhost", "localhostProfile": APPARMOR_PROFILE}
+    assert f"apparmor={APPARMOR_PROFILE}" in files.services()[SANDBOX]["security_opt"]
+
+
+@pytest.mark.skipif(shutil.which("apparmor_parser") is None, reason="apparmor_parser not installed")
+def test_apparmor_profile_compiles() -> None:
+    result = subprocess.run(
+        ["apparmor_parser", "--skip-kernel-load", "--skip-cache", "--stdout"],
+        input=(files.APPARMOR / APPARMOR_PROFILE).read_bytes(),
+        capture_output=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr.decode()
+
+
+def isolation_section() -> str:
+    text = files.DEPLOY_DOC.read_text()
+    match = re.search(
+        r"^### Isolation in the deploy\n(.*?)(?=^### )", text, flags=re.MULTILINE | re.DOTALL
+    )
+    assert match, "docs/deploy.md has no section 'Isolation in the deploy'"
+    return match[1]
+
+
+def test_docs_say_why_each_capability_and_what_each_mode_keeps() -> None:
+    section = isolation_section()
+    for capability in set().union(*POOL_CAPABILITIES.values()):
+        assert f"`{capability}`" in section, capability
+    for needed in (
+        "hostUsers: false",
+        "userns-remap",
+        "runtimeClassName: gvisor",
+        "TOOLQ_SANDBOX_SHARED=allow",
+        "/proc/<pid>/environ",
+    ):
+        assert needed in section, needed
+    # The gVisor option stays in the manifest, commented, where an operator looks for it.
+    assert "# runtimeClassName: gvisor" in (files.K8S / "worker-sandbox.yaml").read_text()
 
 
 # -- the Dockerfile ----------------------------------------------------------------------------
@@ -498,9 +820,10 @@ def test_dockerfile_runs_as_an_unprivileged_user() -> None:
     assert users, "no USER: the image would run as root"
     uid = users[-1].split(":")[0]
     assert uid.isdigit() and int(uid) > 0, "a numeric USER lets Kubernetes verify runAsNonRoot"
-    for name in files.toolq_services():
+    # The pools run as root in a user namespace (test_*_is_locked_down); every other role as this.
+    for name in set(files.toolq_services()) - set(POOL_CAPABILITIES):
         assert files.services()[name]["user"].split(":")[0] == uid
-    for name in files.toolq_deployments():
+    for name in set(files.toolq_deployments()) - set(POOL_CAPABILITIES):
         assert files.pod_spec(name)["securityContext"]["runAsUser"] == int(uid)
 
 
@@ -524,7 +847,8 @@ def test_keda_scales_each_pool_on_its_queue() -> None:
     scaled = {
         doc["spec"]["scaleTargetRef"]["name"]: doc for doc in files.objects("ScaledObject").values()
     }
-    broker = urlsplit(files.config_map_data()["TOOLQ_BROKER_URL"])
+    broker = urlsplit(k8s_broker_url())
+    authentications = files.objects("TriggerAuthentication")
     for pool in SERVED:
         target = f"worker-{pool}"
         assert target in scaled, f"no ScaledObject scales {target}"
@@ -538,6 +862,13 @@ def test_keda_scales_each_pool_on_its_queue() -> None:
         assert trigger["metadata"]["address"] == f"{broker.hostname}:{broker.port}"
         assert trigger["metadata"]["databaseIndex"] == broker.path.strip("/")
         assert int(trigger["metadata"]["listLength"]) > 0
+        # Redis wants a password: a trigger without it could not read the queue's length.
+        assert "authenticationRef" in trigger, f"{target}'s trigger cannot log in to Redis"
+        authentication = authentications[trigger["authenticationRef"]["name"]]
+        assert {
+            (ref["parameter"], ref["name"], ref["key"])
+            for ref in authentication["spec"]["secretTargetRef"]
+        } == {("password", REDIS_SECRET, REDIS_PASSWORD)}
 
 
 # -- settings ----------------------------------------------------------------------------------

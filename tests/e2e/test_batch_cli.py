@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from api.batch.attempts import attempts_path
 from api.local.stack import worker_environment
 from api.scripted.script import Script
 from api.scripted.server import ScriptedServer
@@ -37,6 +38,12 @@ EXECUTOR_THREADS = min(32, (os.cpu_count() or 1) + 4)
 SLOW_MARKED_CALL: list[dict[str, Any]] = [
     {"tool_calls": [{"name": "slow_write", "arguments": {"seconds": 0.3, "marker": "m"}}]},
     {"content": "done"},
+]
+#: A command with an effect, then a pause before the answer: a kill mid-batch finds conversations
+#: whose command ran and that have not finished.
+APPEND_THEN_PAUSE: list[dict[str, Any]] = [
+    {"tool_calls": [{"name": "run_bash", "arguments": {"command": "echo x >> ran.txt"}}]},
+    {"content": "appended", "fault": {"kind": "stall", "seconds": 1.0}},
 ]
 #: A model that takes STALL_S to make one tool call, so conversations overlap for a while.
 STALL_S = 2.0
@@ -246,6 +253,82 @@ def test_an_interrupted_then_killed_batch_resumes_without_losing_or_repeating_wo
     runs_after = tool_runs(fleet, output)
     assert {name: runs_after[name] for name in runs_before} == runs_before
     assert {name: runs_after[name] for name in runs_after_interrupt} == runs_after_interrupt
+
+
+def cut_after_their_effect(fleet: WorkerFleet, output: Path) -> list[str]:
+    """The workspaces of conversations started and not finished whose command has run."""
+    started = {
+        attempt["id"]: attempt["run_id"]
+        for attempt in finished_records(attempts_path(output))  # the last attempt of each id
+    }
+    done = {record["id"] for record in finished_records(output)}
+    root = Path(fleet.settings.workspace_root)
+    return [
+        run_id
+        for item_id, run_id in started.items()
+        if item_id not in done and (root / run_id / "ran.txt").exists()
+    ]
+
+
+def test_a_conversation_cut_by_a_kill_runs_again_in_a_workspace_of_its_own(
+    fleet: WorkerFleet, model_servers: list[ScriptedServer], tmp_path: Path
+) -> None:
+    server = scripted_model(model_servers, APPEND_THEN_PAUSE)
+    total = 30
+    ids = [f"job-{n}" for n in range(total)]
+    source = write_items(
+        tmp_path / "in.jsonl", [{"id": i, "prompt": "go", "enable": ["run_bash"]} for i in ids]
+    )
+    output = tmp_path / "out.jsonl"
+    env = environment(fleet, server)
+
+    killed = start_batch(source, output, env, tmp_path / "killed.log")
+    try:
+        wait_for(
+            lambda: (
+                len(finished_lines(output)) >= 4 and bool(cut_after_their_effect(fleet, output))
+            ),
+            timeout=RUN_TIMEOUT_S,
+            what="a conversation whose command ran to be in flight, after 4 results",
+        )
+    finally:
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(timeout=10)
+    finished_before = {record["id"] for record in finished_records(output)}
+    assert len(finished_before) < total
+    cut = set(cut_after_their_effect(fleet, output))
+
+    resumed = run_batch(source, output, env, concurrency=4)
+
+    assert resumed.returncode == 0, resumed.stderr
+    results = finished_records(output)
+    assert sorted(r["id"] for r in results) == sorted(ids)
+    assert all(r["status"] == "ok" for r in results), [r["error"] for r in results]
+    # Every result's workspace saw its command once: the one attempt that worked there.
+    assert {r["id"]: ran_lines(fleet, r["run_id"]) for r in results} == dict.fromkeys(ids, 1)
+    again = [r for r in results if r["id"] not in finished_before]
+    resumed_items = [r for r in again if r["attempts"] > 1]
+    assert resumed_items, "the kill cut no conversation"
+    for record in resumed_items:
+        earlier = record["earlier_run_ids"]
+        assert record["attempts"] == 2
+        assert len(earlier) == 1 and earlier[0] != record["run_id"]
+        assert record["run_id"] == f"{earlier[0]}-a2"
+        # The cut attempt's workspace is kept as it left it: its command ran there at most once.
+        assert ran_lines(fleet, earlier[0]) <= 1
+    # Those cut after their command ran are among them, their workspace set aside as it was.
+    set_aside = {run_id for r in resumed_items for run_id in r["earlier_run_ids"]}
+    assert cut <= set_aside, (cut, set_aside)
+    assert {run_id: ran_lines(fleet, run_id) for run_id in cut} == dict.fromkeys(cut, 1)
+    for record in results:
+        if record["id"] in finished_before or record["attempts"] == 1:
+            assert record["earlier_run_ids"] == []
+
+
+def ran_lines(fleet: WorkerFleet, run_id: str) -> int:
+    """How often the command ran in the workspace of ``run_id``."""
+    ran = Path(fleet.settings.workspace_root) / run_id / "ran.txt"
+    return len(ran.read_text().splitlines()) if ran.exists() else 0
 
 
 def run_sampling_threads(

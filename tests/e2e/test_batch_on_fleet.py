@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -178,13 +177,13 @@ def test_an_agents_worker_killed_mid_batch_loses_and_repeats_no_line(
 def test_a_batch_with_no_agents_worker_says_so_at_once(fleet: WorkerFleet, tmp_path: Path) -> None:
     source = write_items(tmp_path / "in.jsonl", items(3))
     output = tmp_path / "out.jsonl"
-    started = time.monotonic()
 
     done = run_on_fleet(source, output, batch_env(fleet))
 
-    assert time.monotonic() - started < 30
     assert done.returncode == 1
     assert "error: no agents worker is live on this broker" in done.stderr
+    # Said before anything was sent, not after waiting for a worker to show up ("none for").
+    assert "(none for" not in done.stderr
     assert "toolq worker --pool agents" in done.stderr
     assert "--on-fleet" in done.stderr  # in the command to resume with
     assert not output.exists() or output.read_text() == ""

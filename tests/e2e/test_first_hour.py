@@ -1,15 +1,15 @@
 """What a new user meets first, run as they run it: wrong settings, a broker that is down or
 refuses the password, a model URL that is wrong, a port in use, failed tool calls, --help.
 
-Each is an exit status and a line that says what is wrong, never a traceback, and a settings
-error comes in under 5 seconds.
+Each is an exit status and a line that says what is wrong, never a traceback, and comes about
+as soon as toolq can start and stop: it starts no stack and waits on no server it need not.
 """
 
 from __future__ import annotations
 
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -27,10 +27,12 @@ from worker.protocol import ToolSpec
 
 pytestmark = pytest.mark.e2e
 
-#: The longest a settings error may take to be told: the time to start Python and say it.
-SETTINGS_ERROR_S = 5.0
-#: A broker that never answers is given up on after 3 s; the rest is starting Python.
-NO_ANSWER_S = 8.0
+#: A command that stops at once takes at most this many times what ``toolq --help`` takes on the
+#: same machine under the same load (the heaviest, the Celery worker, about two); a local stack
+#: or a wait on a server would take many more.
+AT_ONCE_RATIO = 5.0
+#: A broker that never answers is given up on after this wait.
+NO_ANSWER_WAIT_S = 3.0
 REFUSED_TOOLS = "check that it is running and listens on that host and port"
 
 #: Every command, with arguments it would run with.
@@ -46,6 +48,35 @@ COMMANDS = {
 }
 
 
+#: ``at_once(ran, waits_s=0.0)``: fails unless ``ran`` ended about as soon as toolq can start
+#: and stop, after the ``waits_s`` it is meant to wait.
+AtOnce = Callable[..., None]
+
+
+@pytest.fixture(scope="module")
+def at_once() -> AtOnce:
+    """Compares a command's time with toolq's start-up on this machine, measured by a run of
+    ``toolq --help``: once, and again when a comparison fails, as the machine may be busier now.
+    A busy machine slows both alike, so no fixed number of seconds decides."""
+    start_ups: list[float] = []
+
+    def start_up_s(fresh: bool) -> float:
+        if fresh or not start_ups:
+            start_ups.append(toolq("--help", env=clean_env()).seconds)
+        return start_ups[-1]
+
+    def check(ran: Ran, waits_s: float = 0.0) -> None:
+        for fresh in (False, True):
+            if ran.seconds < waits_s + AT_ONCE_RATIO * start_up_s(fresh):
+                return
+        raise AssertionError(
+            f"took {ran.seconds:.1f} s, while toolq starts and stops in {start_ups[-1]:.1f} s "
+            f"here now (waits allowed: {waits_s:g} s)"
+        )
+
+    return check
+
+
 def told(ran: Ran, status: int, *lines: str) -> None:
     """``ran`` exited with ``status`` and printed exactly ``lines`` on stderr."""
     assert "Traceback" not in ran.stderr + ran.stdout, ran.stderr
@@ -57,16 +88,18 @@ def told(ran: Ran, status: int, *lines: str) -> None:
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_a_misspelt_setting_stops_every_command_before_it_starts(command: str) -> None:
+def test_a_misspelt_setting_stops_every_command_before_it_starts(
+    command: str, at_once: AtOnce
+) -> None:
     env = clean_env() | {"TOOLQ_BROKR_URL": "redis://127.0.0.1:6379/0"}
 
     ran = toolq(*COMMANDS[command], env=env)
 
     told(ran, 2, "error: TOOLQ_BROKR_URL is not a toolq setting; did you mean TOOLQ_BROKER_URL?")
-    assert ran.seconds < SETTINGS_ERROR_S
+    at_once(ran)
 
 
-def test_a_misspelt_setting_stops_a_worker_started_with_celery() -> None:
+def test_a_misspelt_setting_stops_a_worker_started_with_celery(at_once: AtOnce) -> None:
     env = clean_env() | {"TOOLQ_DISABLED_TOOL": "run_bash"}
     argv = [sys.executable, "-m", "celery", "-A", "worker.app", "worker", "-Q", "tools"]
 
@@ -77,7 +110,7 @@ def test_a_misspelt_setting_stops_a_worker_started_with_celery() -> None:
         2,
         "error: TOOLQ_DISABLED_TOOL is not a toolq setting; did you mean TOOLQ_DISABLED_TOOLS?",
     )
-    assert ran.seconds < SETTINGS_ERROR_S
+    at_once(ran)
 
 
 SCHEMES_REFUSED = [
@@ -111,12 +144,12 @@ SCHEMES_REFUSED = [
 
 @pytest.mark.parametrize(("variables", "line"), SCHEMES_REFUSED)
 def test_a_url_toolq_cannot_use_is_named_with_what_it_takes(
-    variables: dict[str, str], line: str
+    variables: dict[str, str], line: str, at_once: AtOnce
 ) -> None:
     ran = toolq("run", "hello", env=clean_env() | {"OPENAI_API_KEY": "test"} | variables)
 
     told(ran, 2, line)
-    assert ran.seconds < SETTINGS_ERROR_S
+    at_once(ran)
 
 
 def test_toolq_debug_shows_the_traceback() -> None:
@@ -140,7 +173,7 @@ def silent_port() -> Iterator[int]:
 
 
 @pytest.mark.parametrize("command", ["run", "tools", "status", "serve"])
-def test_a_broker_that_is_down_is_one_line_and_exit_1(command: str) -> None:
+def test_a_broker_that_is_down_is_one_line_and_exit_1(command: str, at_once: AtOnce) -> None:
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
     env = clean_env() | {"TOOLQ_BROKER_URL": url, "OPENAI_API_KEY": "test"}
@@ -153,10 +186,12 @@ def test_a_broker_that_is_down_is_one_line_and_exit_1(command: str) -> None:
         f"error: cannot connect to the broker at {url} (TOOLQ_BROKER_URL): connection refused; "
         f"{REFUSED_TOOLS}",
     )
-    assert ran.seconds < SETTINGS_ERROR_S
+    at_once(ran)
 
 
-def test_a_batch_on_a_broker_that_is_down_stops_before_any_conversation(tmp_path: Path) -> None:
+def test_a_batch_on_a_broker_that_is_down_stops_before_any_conversation(
+    tmp_path: Path, at_once: AtOnce
+) -> None:
     port = free_port()
     source = tmp_path / "in.jsonl"
     source.write_text('{"id": "a", "prompt": "hi"}\n')
@@ -170,10 +205,10 @@ def test_a_batch_on_a_broker_that_is_down_stops_before_any_conversation(tmp_path
         f"connection refused; {REFUSED_TOOLS}"
     )
     assert "Traceback" not in ran.stderr
-    assert ran.seconds < SETTINGS_ERROR_S
+    at_once(ran)
 
 
-def test_an_unknown_broker_host_is_named() -> None:
+def test_an_unknown_broker_host_is_named(at_once: AtOnce) -> None:
     env = clean_env() | {"TOOLQ_BROKER_URL": "redis://:secret@toolq-broker.invalid:6379/0"}
 
     ran = toolq("tools", env=env)
@@ -184,10 +219,12 @@ def test_an_unknown_broker_host_is_named() -> None:
         "error: cannot connect to the broker at redis://:**@toolq-broker.invalid:6379/0 "
         "(TOOLQ_BROKER_URL): unknown host 'toolq-broker.invalid'; check the host name",
     )
-    assert ran.seconds < SETTINGS_ERROR_S
+    at_once(ran)
 
 
-def test_a_broker_that_never_answers_is_given_up_on_in_seconds(silent_port: int) -> None:
+def test_a_broker_that_never_answers_is_given_up_on_in_seconds(
+    silent_port: int, at_once: AtOnce
+) -> None:
     url = f"redis://127.0.0.1:{silent_port}/0"
 
     ran = toolq("status", env=clean_env() | {"TOOLQ_BROKER_URL": url})
@@ -196,13 +233,16 @@ def test_a_broker_that_never_answers_is_given_up_on_in_seconds(silent_port: int)
         ran,
         1,
         f"error: cannot connect to the broker at {url} (TOOLQ_BROKER_URL): no answer within "
-        "3 s; check the host and port, and that no firewall drops the connection",
+        f"{NO_ANSWER_WAIT_S:g} s; check the host and port, and that no firewall drops the "
+        "connection",
     )
-    assert ran.seconds < NO_ANSWER_S
+    at_once(ran, waits_s=NO_ANSWER_WAIT_S)
 
 
 @pytest.mark.integration
-def test_rabbitmq_refusing_the_password_stops_a_run_at_once(fleet: WorkerFleet) -> None:
+def test_rabbitmq_refusing_the_password_stops_a_run_at_once(
+    fleet: WorkerFleet, at_once: AtOnce
+) -> None:
     require_rabbitmq()
     wrong, shown = with_wrong_password()
     env = clean_env() | {
@@ -221,7 +261,7 @@ def test_rabbitmq_refusing_the_password_stops_a_run_at_once(fleet: WorkerFleet) 
         "(TOOLQ_BROKER_URL): login refused (403 ACCESS_REFUSED); check the user name and "
         "password in the URL",
     )
-    assert ran.seconds < SETTINGS_ERROR_S
+    at_once(ran)
 
 
 # -- the model API -------------------------------------------------------------------------------
@@ -254,7 +294,7 @@ def test_a_model_api_that_refuses_connections_is_reported_as_refused(fleet: Work
 # -- toolq serve ---------------------------------------------------------------------------------
 
 
-def test_serve_on_a_port_in_use_says_so_before_starting_anything() -> None:
+def test_serve_on_a_port_in_use_says_so_before_starting_anything(at_once: AtOnce) -> None:
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
         ran = toolq("serve", "--port", str(port), env=clean_env() | {"OPENAI_API_KEY": "test"})
@@ -265,7 +305,7 @@ def test_serve_on_a_port_in_use_says_so_before_starting_anything() -> None:
         f"error: cannot listen on 127.0.0.1:{port}: address already in use; choose another --port",
     )
     # A local stack (Redis and two workers) takes seconds to start; this took none of them.
-    assert ran.seconds < SETTINGS_ERROR_S
+    at_once(ran)
 
 
 # -- tool calls that fail ------------------------------------------------------------------------

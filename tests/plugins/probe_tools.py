@@ -1,5 +1,6 @@
-"""Tools for tests: slow calls to kill a worker under, a call that ignores its soft limit, and
-tools made of plain functions (one described by its signature, one by a JSON Schema)."""
+"""Tools for tests: slow calls to kill a worker under, a call that ignores its soft limit, a
+call that waits for the test to open its gate, and tools made of plain functions (one described
+by its signature, one by a JSON Schema)."""
 
 from __future__ import annotations
 
@@ -93,6 +94,30 @@ class RendezvousTool(ExecutableTool):
         raise RuntimeError("nobody came: the calls did not run at the same time")
 
 
+class GateArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str
+
+
+class GateTool(ExecutableTool):
+    """Waits until the file at ``path`` exists: a test opens the gate once it is ready for what
+    follows the call."""
+
+    name = "gate"
+    description = "Waits until its gate is opened."
+    Args = GateArgs
+    default_timeout_ms = 300_000
+
+    def execute(self, args: dict[str, Any]) -> str:
+        gate = Path(args["path"])
+        deadline = time.monotonic() + 280
+        while not gate.exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the gate {gate} was never opened")
+            time.sleep(0.02)
+        return "opened"
+
+
 class NoopTool(ExecutableTool):
     name = "noop"
     description = "Does nothing."
@@ -152,6 +177,7 @@ def register(registry: ToolRegistry, context: ToolContext, workspace: Workspace)
         SlowWriteTool(workspace),
         StubbornTool(),
         RendezvousTool(workspace),
+        GateTool(),
         NoopTool(),
         BadReturnTool(),
         repeat,

@@ -65,6 +65,28 @@ HTTP_API_TESTS = {
         "A batch whose items share an id",
         "409 naming the second item, nothing run",
     ),
+    "test_another_tokens_run_is_404_as_an_unknown_one_is": (
+        "Tenant B names tenant A's run: GET, events, cancel, its viewer page, its live stream "
+        "with a ticket B signed with his own token",
+        "404, the same answer as for an unknown id; A's run goes on",
+    ),
+    "test_another_tokens_batch_is_404_as_an_unknown_one_is": (
+        "Tenant B names tenant A's batch: GET, its viewer pages and items, its live stream",
+        "404, the same answer as for an unknown id",
+    ),
+    "test_each_token_lists_its_own_runs_and_batches_and_no_others": (
+        "Tenant B lists runs and batches in the viewer",
+        "B's own only",
+    ),
+    "test_two_tenants_choosing_one_run_id_never_share_a_workspace": (
+        "Tenant B gives the run_id of tenant A's workspace, on real workers",
+        "a workspace of B's own: A's file is not there",
+    ),
+    "test_a_bad_tokens_file_is_refused_in_one_line": (
+        "A TOOLQ_API_TOKENS_FILE with a malformed line, a name or a token twice, a token of "
+        "under 16 characters, no tenant",
+        "refuses to start, one line naming the line, no token shown",
+    ),
 }
 
 
@@ -235,6 +257,8 @@ def start_stack(
     workspace_root: Path | None = None,
     extra_tools_workers: int = 0,
     env: dict[str, str] | None = None,
+    redis_password: str | None = None,
+    redis_appendonly: bool = False,
     **overrides: object,
 ) -> Stack:
     """Everything started, or nothing left running."""
@@ -242,7 +266,7 @@ def start_stack(
     root = workspace_root or workdir / "workspaces"
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o755)
-    server = RedisServer(workdir)
+    server = RedisServer(workdir, password=redis_password, appendonly=redis_appendonly)
     server.start()
     settings = fleet_settings(server.url, root, **overrides)
     fleet = WorkerFleet(settings)

@@ -51,6 +51,9 @@ MIXED_SPEED = 0.85
 #: Send every payload to every tool, however long it takes (a long run, not `make test`).
 FULL_CORPUS = os.environ.get("RELIABILITY_FULL_CORPUS") == "1"
 NOT_ANSWERED = ("no_answer", "broker_unavailable")
+#: What the tools pool may read besides the file a case is about (its messages, its imports):
+#: far below the gigabytes of the big files it must not read.
+READ_ALLOWANCE_BYTES = 64 * 1024**2
 
 
 @dataclass
@@ -85,15 +88,18 @@ async def call(bad: Fixture) -> AsyncIterator[Caller]:
 class Probe:
     """Sends calls, counts what came back, and checks no answer shows what lies outside."""
 
-    def __init__(self, call: Caller) -> None:
+    def __init__(self, call: Caller, stack: Stack | None = None) -> None:
         self._call = call
+        self._stack = stack
         self.counts = Counts()
         self.refused = 0
         self.leaks: list[tuple[str, Any]] = []
 
-    async def __call__(self, tool: str, arguments: dict[str, Any] | str) -> ToolCallResult:
+    async def __call__(
+        self, tool: str, arguments: dict[str, Any] | str, timeout_ms: int | None = None
+    ) -> ToolCallResult:
         self.counts.sent += 1
-        result = await self._call(tool, arguments)
+        result = await self._call(tool, arguments, timeout_ms=timeout_ms)
         if result.error_kind in NOT_ANSWERED:
             self.counts.lost += 1
         else:
@@ -102,6 +108,30 @@ class Probe:
         if SECRET in result.output or MARKER in result.output:
             self.leaks.append((tool, arguments))
         return result
+
+    @property
+    def longest_timeout_ms(self) -> int:
+        return self._call.settings.max_timeout_ms
+
+    def read_by_tools_pool(self) -> int:
+        """Bytes the tools pool's processes (each worker and its children) have read so far, as
+        the kernel counts them: what a call read, whatever the time it took on a busy machine."""
+        if self._stack is None:
+            raise ValueError("this probe was made without its stack")
+        pids = [
+            *self._stack.fleet.worker_pids("tools"),
+            *(pid for extra in self._stack.extra for pid in extra.pids("worker-tools")),
+        ]
+        return sum(_bytes_read(pid) for pid in pids)
+
+
+def _bytes_read(pid: int) -> int:
+    """``rchar`` of ``pid``: what it read through system calls, 0 once it is gone."""
+    try:
+        lines = Path(f"/proc/{pid}/io").read_text().splitlines()
+    except OSError:
+        return 0
+    return next(int(line.split()[1]) for line in lines if line.startswith("rchar:"))
 
 
 # --- The traversal corpus ------------------------------------------------------------------------
@@ -304,6 +334,7 @@ async def _proc_environ(probe: Probe, here: Path, rel: str, row: Row) -> None:
 @nasty("`/dev/zero`, as a path and through a link", "refused at once, nothing read")
 async def _dev_zero(probe: Probe, here: Path, rel: str, row: Row) -> None:
     (here / "zero").symlink_to("/dev/zero")
+    read_before = probe.read_by_tools_pool()
     started = time.monotonic()
     answers = [
         await probe("read_file", {"path": "/dev/zero"}),
@@ -311,9 +342,10 @@ async def _dev_zero(probe: Probe, here: Path, rel: str, row: Row) -> None:
         await probe("search_text", {"query": "x", "paths": [f"{rel}/zero"]}),
     ]
     elapsed = time.monotonic() - started
-    row.observed = f"refused in {elapsed:.2f} s: {answers[1].output[:70]}"
+    read = probe.read_by_tools_pool() - read_before
+    row.observed = f"refused in {elapsed:.2f} s, {read:,} bytes read: {answers[1].output[:70]}"
     assert all("outside the workspace" in a.output for a in answers), answers
-    assert elapsed < 5
+    assert read < READ_ALLOWANCE_BYTES
 
 
 @nasty("A FIFO in the workspace: read_file, write_file, search_text", "refused without blocking")
@@ -330,24 +362,29 @@ async def _fifo(probe: Probe, here: Path, rel: str, row: Row) -> None:
 
 @nasty(
     "A 5 GB sparse file (text, then zeros) and a 5 GB all-zero file",
-    "answered in under 2 s each without reading them: the first 50 KB and the full size, or "
-    "'binary file'",
+    "answered without reading them (the tools pool reads under 64 MiB): the first 50 KB and "
+    "the full size, or 'binary file'",
 )
 async def _sparse(probe: Probe, here: Path, rel: str, row: Row) -> None:
     with (here / "sparse.txt").open("wb") as file:
         file.write(b"header line\n" * 1000)
         file.truncate(5 * 1024**3)
     (here / "zeros.bin").open("wb").truncate(5 * 1024**3)
+    read_before = probe.read_by_tools_pool()
     started = time.monotonic()
     text = await probe("read_file", {"path": f"{rel}/sparse.txt"})
     text_s = time.monotonic() - started
     zeros = await probe("read_file", {"path": f"{rel}/zeros.bin"})
     zeros_s = time.monotonic() - started - text_s
-    row.observed = f"{text_s:.2f} s and {zeros_s:.2f} s; {len(text.output.encode()):,} bytes shown"
+    read = probe.read_by_tools_pool() - read_before
+    row.observed = (
+        f"{text_s:.2f} s and {zeros_s:.2f} s, {read:,} bytes read by the tools pool; "
+        f"{len(text.output.encode()):,} bytes shown"
+    )
     assert "sparse.txt has 5,368,709,120 bytes" in text.output
     assert len(text.output.encode()) <= 51_200
     assert "is a binary file (5,368,709,120 bytes)" in zeros.output
-    assert text_s < 2 and zeros_s < 2
+    assert read < READ_ALLOWANCE_BYTES
 
 
 @nasty(
@@ -398,18 +435,23 @@ async def _long_names(probe: Probe, here: Path, rel: str, row: Row) -> None:
 
 @nasty(
     "Catastrophic regex `(a+)+$` over 5,000 a's (search_text)",
-    "answered within the search's 5 s budget (plus transport), saying the search was cut",
+    "cut at the search's 5 s budget and answered saying so, not at the call's deadline",
 )
 async def _catastrophic_regex(probe: Probe, here: Path, rel: str, row: Row) -> None:
     (here / "evil.txt").write_text("a" * 5000 + "!\n")
     started = time.monotonic()
+    # The longest deadline the fleet allows: a call that waited in the queue on a busy machine
+    # still has the whole budget to run.
     answer = await probe(
-        "search_text", {"query": "(a+)+$", "paths": [f"{rel}/evil.txt"], "regex": True}
+        "search_text",
+        {"query": "(a+)+$", "paths": [f"{rel}/evil.txt"], "regex": True},
+        timeout_ms=probe.longest_timeout_ms,
     )
     elapsed = time.monotonic() - started
     row.observed = f"answered in {elapsed:.1f} s: {answer.output[:80]}"
+    # Uncut, the match takes time exponential in the a's: only the budget's cut says this.
     assert "search stopped after its 5 s time limit" in answer.output
-    assert elapsed < 15  # three times the budget: a loaded machine, not a runaway regex
+    assert not answer.is_error, answer.output
 
 
 @nasty(
@@ -504,7 +546,7 @@ async def test_a_nasty_input_through_the_queue(
     here = bad.workspace / rel
     here.mkdir(parents=True)
     before = bad.layout.snapshot()
-    probe = Probe(call)
+    probe = Probe(call, bad.stack)
     try:
         with report.case("Bad input", title, expected) as row:
             try:

@@ -113,7 +113,7 @@ def test_run_bash_that_fails_before_its_command_still_marks_the_call(
     body = request("run_bash", {"command": "true", "cwd": "missing"}, task_id="no-cwd")
     refused = executor.handle(body, "sandbox")
     assert refused.is_error and "missing" in refused.output
-    assert client.get(keys.started("no-cwd")) == b"test-worker:1"
+    assert client.get(keys.started("no-cwd")) == b"1 test-worker:1"  # the first message
     assert executor.handle(body, "sandbox") == refused  # stored: answered again, not re-run
 
 

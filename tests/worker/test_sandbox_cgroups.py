@@ -230,8 +230,8 @@ describe_isolation(config)  # the plan's own probes run before the worker is mad
 print(os.getpid(), flush=True)
 send = Launch.start
 
-def start_and_die(self, *args):
-    send(self, *args)
+def start_and_die(self, *args, **kwargs):
+    send(self, *args, **kwargs)
     os.kill(os.getpid(), signal.SIGKILL)  # before the command's parent-death signal is set
 
 Launch.start = start_and_die

@@ -39,7 +39,7 @@ def test_the_first_delivery_marks_the_call_and_a_second_finds_it_cut(
     task_id = task()
     first = store.begin_ahead(task_id, WORKER)
     assert first.result().stored is None and first.result().previous is None
-    assert client.get(keys.started(task_id)) == WORKER.encode()
+    assert client.get(keys.started(task_id)) == f"1 {WORKER}".encode()
     assert store.begin(task_id, "other-worker:2").previous == WORKER
 
 

@@ -20,7 +20,7 @@ from worker import tasks
 from worker.app import app
 from worker.celery_guard import ValidatedRequest
 from worker.executor import Executor
-from worker.protocol import TASK_NAME, ToolCallResult
+from worker.protocol import TASK_NAME, ToolCallResult, keys, start_mark
 from worker.results import ResultStore
 from worker.settings import WorkerSettings
 
@@ -138,6 +138,17 @@ def test_the_task_returns_the_outcome_and_fails_for_a_failed_call_once_it_is_ans
     assert "'path'" in refused.output
 
 
+def test_a_spare_message_of_a_call_started_elsewhere_succeeds_saying_it_did_not_run(
+    executor: Executor, client: fakeredis.FakeRedis
+) -> None:
+    client.set(keys.started("spare"), start_mark(1, "other-worker:2"))
+    body = request("write_file", {"path": "a.txt", "content": "x"}, task_id="spare")
+    spare = tasks.execute_tool.apply(args=({**body, "send_number": 2},), routing_key="tools")
+    assert spare.state == "SUCCESS"
+    assert spare.result == "not run: the call is held by other-worker:2"
+    assert replies(client) == []
+
+
 def test_a_failed_call_is_an_expected_failure_that_is_never_retried() -> None:
     task = app.tasks[TASK_NAME]
     # Listed in `throws`: logged in one line, without a traceback, and acknowledged.
@@ -164,7 +175,9 @@ def test_a_call_past_its_hard_limit_is_answered_as_timed_out(
 def test_a_new_process_starts_even_when_the_sandbox_cannot_sweep(
     settings: WorkerSettings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    broken = settings.model_copy(update={"sandbox_user": "toolq-no-such-user"})
+    broken = settings.model_copy(
+        update={"sandbox_user": "toolq-no-such-user", "sandbox_uid_range": ""}
+    )
     monkeypatch.setattr(tasks, "get_worker_settings", lambda: broken)
 
     with caplog.at_level(logging.WARNING, logger="worker.tasks"):

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import os
 import pwd
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal, get_args
 
 from worker.capping import DEFAULT_OUTPUT_CAP_BYTES
+from worker.sandbox.identity import UidRange, identity_of
 
 if TYPE_CHECKING:
     from worker.settings import WorkerSettings
@@ -28,6 +31,8 @@ COMMAND_ENV = {"PATH": SAFE_PATH, "LANG": "C.UTF-8", "TMPDIR": "/tmp"}
 #: Marks every process of one command (when no PID namespace collects them) so that those
 #: that left its session can still be found and killed.
 MARKER_VARIABLE = "TOOLQ_SANDBOX_ID"
+#: Where a command's input waits for it (``run_sandboxed``'s ``stdin``), one file per call.
+INPUT_FOLDER = Path(tempfile.gettempdir()) / "toolq-inputs"
 #: How long killed processes may take to be gone before we stop waiting for them.
 REAP_BOUND_S = 5.0
 
@@ -50,8 +55,13 @@ class SandboxConfig:
     cgroup_root: str = CGROUP_ROOT
     #: Where the runs' folders are: a root worker's ready launches wait there, already the
     #: sandbox user's, and enter a call's folder by its path from there. None: each call drops
-    #: to the sandbox user itself.
+    #: to the sandbox user itself. Per-run uids are claimed below it (``identity``).
     workspace_root: str | None = None
+    #: The uids runs take, one each (``worker.sandbox.identity``); None: every run is the
+    #: sandbox user.
+    uid_range: UidRange | None = None
+    #: The operator allows a worker that cannot keep runs apart to run them as one uid.
+    shared_allowed: bool = False
 
     def __post_init__(self) -> None:
         if self.isolation not in get_args(Isolation):
@@ -68,16 +78,52 @@ class SandboxConfig:
             if getattr(self, field) <= 0:
                 raise ValueError(f"sandbox {field} must be positive")
 
-    def workspace_owner(self) -> tuple[int, int] | None:
-        """The (uid, gid) that must own workspaces so that commands can write them: the
-        sandbox user's, when this process is root (commands then run as that user)."""
+    @property
+    def per_run_uids(self) -> bool:
+        """Each run's commands run as a uid of its own: the worker is root and has a range."""
+        return self.uid_range is not None and os.geteuid() == 0
+
+    def workspace_owner(self, folder: Path) -> tuple[int, int] | None:
+        """The (uid, gid) that must own the workspace ``folder`` so that its commands can write
+        it, when this process is root (commands then run as that user): the run's own
+        (``identity``), or with runs sharing one uid the sandbox user's."""
         if os.geteuid() != 0:
             return None
+        if self.uid_range is not None:
+            root, key = self._claims_for(folder)
+            return identity_of(root, key, self.uid_range)
         try:
             entry = pwd.getpwnam(self.user)
         except KeyError:
             return None  # the sandbox refuses to run, and says why, at the first command
         return entry.pw_uid, entry.pw_gid
+
+    def sharing_refusal(self) -> str | None:
+        """Why a sandbox worker with this configuration must not start (its runs would share
+        one uid and could reach each other's files and processes), or None. The operator may
+        allow it with ``TOOLQ_SANDBOX_SHARED=allow``."""
+        if self.per_run_uids or self.shared_allowed:
+            return None
+        if os.geteuid() != 0:
+            why = (
+                "this worker is not root, so it cannot give each run a uid of its own (run it "
+                "as root, or as root in a user namespace as deploy/ does)"
+            )
+        else:
+            why = "TOOLQ_SANDBOX_UID_RANGE is empty, so every run would be one user"
+        return (
+            f"the sandbox cannot keep runs apart: {why}; to let runs share one uid anyway, "
+            "set TOOLQ_SANDBOX_SHARED=allow"
+        )
+
+    def _claims_for(self, folder: Path) -> tuple[Path, str]:
+        """Where ``folder``'s uid is claimed, and by what name: a run's folder by its run id
+        under the workspace root, any other folder by its real path there too."""
+        real = Path(os.path.realpath(folder))
+        if self.workspace_root is None:
+            return real.parent, real.name
+        root = Path(os.path.realpath(self.workspace_root))
+        return root, (real.name if real.parent == root else str(real))
 
     @classmethod
     def from_settings(cls, settings: WorkerSettings) -> SandboxConfig:
@@ -91,4 +137,8 @@ class SandboxConfig:
             cgroup=settings.sandbox_cgroup,
             cgroup_root=str(settings.sandbox_cgroup_root),
             workspace_root=str(settings.workspace_root),
+            uid_range=UidRange.parse(settings.sandbox_uid_range)
+            if settings.sandbox_uid_range
+            else None,
+            shared_allowed=settings.sandbox_shared == "allow",
         )

@@ -104,10 +104,15 @@ class Launch:
         cwd: Path,
         env: Mapping[str, str],
         limits: Mapping[str, tuple[int, int]],
+        *,
+        drop: tuple[int, int] | None = None,
+        private: Mapping[str, object] | None = None,
     ) -> None:
         """Run ``argv`` in ``cwd`` with ``env`` under ``limits`` (``Plan.limits``): the waiting
         shell becomes it; with a PID namespace the init starts it, or the process the spawner
-        forked ahead runs it (as the shell started ahead, or by exec)."""
+        forked ahead runs it (as the shell started ahead, or by exec). ``drop``: the uid and gid
+        the spawner's process becomes (default the plan's); ``private``: the folders it covers
+        first (``spawner._make_private``)."""
         if self.plan.spawned and self.forked is not None:
             # Made at the lowest priority, between calls; the command runs at the normal one.
             with contextlib.suppress(OSError):
@@ -120,7 +125,8 @@ class Launch:
             self.channel.sendall(numbered(text))
             return
         if self.plan.spawned and self.plan.has_init:
-            self.channel.sendall(self._spawned_call(argv, cwd, env, limits))
+            call = self._spawned_call(argv, cwd, env, limits, drop or self.plan.drop_to, private)
+            self.channel.sendall(call)
             return
         exports = " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
         if self.plan.has_init:
@@ -128,7 +134,9 @@ class Launch:
             line = self.plan.init_line(argv, str(cwd), exports, ulimits, self.started_in)
         else:
             where = shlex.quote(str(cwd))
-            line = f"cd -- {where} && export {exports} && exec {shlex.join(argv)} </dev/null"
+            # Without a mount namespace /tmp is shared: what a run writes there is its own.
+            umask = "umask 077 && " if self.plan.per_run else ""
+            line = f"cd -- {where} && {umask}export {exports} && exec {shlex.join(argv)} </dev/null"
         self.channel.sendall(numbered(line))
         if not self.plan.has_init:
             self.channel.close()
@@ -139,12 +147,14 @@ class Launch:
         cwd: Path,
         env: Mapping[str, str],
         limits: Mapping[str, tuple[int, int]],
+        drop: tuple[int, int] | None,
+        private: Mapping[str, object] | None,
     ) -> bytes:
         """The call as the spawner's forked process reads it: one line of JSON."""
         where = self.plan.folder_from(str(cwd), self.started_in)
-        drop = None if self.plan.init_drops else self.plan.drop_to
         call = {"argv": list(argv), "cwd": where, "env": dict(env), "limits": dict(limits)}
-        return json.dumps({**call, "drop": drop}).encode() + b"\n"
+        drop = None if self.plan.init_drops else drop
+        return json.dumps({**call, "drop": drop, "private": private}).encode() + b"\n"
 
     def abandon(self) -> None:
         """Never used: the shell finds nothing to read and exits; its group goes."""

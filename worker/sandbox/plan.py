@@ -24,6 +24,7 @@ from worker.sandbox.programs import (
 )
 from worker.sandbox.scripts import (
     FORK_AHEAD,
+    PRIVATE_SCRIPT,
     READ_AND_RUN,
     SHELL_AHEAD,
     SHELL_NAME,
@@ -38,6 +39,17 @@ LAYER_NO_NEW_PRIVS = "no-new-privileges"
 LAYER_PID_NS = "pid-namespace"
 LAYER_NET_NS = "network-namespace"
 LAYER_USER_NS = "user-namespace"
+#: Each run's commands run as a uid and gid of their own (``worker.sandbox.identity``).
+LAYER_RUN_UID = "run-uid"
+#: /tmp, /var/tmp, /dev/shm and /run are the call's own (empty file systems in its mount
+#: namespace, gone with it): nothing written there outlives the call, and no host socket under
+#: them can be reached.
+LAYER_PRIVATE_TMP = "private-tmp"
+#: Without a mount namespace: what the run's uid left in /tmp, /var/tmp and /dev/shm is removed
+#: once the last call of the run on this host ends.
+LAYER_TMP_CLEANED = "tmp-cleaned"
+#: The folders a call's mount namespace covers with empty file systems of its own.
+PRIVATE_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm", "/run")
 
 #: The limits that depend on the call (its time limit); the others depend on the configuration.
 PER_CALL_LIMITS = frozenset({"cpu"})
@@ -85,6 +97,8 @@ class Plan:
     #: ahead like bash's; the process forked is the call's shell already (``shell_ahead``), or
     #: sets the call up itself (folder, limits, variables, the drop) and execs the command.
     spawned: bool = False
+    #: Each call names the uid and gid it runs as (its run's); the init never drops ahead.
+    per_run: bool = False
 
     @property
     def namespaced(self) -> bool:
@@ -129,6 +143,17 @@ class Plan:
             else (self.init_shell, "-c", READ_AND_RUN, "toolq-init")
         )
         return (*guard, *self.namespace_argv, *drop, *init)
+
+    def for_identity(self, identity: tuple[int, int] | None) -> Plan:
+        """This plan for a call that runs as ``identity`` (its run's uid and gid): the drop,
+        and without a namespace or group the sweep, are that uid's. Launches are made for the
+        plan itself: with per-run uids they wait as root and drop when the call comes."""
+        if not self.per_run:
+            return self
+        if identity is None:
+            raise SandboxError("a command of a run needs the run's uid: none was given")
+        sweep = None if self.sweep_uid is None else identity[0]
+        return dataclasses.replace(self, drop_to=identity, sweep_uid=sweep)
 
     def for_folder(self, cwd: str) -> Plan:
         """This plan for a call in ``cwd``: one whose init stays root when ``cwd`` is not below
@@ -196,9 +221,11 @@ class Plan:
         marker: str,
         timeout_ms: int,
         config: SandboxConfig,
+        keep: Sequence[str] = (),
     ) -> tuple[list[str], dict[str, str]]:
         """The argv to start and the environment it starts with (with control groups, the
-        shell of ``worker.sandbox.launch`` starts it from inside them)."""
+        shell of ``worker.sandbox.launch`` starts it from inside them). ``keep``: the folders
+        a call with private folders binds back (its workspace, its input's)."""
         if marker:
             base_env = {**base_env, MARKER_VARIABLE: marker}
         requested = {k: v for k, v in env.items() if k != MARKER_VARIABLE}
@@ -221,6 +248,10 @@ class Plan:
             if self.prlimit:
                 argv += [self.prlimit, *self._rlimits(timeout_ms, config), "--"]
             argv += self.namespace_argv
+        if self.per_run and self.namespaced:
+            # Still root, in the call's mount namespace: its own /tmp and the like.
+            size = str(config.memory_mb * 1024 * 1024)
+            argv += [SHELL, "-c", PRIVATE_SCRIPT, "toolq-private", size, *keep, "--"]
         if not self.init_drops:
             argv += self._drop()
         # The wrappers run (some as root) before the limits and namespaces hold: a variable such
@@ -286,11 +317,15 @@ def plan_for(config: SandboxConfig, euid: int) -> Plan:
     layers = [LAYER_PROCESS_GROUP, LAYER_CLEAN_ENV]
     drop_to: tuple[int, int] | None = None
     prlimit = setpriv = ""
+    per_run = as_root and config.uid_range is not None
     if as_root:
-        drop_to = sandbox_ids(config.user)
+        # With per-run uids every call names its own; the first of the range stands in for
+        # launches made ahead, which never run a command as it.
+        drop_to = _first_of(config) if per_run else sandbox_ids(config.user)
         prlimit = require_binary("prlimit", "set resource limits")
-        setpriv = require_binary("setpriv", f"drop to user {config.user!r}")
-        layers += [f"user:{config.user}", LAYER_NO_NEW_PRIVS, LAYER_RLIMITS]
+        setpriv = require_binary("setpriv", "drop to the command's user")
+        user = LAYER_RUN_UID if per_run else f"user:{config.user}"
+        layers += [user, LAYER_NO_NEW_PRIVS, LAYER_RLIMITS]
     else:
         prlimit = shutil.which("prlimit", path=SAFE_PATH) or ""
         if prlimit:
@@ -323,6 +358,8 @@ def plan_for(config: SandboxConfig, euid: int) -> Plan:
     # the command's exit status through a pidfd.
     exit_told = collected_by_init and tells_exit_after_reaping()
     spawned = exit_told and as_root
+    if per_run:
+        layers.append(LAYER_PRIVATE_TMP if namespace_argv else LAYER_TMP_CLEANED)
     # A shell cannot give its jobs back a signal ignored when it started: where this process
     # ignores SIGINT or SIGQUIT, the dash init and ``env --default-signal`` do.
     bash_init = exit_told and not spawned and not signals_ignored_here()
@@ -340,10 +377,18 @@ def plan_for(config: SandboxConfig, euid: int) -> Plan:
         cgroups=cgroups,
         restores_signals=collected_by_init
         and (spawned or init_shell != SHELL or env_restores_signals(env_binary)),
-        ready_in=_ready_in(config.workspace_root, drop_to) if collected_by_init else None,
+        ready_in=_ready_in(config.workspace_root, drop_to)
+        if collected_by_init and not per_run
+        else None,
         init_shell=init_shell,
         spawned=spawned,
+        per_run=per_run,
     )
+
+
+def _first_of(config: SandboxConfig) -> tuple[int, int]:
+    assert config.uid_range is not None
+    return config.uid_range.first, config.uid_range.first
 
 
 def _namespace_argv(as_root: bool) -> tuple[str, ...]:

@@ -13,12 +13,13 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
-from worker.sandbox.config import COMMAND_ENV, SHELL, SandboxConfig, SandboxError
+from worker.sandbox.config import COMMAND_ENV, INPUT_FOLDER, SHELL, SandboxConfig, SandboxError
 from worker.sandbox.ending import Ending
 from worker.sandbox.launch import launcher
 from worker.sandbox.output import CappedStream, Notice, Pump
-from worker.sandbox.plan import Plan, plan_for
+from worker.sandbox.plan import PRIVATE_FOLDERS, Plan, plan_for
 from worker.sandbox.result import SandboxResult, build_result
+from worker.sandbox.run_guard import run_guard
 from worker.sandbox.spawns import LaunchedProcess
 
 #: How long to keep reading once the command has ended and its leftovers were killed: their
@@ -36,31 +37,56 @@ def run_sandboxed(
     config: SandboxConfig,
     stdin: bytes | None = None,
     before_start: Callable[[], None] | None = None,
+    identity: tuple[int, int] | None = None,
 ) -> SandboxResult:
     """Run ``command`` in ``cwd`` (a string through ``/bin/sh -c``, a sequence as the argv),
     with ``stdin`` as its input (none by default), kill everything it started, report the
     outcome. ``before_start`` is called once all is ready, just before the command is handed
-    over: what it raises stops the call with nothing of the command started."""
+    over: what it raises stops the call with nothing of the command started. ``identity``: the
+    uid and gid of the command's run (its workspace's owner), which a root worker with per-run
+    uids needs."""
     plan = plan_for(config, os.geteuid()).for_folder(str(cwd))
-    with _input_file(stdin, plan.drop_to) as input_path:
+    call_plan = plan.for_identity(identity)
+    with _input_file(stdin, call_plan.drop_to) as input_path:
         if input_path is not None:
             # The command's own shell opens its input, as the user it runs as, whatever the
             # layers before it gave it as standard input.
             command = [SHELL, "-c", 'exec "$@" <"$0"', input_path, *_as_argv(command)]
-        return _run(
-            plan,
-            command,
-            cwd=cwd,
-            home=home,
-            env=env,
-            timeout_ms=timeout_ms,
-            config=config,
-            before_start=before_start or _nothing,
-        )
+        # What a call with private folders binds back: its workspace, its input's folder.
+        keep = [str(home)] + ([os.path.dirname(input_path)] if input_path else [])
+        with run_guard(call_plan):
+            return _run(
+                plan,
+                call_plan,
+                keep,
+                command,
+                cwd=cwd,
+                home=home,
+                env=env,
+                timeout_ms=timeout_ms,
+                config=config,
+                before_start=before_start or _nothing,
+            )
+
+
+def _private_folders(
+    plan: Plan, config: SandboxConfig, keep: list[str]
+) -> dict[str, object] | None:
+    """What a spawned call's process covers, and binds back, before it drops to the run's uid
+    (``spawner._make_private``): with per-run uids, /tmp and the like are the call's own."""
+    if not (plan.per_run and plan.spawned):
+        return None
+    return {
+        "folders": list(PRIVATE_FOLDERS),
+        "keep": keep,
+        "size_bytes": config.memory_mb * 1024 * 1024,
+    }
 
 
 def _run(
     plan: Plan,
+    call_plan: Plan,
+    keep: list[str],
     command: str | Sequence[str],
     *,
     cwd: Path,
@@ -74,7 +100,9 @@ def _run(
     # was killed mid-call) from a command still running for a live worker.
     marker = "" if plan.sweep_uid is None else f"{os.getpid()}-{uuid.uuid4().hex}"
     base_env = {**COMMAND_ENV, "HOME": str(home), "PWD": str(cwd)}
-    argv, process_env = plan.command_line(command, base_env, env, marker, timeout_ms, config)
+    argv, process_env = call_plan.command_line(
+        command, base_env, env, marker, timeout_ms, config, keep
+    )
     if not plan.grouped:
         before_start()
         started = time.monotonic()
@@ -87,18 +115,23 @@ def _run(
                 cwd=cwd,
                 env=process_env,
                 start_new_session=True,  # also detaches from any terminal: no TIOCSTI tricks
+                umask=0o077 if plan.per_run else -1,  # /tmp is shared: the run's files its own
             )
         except OSError as exc:
             raise SandboxError(f"the command could not be started: {exc.strerror or exc}") from exc
-        return _follow(proc, Ending(proc, plan, marker, None, None), started, timeout_ms, config)
+        alone = Ending(proc, call_plan, marker, None, None)
+        return _follow(proc, alone, started, timeout_ms, config)
     ready = launcher.take(plan, config)
     ending: Ending | None = None
     try:
         before_start()
         started = time.monotonic()
-        ready.start(argv, cwd, process_env, plan.limits(timeout_ms, config))
+        drop = call_plan.drop_to if plan.per_run else None
+        limits = plan.limits(timeout_ms, config)
+        private = _private_folders(plan, config, keep)
+        ready.start(argv, cwd, process_env, limits, drop=drop, private=private)
         channel = ready.channel if plan.has_init else None
-        ending = Ending(ready.proc, plan, marker, ready.group, channel, ready.forked)
+        ending = Ending(ready.proc, call_plan, marker, ready.group, channel, ready.forked)
         return _follow(ready.proc, ending, started, timeout_ms, config)
     finally:
         if ending is not None and ending.ends_later:
@@ -170,7 +203,10 @@ def _input_file(data: bytes | None, owner: tuple[int, int] | None) -> Iterator[s
     if data is None:
         yield None
         return
-    fd, path = tempfile.mkstemp(prefix="toolq-input-")
+    # In a folder of its own, which a call with private folders binds back (each file is its
+    # command's uid's alone, and the folder cannot be listed).
+    INPUT_FOLDER.mkdir(mode=0o711, exist_ok=True)
+    fd, path = tempfile.mkstemp(prefix="toolq-input-", dir=INPUT_FOLDER)
     try:
         with os.fdopen(fd, "wb") as file:
             file.write(data)

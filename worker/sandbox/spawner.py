@@ -40,6 +40,8 @@ SETUP_FAILED, CANNOT_ENTER, CANNOT_RUN = 125, 126, 127
 
 _CLONE_NEWNS, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
+_MS_BIND = 4096
+_O_PATH = 0o10000000
 _PR_SET_PDEATHSIG, _PR_SET_NAME, _PR_SET_NO_NEW_PRIVS = 1, 15, 38
 _RLIMITS = {
     "cpu": resource.RLIMIT_CPU,
@@ -130,6 +132,11 @@ def _run_the_call(libc: Any, channel: socket.socket, request: dict[str, Any]) ->
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
+    if call.get("private") is not None:
+        try:
+            _make_private(libc, call["private"])
+        except OSError as exc:
+            _fail(CANNOT_ENTER, f"cannot make the call's private folders: {exc}")
     try:
         os.chdir(call["cwd"])
     except OSError as exc:
@@ -146,6 +153,35 @@ def _run_the_call(libc: Any, channel: socket.socket, request: dict[str, Any]) ->
         os.execve(argv[0], argv, call["env"])
     except OSError as exc:
         _fail(CANNOT_RUN if exc.errno == 2 else CANNOT_ENTER, f"{argv[0]}: {exc.strerror}")
+
+
+def _make_private(libc: Any, private: dict[str, Any]) -> None:
+    """Cover each folder of ``private["folders"]`` with an empty file system of the call's own,
+    then bind back the folders of ``private["keep"]`` (the run's workspace, the call's input)
+    that were below one. Made as the call comes, in the launch's own mount namespace: the
+    folders kept are the call's, and are opened first so that they are found again once
+    covered."""
+    kept = []
+    for path in private["keep"]:
+        try:
+            kept.append((path, os.open(path, _O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)))
+        except OSError:
+            continue
+    size = f"size={private['size_bytes']}".encode()
+    for folder in private["folders"]:
+        if os.path.islink(folder) or not os.path.isdir(folder):
+            continue
+        mode = b"mode=0755," if folder == "/run" else b"mode=1777,"
+        _call(
+            libc.mount(b"tmpfs", folder.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, mode + size),
+            f"mount tmpfs on {folder}",
+        )
+    for path, fd in kept:
+        if any(path == f or path.startswith(f.rstrip("/") + "/") for f in private["folders"]):
+            os.makedirs(path, mode=0o711, exist_ok=True)
+            source = f"/proc/self/fd/{fd}".encode()
+            _call(libc.mount(source, path.encode(), None, _MS_BIND | _MS_REC, None), f"bind {path}")
+        os.close(fd)
 
 
 def _init(libc: Any, channel: socket.socket, request: dict[str, Any]) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from worker.sandbox.callgroup import sweep_groups
 from worker.sandbox.config import MARKER_VARIABLE, REAP_BOUND_S, SandboxConfig
 from worker.sandbox.plan import plan_for
+from worker.sandbox.run_guard import sweep_idle_uids
 
 
 def sweep_orphans(config: SandboxConfig) -> int:
@@ -24,8 +25,13 @@ def sweep_orphans(config: SandboxConfig) -> int:
     marker. A worker calls this when it starts a process, and its main process now and then.
     """
     plan = plan_for(config, os.geteuid())
+    # Per-run uids without namespaces: whatever a run left (its worker died mid-call) is every
+    # process of its uid while no call of it runs here.
+    by_uid = sweep_idle_uids(config) if plan.per_run and not plan.namespaced else 0
     if plan.grouped:
-        return sweep_groups(plan.cgroups)
+        return by_uid + sweep_groups(plan.cgroups)
+    if plan.per_run:
+        return by_uid
     if plan.sweep_uid is None:
         return 0
     prefix = f"{MARKER_VARIABLE}=".encode()

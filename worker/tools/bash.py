@@ -98,6 +98,7 @@ class RunBashTool(ExecutableTool):
             timeout_ms=args.get("timeout", DEFAULT_TIMEOUT_MS),
             config=self._config,
             before_start=admit_current_call,
+            identity=self._workspace.owner,
         )
         answer = command_answer(result)
         if answer.usage is not None:

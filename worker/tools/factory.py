@@ -4,6 +4,7 @@ fleet's, which adds the plugins."""
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,15 +31,34 @@ from worker.tools.workspace import Workspace
 def prepare_workspace(folder: Path | str, sandbox: SandboxConfig) -> Workspace:
     """``folder`` (made if missing) as a workspace that run_bash's commands can write.
 
-    When this process is root, commands run as the sandbox user: the folder itself is given to
-    that user, never the folders above it, and whatever the tools create in it is theirs too.
-    Files already in the folder keep their owner.
+    When this process is root, commands run as the run's own uid (``worker.sandbox.identity``),
+    or with runs sharing one uid as the sandbox user: the folder itself is given to that uid,
+    never the folders above it, and whatever the tools create in it is theirs too. Files already
+    in the folder keep their owner. With per-run uids the folder itself stays the worker's, open
+    to the run's group alone (0770), and the workspace root above it lets no run list the others
+    (0711).
     """
-    owner = sandbox.workspace_owner()
+    owner = sandbox.workspace_owner(Path(folder))
     workspace = Workspace(folder, owner=owner)
-    if owner is not None:
+    if owner is None:
+        return workspace
+    if sandbox.per_run_uids:
+        # The worker's, in the run's group alone: the run's commands use it as their own, but
+        # cannot open it to other runs (a chmod of it is not theirs to make).
+        os.chown(workspace.root, os.geteuid(), owner[1])
+        os.chmod(workspace.root, 0o770)  # noqa: S103 - the run's group alone
+        _close_listing(workspace.root.parent, sandbox)
+    else:
         os.chown(workspace.root, *owner)
     return workspace
+
+
+def _close_listing(parent: Path, sandbox: SandboxConfig) -> None:
+    """The workspace root may be passed through, not listed: a run learns no other run's name."""
+    if sandbox.workspace_root is None or parent != Path(os.path.realpath(sandbox.workspace_root)):
+        return
+    if stat.S_IMODE(os.stat(parent).st_mode) != 0o711:
+        os.chmod(parent, 0o711)  # noqa: S103 - passed through, never listed
 
 
 def create_default_tool_registry(

@@ -28,6 +28,9 @@ class CallRuntime:
     #: Waits until the call may start its effects, raising ``NotAdmitted`` if it may not (see
     #: ``admit_current_call``); None: nothing to wait for.
     admit: Callable[[], None] | None = None
+    #: The descriptor by which the call holds its workspace (``worker.retention.hold``), which
+    #: the removal of the workspace turns exclusive; None outside a worker.
+    workspace_lock: int | None = None
 
 
 class NotAdmitted(Exception):

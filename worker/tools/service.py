@@ -14,16 +14,17 @@ import base64
 import binascii
 import dataclasses
 import os
-import shutil
 import stat
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from worker.retention import remove_held, run_ids
 from worker.sandbox import SandboxConfig, run_sandboxed
 from worker.tools.bash import command_answer, working_directory
 from worker.tools.interface import ExecutableTool, ToolArgs
 from worker.tools.paths import PathNotFoundError, WorkspaceError, shown
+from worker.tools.runtime import current_runtime
 from worker.tools.search import Glob
 from worker.tools.workspace import Workspace
 
@@ -31,6 +32,8 @@ from worker.tools.workspace import Workspace
 SERVICE_PREFIX = "toolq."
 #: The most files one ``collect_files`` call returns.
 MAX_COLLECTED_FILES = 100
+#: The most run ids one ``list_workspaces`` call returns (with how many matched).
+MAX_LISTED_RUNS = 10_000
 
 Content = str | dict[str, str]
 FileProblem = Literal["not_found", "is_a_directory", "not_a_regular_file", "too_large", "refused"]
@@ -212,14 +215,33 @@ class CollectFilesTool(ServiceTool):
 
 class RemoveWorkspaceTool(ServiceTool):
     name = "toolq.remove_workspace"
-    description = "Remove the run's whole workspace."
+    description = "Remove the run's whole workspace, unless another call of the run is in flight."
+    workspace_effect = "frees"  # measured after: a quota mark goes with the workspace
+
+    def execute(self, args: dict[str, Any]) -> dict[str, Any]:
+        runtime = current_runtime()
+        if runtime.workspace_lock is None:
+            raise RuntimeError("a workspace is removed only by a worker's call, which holds it")
+        root = runtime.workspace.root
+        kept = remove_held(root.parent, root.name, runtime.workspace_lock)
+        if kept is not None:
+            return {"ok": True, "removed": False, "kept": kept}
+        return {"ok": True, "removed": True}
+
+
+class ListWorkspacesArgs(ToolArgs):
+    prefix: str = Field(min_length=1, description="Only the runs whose ids start with this.")
+
+
+class ListWorkspacesTool(ServiceTool):
+    name = "toolq.list_workspaces"
+    description = "The other runs with a workspace beside this run's, by the start of their ids."
+    Args = ListWorkspacesArgs
 
     def execute(self, args: dict[str, Any]) -> dict[str, Any]:
         root = self.workspace.root
-        existed = root.is_dir()
-        # rmtree does not follow symbolic links; a run's own files are all there is to remove.
-        shutil.rmtree(root, ignore_errors=True)
-        return {"ok": True, "removed": existed and not root.exists()}
+        runs = [run for run in run_ids(root.parent, args["prefix"]) if run != root.name]
+        return {"ok": True, "runs": runs[:MAX_LISTED_RUNS], "matched": len(runs)}
 
 
 class ExecArgs(ToolArgs):
@@ -273,6 +295,7 @@ class ExecTool(ServiceTool):
             timeout_ms=args["timeout_ms"],
             config=dataclasses.replace(self._sandbox, output_cap_bytes=cap),
             stdin=decode_content(stdin, "input") if stdin is not None else None,
+            identity=self.workspace.owner,
         )
         return {"ok": True, **command_answer(result).model_dump(exclude_none=True)}
 
@@ -286,6 +309,7 @@ def service_tools(
         ReadWholeFileTool(workspace, transfer_max_bytes),
         CollectFilesTool(workspace, transfer_max_bytes),
         RemoveWorkspaceTool(workspace, transfer_max_bytes),
+        ListWorkspacesTool(workspace, transfer_max_bytes),
         ExecTool(workspace, transfer_max_bytes, sandbox),
     ]
 

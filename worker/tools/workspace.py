@@ -88,7 +88,19 @@ class Workspace(ConfinedPaths):
         if not stat.S_ISREG(info.st_mode):
             os.close(fd)
             self._refuse_unreadable(info, where)
+        if info.st_nlink > 1 and info.st_uid != self._owner_uid:
+            # A hard link names the same file as another path, which may be anywhere on the
+            # file system: one the run does not own may be another run's, or the host's.
+            os.close(fd)
+            raise WorkspaceError(
+                f"{shown(where)} is a hard link to a file the run does not own; it is not read"
+            )
         return fd
+
+    @property
+    def _owner_uid(self) -> int:
+        """The uid the run's own files have: the workspace's owner, else this process's."""
+        return self.owner[0] if self.owner is not None else os.geteuid()
 
     def _refuse_unreadable(self, info: os.stat_result, where: str) -> NoReturn:
         if stat.S_ISDIR(info.st_mode):

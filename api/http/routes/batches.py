@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from api.batch.items import ItemLimits
+from api.http.auth import Tenant
 from api.http.bodies import (
     ID_CONFLICT,
     INVALID,
@@ -36,7 +37,7 @@ router = APIRouter(tags=["batches"], responses={**INVALID, **UNREACHABLE})
     responses={**START_REFUSED, **ID_CONFLICT},
 )
 async def _create_batch(
-    body: BatchRequest, services: Svc, response: Response
+    body: BatchRequest, services: Svc, tenant: Tenant, response: Response
 ) -> Accepted | JSONResponse:
     """Start many conversations or tasks (the items of ``toolq batch``); progress and results at
     /v1/batches/{id}."""
@@ -59,9 +60,19 @@ async def _create_batch(
         raise RequestValidationError(errors)
     batch_id = f"batch-{uuid.uuid4().hex}"
     await services.store.create_batch(
-        batch_id, total=len(body.items), concurrency=body.concurrency, replica=services.replica
+        batch_id,
+        total=len(body.items),
+        concurrency=body.concurrency,
+        replica=services.replica,
+        tenant=tenant,
     )
-    services.executor.submit_batch(batch_id, body.items, body.concurrency, body.model)
+    services.executor.submit_batch(
+        batch_id,
+        body.items,
+        body.concurrency,
+        body.model,
+        workspace_of=services.tenants.workspaces(tenant),
+    )
     response.headers["Location"] = f"/v1/batches/{batch_id}"
     return Accepted(id=batch_id, status="queued")
 
@@ -69,17 +80,24 @@ async def _create_batch(
 @router.get(
     "/v1/batches/{batch_id}",
     response_model=BatchState,
-    responses={404: {"model": Problem, "description": "No such batch."}},
+    responses={
+        404: {
+            "model": Problem,
+            "description": "No such batch: none has this id, it has expired, or another token "
+            "started it (the answer is the same).",
+        }
+    },
 )
 async def _get_batch(
     batch_id: Annotated[str, Path(min_length=1, max_length=200)],
     services: Svc,
+    tenant: Tenant,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET, description="First result to return.")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000, description="Results per page.")] = 100,
 ) -> BatchState:
     """Progress (total, done, ok, error, running) and a page of output records, in the order
     they finished."""
-    state = await services.store.get_batch(batch_id, offset=offset, limit=limit)
+    state = await services.store.get_batch(batch_id, offset=offset, limit=limit, tenant=tenant)
     if state is None:
         raise HTTPException(404, f"no batch {batch_id!r}")
     return state

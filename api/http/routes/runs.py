@@ -10,6 +10,7 @@ from fastapi import APIRouter, Header, HTTPException, Path, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 
+from api.http.auth import Tenant
 from api.http.bodies import (
     INVALID,
     START_REFUSED,
@@ -31,14 +32,24 @@ CANCEL_WAIT_S = 5.0
 STREAM_ID = re.compile(r"^(\d{1,19}(-\d{1,19})?)?$")
 
 RunId = Annotated[str, Path(min_length=1, max_length=200, description="The run's id.")]
-NOT_FOUND: Responses = {404: {"model": Problem, "description": "No such run."}}
+NOT_FOUND: Responses = {
+    404: {
+        "model": Problem,
+        "description": "No such run: none has this id, it has expired, or another token "
+        "started it (the answer is the same).",
+    }
+}
 
 router = APIRouter(tags=["runs"], responses={**INVALID, **UNREACHABLE})
 
 
 @router.post("/v1/runs", status_code=202, response_model=Accepted, responses=START_REFUSED)
-async def _create_run(body: RunRequest, services: Svc, response: Response) -> Accepted:
-    """Start a conversation; it runs in the background. Follow it at /v1/runs/{id}/events."""
+async def _create_run(
+    body: RunRequest, services: Svc, tenant: Tenant, response: Response
+) -> Accepted:
+    """Start a conversation; it runs in the background. Follow it at /v1/runs/{id}/events.
+    ``options.run_id`` names a workspace of this token's own: another token's run with the same
+    run_id has another workspace."""
     fleet = await working_fleet(services)
     errors = tool_errors(("options",), body.options.enable, body.options.disable, fleet)
     if errors:
@@ -51,17 +62,21 @@ async def _create_run(body: RunRequest, services: Svc, response: Response) -> Ac
         defaults["max_turns"] = services.settings.max_turns
     options = body.options.model_copy(update=defaults)
     await services.store.create_run(
-        run_id, body.prompt, options.model_dump(mode="json"), services.replica
+        run_id, body.prompt, options.model_dump(mode="json"), services.replica, tenant=tenant
     )
-    services.executor.submit_run(run_id, body.prompt, options)
+    # The record keeps the run_id the caller chose; the workers know the tenant's own name of it.
+    workspace = services.tenants.workspace(tenant, options.run_id or run_id)
+    services.executor.submit_run(
+        run_id, body.prompt, options.model_copy(update={"run_id": workspace})
+    )
     response.headers["Location"] = f"/v1/runs/{run_id}"
     return Accepted(id=run_id, status="queued")
 
 
 @router.get("/v1/runs/{run_id}", response_model=RunState, responses=NOT_FOUND)
-async def _get_run(run_id: RunId, services: Svc) -> RunState:
+async def _get_run(run_id: RunId, services: Svc, tenant: Tenant) -> RunState:
     """A run's status, answer, usage, error and transcript."""
-    state = await services.store.get_run(run_id)
+    state = await services.store.get_run(run_id, tenant=tenant)
     if state is None:
         raise HTTPException(404, f"no run {run_id!r}")
     return state
@@ -82,6 +97,7 @@ async def _get_run(run_id: RunId, services: Svc) -> RunState:
 async def _run_events(
     run_id: RunId,
     services: Svc,
+    tenant: Tenant,
     last_event_id: Annotated[
         str,
         Header(
@@ -93,11 +109,13 @@ async def _run_events(
     """Server-sent events: what happened so far, then live, ending with a `done` event."""
     if last_event_id and not STREAM_ID.match(last_event_id):
         raise HTTPException(400, f"Last-Event-ID {last_event_id!r} is not an event id of this API")
-    state = await services.store.get_run(run_id)
+    state = await services.store.get_run(run_id, tenant=tenant)
     if state is None:
         raise HTTPException(404, f"no run {run_id!r}")
     ended = state.status not in ACTIVE
-    return event_stream_response(services.store, run_id, last_event_id or "0", ended=ended)
+    return event_stream_response(
+        services.store, services.event_hub, run_id, last_event_id or "0", ended=ended
+    )
 
 
 @router.post(
@@ -109,8 +127,11 @@ async def _run_events(
         **NOT_FOUND,
     },
 )
-async def _cancel_run(run_id: RunId, services: Svc, response: Response) -> Accepted:
+async def _cancel_run(run_id: RunId, services: Svc, tenant: Tenant, response: Response) -> Accepted:
     """Stop a run; 200 once it has stopped, 202 if it is still stopping after a few seconds."""
+    # Run ids are never reused, so a run found here is the tenant's until it expires.
+    if await services.store.get_run(run_id, tenant=tenant) is None:
+        raise HTTPException(404, f"no run {run_id!r}")
     outcome = await services.store.request_cancel(run_id)
     if outcome is None:
         raise HTTPException(404, f"no run {run_id!r}")

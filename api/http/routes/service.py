@@ -64,7 +64,8 @@ async def _openapi(request: Request, services: Svc) -> JSONResponse:
 async def _healthz(services: Svc) -> JSONResponse:
     """Liveness and readiness: 200 when this replica reaches Redis, 503 when it does not."""
     try:
-        reachable = bool(await asyncio.wait_for(services.store.redis.ping(), HEALTH_TIMEOUT_S))
+        # On a connection of its own: a pool busy with requests says nothing of Redis.
+        reachable = bool(await asyncio.wait_for(services.redis_probe.ping(), HEALTH_TIMEOUT_S))
     except (RedisError, OSError, TimeoutError):
         reachable = False
     body = Health(

@@ -14,12 +14,13 @@ from api.batch.summary import ItemSummary
 from api.http.state.keys import (
     ACTIVE,
     ACTIVE_BATCHES,
-    BATCHES_INDEX,
+    DEFAULT_TENANT,
     batch_results_key,
     batch_state_key,
     batch_summaries_key,
+    batches_index_key,
 )
-from api.http.state.records import HashFields, RecordStore, lost_error, optional_float
+from api.http.state.records import HashFields, RecordStore, lost_error, optional_float, owned_by
 
 BatchStatus = Literal["queued", "running", "succeeded", "failed"]
 
@@ -61,9 +62,16 @@ class BatchStore(RecordStore):
     """Reads and writes batches, their progress and their output records."""
 
     async def create_batch(
-        self, batch_id: str, *, total: int, concurrency: int, replica: str
+        self,
+        batch_id: str,
+        *,
+        total: int,
+        concurrency: int,
+        replica: str,
+        tenant: str = DEFAULT_TENANT,
     ) -> None:
         fields: HashFields = {
+            "tenant": tenant,
             "total": total,
             "concurrency": concurrency,
             "replica": replica,
@@ -73,7 +81,7 @@ class BatchStore(RecordStore):
             "running": 0,
         }
         await self._create(
-            batch_state_key(batch_id), batch_id, fields, ACTIVE_BATCHES, BATCHES_INDEX
+            batch_state_key(batch_id), batch_id, fields, ACTIVE_BATCHES, batches_index_key(tenant)
         )
 
     async def mark_batch_running(self, batch_id: str) -> bool:
@@ -117,8 +125,12 @@ class BatchStore(RecordStore):
             expiring=[batch_summaries_key(batch_id)],
         )
 
-    async def get_batch(self, batch_id: str, *, offset: int, limit: int) -> BatchState | None:
-        fields = await self._batch_fields(batch_id)
+    async def get_batch(
+        self, batch_id: str, *, offset: int, limit: int, tenant: str | None = None
+    ) -> BatchState | None:
+        """The batch with a page of its results, or None when there is none, or when it is not
+        ``tenant``'s (None: whoever's): another tenant's batch is answered as an unknown one is."""
+        fields = await self._batch_fields(batch_id, tenant)
         if fields is None:
             return None
         raw = await self.redis.lrange(batch_results_key(batch_id), offset, offset + limit - 1)
@@ -127,16 +139,21 @@ class BatchStore(RecordStore):
             update={"offset": offset, "limit": limit, "results": [json.loads(r) for r in raw]}
         )
 
-    async def scored_batch(self, batch_id: str) -> ScoredBatch | None:
-        fields = await self._batch_fields(batch_id)
+    async def scored_batch(self, batch_id: str, *, tenant: str | None = None) -> ScoredBatch | None:
+        """As ``get_batch``, without results."""
+        fields = await self._batch_fields(batch_id, tenant)
         return None if fields is None else _scored(fields)
 
-    async def newest_batches(self, limit: int) -> list[ScoredBatch]:
-        """The newest batches still kept, newest first."""
+    async def newest_batches(
+        self, limit: int, *, tenant: str = DEFAULT_TENANT
+    ) -> list[ScoredBatch]:
+        """``tenant``'s newest batches still kept, newest first."""
+        index = batches_index_key(tenant)
         found = [
             # Only a batch still going may need its replica's lease looked at.
             await self.scored_batch(batch_id) if fields["status"] in ACTIVE else _scored(fields)
-            for batch_id, fields in await self._newest(BATCHES_INDEX, batch_state_key, limit)
+            for batch_id, fields in await self._newest(index, batch_state_key, limit)
+            if owned_by(fields, tenant)
         ]
         return [batch for batch in found if batch is not None]
 
@@ -159,9 +176,11 @@ class BatchStore(RecordStore):
         raw = await self.redis.lindex(batch_results_key(batch_id), index)
         return None if raw is None else cast(dict[str, Any], json.loads(raw))
 
-    async def _batch_fields(self, batch_id: str) -> dict[str, str] | None:
+    async def _batch_fields(
+        self, batch_id: str, tenant: str | None = None
+    ) -> dict[str, str] | None:
         fields = await self._hash(batch_state_key(batch_id))
-        if not fields:
+        if not fields or not owned_by(fields, tenant):
             return None
         if fields["status"] in ACTIVE and await self._reap_batch(batch_id, fields["replica"]):
             fields = await self._hash(batch_state_key(batch_id))

@@ -15,7 +15,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.typing import EncodableT, FieldT
 
-from api.http.state.keys import ACTIVE_RUNS, INDEX_SIZE, replica_lease_key
+from api.http.state.keys import ACTIVE_RUNS, DEFAULT_TENANT, INDEX_SIZE, replica_lease_key
 
 #: A hash's fields and values, as redis-py writes them.
 HashFields = dict[FieldT, EncodableT]
@@ -157,6 +157,12 @@ def lost_error(replica: str, what: str) -> str:
         f"the API replica {replica} that executed this {what} stopped (its lease expired) "
         f"before the {what} ended; start it again"
     )
+
+
+def owned_by(fields: Mapping[str, str], tenant: str | None) -> bool:
+    """Whether a record (its fields) is ``tenant``'s; any record is when ``tenant`` is None.
+    Records written before tenants have no ``tenant`` field: they are the default tenant's."""
+    return tenant is None or fields.get("tenant", DEFAULT_TENANT) == tenant
 
 
 def text(value: bytes | str) -> str:

@@ -13,17 +13,26 @@ from typing import Any, Literal, cast
 
 from pydantic import BaseModel, Field
 
+from api.http.redis_clients import bounded_block_ms
 from api.http.state.keys import (
     ACTIVE,
     ACTIVE_RUNS,
     CANCEL_CHANNEL,
+    DEFAULT_TENANT,
     DONE,
-    RUNS_INDEX,
     run_cancel_key,
     run_events_key,
     run_state_key,
+    runs_index_key,
 )
-from api.http.state.records import HashFields, RecordStore, lost_error, optional_float, text
+from api.http.state.records import (
+    HashFields,
+    RecordStore,
+    lost_error,
+    optional_float,
+    owned_by,
+    text,
+)
 
 RunStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 
@@ -65,25 +74,41 @@ class RunStore(RecordStore):
     """Reads and writes runs and their events."""
 
     async def create_run(
-        self, run_id: str, prompt: str, options: Mapping[str, Any], replica: str
+        self,
+        run_id: str,
+        prompt: str,
+        options: Mapping[str, Any],
+        replica: str,
+        *,
+        tenant: str = DEFAULT_TENANT,
     ) -> None:
-        fields: HashFields = {"prompt": prompt, "options": json.dumps(options), "replica": replica}
-        await self._create(run_state_key(run_id), run_id, fields, ACTIVE_RUNS, RUNS_INDEX)
+        fields: HashFields = {
+            "prompt": prompt,
+            "options": json.dumps(options),
+            "replica": replica,
+            "tenant": tenant,
+        }
+        await self._create(
+            run_state_key(run_id), run_id, fields, ACTIVE_RUNS, runs_index_key(tenant)
+        )
 
-    async def get_run(self, run_id: str) -> RunState | None:
+    async def get_run(self, run_id: str, *, tenant: str | None = None) -> RunState | None:
+        """The run, or None when there is none, or when it is not ``tenant``'s (None: whoever's):
+        another tenant's run is answered as an unknown one is."""
         fields = await self._hash(run_state_key(run_id))
-        if not fields:
+        if not fields or not owned_by(fields, tenant):
             return None
         if fields["status"] in ACTIVE and await self._reap_run(run_id, fields["replica"]):
             fields = await self._hash(run_state_key(run_id))
         return _run_state(fields)
 
-    async def newest_runs(self, limit: int) -> list[RunState]:
-        """The newest runs still kept, newest first."""
+    async def newest_runs(self, limit: int, *, tenant: str = DEFAULT_TENANT) -> list[RunState]:
+        """``tenant``'s newest runs still kept, newest first."""
         found = [
             # Only a run still going may need its replica's lease looked at.
             await self.get_run(run_id) if fields["status"] in ACTIVE else _run_state(fields)
-            for run_id, fields in await self._newest(RUNS_INDEX, run_state_key, limit)
+            for run_id, fields in await self._newest(runs_index_key(tenant), run_state_key, limit)
+            if owned_by(fields, tenant)
         ]
         return [run for run in found if run is not None]
 
@@ -158,16 +183,13 @@ class RunStore(RecordStore):
     async def read_events(
         self, run_id: str, after: str, *, block_ms: int, count: int = 500
     ) -> list[tuple[str, dict[str, Any]]]:
-        """Events after the stream id ``after`` ("0" for all), waiting up to ``block_ms``."""
+        """Events after the stream id ``after`` ("0" for all), waiting up to ``block_ms`` (cut
+        to what one blocking read may wait: ``bounded_block_ms``)."""
+        block = bounded_block_ms(self.redis, block_ms) if block_ms else None
         reply: Any = await self.redis.xread(
-            {run_events_key(run_id): after}, count=count, block=block_ms or None
+            {run_events_key(run_id): after}, count=count, block=block
         )
-        entries: list[tuple[str, dict[str, Any]]] = []
-        for _stream, items in reply or []:
-            for entry_id, values in items:
-                raw = values.get(b"event", values.get("event"))
-                entries.append((text(entry_id), json.loads(raw)))
-        return entries
+        return [entry for _stream, items in reply or [] for entry in event_entries(items)]
 
     async def wait_until_ended(self, run_id: str, timeout_s: float) -> RunState | None:
         """The run once it has ended, or as it is when ``timeout_s`` runs out."""
@@ -224,6 +246,16 @@ class RunStore(RecordStore):
         if not await self._lease_expired(replica):
             return False
         return await self.finish_run(run_id, "failed", error=lost_error(replica, "run"))
+
+
+def event_entries(
+    items: Sequence[tuple[bytes | str, Mapping[Any, Any]]],
+) -> list[tuple[str, dict[str, Any]]]:
+    """A run's stream entries as XREAD answers them, as (stream id, event) pairs."""
+    return [
+        (text(entry_id), json.loads(values.get(b"event", values.get("event"))))
+        for entry_id, values in items
+    ]
 
 
 def _run_state(fields: dict[str, str]) -> RunState:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Annotated
 
 from fastapi import APIRouter, FastAPI, Header, HTTPException, Query, Request
@@ -35,6 +35,12 @@ PageMaker = Callable[[Viewer, Request], Awaitable[Page]]
 
 
 def _viewer(request: Request) -> Viewer:
+    """The viewer of the tenant the token guard let in (``request.state.tenant``); where no
+    guard ran (shells, streams), the app's own."""
+    tenant: str | None = getattr(request.state, "tenant", None)
+    if tenant is not None:
+        per_tenant: Mapping[str, Viewer] = request.app.state.tenant_viewers
+        return per_tenant[tenant]
     viewer: Viewer = request.app.state.viewer
     return viewer
 
@@ -64,9 +70,20 @@ PAGES: dict[str, PageMaker] = {
 }
 
 
-def mount_viewer(app: FastAPI, viewer: Viewer, guard: list[Depends]) -> None:
-    """Serve ``viewer`` on ``app``: shells and streams open, page contents behind ``guard``."""
+def mount_viewer(
+    app: FastAPI,
+    viewer: Viewer,
+    guard: list[Depends],
+    *,
+    per_tenant: Mapping[str, Viewer] | None = None,
+) -> None:
+    """Serve ``viewer`` on ``app``: shells and streams open, page contents behind ``guard``.
+
+    With ``per_tenant`` (tenant -> its viewer), a page's content is its tenant's viewer's, the
+    tenant being the one ``guard`` let in; ``viewer`` renders the shells.
+    """
     app.state.viewer = viewer
+    app.state.tenant_viewers = per_tenant or {}
     jinja = templates()
     shells = APIRouter(include_in_schema=False)
     contents = APIRouter(include_in_schema=False, dependencies=guard)
@@ -96,10 +113,16 @@ def _page_route(
 
 
 def _check_ticket(request: Request, ticket: str | None) -> Viewer:
+    """The viewer whose tickets admit this stream: each tenant's are signed with its own token,
+    and given only with a page of its own runs and batches."""
     viewer = _viewer(request)
-    if viewer.tickets is not None and not viewer.tickets.admits(request.url.path, ticket):
-        raise HTTPException(401, "this stream needs a ticket from a page fetched with the token")
-    return viewer
+    if viewer.tickets is None:
+        return viewer
+    per_tenant: Mapping[str, Viewer] = request.app.state.tenant_viewers
+    for candidate in per_tenant.values() or [viewer]:
+        if candidate.tickets is not None and candidate.tickets.admits(request.url.path, ticket):
+            return candidate
+    raise HTTPException(401, "this stream needs a ticket from a page fetched with the token")
 
 
 async def _run_stream(

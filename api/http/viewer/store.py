@@ -29,20 +29,26 @@ RATE_BUCKET_S = 10.0
 
 
 class StoreSources:
-    """Batches, runs and the fleet of one API replica; one per app."""
+    """One tenant's batches and runs, and the fleet, of one API replica; one per tenant.
 
-    def __init__(self, services: Services) -> None:
+    Only ``batch`` and ``run`` look at whose a batch or a run is: the pages ask them first, and
+    read a batch's results or a run's events only once they have found it.
+    """
+
+    def __init__(self, services: Services, tenant: str) -> None:
         self._services = services
         self._store = services.store
+        self._tenant = tenant
         self._summaries: OrderedDict[str, list[ItemSummary]] = OrderedDict()
 
     # -- batches --------------------------------------------------------------------------------
 
     async def batches(self) -> list[BatchView]:
-        return [_batch_view(batch) for batch in await self._store.newest_batches(LIST_LIMIT)]
+        newest = await self._store.newest_batches(LIST_LIMIT, tenant=self._tenant)
+        return [_batch_view(batch) for batch in newest]
 
     async def batch(self, batch_id: str) -> BatchView | None:
-        batch = await self._store.scored_batch(batch_id)
+        batch = await self._store.scored_batch(batch_id, tenant=self._tenant)
         return None if batch is None else _batch_view(batch)
 
     async def summaries(self, batch_id: str, start: int, count: int) -> list[ItemSummary]:
@@ -63,10 +69,10 @@ class StoreSources:
     # -- runs -----------------------------------------------------------------------------------
 
     async def runs(self) -> list[RunState]:
-        return await self._store.newest_runs(LIST_LIMIT)
+        return await self._store.newest_runs(LIST_LIMIT, tenant=self._tenant)
 
     async def run(self, run_id: str) -> RunState | None:
-        return await self._store.get_run(run_id)
+        return await self._store.get_run(run_id, tenant=self._tenant)
 
     async def events(self, run_id: str) -> RunEvents:
         entries = await self._store.read_events(run_id, "0", block_ms=0, count=EVENTS_MAXLEN)
@@ -74,7 +80,7 @@ class StoreSources:
         return RunEvents([event for _, event in entries], last_id)
 
     def stream(self, run_id: str, after: str, *, ended: bool) -> AsyncIterator[bytes]:
-        return run_event_stream(self._store, run_id, after, ended=ended)
+        return run_event_stream(self._store, self._services.event_hub, run_id, after, ended=ended)
 
     # -- the fleet ------------------------------------------------------------------------------
 

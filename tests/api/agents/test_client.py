@@ -190,10 +190,10 @@ async def test_no_live_agents_worker_is_an_error_not_a_wait(
     async with client_for(settings, sent) as client:
         with pytest.raises(NoAgentsError, match="toolq worker --pool agents"):
             await client.require_workers()
-        started = time.monotonic()
+        # Told once no worker showed up for the grace (0.3 s here), not waited on until the
+        # send is taken for lost (60 s here).
         with pytest.raises(NoAgentsError, match=r"no agents worker is live .* \(none for"):
-            await asyncio.wait_for(client.run(ITEM, run_id="r-6"), 5)
-        assert time.monotonic() - started < 3
+            await asyncio.wait_for(client.run(ITEM, run_id="r-6"), 30)
     # The conversation was not taken: a later run of the batch sends it afresh.
     assert await worker_store.redis.get(k.current("r-6")) != b"written"
     # Its message, still queued, is dropped by an agents worker that starts later: the caller

@@ -61,6 +61,7 @@ RECORD_KEYS = {
     "model",
     "duration_s",
     "attempts",
+    "earlier_run_ids",
     "orchestrator",
     "usage",
     "score",
@@ -173,7 +174,7 @@ async def test_a_finished_conversation_is_one_complete_record() -> None:
     assert result["run_id"] == "b-12345678-x-abcdef"
     assert result["usage"] == {"prompt_tokens": 30, "completion_tokens": 5, "total_tokens": 35}
     assert result["duration_s"] >= 0
-    assert result["attempts"] == 1
+    assert (result["attempts"], result["earlier_run_ids"]) == (1, [])
     assert result["orchestrator"] == f"{socket.gethostname()}:{os.getpid()}"
     echo, unknown = result["tool_calls"]
     assert (echo["name"], echo["worker"], echo["is_error"], echo["error_kind"]) == (
@@ -254,15 +255,22 @@ class SlowModel(FakeModel):
 
 
 async def test_a_conversation_past_its_time_limit_is_an_error_record_with_what_it_did() -> None:
-    result = await run(BatchItem(id="x", prompt="p"), SlowModel(30), timeout_s=0.2, attempt=2)
+    earlier = ["b-12345678-x-0a1b2c"]  # the workspace of the attempt a stop cut
+    result = await run(
+        BatchItem(id="x", prompt="p"),
+        SlowModel(30),
+        timeout_s=0.2,
+        attempt=2,
+        earlier_run_ids=earlier,
+    )
     assert set(result) == RECORD_KEYS
     assert result["status"] == "error"
     assert result["error"] == (
         "the conversation did not finish within 0.2 s (TOOLQ_CONVERSATION_TIMEOUT_S)"
     )
     assert len(result["tool_calls"]) == 2  # the first turn's calls, made before the limit
-    assert result["attempts"] == 2
-    assert result["duration_s"] < 5
+    assert (result["attempts"], result["earlier_run_ids"]) == (2, earlier)
+    assert result["duration_s"] < 30  # cut at its limit, not waited out
 
 
 async def test_a_timeout_inside_the_conversation_is_not_taken_for_its_time_limit() -> None:

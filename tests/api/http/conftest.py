@@ -7,7 +7,7 @@ or on the real executor against a scripted model and a fleet view whose tools ar
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,8 @@ class StubExecutor:
         self._fleet = fleet
         self.runs: list[tuple[str, str, AgentOptions]] = []
         self.batches: list[tuple[str, list[BatchItem], int]] = []
+        #: What the workers would call each batch's workspaces, by batch id.
+        self.batch_workspaces: dict[str, Callable[[str], str] | None] = {}
 
     async def start(self) -> None:
         pass
@@ -88,8 +90,11 @@ class StubExecutor:
         items: Sequence[BatchItem],
         concurrency: int,
         default_model: str | None = None,
+        *,
+        workspace_of: Callable[[str], str] | None = None,
     ) -> None:
         self.batches.append((batch_id, list(items), concurrency))
+        self.batch_workspaces[batch_id] = workspace_of
 
 
 @asynccontextmanager

@@ -19,7 +19,7 @@ from api.dispatch import Dispatcher
 from api.fleet import Fleet
 from api.inspect_sandbox import ToolqSandboxEnvironment
 from api.inspect_sandbox.contract import ToolqSandboxError, call_error, exec_outcome, file_error
-from api.inspect_sandbox.environment import new_run_id
+from api.inspect_sandbox.owners import new_run_id, owner_of
 from api.run_workspace import CommandResult, FileProblemError, RunWorkspace, ServiceCallError
 from api.settings import OrchestratorSettings
 from worker.protocol import RUN_ID_PATTERN
@@ -132,8 +132,12 @@ def test_commands_are_bounded_by_the_fleets_longest_deadline() -> None:
     assert environment._command_deadline_ms(3600) == 19_000
 
 
-@pytest.mark.parametrize("task", ["my_task", "a task/with: odd names!", "", "é" * 300])
-def test_run_ids_name_the_task_and_fit_the_wire_contract(task: str) -> None:
-    run_id = new_run_id(task)
+@pytest.mark.parametrize(
+    "task", ["my_task", "a task/with: odd names!", "", "é" * 300, "ends-in-0123abcd"]
+)
+def test_run_ids_name_the_task_and_its_eval_and_fit_the_wire_contract(task: str) -> None:
+    run_id = new_run_id(task, "e0e0e0e0")
     assert re.fullmatch(RUN_ID_PATTERN, run_id), run_id
-    assert run_id.startswith("inspect-") and new_run_id(task) != run_id
+    assert run_id.startswith("inspect-") and new_run_id(task, "e0e0e0e0") != run_id
+    assert owner_of(run_id) == "e0e0e0e0"
+    assert owner_of(f"mcp-{run_id}") is None and owner_of("inspect-x-0123abcd") is None

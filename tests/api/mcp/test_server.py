@@ -24,7 +24,7 @@ from tests.api.mcp.conftest import (
     http_session,
     mcp_url,
 )
-from tests.conftest import WorkerFleet
+from tests.conftest import WorkerFleet, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -73,10 +73,10 @@ async def test_calls_run_on_the_workers_in_the_sessions_workspace(
         bash = await session.call_tool("run_bash", {"command": "wc -c < n.txt"})
         assert not bash.is_error, text(bash)
         assert json.loads(text(bash))["stdout"].strip() == "6"
-    run_id = meta(written, "run_id")
-    assert isinstance(run_id, str)
+        run_id = meta(written, "run_id")
+        assert isinstance(run_id, str)
+        assert (Path(fleet.settings.workspace_root) / run_id / "n.txt").read_text() == "hi mcp"
     assert meta(read, "run_id") == meta(bash, "run_id") == run_id
-    assert (Path(fleet.settings.workspace_root) / run_id / "n.txt").read_text() == "hi mcp"
     assert str(meta(read, "worker")).count(":") == 1  # host:pid of the worker process
     assert isinstance(meta(bash, "duration_ms"), float)
 
@@ -106,17 +106,28 @@ async def test_failures_are_tool_errors_with_the_models_text(connect: Connect) -
 
 
 async def test_two_sessions_work_in_two_workspaces(connect: Connect, fleet: WorkerFleet) -> None:
+    root = Path(fleet.settings.workspace_root)
     async with connect() as first, connect() as second:
         await first.call_tool("write_file", {"path": "mine.txt", "content": "first"})
         await second.call_tool("write_file", {"path": "mine.txt", "content": "second"})
         read_first = await first.call_tool("read_file", {"path": "mine.txt"})
         read_second = await second.call_tool("read_file", {"path": "mine.txt"})
+        runs = {meta(read_first, "run_id"), meta(read_second, "run_id")}
+        assert {(root / str(run) / "mine.txt").read_text() for run in runs} == {"first", "second"}
     assert "first" in text(read_first)
     assert "second" in text(read_second)
-    runs = {meta(read_first, "run_id"), meta(read_second, "run_id")}
     assert len(runs) == 2
+
+
+async def test_a_sessions_workspace_is_removed_when_the_session_ends(
+    connect: Connect, fleet: WorkerFleet
+) -> None:
     root = Path(fleet.settings.workspace_root)
-    assert {(root / str(run) / "mine.txt").read_text() for run in runs} == {"first", "second"}
+    async with connect() as session:
+        written = await session.call_tool("write_file", {"path": "left.txt", "content": "x"})
+        workspace = root / str(meta(written, "run_id"))
+        assert (workspace / "left.txt").read_text() == "x"
+    wait_for(lambda: not workspace.exists(), timeout=60, what=f"{workspace} to be removed")
 
 
 def test_toolq_mcp_refuses_a_tool_the_fleet_lacks_before_serving(fleet: WorkerFleet) -> None:

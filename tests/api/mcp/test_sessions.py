@@ -54,12 +54,12 @@ async def test_the_choice_of_tools_is_the_sessions_own() -> None:
     assert runs.open_sessions == 2
 
 
-async def test_ended_and_idle_sessions_are_forgotten() -> None:
+async def test_ended_and_idle_sessions_are_ended() -> None:
     clock = Clock()
     runs = sessions(clock)
     await runs.tools("ended", ToolChoice())
     kept = await runs.tools("kept", ToolChoice())
-    runs.forget("ended")
+    runs.end("ended")
     assert runs.open_sessions == 1
     await runs.tools("idle", ToolChoice())
     clock.now = 50

@@ -59,7 +59,9 @@ def running_with(token: str) -> list[int]:
 
 
 def test_reports_stdout_stderr_and_exit_code(bash: RunBashTool) -> None:
+    started = time.monotonic()
     answer = run(bash, "echo hello; echo oops >&2; exit 3")
+    waited_ms = (time.monotonic() - started) * 1000
 
     assert answer["stdout"] == "hello\n"
     assert answer["stderr"] == "oops\n"
@@ -67,7 +69,7 @@ def test_reports_stdout_stderr_and_exit_code(bash: RunBashTool) -> None:
     assert answer["timed_out"] is False
     assert answer["truncated"] == {"stdout": False, "stderr": False}
     assert answer["isolation"] == describe_isolation(bash._config)
-    assert answer["duration_ms"] < 5_000
+    assert 0 < answer["duration_ms"] <= waited_ms  # milliseconds, of this call
 
 
 def test_stdin_is_empty(bash: RunBashTool) -> None:
@@ -125,7 +127,7 @@ def test_timeout_kills_everything_and_keeps_the_output_so_far(bash: RunBashTool)
 
     answer = run(bash, f"echo start; sleep 30 {token} & sleep 30 {token}", timeout=300)
 
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 30  # cut at its limit, the sleeps not waited out
     assert answer["timed_out"] is True
     assert answer["exit_code"] == -1
     assert answer["stdout"] == "start\n"
@@ -142,11 +144,10 @@ def test_background_processes_are_killed_and_the_call_returns_at_once(bash: RunB
         f"setsid sh -c 'touch ready; exec sleep 300 {detached}' & "
         "for i in $(seq 500); do [ -e ready ] && break; sleep 0.01; done; echo started"
     )
-    started = time.monotonic()
-
     answer = run(bash, command)
 
-    assert time.monotonic() - started < 3
+    # Waiting for their pipes would have run into the call's time limit.
+    assert answer["timed_out"] is False
     assert answer["stdout"] == "started\n"
     assert answer["exit_code"] == 0
     tokens = (plain, detached, nohup)

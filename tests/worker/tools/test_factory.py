@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ import pytest
 from tests.worker.conftest import BUILT_INS
 from worker.capping import DEFAULT_OUTPUT_CAP_BYTES
 from worker.sandbox import SandboxConfig
+from worker.sandbox.identity import DEFAULT_UID_RANGE, UidRange
 from worker.tools.context import ToolContext
 from worker.tools.factory import create_default_tool_registry
 from worker.tools.registry import ToolRegistry
@@ -107,8 +108,10 @@ async def test_as_root_run_bash_writes_into_the_folder_the_caller_made(tmp_path:
     result = json.loads(answer.output)
     assert (result["exit_code"], result["stderr"]) == (0, ""), result
     assert (folder / "out" / "a.txt").read_text() == "hi\n"
-    sandbox_uid = pwd.getpwnam(SandboxConfig().user).pw_uid
-    assert folder.stat().st_uid == sandbox_uid
+    # The folder is open to its run's own group alone, one of the range's.
+    owner = folder.stat()
+    assert owner.st_gid in UidRange.parse(DEFAULT_UID_RANGE)
+    assert stat.S_IMODE(owner.st_mode) == 0o770
     # That folder only: the one above it, and what was in it already, keep their owner.
     assert tmp_path.stat().st_uid == 0
     assert (folder / "notes.txt").stat().st_uid == 0

@@ -74,8 +74,10 @@ async def test_a_plain_function_past_its_deadline_is_answered_then_and_left_to_f
 
     assert answer.output == "Error: stuck timed out after 300 ms and was stopped."
     assert answer.error_kind == "timeout"
-    assert 0.3 <= elapsed < 2.5
-    assert not gate.finished.is_set()  # its thread runs on; nobody waited for it
+    assert elapsed >= 0.3
+    # Answered while the tool still waits at its gate (for 30 s): its thread runs on, nobody
+    # waited for it, however slow the machine.
+    assert not gate.finished.is_set()
     gate.release.set()
     assert await asyncio.to_thread(gate.finished.wait, 10)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -147,9 +146,8 @@ def test_a_tree_too_big_for_the_budget_stops_with_a_note(workspace: Workspace) -
     with open(workspace.root / "huge.bin", "wb") as file:
         file.truncate(1 << 40)
     tool = SearchTextTool(workspace, time_budget_s=0.3)
-    started = time.monotonic()
     answer = tool.execute({"query": "needle", "paths": ["."], "regex": False})
-    assert time.monotonic() - started < 3
+    # Only the budget's cut says so (the whole read takes minutes), however slow the machine.
     assert "[search stopped after its 0.3 s time limit; results are incomplete." in answer
     ripgreps = subprocess.run(["pgrep", "-f", f"rg .*{workspace.root}"], capture_output=True)
     assert ripgreps.stdout == b"", "rg still runs after the answer"

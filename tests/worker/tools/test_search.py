@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -140,9 +139,9 @@ async def test_long_lines_are_cut_and_numbered_right(
 async def test_a_catastrophic_regex_stops_at_the_time_budget(workspace: Workspace) -> None:
     (workspace.root / "evil.txt").write_text("a" * 5000 + "!\n")
     tool = SearchTextTool(workspace, time_budget_s=0.3)
-    started = time.monotonic()
+    # Uncut, this match takes time exponential in the 5,000 a's: an answer at all is the
+    # budget's doing, however slow the machine.
     answer = tool.execute({"query": "(a+)+$", "paths": ["evil.txt"], "regex": True})
-    assert time.monotonic() - started < 3
     assert "[search stopped after its 0.3 s time limit; results are incomplete." in answer
 
 

@@ -15,6 +15,7 @@ from tests.worker.conftest import request
 from worker.executor import Executor
 from worker.manifest import fleet_tool_specs
 from worker.results import ResultStore
+from worker.retention import hold
 from worker.settings import WorkerSettings
 
 SERVICE_OPERATIONS = {
@@ -22,6 +23,7 @@ SERVICE_OPERATIONS = {
     "toolq.read_file": "tools",
     "toolq.collect_files": "tools",
     "toolq.remove_workspace": "tools",
+    "toolq.list_workspaces": "tools",
     "toolq.exec": "sandbox",
 }
 
@@ -179,3 +181,36 @@ def test_remove_workspace_removes_the_runs_folder(
     call(executor, "toolq.put_files", {"files": {"a/b.txt": "x"}})
     assert call(executor, "toolq.remove_workspace", {}) == {"ok": True, "removed": True}
     assert not (settings.workspace_root / "run-1").exists()
+
+
+def test_a_workspace_another_call_holds_is_kept_until_that_call_ends(
+    executor: Executor, settings: WorkerSettings
+) -> None:
+    call(executor, "toolq.put_files", {"files": {"kept.txt": "x"}})
+    folder = settings.workspace_root / "run-1"
+    in_flight = hold(folder)  # as a call of the run holds it while it runs
+    try:
+        answer = call(executor, "toolq.remove_workspace", {})
+        assert answer == {"ok": True, "removed": False, "kept": "a call of the run is in flight"}
+        assert (folder / "kept.txt").read_text() == "x"
+    finally:
+        os.close(in_flight)
+    assert call(executor, "toolq.remove_workspace", {}) == {"ok": True, "removed": True}
+    assert not folder.exists()
+    # The run goes on in a new, empty workspace.
+    assert call(executor, "toolq.put_files", {"files": {"new.txt": "y"}})["ok"] is True
+    assert sorted(os.listdir(folder)) == ["new.txt"]
+
+
+def test_list_workspaces_names_the_other_runs_whose_ids_start_so(
+    executor: Executor, settings: WorkerSettings
+) -> None:
+    for run in ("inspect-a-1", "inspect-b-2", "mcp-3"):
+        executor.handle(request("toolq.put_files", {"files": {"f": "x"}}, run_id=run), "tools")
+    (settings.workspace_root / "inspect-not-a-folder").write_text("")
+    listed = call(executor, "toolq.list_workspaces", {"prefix": "inspect-"})  # asked from run-1
+    assert listed == {"ok": True, "runs": ["inspect-a-1", "inspect-b-2"], "matched": 2}
+    asked_from_inside = executor.handle(
+        request("toolq.list_workspaces", {"prefix": "inspect-"}, run_id="inspect-a-1"), "tools"
+    )
+    assert json.loads(asked_from_inside.output)["runs"] == ["inspect-b-2"]

@@ -1,0 +1,221 @@
+"""What becomes of the tool calls a caller waits for, read from the result store: an answer
+taken only when it is the call's own, a call lost before any worker started it sent again, and,
+at a call's deadline, a true account of it.
+
+A call's start marker (``keys.started``) decides. A worker sets it as the call begins, so a call
+without one never started. At the deadline the caller sets it itself where no worker has: the
+call then never starts (a late message of it finds the caller's mark and is dropped), and
+``no_answer`` is the truth. A call that started and never answered may have run: it is
+``interrupted``, its outcome unknown. When the marker cannot be read, nothing is known, and the
+answer says so rather than claim the call did not run.
+
+An answer is the call's own when it is sealed with the key its request carried
+(``ToolCallRequest.seal_key``): anyone who can write to Redis can push text to a caller's reply
+list or put it at a call's result key, and none of it is taken for an answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from api.fleet import queue_depths
+from worker.protocol import (
+    CALLER_GAVE_UP,
+    ToolCallRequest,
+    ToolCallResult,
+    keys,
+    read_start_mark,
+    start_mark,
+)
+from worker.settings import FleetSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class InFlight:
+    """A call its caller waits for."""
+
+    #: The message of the call sent last (``send_number`` counts them).
+    request: ToolCallRequest
+    pool: str
+    answer: asyncio.Future[ToolCallResult]
+    #: When that message went out (monotonic); None until it has. Set by the sending thread.
+    sent_at: float | None = None
+    #: A value not the call's own was found at its result key: reported once.
+    saw_foreign_result: bool = False
+
+
+class CallWatch:
+    """Looks at the calls in flight every half ``resend_after_s``, and gives each its last word.
+
+    ``send_again`` sends the next message of a call; ``caller`` names this caller in the start
+    marker it sets at a deadline."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        settings: FleetSettings,
+        in_flight: Mapping[str, InFlight],
+        send_again: Callable[[InFlight], None],
+        caller: str,
+    ) -> None:
+        self._redis = client
+        self._settings = settings
+        self._in_flight = in_flight
+        self._send_again = send_again
+        self._caller = caller
+        #: Answers refused because they were not the call's own (forged, or malformed).
+        self.refused = 0
+
+    def refuse(self, task_id: str, what: str) -> None:
+        """Count and report an answer to ``task_id`` that is not its own; the call waits on."""
+        self.refused += 1
+        log.warning(
+            "call %s: refused %s that is not its own (not sealed with the call's key); "
+            "still waiting for its answer",
+            task_id,
+            what,
+        )
+
+    def own_answer(self, raw: bytes | str | None, flight: InFlight) -> ToolCallResult | None:
+        """The result stored as ``raw`` when it is the call's own; one that is not is reported
+        (once per call: the worker replaces it when the call runs)."""
+        if raw is None:
+            return None
+        request = flight.request
+        try:
+            result = ToolCallResult.model_validate_json(raw)
+        except ValueError:
+            result = None
+        if result is not None and request.seal_key and result.is_sealed_with(request.seal_key):
+            return result
+        if not flight.saw_foreign_result:
+            flight.saw_foreign_result = True
+            self.refuse(request.task_id, "a stored result")
+        return None
+
+    async def watch(self, closing: Callable[[], bool]) -> None:
+        """Look at the calls in flight until ``closing()``."""
+        while not closing():
+            await asyncio.sleep(self._settings.resend_after_s / 2)
+            try:
+                await self.look()
+            except (RedisError, OSError) as exc:
+                log.warning("cannot look at the tool calls in flight: %s", exc)
+
+    async def look(self) -> None:
+        """Take the stored answers of calls whose reply did not come, and send again the calls
+        no worker has started ``resend_after_s`` after they went out while their pool's queue
+        is empty: their message was lost (a broker restart, a worker gone with it)."""
+        now = time.monotonic()
+        due = [
+            flight
+            for flight in self._in_flight.values()
+            if not flight.answer.done()
+            and flight.sent_at is not None
+            and now - flight.sent_at >= self._settings.resend_after_s
+        ]
+        if not due:
+            return
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for flight in due:
+                pipe.get(keys.result(flight.request.task_id))
+                pipe.exists(keys.started(flight.request.task_id))
+            seen = await pipe.execute()
+        unstarted: list[InFlight] = []
+        for index, flight in enumerate(due):
+            stored, started = seen[2 * index], seen[2 * index + 1]
+            answer = self.own_answer(stored, flight)
+            if answer is not None:
+                if not flight.answer.done():
+                    flight.answer.set_result(answer)
+            elif not started:
+                unstarted.append(flight)
+        if unstarted:
+            await self._send_lost(unstarted)
+
+    async def _send_lost(self, unstarted: list[InFlight]) -> None:
+        # With messages queued, a call not started may be one of them: only an empty queue
+        # says it is not waiting. A queue that cannot be read sends nothing now.
+        pools = sorted({flight.pool for flight in unstarted})
+        try:
+            depths = await asyncio.to_thread(queue_depths, self._settings, pools)
+        except Exception as exc:  # any broker's own errors: look again next time
+            log.warning("cannot read the depth of the %s queues: %s", ", ".join(pools), exc)
+            return
+        for flight in unstarted:
+            if depths.get(flight.pool, 0) == 0 and time.time() < flight.request.deadline:
+                log.info(
+                    "call %s: no worker started it and the %r queue is empty: sending it again",
+                    flight.request.task_id,
+                    flight.pool,
+                )
+                self._send_again(flight)
+
+    async def last_word(self, flight: InFlight, waited: float) -> ToolCallResult:
+        """The answer to a call whose deadline passed without one: its stored answer, else what
+        is true of it: it may have run (``interrupted``) or never will (``no_answer``)."""
+        request = flight.request
+        tool = request.tool
+        try:
+            # One transaction: a worker that starts the call now finds the caller's mark, and
+            # one that started it before is found.
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.get(keys.result(request.task_id))
+                pipe.set(
+                    keys.started(request.task_id),
+                    start_mark(CALLER_GAVE_UP, f"caller:{self._caller}"),
+                    nx=True,
+                    ex=self._settings.result_ttl_s,
+                )
+                pipe.get(keys.started(request.task_id))
+                stored, claimed, mark = await pipe.execute()
+        except (RedisError, OSError) as exc:
+            return ToolCallResult.failure(
+                request,
+                "interrupted",
+                f"Error: {tool} may have been interrupted: no answer came in {waited:.1f} s, "
+                f"and whether it started cannot be read (the result store is unreachable: "
+                f"{exc}); its outcome is unknown.",
+            )
+        answer = self.own_answer(stored, flight)
+        if answer is not None:
+            return answer
+        if not claimed:
+            _, starter = read_start_mark(mark or b"")
+            return ToolCallResult.failure(
+                request,
+                "interrupted",
+                f"Error: {tool} was interrupted: worker {starter} started it and no answer "
+                f"came in {waited:.1f} s (the worker may have died, or its answer was lost); "
+                "its outcome is unknown.",
+            )
+        why = await self._not_started_why(flight.pool)
+        return ToolCallResult.failure(
+            request,
+            "no_answer",
+            f"Error: no answer for {tool} after {waited:.1f} s: {why}. It never started, and "
+            "will not start now.",
+        )
+
+    async def _not_started_why(self, pool: str) -> str:
+        try:
+            workers = [k async for k in self._redis.scan_iter(keys.worker_heartbeats(pool))]
+        except (RedisError, OSError) as exc:
+            return f"the result store became unreachable ({exc})"
+        if not workers:
+            # Heartbeats are refreshed every few seconds: right after a broker restart live
+            # workers have none yet, so say both.
+            return (
+                f"no worker is serving the {pool!r} queue (none has announced itself: none "
+                "runs, or the broker restarted moments ago)"
+            )
+        return f"none of the {len(workers)} live {pool!r} workers took it in time"

@@ -1,0 +1,330 @@
+"""One run, one box: what a command of one run cannot do to another run, to the broker, to the
+worker or to the host, tried as an attacker would, in each isolation mode this machine runs.
+
+Modes: a root worker with namespaces (the default here), a root worker with
+``TOOLQ_SANDBOX_ISOLATION=process`` (the command shares the worker's network, so the broker has a
+password), and the deploy's sandbox pool: root inside a user namespace of its own with only the
+capabilities deploy/ gives it (``tests/reliability/userns.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import shutil
+import socket
+import tempfile
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from api.dispatch import Dispatcher
+from tests.conftest import Caller, wait_for
+from tests.reliability.conftest import Stack, start_stack
+from tests.reliability.report import Report
+from tests.reliability.userns import deploy_like_stack, userns_unavailable
+
+pytestmark = pytest.mark.integration
+
+SECRET = f"toolq-run-secret-{secrets.token_hex(8)}"
+WORKER_SECRET = f"toolq-worker-secret-{secrets.token_hex(8)}"
+MODES = ("namespaces", "process", "deploy")
+
+
+@pytest.fixture(scope="module", params=MODES)
+def mode_stack(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, Stack]]:
+    mode: str = request.param
+    if os.geteuid() != 0:
+        pytest.skip("per-run uids need a root worker (or root in a user namespace)")
+    password = secrets.token_hex(16)
+    env = {"WORKER_TEST_SECRET": WORKER_SECRET}
+    if mode == "deploy":
+        reason = userns_unavailable()
+        if reason is not None:
+            pytest.skip(reason)
+        # Outside pytest's folder, which only its own user may pass through.
+        workdir = Path(tempfile.mkdtemp(prefix="toolq-deploy-like-"))
+        try:
+            stack = deploy_like_stack(workdir, password=password, env=env)
+            yield mode, stack
+            stack.stop()
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        return
+    isolation = "namespaces" if mode == "namespaces" else "process"
+    workdir = tmp_path_factory.mktemp(f"apart-{mode}")
+    stack = start_stack(workdir, env=env, redis_password=password, sandbox_isolation=isolation)
+    yield mode, stack
+    stack.stop()
+
+
+@dataclass
+class Run:
+    """One run's calls through the queue."""
+
+    caller: Caller
+    stack: Stack
+
+    async def bash(self, command: str, timeout_ms: int = 10_000) -> dict[str, Any]:
+        result = await self.caller("run_bash", {"command": command, "timeout": timeout_ms})
+        assert not result.is_error, result.output
+        answer: dict[str, Any] = json.loads(result.output)
+        return answer
+
+    @property
+    def workspace(self) -> Path:
+        return Path(self.stack.settings.workspace_root) / self.caller.run_id
+
+
+@pytest.fixture
+async def runs(mode_stack: tuple[str, Stack]) -> AsyncIterator[tuple[str, Run, Run]]:
+    mode, stack = mode_stack
+    async with Dispatcher(stack.settings) as dispatcher:
+        victim = Caller(dispatcher, stack.settings, f"victim-{secrets.token_hex(4)}")
+        attacker = Caller(dispatcher, stack.settings, f"attacker-{secrets.token_hex(4)}")
+        yield mode, Run(attacker, stack), Run(victim, stack)
+
+
+async def test_a_run_cannot_see_read_or_write_another_runs_files(
+    runs: tuple[str, Run, Run], report: Report
+) -> None:
+    mode, attacker, victim = runs
+    with report.case(
+        "Isolation",
+        f"[{mode}] run X: `ls ..`, `cat ../Y/secret.txt` (chmod 600, and 644), "
+        "`echo x > ../Y/planted.txt`, `ls -a ../Y`",
+        "Y's name, files and secret never shown; nothing planted in Y's workspace",
+    ) as row:
+        made = await victim.bash(
+            f"echo {SECRET} > secret.txt && chmod 600 secret.txt && "
+            f"echo {SECRET} > open.txt && chmod 644 open.txt; chmod 755 ."
+        )
+        assert "Operation not permitted" in made["stderr"], made
+        victim_name = victim.caller.run_id
+        answer = await attacker.bash(
+            f"ls -a ..; cat ../{victim_name}/secret.txt ../{victim_name}/open.txt; "
+            f"echo x > ../{victim_name}/planted.txt; ls -a ../{victim_name}; "
+            "find / -name secret.txt 2>/dev/null | head; true"
+        )
+        shown = answer["stdout"] + answer["stderr"]
+        row.observed = (
+            f"exit {answer['exit_code']}; Y's name shown: {victim_name in answer['stdout']}; "
+            f"secret shown: {SECRET in shown}; planted: "
+            f"{(victim.workspace / 'planted.txt').exists()}"
+        )
+        assert SECRET not in shown
+        assert victim_name not in answer["stdout"]
+        assert not (victim.workspace / "planted.txt").exists()
+        # The victim's `chmod 755 .` was refused: the folder is the worker's, in the run's group.
+        folder = victim.workspace.stat()
+        assert folder.st_gid != attacker.workspace.stat().st_gid
+        assert folder.st_mode & 0o777 == 0o770
+
+
+async def test_tmp_and_shm_are_the_runs_own_and_gone_after_the_call(
+    runs: tuple[str, Run, Run], report: Report
+) -> None:
+    mode, attacker, victim = runs
+    token = secrets.token_hex(6)
+    with report.case(
+        "Isolation",
+        f"[{mode}] run X writes 8 MiB to /tmp/x-<token> and /dev/shm/x-<token>, "
+        "then run Y reads them",
+        "Y reads nothing; nothing of X's is left in the host's /tmp or /dev/shm after the call",
+    ) as row:
+        wrote = await attacker.bash(
+            f"head -c 8388608 /dev/zero > /tmp/x-{token} && "
+            f"head -c 8388608 /dev/zero > /dev/shm/x-{token} && ls /tmp/x-{token}"
+        )
+        assert wrote["exit_code"] == 0, wrote
+        read = await victim.bash(f"wc -c /tmp/x-{token} /dev/shm/x-{token}")
+        left = [p for p in (f"/tmp/x-{token}", f"/dev/shm/x-{token}") if os.path.exists(p)]
+        row.observed = f"Y's read: exit {read['exit_code']}; left on the host: {left or 'none'}"
+        assert read["exit_code"] != 0
+        assert "8388608" not in read["stdout"]
+        assert left == []
+
+
+async def test_nothing_of_a_run_outlives_its_call(
+    runs: tuple[str, Run, Run], report: Report
+) -> None:
+    mode, attacker, _ = runs
+    with report.case(
+        "Isolation",
+        f"[{mode}] `env -u TOOLQ_SANDBOX_ID setsid sh -c 'sleep 300' &`, `nohup`, a double "
+        "fork, then the call ends",
+        "no process of the run's uid is left",
+    ) as row:
+        answer = await attacker.bash(
+            "env -u TOOLQ_SANDBOX_ID setsid sh -c 'sleep 301' >/dev/null 2>&1 & "
+            "nohup sleep 302 >/dev/null 2>&1 & (sh -c 'sleep 303 &' &); echo started"
+        )
+        assert answer["stdout"].strip() == "started", answer
+        uid = attacker.workspace.stat().st_gid  # the run's uid and gid are one number
+        wait_for(lambda: not _processes_of(uid), what="the run's processes to be gone")
+        row.observed = f"{len(_processes_of(uid))} process(es) of the run's uid left"
+
+
+async def test_the_worker_and_its_secrets_are_out_of_reach(
+    runs: tuple[str, Run, Run], report: Report
+) -> None:
+    mode, attacker, _ = runs
+    workers = attacker.stack.fleet.worker_pids("sandbox")
+    listed = " ".join(map(str, workers))
+    with report.case(
+        "Isolation",
+        f"[{mode}] run_bash reads /proc/<worker pid>/environ and sends `kill -9` to every "
+        "sandbox worker process",
+        "no secret read; every worker process lives on",
+    ) as row:
+        answer = await attacker.bash(
+            f"for p in {listed}; do cat /proc/$p/environ; kill -9 $p; done; true"
+        )
+        shown = answer["stdout"] + answer["stderr"]
+        alive = [pid for pid in workers if _alive(pid)]
+        row.observed = f"secret shown: {WORKER_SECRET in shown}; {len(alive)}/{len(workers)} alive"
+        assert WORKER_SECRET not in shown
+        assert alive == workers
+
+
+async def test_the_broker_is_out_of_reach(
+    runs: tuple[str, Run, Run], mode_stack: tuple[str, Stack], report: Report
+) -> None:
+    mode, attacker, _ = runs
+    _, stack = mode_stack
+    port = stack.redis.port
+    probe = (
+        "import socket\n"
+        "try:\n"
+        f"    s = socket.create_connection(('127.0.0.1', {port}), timeout=3)\n"
+        "    s.sendall(b'KEYS *\\r\\n')\n"
+        "    print('answer:', s.recv(200))\n"
+        "except OSError as e:\n"
+        "    print('refused:', e)\n"
+    )
+    with report.case(
+        "Isolation",
+        f"[{mode}] run_bash connects to the broker's port and sends `KEYS *`",
+        "no connection (no network), or NOAUTH (the password is the worker's alone)",
+    ) as row:
+        answer = await attacker.bash(f'python3 -c "{probe}"')
+        out = answer["stdout"]
+        row.observed = out.strip()[:120]
+        assert out.startswith("refused:") or "NOAUTH" in out, answer
+
+
+async def test_host_sockets_are_out_of_reach_with_namespaces(
+    runs: tuple[str, Run, Run], report: Report, tmp_path: Path
+) -> None:
+    mode, attacker, _ = runs
+    if mode == "process":
+        pytest.skip("without namespaces the command shares the host's sockets by design")
+    paths = [
+        f"/run/toolq-test-{secrets.token_hex(4)}.sock",
+        f"/tmp/toolq-test-{secrets.token_hex(4)}.sock",
+    ]
+    listeners = [_listen(path) for path in paths]
+    probe = "; ".join(
+        f"python3 -c \"import socket; s=socket.socket(socket.AF_UNIX); s.connect('{path}'); "
+        f"print('connected {path}')\" 2>/dev/null"
+        for path in paths
+    )
+    try:
+        with report.case(
+            "Isolation",
+            f"[{mode}] run_bash connects to a host Unix socket in /run and in /tmp",
+            "neither is there (the call's /run and /tmp are its own)",
+        ) as row:
+            answer = await attacker.bash(probe + "; true")
+            row.observed = answer["stdout"].strip() or "no connection"
+            assert "connected" not in answer["stdout"]
+    finally:
+        for listener, path in zip(listeners, paths, strict=True):
+            listener.close()
+            os.unlink(path)
+
+
+async def test_read_file_refuses_a_hard_link_to_a_file_the_run_does_not_own(
+    runs: tuple[str, Run, Run], report: Report, tmp_path: Path
+) -> None:
+    mode, attacker, _ = runs
+    await attacker.bash("true")  # the workspace exists
+    outside = tmp_path / "host-secret.txt"
+    outside.write_text(SECRET)
+    outside.chmod(0o600)
+    os.link(outside, attacker.workspace / "linked.txt")
+    with report.case(
+        "Isolation",
+        f"[{mode}] read_file of a hard link in the workspace to a host file (root's, 0600)",
+        "refused, the content not shown",
+    ) as row:
+        result = await attacker.caller("read_file", {"path": "linked.txt"})
+        row.observed = result.output[:120]
+        assert result.is_error
+        assert SECRET not in result.output
+        # In the deploy, the file is the host's root's, beyond even the namespace's root.
+        assert "hard link" in result.output or (mode == "deploy" and "denied" in result.output)
+
+
+async def test_parallel_calls_of_one_run_keep_their_processes(
+    runs: tuple[str, Run, Run], report: Report
+) -> None:
+    """A run's calls may overlap (parallel tool calls): the end of one does not kill the other's
+    processes, though both run as the run's uid."""
+    mode, attacker, _ = runs
+    with report.case(
+        "Isolation",
+        f"[{mode}] two calls of one run at once; the short one ends first",
+        "the long one's command finishes",
+    ) as row:
+        long_call = asyncio.create_task(attacker.bash("sleep 2; echo long done"))
+        short = await attacker.bash("echo short done")
+        done = await long_call
+        row.observed = f"{short['stdout'].strip()}; {done['stdout'].strip()}"
+        assert done["stdout"].strip() == "long done", done
+
+
+def _processes_of(uid: int) -> list[int]:
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if entry.stat(follow_symlinks=False).st_uid == uid:
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _listen(path: str) -> socket.socket:
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    os.chmod(path, 0o777)
+    server.listen()
+    threading.Thread(target=_accept_all, args=(server,), daemon=True).start()
+    return server
+
+
+def _accept_all(server: socket.socket) -> None:
+    while True:
+        try:
+            conn, _ = server.accept()
+        except OSError:
+            return
+        conn.close()

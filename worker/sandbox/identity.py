@@ -1,0 +1,132 @@
+"""A uid and gid of its own for every run: the kernel, not path checks, keeps runs apart.
+
+Each run's workspace belongs to a uid taken from ``TOOLQ_SANDBOX_UID_RANGE`` and is closed to
+every other (mode 0700); the run's commands run as that uid and its own gid, with no other group.
+A command of one run can then neither list, read nor write another run's files, whatever their
+modes, nor signal or trace another run's processes or the worker's, nor read their environment.
+
+A uid is claimed for a run by creating ``<root>/.toolq/uids/<uid>`` (``O_EXCL``: one winner
+however many workers on however many hosts share the volume), holding the run's id. The first uid
+tried is a hash of the run id, so claims rarely collide; on a collision the next free one is taken.
+The claim is let go with the workspace (``release``), when no process of the uid is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Folder beside the run workspaces for toolq's own state (as ``worker.quota.STATE_DIR``).
+STATE_DIR = ".toolq"
+CLAIMS = "uids"
+#: The default range: high enough to be nobody's on an ordinary host, and below the 2^31 that
+#: some tools still treat as signed.
+DEFAULT_UID_RANGE = "2000000000-2000999999"
+_RANGE = re.compile(r"\s*(\d+)\s*-\s*(\d+)\s*")
+#: The most claims looked at before the range is called full: probing is linear from the hash.
+_PROBES = 4096
+
+
+class IdentityError(RuntimeError):
+    """No uid can be given to a run: the range is full or its claims cannot be written."""
+
+
+@dataclass(frozen=True, slots=True)
+class UidRange:
+    """The uids (and, number for number, gids) runs take: ``first`` to ``last`` inclusive."""
+
+    first: int
+    last: int
+
+    @classmethod
+    def parse(cls, text: str) -> UidRange:
+        """``"2000000000-2000999999"``; raises ValueError saying what a range looks like."""
+        match = _RANGE.fullmatch(text)
+        if match is None:
+            raise ValueError(
+                f"a uid range is written FIRST-LAST, e.g. {DEFAULT_UID_RANGE}, not {text!r}"
+            )
+        first, last = int(match[1]), int(match[2])
+        if not 1000 <= first <= last < 2**32 - 1:
+            raise ValueError(
+                f"the uid range {text!r} must lie between 1000 and 4294967294, first <= last"
+            )
+        return cls(first, last)
+
+    @property
+    def size(self) -> int:
+        return self.last - self.first + 1
+
+    def __contains__(self, uid: object) -> bool:
+        return isinstance(uid, int) and self.first <= uid <= self.last
+
+    def __str__(self) -> str:
+        return f"{self.first}-{self.last}"
+
+
+def claims_dir(root: Path) -> Path:
+    return Path(root) / STATE_DIR / CLAIMS
+
+
+def identity_of(root: Path, run_id: str, uids: UidRange) -> tuple[int, int]:
+    """The (uid, gid) of ``run_id``'s workspace under ``root``: the one it holds, or a free one
+    claimed now. Raises ``IdentityError`` when none can be had."""
+    claims = claims_dir(root)
+    _ensure_private(claims)
+    start = int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:8], "big") % uids.size
+    wanted = run_id.encode()
+    for step in range(min(_PROBES, uids.size)):
+        uid = uids.first + (start + step) % uids.size
+        claim = claims / str(uid)
+        try:
+            fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except FileExistsError:
+            if _holder(claim) == wanted:
+                return uid, uid
+            continue
+        except OSError as exc:
+            raise IdentityError(f"cannot claim a uid for run {run_id} in {claims}: {exc}") from exc
+        try:
+            os.write(fd, wanted)
+        finally:
+            os.close(fd)
+        return uid, uid
+    raise IdentityError(
+        f"no free uid for run {run_id}: the {min(_PROBES, uids.size)} uids tried from "
+        f"TOOLQ_SANDBOX_UID_RANGE={uids} are all taken; widen the range or prune workspaces"
+    )
+
+
+def release(root: Path, run_id: str, uid: int) -> None:
+    """Let ``uid`` go, if ``run_id`` holds it (its workspace was removed)."""
+    claim = claims_dir(root) / str(uid)
+    if _holder(claim) == run_id.encode():
+        with contextlib.suppress(FileNotFoundError):
+            claim.unlink()
+
+
+def _holder(claim: Path) -> bytes | None:
+    try:
+        with open(claim, "rb") as file:
+            return file.read(256)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno in (errno.ENOTDIR, errno.ELOOP):
+            return None
+        raise
+
+
+def _ensure_private(claims: Path) -> None:
+    """The claims, and the state folder above them, are the workers' alone."""
+    if claims.is_dir():
+        return
+    claims.mkdir(parents=True, exist_ok=True)
+    for folder in (claims.parent, claims):
+        with contextlib.suppress(PermissionError):
+            os.chmod(folder, 0o700)

@@ -1,0 +1,160 @@
+"""What a run leaves behind where no namespace collects it: with per-run uids and no mount or
+PID namespace (``TOOLQ_SANDBOX_ISOLATION=process``), the last call of a run to end on this host
+kills every process of the run's uid and removes what the uid left at the top of /tmp, /var/tmp
+and /dev/shm.
+
+Every process of the uid is the run's: whatever it did to its environment, session or parent
+(``env -u``, ``setsid``, a double fork), it cannot change its uid. Calls of one run can overlap
+(a model's parallel tool calls): each holds a shared lock on the uid's lock file while it runs,
+and only a call that gets the exclusive lock at its end, so no other call of the run is running,
+sweeps. A worker process that died mid-call leaves its run's processes to the next sweep
+(``sweep_idle_uids``), which takes the same lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from worker.sandbox.config import REAP_BOUND_S, SandboxConfig
+from worker.sandbox.plan import Plan
+
+#: The shared folders a command can write whatever its uid; swept by uid without namespaces.
+SHARED_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm")
+#: The uids' lock files: the worker's alone.
+LOCKS = Path(tempfile.gettempdir()) / "toolq-run-locks"
+
+
+@contextlib.contextmanager
+def run_guard(call_plan: Plan) -> Iterator[None]:
+    """Around one call of ``call_plan``: with per-run uids and no namespace, the sweep of its
+    uid once the last call of its run here ends. Nothing to do otherwise."""
+    if not call_plan.per_run or call_plan.namespaced or call_plan.drop_to is None:
+        yield
+        return
+    uid = call_plan.drop_to[0]
+    fd = _lock_file(uid)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pass  # another call of the run is running: the last one sweeps
+        else:
+            sweep_uid(uid)
+        finally:
+            os.close(fd)
+
+
+def sweep_idle_uids(config: SandboxConfig) -> int:
+    """Sweep every uid of the range that has processes but no call running on this host (its
+    worker process died mid-call); returns how many processes were killed."""
+    if config.uid_range is None:
+        return 0
+    found: set[int] = set()
+    for _, uid in _processes():
+        if uid in config.uid_range:
+            found.add(uid)
+    killed = 0
+    for uid in found:
+        fd = _lock_file(uid)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue
+        else:
+            killed += sweep_uid(uid)
+        finally:
+            os.close(fd)
+    return killed
+
+
+def sweep_uid(uid: int) -> int:
+    """Kill every process of ``uid`` until none is left (within ``REAP_BOUND_S``), then remove
+    what it left at the top of the shared folders; returns how many processes were killed."""
+    killed = 0
+    deadline = time.monotonic() + REAP_BOUND_S
+    pause = 0.001
+    while True:
+        found = [pid for pid, owner in _processes() if owner == uid]
+        if not found or time.monotonic() > deadline:
+            break
+        for pid in found:
+            killed += _kill(pid, uid)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+    for folder in SHARED_FOLDERS:
+        _remove_owned(folder, uid)
+    return killed
+
+
+def _lock_file(uid: int) -> int:
+    LOCKS.mkdir(mode=0o700, exist_ok=True)
+    return os.open(LOCKS / f"{uid}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+
+def _processes() -> Iterator[tuple[int, int]]:
+    """(pid, uid) of every process this PID namespace shows but this one."""
+    own = os.getpid()
+    with os.scandir("/proc") as entries:
+        for entry in entries:
+            if entry.name.isdigit() and int(entry.name) != own:
+                with contextlib.suppress(OSError):
+                    yield int(entry.name), entry.stat(follow_symlinks=False).st_uid
+
+
+def _kill(pid: int, uid: int) -> int:
+    # Checked again through a pidfd, so a pid reused meanwhile is never signalled.
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return 0
+    try:
+        if os.stat(f"/proc/{pid}", follow_symlinks=False).st_uid != uid:
+            return 0
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        return 1
+    except OSError:
+        return 0
+    finally:
+        os.close(pidfd)
+
+
+def _remove_owned(folder: str, uid: int) -> None:
+    """Remove the entries of ``folder`` (not below) that ``uid`` owns, links never followed."""
+    try:
+        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        with os.scandir(dir_fd) as entries:
+            owned = [
+                (entry.name, entry.is_dir(follow_symlinks=False))
+                for entry in entries
+                if _owner(entry) == uid
+            ]
+        for name, is_dir in owned:
+            with contextlib.suppress(OSError):
+                if is_dir:
+                    shutil.rmtree(name, dir_fd=dir_fd)
+                else:
+                    os.unlink(name, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _owner(entry: os.DirEntry[str]) -> int | None:
+    try:
+        info = entry.stat(follow_symlinks=False)
+    except OSError:
+        return None
+    return info.st_uid
