@@ -152,7 +152,9 @@ class CallWatch:
             log.warning("cannot read the depth of the %s queues: %s", ", ".join(pools), exc)
             return
         for flight in unstarted:
-            if depths.get(flight.pool, 0) == 0 and time.time() < flight.request.deadline:
+            if flight.answer.done() or time.time() >= flight.request.deadline:
+                continue  # answered, or given up on, while the depths were read
+            if depths.get(flight.pool, 0) == 0:
                 log.info(
                     "call %s: no worker started it and the %r queue is empty: sending it again",
                     flight.request.task_id,

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 from importlib.metadata import version as installed_version
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Protocol, TextIO, cast
 
 import typer
 from rich.console import Console
@@ -160,23 +161,29 @@ def demo() -> None:
 
 
 @app.command()
-def tools() -> None:
+def tools(
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON document (as GET /v1/tools lists).")
+    ] = False,
+) -> None:
     """The fleet's tools: pool, on by default or not, live workers serving each."""
     _checked_settings()
     _reachable_fleet()
-    from api.commands.conversation import show_tools
+    from api.commands.fleet_report import show_tools
 
-    raise typer.Exit(show_tools(console=console, err=err))
+    raise typer.Exit(show_tools(console=console, err=err, as_json=as_json))
 
 
 @app.command()
-def status() -> None:
+def status(
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
+) -> None:
     """Queue depths, live workers per pool, calls in flight."""
     _checked_settings()
     _reachable_fleet()
-    from api.commands.conversation import show_status
+    from api.commands.fleet_report import show_status
 
-    raise typer.Exit(show_status(console=console))
+    raise typer.Exit(show_status(console=console, err=err, as_json=as_json))
 
 
 @app.command()
@@ -275,7 +282,7 @@ def mcp(
         from api.mcp.server import ToolChoice
         from api.mcp.stdio import serve_stdio
     except ImportError as exc:
-        err.print(f"Error: toolq mcp needs pip install 'toolq[mcp]' ({exc})", markup=False)
+        err.print(f"error: toolq mcp needs pip install 'toolq[mcp]' ({exc})", markup=False)
         raise typer.Exit(2) from None
     choice = ToolChoice(tuple(enable or ()), tuple(disable or ()), tool_timeout_ms)
     raise typer.Exit(serve_stdio(get_settings(), choice))
@@ -316,7 +323,15 @@ def main() -> None:
     """``toolq``: an error no command foresaw is one line, not a traceback, unless
     TOOLQ_DEBUG=1."""
     try:
-        app()
+        # Not standalone: Click's own usage errors come here, to be said as toolq says errors.
+        code = app(standalone_mode=False)
+    except _COMMAND_LINE_ERROR as exc:
+        refused = cast(_CommandLineError, exc)
+        _show_usage_error(refused)
+        sys.exit(refused.exit_code)
+    except typer.Abort:
+        print("error: aborted", file=sys.stderr)
+        sys.exit(EXIT_UNEXPECTED)
     except Exception as exc:
         if debugging():
             raise
@@ -325,6 +340,34 @@ def main() -> None:
             file=sys.stderr,
         )
         sys.exit(EXIT_UNEXPECTED)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+class _CommandLineError(Protocol):
+    """What toolq uses of Click's exception for a command line it refuses."""
+
+    exit_code: int
+
+    def show(self, file: TextIO | None = None) -> None: ...
+
+
+#: That exception's class: typer's copy of Click's or Click's own, by typer's version; the
+#: ``BadParameter`` typer exports derives from it either way.
+_COMMAND_LINE_ERROR = cast(
+    type[Exception],
+    next(base for base in typer.BadParameter.__mro__ if base.__name__ == "ClickException"),
+)
+
+
+def _show_usage_error(exc: _CommandLineError) -> None:
+    """Click's usage, hint and error line, the error line starting ``error:`` like every other
+    error line of toolq's (Click's starts ``Error:``)."""
+    shown = io.StringIO()
+    exc.show(file=shown)
+    for line in shown.getvalue().splitlines():
+        if line.startswith("Error: "):
+            line = "error: " + line.removeprefix("Error: ")
+        print(line, file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,17 @@ _TICKS = os.sysconf("SC_CLK_TCK")
 
 def cpu_seconds(pid: int) -> float:
     """User plus system CPU time of ``pid`` so far; 0 when it is gone."""
+    return _stat_cpu(Path(f"/proc/{pid}/stat"))
+
+
+def thread_cpu_seconds(pid: int, tid: int) -> float:
+    """User plus system CPU time of one thread of ``pid`` (its main thread: ``tid == pid``)."""
+    return _stat_cpu(Path(f"/proc/{pid}/task/{tid}/stat"))
+
+
+def _stat_cpu(path: Path) -> float:
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = path.read_text()
     except OSError:
         return 0.0
     # The command name may hold spaces: the fields start after its closing parenthesis.

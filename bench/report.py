@@ -146,6 +146,10 @@ def markdown(meta: dict[str, Any], cases: list[CaseResult], notes: list[str]) ->
             *_comparison_rows(case.comparisons),
             "",
         ]
+        if case.table:
+            lines += [*case.table, ""]
+        if case.image:
+            lines += [f"![{case.title}]({case.image})", ""]
         figures = dict(case.figures)
         latency = figures.pop("latency", None)
         if latency:

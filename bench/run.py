@@ -27,12 +27,16 @@ from bench.round_trip import TOOLQ, round_trip_case
 from bench.sandbox_cgroups import cgroup_case
 from bench.sandbox_cost import NoopRoundTrips, sandbox_case
 from bench.sandbox_layers import sandbox_layers
+from bench.sandbox_parts import sandbox_parts
+from bench.scaling import deploy_concurrency, instance_steps, measure_curve, measure_split
+from bench.scaling_report import plot_scaling, scaling_case
 from bench.search_tree import search_case
 from bench.stack import bare_worker, bench_settings, private_redis, python_path, toolq_workers
 from bench.stats import CaseResult
 from bench.tasks import tasks_case
 from bench.throughput import measure, throughput_case
 from bench.viewer import viewer_case
+from worker.settings import WorkerSettings
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WATCHDOG_S = 300
@@ -62,6 +66,11 @@ class Sizes:
     task_repeats: int
     viewer_lines: int
     viewer_runs: int
+    scaling_calls: int
+    scaling_warmup: int
+    scaling_repeats: int
+    #: The most worker instances the scaling case runs; None: as many as the machine's cores.
+    scaling_instances: int | None
 
 
 FULL = Sizes(
@@ -87,6 +96,10 @@ FULL = Sizes(
     task_repeats=2,
     viewer_lines=100_000,
     viewer_runs=3,
+    scaling_calls=2000,
+    scaling_warmup=300,
+    scaling_repeats=2,
+    scaling_instances=None,
 )
 QUICK = Sizes(
     round_trips=30,
@@ -111,6 +124,10 @@ QUICK = Sizes(
     task_repeats=1,
     viewer_lines=2_000,
     viewer_runs=1,
+    scaling_calls=30,
+    scaling_warmup=5,
+    scaling_repeats=1,
+    scaling_instances=2,
 )
 
 
@@ -135,6 +152,8 @@ class Progress:
 def run_cases(sizes: Sizes, progress: Progress) -> list[CaseResult]:
     with progress.step("isolation layers"):
         layers = sandbox_layers(sizes.bash_calls, sizes.warmup)
+    with progress.step("run_bash's parts"):
+        parts = sandbox_parts(sizes.bash_calls, sizes.warmup)
     with progress.step("search_text vs grep"):
         search = search_case(sizes.search_files, sizes.search_runs)
     with progress.step("toolq view vs jq"):
@@ -162,7 +181,7 @@ def run_cases(sizes: Sizes, progress: Progress) -> list[CaseResult]:
                     )
                     with progress.step("run_bash through the pool"):
                         sandbox = sandbox_case(
-                            settings, layers, noop, sizes.bash_calls, sizes.warmup
+                            settings, layers, parts, noop, sizes.bash_calls, sizes.warmup
                         )
                     with progress.step("big output"):
                         big = big_output_case(settings, stack, sizes.big_output_bytes)
@@ -198,6 +217,7 @@ def run_cases(sizes: Sizes, progress: Progress) -> list[CaseResult]:
         # Sandbox workers of their own, one configuration at a time: no other may take the calls.
         with progress.step("run_bash with and without control groups"):
             cgroups = cgroup_case(settings, sizes.bash_calls, sizes.warmup, sizes.cgroup_rounds)
+        scaling = run_scaling(settings, sizes, progress)
     throughput = throughput_case(by_concurrency, sizes.throughput_calls)
     return [
         round_trip,
@@ -210,7 +230,22 @@ def run_cases(sizes: Sizes, progress: Progress) -> list[CaseResult]:
         viewer,
         cgroups,
         agents,
+        scaling,
     ]
+
+
+def run_scaling(settings: WorkerSettings, sizes: Sizes, progress: Progress) -> CaseResult:
+    """Case 11, on workers of its own once every other case's have stopped; prints the curve."""
+    cores = len(os.sched_getaffinity(0))
+    concurrency = deploy_concurrency()
+    steps = instance_steps(cores, sizes.scaling_instances)
+    runs = (sizes.scaling_calls, sizes.scaling_warmup, sizes.scaling_repeats)
+    curve = measure_curve(settings, steps, concurrency, *runs, progress.step)
+    with progress.step("scaling: the broker and the result store on a Redis each"):
+        split = measure_split(settings, concurrency, *runs)
+    case = scaling_case(curve, split, concurrency, sizes.scaling_calls, cores)
+    print("\n".join(["bench: calls/s against worker instances:", *case.table]), file=sys.stderr)
+    return case
 
 
 def _stop_on_sigterm(signum: int, frame: object) -> None:
@@ -238,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     write_json(args.out / "latest.json", {**meta, "notes": notes}, cases)
     (args.out / "latest.md").write_text(markdown(meta, cases, notes))
     plot(args.out / "latency.png", cases)
+    for case in cases:
+        if case.key == "scaling":
+            plot_scaling(args.out / case.image, case)
     failed = [c.metric for case in cases for c in case.comparisons if c.passed is False]
     missed = f": {'; '.join(failed)}" if failed else ""
     print(f"results in {args.out}; {len(failed)} goal(s) missed{missed}")

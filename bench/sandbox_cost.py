@@ -1,5 +1,6 @@
-"""Case 4: run_bash ``true`` through the sandbox pool next to ``subprocess.run``, and the cost of
-each isolation mode of ``worker.sandbox`` measured in process (see ``bench.sandbox_layers``)."""
+"""Case 4: run_bash ``true`` through the sandbox pool next to ``subprocess.run``, the cost of
+each isolation mode of ``worker.sandbox`` measured in process (see ``bench.sandbox_layers``), and
+the parts of a call of the pool's configuration (see ``bench.sandbox_parts``)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from api.dispatch import Dispatcher
 from api.fleet import read_manifest
 from bench.round_trip import RUN_ID, WorkersReady
 from bench.sandbox_layers import COMMAND, SHELL_ONLY, LayerTimings
-from bench.stats import CaseResult, Comparison, summarize
+from bench.sandbox_parts import IN_PROCESS, SandboxParts, parts_note
+from bench.stats import CaseResult, Comparison, percentile, summarize
 from worker.settings import WorkerSettings
 
 OVERHEAD_GOAL_MS = 2.0
@@ -64,6 +66,7 @@ class NoopRoundTrips:
 def sandbox_case(
     settings: WorkerSettings,
     layers: LayerTimings,
+    parts: SandboxParts,
     noop: NoopRoundTrips,
     calls: int,
     warmup: int,
@@ -102,6 +105,20 @@ def sandbox_case(
         samples_ms=samples,
     )
     result.notes.append(POOL_MODES_NOTE)
+    parts_p50 = {name: round(percentile(v, 50), 3) for name, v in parts.samples.items()}
+    result.figures["parts_p50_ms"] = parts_p50
+    result.figures["parts_unavailable"] = parts.unavailable
+    if IN_PROCESS in parts_p50 and SHELL_ONLY in parts_p50:
+        result.notes.append(parts_note(parts_p50, noop.ready_p50_ms, above_noop))
+        result.comparisons.append(
+            Comparison(
+                metric="run_bash 'true' in process, the pool's configuration (p50)",
+                value=parts_p50[IN_PROCESS],
+                baseline=parts_p50[SHELL_ONLY],
+                baseline_name=f"{SHELL_ONLY}, in the same turns",
+                unit="ms",
+            )
+        )
     if layers.plumbing is not None:
         sandboxed, same_line = layers.plumbing
         result.comparisons += [

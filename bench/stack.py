@@ -112,7 +112,10 @@ def toolq_workers(
 class BareWorker:
     """``celery -A bench.bare_celery worker`` with the flags toolq's local workers get."""
 
-    def __init__(self, settings: WorkerSettings, concurrency: int) -> None:
+    def __init__(
+        self, settings: WorkerSettings, concurrency: int, *, node: str | None = None
+    ) -> None:
+        """``node``: the worker's node name, where several run side by side."""
         # Kept open for the worker's lifetime and deleted when closed in ``stop``.
         self._log = tempfile.NamedTemporaryFile(prefix="toolq-bench-bare-", suffix=".log")  # noqa: SIM115
         env = {**os.environ, **worker_environment(settings), "PYTHONPATH": python_path()}
@@ -127,7 +130,7 @@ class BareWorker:
                 "-Q",
                 bare_celery.QUEUE,
                 "-n",
-                f"bare-{os.getpid()}@%h",
+                node or f"bare-{os.getpid()}@%h",
                 "-c",
                 str(concurrency),
                 "--loglevel",

@@ -95,6 +95,9 @@ class CaseResult:
     comparisons: list[Comparison] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     samples_ms: dict[str, list[float]] = field(default_factory=dict)
+    #: Markdown lines (a table) shown under the comparisons, and a plot of the case's own.
+    table: list[str] = field(default_factory=list)
+    image: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {

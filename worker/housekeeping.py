@@ -117,3 +117,7 @@ class Housekeeping:
             chore()
         except (OSError, SandboxError) as exc:
             log.warning("housekeeping (%s) failed: %s", chore.__name__, exc)
+        except Exception:
+            # A fault in one round must not end the thread: the next round may succeed, and a
+            # dead thread would never prune or sweep again while the worker serves on.
+            log.exception("housekeeping (%s) failed", chore.__name__)

@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 #: How often a running consumer's event loop records that it turns.
 TURN_INTERVAL_S = 1.0
 #: A loop that has not turned for this long takes no calls: the heartbeat skips its beats, and
-#: the worker's key lapses unless the loop turns again (a broker away, a consumer stuck).
+#: the worker's key lapses unless the loop turns again (a broker away, a consumer stuck). toolq's
+#: workers run calls in pool processes or threads, never in the loop (``-P solo`` would).
 STALE_AFTER_S = 5.0
 #: How long the stop after a failure may take before the process exits regardless: time for
 #: Celery's own clean-up and for calls about to finish. A stop that takes longer is stuck, and

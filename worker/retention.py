@@ -86,10 +86,13 @@ def prune(
     """Remove the run workspaces under ``root`` no call touched for ``older_than_s`` seconds."""
     now = time.time() if now is None else now
     found: list[Expired] = []
-    with contextlib.suppress(FileNotFoundError), os.scandir(root) as entries:
-        candidates = [
-            e for e in entries if _RUN_ID.match(e.name) and e.is_dir(follow_symlinks=False)
-        ]
+    try:
+        with os.scandir(root) as entries:
+            candidates = [
+                e for e in entries if _RUN_ID.match(e.name) and e.is_dir(follow_symlinks=False)
+            ]
+    except FileNotFoundError:
+        return found  # a root no call has made yet holds no workspace
     for entry in sorted(candidates, key=lambda e: e.name):
         try:
             idle = now - entry.stat(follow_symlinks=False).st_mtime
@@ -126,7 +129,7 @@ def _remove(root: Path, name: str, older_than_s: float, now: float) -> str | Non
         aside = _move_aside(root, name)
     finally:
         os.close(fd)
-    _delete(root, name, aside, held.st_uid)
+    _delete(root, name, aside, held.st_gid)
     return None
 
 
@@ -152,7 +155,7 @@ def remove_held(root: Path, name: str, held: int) -> str | None:
     finally:
         # Calls waiting to hold the folder go on at once, find it moved and make a new one.
         fcntl.flock(held, fcntl.LOCK_UN)
-    _delete(root, name, aside, info.st_uid)
+    _delete(root, name, aside, info.st_gid)
     return None
 
 
@@ -165,10 +168,11 @@ def _move_aside(root: Path, name: str) -> Path:
     return aside
 
 
-def _delete(root: Path, name: str, aside: Path, uid: int) -> None:
+def _delete(root: Path, name: str, aside: Path, gid: int) -> None:
     shutil.rmtree(aside, ignore_errors=True)
-    # The run's uid is free again for another run (its processes ended with its last call).
-    release(root, name, uid)
+    # The run's uid (its folder's group: the uid and gid of a run are one number) is free again
+    # for another run, with its /tmp gone (its processes ended with its last call).
+    release(root, name, gid)
 
 
 def run_ids(root: Path, prefix: str = "") -> list[str]:

@@ -189,6 +189,32 @@ class WorkerSettings(FleetSettings):
     sandbox_cgroup_root: Path = Field(
         Path("/sys/fs/cgroup"), description="Where the cgroup file systems are mounted."
     )
+    image_cache: Path = Field(
+        Path(tempfile.gettempdir()) / "toolq" / "images",
+        description="Where a sandbox worker keeps the images it unpacked and its runs' "
+        "containers (a folder of this host's, shared by its worker processes).",
+    )
+    image_cache_bytes: int = Field(
+        10 << 30,
+        gt=0,
+        description="What the unpacked images may take together (10 GiB); the least recently "
+        "used image no container uses goes first.",
+    )
+    oci_runtime: str = Field(
+        "runc",
+        description="The OCI runtime that runs a run's container: runc, crun or runsc (gVisor), "
+        "by name on PATH or as a path.",
+    )
+    registry_auth_file: Path | None = Field(
+        None,
+        description="Registry credentials for pulling images: a containers-auth.json or a "
+        "docker config.json, as skopeo --authfile reads it.",
+    )
+    insecure_registries: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated registries (host[:port]) pulled from over plain HTTP or "
+        "without checking their TLS certificate, e.g. a registry on loopback.",
+    )
 
     @field_validator("sandbox_uid_range")
     @classmethod
@@ -205,7 +231,7 @@ class WorkerSettings(FleetSettings):
             load_servers(path)
         return path
 
-    @field_validator("plugins", "disabled_tools", mode="before")
+    @field_validator("plugins", "disabled_tools", "insecure_registries", mode="before")
     @classmethod
     def _split_commas(cls, value: object) -> object:
         if isinstance(value, str):

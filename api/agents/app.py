@@ -10,6 +10,7 @@ from kombu import Queue
 
 from api.fleet import AGENTS_UNACKED_HASH
 from api.settings import OrchestratorSettings, get_settings
+from worker.lifeline import serve_or_exit
 from worker.protocol import AGENTS_QUEUE
 from worker.redis_transport import transport_setting
 
@@ -61,7 +62,8 @@ def agents_config(settings: OrchestratorSettings) -> dict[str, Any]:
 def create_agents_app(settings: OrchestratorSettings | None = None) -> Celery:
     agents_app = Celery("toolq-agents", include=["api.agents.tasks"])
     agents_app.config_from_object(agents_config(settings or get_settings()))
-    return agents_app
+    # As the tool pools' workers: one whose consumer stops for good exits, to be started again.
+    return serve_or_exit(agents_app)
 
 
 app = create_agents_app()

@@ -259,7 +259,7 @@ def parse_item(raw: bytes | str, limits: ItemLimits | None = None) -> BatchItem:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"not JSON ({exc.msg} at column {exc.colno})") from None
+        raise ValueError(f"not JSON ({json_problem(exc)})") from None
     if not isinstance(value, dict):
         raise ValueError(f"not a JSON object but {_json_kind(value)}")
     try:
@@ -270,6 +270,13 @@ def parse_item(raw: bytes | str, limits: ItemLimits | None = None) -> BatchItem:
     if beyond:
         raise ValueError("; ".join(f"{name}: {problem}" for name, problem in beyond))
     return item
+
+
+def json_problem(exc: json.JSONDecodeError) -> str:
+    """What is wrong and at which column: some of Python's messages end with "at" already
+    ("Unterminated string starting at")."""
+    place = f"column {exc.colno}"
+    return f"{exc.msg} {place}" if exc.msg.endswith(" at") else f"{exc.msg} at {place}"
 
 
 def _json_kind(value: object) -> str:

@@ -65,6 +65,12 @@ class _Item:
         )
 
 
+def _result_item(record: dict[str, Any]) -> _Item | None:
+    """A result line as the report needs it; None for a line without a status, which every
+    result has and an input line has not."""
+    return _Item.of(record) if "status" in record else None
+
+
 def _number(value: object) -> float:
     return as_number(value) or 0.0
 
@@ -91,14 +97,16 @@ class _Failures:
 
 def build_report(path: Path) -> dict[str, Any]:
     """The report of a results file as one JSON-ready object."""
-    latest = read_latest(path, _Item.of)
-    items = list(latest.records.values())
+    latest = read_latest(path, _result_item)
+    items = [item for item in latest.records.values() if item is not None]
+    # An id whose last line has no status: a line of a batch's input, not a result.
+    not_results = len(latest.records) - len(items)
     scored = [item.score for item in items if item.score is not None]
     passed = sum(1 for ok, _ in scored if ok)
     return {
         "file": str(path),
         "items": len(items),
-        "unreadable_lines": len(latest.unreadable),
+        "unreadable_lines": len(latest.unreadable) + not_results,
         "status": dict(Counter(item.status for item in items).most_common()),
         "stop_reason": dict(Counter(item.stop_reason for item in items).most_common()),
         "score": _score(passed, len(scored), Counter(method for _, method in scored)),
@@ -248,11 +256,19 @@ def _command_line(label: str, figures: Mapping[str, Any]) -> str:
 
 
 def run_report_command(path: Path, *, as_json: bool, out: Console, err: Console) -> int:
-    """``toolq report``: 0, or 2 when the file cannot be read."""
+    """``toolq report``: 0, or 2 when the file cannot be read or holds no result."""
     try:
         report = build_report(path)
     except OSError as exc:
-        _say(err, f"Error: cannot read {path}: {exc.strerror or exc}")
+        _say(err, f"error: cannot read {path}: {exc.strerror or exc}")
+        return 2
+    if not report["items"] and report["unreadable_lines"]:
+        _say(
+            err,
+            f"error: {path} holds no batch results: none of its {report['unreadable_lines']:,} "
+            "lines is a result (an object with an id and a status); toolq report reads what "
+            "toolq batch -o writes, not a batch's input",
+        )
         return 2
     lines = [json.dumps(report, ensure_ascii=False)] if as_json else report_lines(report)
     for line in lines:

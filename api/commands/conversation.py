@@ -1,4 +1,4 @@
-"""What the run, demo, tools and status commands do, apart from parsing their options."""
+"""What the run and demo commands do, apart from parsing their options."""
 
 from __future__ import annotations
 
@@ -7,14 +7,11 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-import redis
 from openai import AsyncOpenAI, OpenAIError
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from api.agent import Agent, AgentOptions
-from api.agents.messages import conversation_keys
 from api.events import (
     AgentEvent,
     FinalAnswer,
@@ -23,16 +20,10 @@ from api.events import (
     ToolCallFinished,
     ToolCallStarted,
 )
-from api.fleet import (
-    NoWorkersError,
-    calls_in_flight,
-    load_fleet,
-    queue_depths,
-)
+from api.fleet import NoWorkersError
 from api.llm import ChatModel, ModelError, model_client
 from api.local.stack import LocalStackError, fleet_for
 from api.settings import OrchestratorSettings, get_settings
-from worker.protocol import AGENTS_QUEUE, POOLS, WorkerInfo
 
 DEMO_PROMPT = (
     "Write a short note about toolq to notes.txt, read it back, find where it mentions Celery, "
@@ -208,94 +199,3 @@ def say_error(err: Console, message: str) -> None:
 def _first_line(text: str) -> str:
     stripped = text.strip()
     return stripped.splitlines()[0] if stripped else ""
-
-
-def show_tools(*, console: Console, err: Console) -> int:
-    settings = get_settings()
-    try:
-        with fleet_for(settings) as fleet_settings:
-            fleet = load_fleet(fleet_settings.redis_url)
-    except LocalStackError as exc:
-        say_error(err, str(exc))
-        return EXIT_FAILED
-    table = Table("tool", "pool", "on by default", "live workers", "delivery")
-    for spec in fleet.model_tools.values():
-        table.add_row(
-            spec.name,
-            spec.pool,
-            "yes" if spec.enabled_by_default else "no",
-            str(len(fleet.workers.get(spec.pool, []))),
-            "re-run if interrupted" if spec.idempotent else "at most once",
-        )
-    console.print(table)
-    for workers in fleet.workers.values():
-        for info in workers:
-            for tools, why in info.unavailable.items():
-                console.print(
-                    f"[red]unavailable[/red] {escape(tools)} on {info.worker}: {escape(why)}"
-                )
-    if not fleet.tools:
-        console.print("No worker has published its tools yet.")
-        return 1
-    return 0
-
-
-def show_status(*, console: Console) -> int:
-    settings = get_settings()
-    if settings.local_mode:
-        console.print("No broker configured (TOOLQ_BROKER_URL): nothing is running to report on.")
-        return 1
-    fleet = load_fleet(settings.redis_url)
-    depths = queue_depths(settings, (*POOLS, AGENTS_QUEUE))
-    in_flight = calls_in_flight(settings)
-    conversations = conversations_running(settings.redis_url)
-    table = Table("pool", "queued", "live workers")
-    for pool in POOLS:
-        table.add_row(pool, str(depths.get(pool, "?")), str(len(fleet.workers.get(pool, []))))
-    # Not a tool pool: agents workers run whole conversations, whose calls go to the pools above.
-    table.add_section()
-    table.add_row(AGENTS_QUEUE, str(depths.get(AGENTS_QUEUE, "?")), str(len(fleet.agents)))
-    console.print(table)
-    console.print(f"calls in flight: {in_flight}")
-    console.print(f"conversations running: {conversations}")
-    sandboxes = [w for w in fleet.workers.get("sandbox", []) if w.limits is not None]
-    if sandboxes:
-        console.print(limits_table(sandboxes))
-    return 0
-
-
-def conversations_running(redis_url: str) -> int:
-    """Conversations an agents worker runs right now: those with a live lease (the broker's
-    unacknowledged messages would also count those of workers that died, for an hour)."""
-    client = redis.Redis.from_url(redis_url)
-    try:
-        return sum(1 for _ in client.scan_iter(conversation_keys.lease("*"), count=1000))
-    finally:
-        client.close()
-
-
-def limits_table(workers: list[WorkerInfo]) -> Table:
-    """Which limits each sandbox worker applies to run_bash, and what enforces them."""
-    table = Table(
-        "sandbox worker", "memory", "processes", "CPU accounted by", "workspace quota", "isolation"
-    )
-    for info in sorted(workers, key=lambda w: w.worker):
-        assert info.limits is not None
-        limits, box = info.limits, info.limits.sandbox
-        quota = (
-            f"{limits.workspace_quota_bytes / 2**20:,.0f} MiB by {limits.workspace_quota_by}"
-            if limits.workspace_quota_bytes
-            else "none"
-        )
-        if box is None:
-            table.add_row(info.worker, "?", "?", "?", quota, "?")
-            continue
-        table.add_row(
-            info.worker,
-            f"{box.memory_mb} MB by {box.memory_by}",
-            f"{box.max_processes} by {box.processes_by}",
-            box.cpu_accounting_by,
-            f"{quota}; idle workspaces removed after {limits.workspace_ttl_s:,} s",
-            box.problem or ", ".join(box.isolation),
-        )
-    return table

@@ -34,6 +34,9 @@ def run_prune(
     ``older_than`` (default TOOLQ_WORKSPACE_TTL_S); those with a call in flight stay."""
     seconds = settings.workspace_ttl_s if older_than is None else parse_duration(older_than)
     root = Path(settings.workspace_root)
+    if not root.exists():  # the workers make it with the first run's workspace
+        console.print(f"No workspace to remove: {root} does not exist yet.", markup=False)
+        return 0
     quota = WorkspaceQuota(root, settings.workspace_quota_bytes)
     if not dry_run:
         empty_trash(root)

@@ -11,6 +11,7 @@ removes the one environment it is given.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
 
 from api.inspect_sandbox.link import FleetLink
@@ -66,7 +67,9 @@ async def clean_up(link: FleetLink, run_id: str | None) -> Cleaned:
             for run in ownerless:
                 await _remove(RunWorkspace(dispatcher, link.fleet, run), cleaned)
     finally:
-        await asking.remove()
+        # Its own workspace, empty: else left to the workers, which remove idle workspaces.
+        with contextlib.suppress(ServiceCallError, FileProblemError):
+            await asking.remove()
 
 
 async def _remove(workspace: RunWorkspace, cleaned: Cleaned) -> None:

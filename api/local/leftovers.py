@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from api.local.processes import ProcessStamp, is_running, kill_all, stamp
+from api.local.processes import ProcessStamp, is_running, kill_all, stamp, this_machine
 
 log = logging.getLogger(__name__)
 #: How a stack's folder is named, in the temporary folder.
@@ -30,6 +30,8 @@ class StackRecord(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    #: Where the pids mean these processes (a temporary folder may be shared between machines).
+    machine: str
     owner: ProcessStamp
     #: Redis and the workers' main processes (their pool processes are found below them).
     children: dict[str, ProcessStamp] = {}
@@ -42,7 +44,7 @@ class StackRecorder:
         owner = stamp(os.getpid())
         assert owner is not None, "this process runs"
         self._path = folder / RECORD
-        self._record = StackRecord(owner=owner)
+        self._record = StackRecord(machine=this_machine(), owner=owner)
         self._lock = threading.Lock()  # children start from the stack's supervisor thread too
         self._write()
 
@@ -65,6 +67,7 @@ def clear_leftovers(temporary: Path) -> list[int]:
     """End the children of the stacks under ``temporary`` whose owner no longer runs, and
     remove their folders; the pids ended."""
     ended: list[int] = []
+    here = this_machine()
     for folder in temporary.glob(f"{FOLDER_PREFIX}*"):
         try:
             record = StackRecord.model_validate_json((folder / RECORD).read_bytes())
@@ -73,7 +76,7 @@ def clear_leftovers(temporary: Path) -> list[int]:
         except (OSError, ValidationError) as exc:
             log.debug("not a local stack's record in %s: %s", folder, exc)
             continue
-        if is_running(record.owner):
+        if record.machine != here or is_running(record.owner):
             continue
         killed = kill_all(list(record.children.values()))
         if killed:

@@ -1,5 +1,7 @@
 """Local mode: a private Redis and one worker per pool (and an agents worker when asked), started
-and torn down by toolq itself."""
+and torn down by toolq itself. They die with the process that started them, however it ends
+(``api.local.children``), and a stack clears what one killed before it left
+(``api.local.leftovers``)."""
 
 from __future__ import annotations
 

@@ -21,8 +21,9 @@ import redis.asyncio as aioredis
 
 from api.call_watch import CallWatch, InFlight
 from api.dispatch import Dispatcher
+from api.fleet import UNACKED_HASH
 from api.local.stack import free_port
-from tests.conftest import RedisServer, fleet_settings, tool_spec
+from tests.conftest import RedisServer, WorkerFleet, fleet_settings, tool_spec
 from worker.executor import Executor
 from worker.protocol import ToolCallRequest, ToolCallResult, keys, start_mark
 from worker.results import ResultStore
@@ -250,3 +251,51 @@ async def test_at_its_deadline_a_store_out_of_reach_is_not_taken_for_a_call_neve
     assert answer.error_kind == "interrupted"
     assert "whether it started cannot be read" in answer.output
     assert "outcome is unknown" in answer.output
+
+
+# -- with workers -------------------------------------------------------------------------------
+
+
+async def test_calls_whose_messages_were_lost_are_sent_again_and_run_once(tmp_path: Path) -> None:
+    broker = RedisServer(tmp_path)
+    broker.start()
+    # Deadlines long enough for workers to start on a busy machine.
+    settings = fleet_settings(
+        broker.url, tmp_path / "ws", resend_after_s=0.3, max_timeout_ms=120_000
+    )
+    fleet = WorkerFleet(settings)
+    client = redis.Redis.from_url(settings.redis_url)
+    marks = tmp_path / "ws" / "run-lost"
+    try:
+        async with Dispatcher(settings) as dispatcher:
+            requests = [
+                dispatcher.build_request(
+                    tool_spec("slow_write"),
+                    task_id=f"lost-{n}",
+                    run_id="run-lost",
+                    arguments={"marker": f"m{n}"},
+                    timeout_ms=60_000,
+                )
+                for n in range(3)
+            ]
+            pending = [asyncio.create_task(dispatcher.call(r, "tools")) for r in requests]
+            await until(lambda: client.llen("tools") == 3, "the calls to be queued")
+            # Taken off the queue by no worker that will run them: held, as by a worker that
+            # vanished with them.
+            for _ in requests:
+                client.rpoplpush("tools", "held")
+            await asyncio.to_thread(fleet.start)
+            results = await asyncio.gather(*pending)
+        # The first messages come back after all (a broker restores them): each is dropped.
+        for _ in requests:
+            client.rpoplpush("held", "tools")
+        await until(
+            lambda: client.llen("tools") == 0 and client.hlen(UNACKED_HASH) == 0,
+            "the first messages to be taken and dropped",
+        )
+    finally:
+        fleet.stop()
+        client.close()
+        broker.stop()
+    assert [r.output for r in results] == ["slept 0.0s"] * 3
+    assert [(marks / f"m{n}.runs").read_text().count("\n") for n in range(3)] == [1, 1, 1]

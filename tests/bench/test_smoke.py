@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+# The quick run takes about two minutes on a small, busy machine.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(200)]
 
 REPO = Path(__file__).resolve().parents[2]
 CASES = {
@@ -23,6 +25,7 @@ CASES = {
     "viewer",
     "run_bash_cgroups",
     "agents_pool",
+    "scaling",
 }
 
 
@@ -34,7 +37,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=110,
+        timeout=170,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-4000:]
@@ -98,8 +101,33 @@ def test_markdown_names_the_machine_and_every_case(results: Path) -> None:
     assert "| **pass** |" in page or "| **FAIL** |" in page
 
 
-def test_the_plot_is_a_png(results: Path) -> None:
-    assert (results / "latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+def test_the_plots_are_pngs(results: Path) -> None:
+    for name in ("latency.png", "scaling.png"):
+        assert (results / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_scaling_case_ran_each_step_on_both_systems(results: Path) -> None:
+    figures = json.loads((results / "latest.json").read_text())["cases"]["scaling"]["figures"]
+    steps = figures["by_instances"]
+    assert "1" in steps and len(steps) == min(2, len(os.sched_getaffinity(0)))
+    for step in steps.values():
+        for system in ("toolq", "bare Celery"):
+            assert step[system]["calls_per_s"] > 0
+            assert 0 <= step[system]["redis_main_thread_busy"] <= 1.5
+    split = figures["broker_and_results_on_a_redis_each"]
+    assert split["calls_per_s"] > 0
+    assert "| 1 x 4 |" in (results / "latest.md").read_text()
+
+
+def test_the_parts_of_run_bash_are_timed(results: Path) -> None:
+    figures = json.loads((results / "latest.json").read_text())["cases"]["run_bash"]["figures"]
+    parts = figures["parts_p50_ms"]
+    if os.geteuid() != 0:
+        assert parts == {} or "run_sandboxed" not in " ".join(parts)
+        return
+    assert figures["parts_unavailable"] == {}
+    assert all(value >= 0 for value in parts.values())
+    assert any(name.startswith("hand-over to exit") for name in parts)
 
 
 def test_the_model_clients_own_cost_is_measured_beside_aiohttp(results: Path) -> None:

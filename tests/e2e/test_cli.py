@@ -131,6 +131,60 @@ def test_tools_and_status_describe_the_fleet(
     assert "1,024 MiB by accounting" in status.stdout
 
 
+def test_tools_and_status_through_a_pipe_cut_no_name_and_speak_json(
+    fleet: WorkerFleet, model: ScriptedServer, agents_workers: Callable[..., AgentsWorker]
+) -> None:
+    agents_workers(fleet.settings, model.base_url)
+    # As `toolq tools | grep ...` runs it: no terminal, and no COLUMNS to say how wide.
+    env = {k: v for k, v in clean_env().items() if k != "COLUMNS"}
+    env |= worker_environment(fleet.settings)
+
+    table = toolq("tools", env=env)
+    tools = toolq("tools", "--json", env=env)
+    status = toolq("status", "--json", env=env)
+
+    assert table.returncode == 0, table.stderr
+    weather = next(line for line in table.stdout.splitlines() if "get_current_weather" in line)
+    assert [cell.strip() for cell in weather.strip("│ ").split("│")] == [
+        "get_current_weather",
+        "tools",
+        "yes",
+        "1",
+        "re-run if interrupted",
+    ]
+    listed = json.loads(tools.stdout)
+    assert tools.returncode == 0, tools.stderr
+    names = [tool["name"] for tool in listed["tools"]]
+    assert "get_current_weather" in names and "run_bash" in names
+    assert "toolq.exec" not in names  # the service operations are no tool of the model's
+    for name in names:
+        assert f"│ {name} " in table.stdout
+    run_bash = next(tool for tool in listed["tools"] if tool["name"] == "run_bash")
+    assert run_bash["pool"] == "sandbox" and run_bash["live_workers"] >= 1
+    assert not run_bash["enabled_by_default"]
+    assert listed["unavailable"] == []
+
+    assert status.returncode == 0, status.stderr
+    described = json.loads(status.stdout)
+    assert described["pools"]["tools"]["queued"] == 0
+    assert described["pools"]["sandbox"]["live_workers"] >= 1
+    assert described["agents"] == {"queued": 0, "live_workers": 1, "conversations_running": 0}
+    assert described["calls_in_flight"] == 0
+    limits = described["sandbox_workers"][0]["limits"]
+    assert limits["workspace_quota_by"] == "accounting"
+    assert limits["sandbox"]["max_processes"] == 256
+
+
+def test_status_without_a_broker_is_an_error_line() -> None:
+    done = toolq("status", "--json", env=clean_env())
+
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert done.stderr == (
+        "error: no broker configured (TOOLQ_BROKER_URL): nothing is running to report on\n"
+    )
+
+
 def test_prune_removes_idle_workspaces_and_a_dry_run_only_lists(tmp_path: Path) -> None:
     for name, age in (("run-old", 3 * 86_400), ("run-new", 60)):
         (tmp_path / name).mkdir()
@@ -149,6 +203,17 @@ def test_prune_removes_idle_workspaces_and_a_dry_run_only_lists(tmp_path: Path) 
     assert not (tmp_path / "run-old").exists() and (tmp_path / "run-new").exists()
     assert bad.returncode == 2
     assert "'soon' is not a duration" in bad.stderr
+
+
+def test_prune_on_a_workspace_root_not_made_yet_says_so(tmp_path: Path) -> None:
+    root = tmp_path / "workspaces"
+    env = clean_env() | {"TOOLQ_WORKSPACE_ROOT": str(root)}
+
+    done = toolq("prune", env=env)
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"No workspace to remove: {root} does not exist yet.\n"
+    assert done.stderr == ""
 
 
 def test_bad_settings_and_options_are_clear_errors() -> None:

@@ -408,6 +408,35 @@ def test_version_and_short_help() -> None:
     assert "--version" in short.stdout
 
 
+def test_a_wrong_option_is_an_error_line_as_every_other(at_once: AtOnce) -> None:
+    ran = toolq("prune", "--older-than", "soon", env=clean_env())
+
+    assert ran.returncode == 2
+    assert ran.stderr.splitlines()[-1] == (
+        "error: Invalid value for --older-than: 'soon' is not a duration: give a number of "
+        "seconds, or one with a unit (s, m, h, d, w), such as 30m or 7d"
+    )
+    assert "Error" not in ran.stderr
+    at_once(ran)
+
+
+def test_report_refuses_a_batchs_input(tmp_path: Path, at_once: AtOnce) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(f'{{"id": "q{n}", "prompt": "hi"}}\n' for n in range(62)))
+
+    ran = toolq("report", str(source), env=clean_env())
+
+    told(
+        ran,
+        2,
+        f"error: {source} holds no batch results: none of its 62 lines is a result (an object "
+        "with an id and a status); toolq report reads what toolq batch -o writes, not a "
+        "batch's input",
+    )
+    assert ran.stdout == ""
+    at_once(ran)
+
+
 @pytest.mark.parametrize("command", COMMANDS)
 def test_help_shows_flags_without_a_value(command: str) -> None:
     # Help works even with wrong settings: it starts nothing.

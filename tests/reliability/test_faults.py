@@ -207,10 +207,11 @@ async def test_the_command_of_a_killed_worker_child_does_not_outlive_it(
                 result = await asyncio.wait_for(pending, 30)
             row.counts = Counts(sent=1, answered=int(result.error_kind != "no_answer"))
             assert result.error_kind == "interrupted", result.output
-            # A namespace takes a moment to empty; a bound, not a pause.
+            # A namespace takes a moment to empty, longer on a busy machine; a bound, not a
+            # pause, and far below the 300 s the command would run.
             with contextlib.suppress(AssertionError):
                 await asyncio.to_thread(
-                    wait_for, lambda: not any(alive(pid) for pid in below), 2.0, "the command"
+                    wait_for, lambda: not any(alive(pid) for pid in below), 30.0, "the command"
                 )
             left = [pid for pid in below if alive(pid)]
             row.observed = (
@@ -335,7 +336,7 @@ async def test_a_redis_restart_mid_batch_loses_no_call_and_runs_none_twice(
             max_timeout_ms=8_000,
             hard_limit_grace_s=1.0,
             reply_margin_s=5.0,
-            resend_after_s=1000.0,
+            resend_after_s=1.0,
         )
         try:
             server = scripted(model_servers, MARKED_CALLS)
@@ -388,6 +389,14 @@ async def test_a_redis_restart_mid_batch_loses_no_call_and_runs_none_twice(
             + f"; false no_answer {false_no_answer}, never started and lost "
             f"{never_started_lost}, with effects run twice {effectful_twice}" + _examples(results)
         )
+        report.gap(
+            "A crash of Redis can lose its last second of writes",
+            "with `appendfsync everysec` (Redis' default, and the deploy's), a Redis killed "
+            "outright (not restarted: a restart writes its append-only file out first, as in "
+            "the test above) loses up to a second of writes: queued calls, which the caller "
+            "sends again, but also start markers, so a call with effects that had started may "
+            "run a second time. `appendfsync always` keeps every acknowledged write.",
+        )
         assert code in (0, 1), log.read_text()[-2000:]
         assert set(counts) == set(ids) and set(counts.values()) == {1}
         assert all(r["error"] for r in errors)
@@ -405,14 +414,16 @@ async def test_a_redis_restart_mid_batch_loses_no_call_and_runs_none_twice(
     if blamed and not worker_deaths:
         report.gap(
             "After a Redis restart, `no_answer` blames workers that are there",
-            "api/dispatch.py `_no_answer` says 'no worker is serving the … queue' when it finds "
+            "api/call_watch.py `_not_started_why` says 'no worker is serving the … queue' when "
+            "it finds "
             "no heartbeat key, but a restarted Redis has none until each worker's next "
             f"heartbeat (worker/manifest.py, every {HEARTBEAT_INTERVAL_S:g} s): {blamed} calls "
             "in the restart test were told so while both workers were alive. Saying 'no worker "
             "has announced itself since the store restarted (or none is serving)' when the "
             "store's uptime is shorter than the heartbeat TTL would not mislead.",
         )
-    # Measured, not asserted: whether a worker survives depends on a race inside kombu.
+    # Measured here, asserted in test_deaf_workers.py: a worker serves on, or exits to be
+    # started again.
     with report.case(
         "Faults",
         "The workers through that Redis restart",
@@ -424,23 +435,17 @@ async def test_a_redis_restart_mid_batch_loses_no_call_and_runs_none_twice(
         if worker_deaths:
             row.passed = False
             row.open_gap = f"{KOMBU_RESTART_RACE} In this run: {row.observed}."
-        else:
-            report.gap(
-                "A worker can exit when Redis restarts",
-                f"{KOMBU_RESTART_RACE} Not seen in this run.",
-            )
 
 
 KOMBU_RESTART_RACE = (
-    "On a lost connection Celery closes the broker connection, and kombu's Redis channel then "
-    "tries to restore unacknowledged messages through a connection that is already gone: "
-    "`kombu/transport/redis.py` `_connparams` raises `AttributeError: 'NoneType' object has no "
-    "attribute 'hostname'`, which `ignore_errors` does not catch, and the worker stops with "
-    "'Unrecoverable error' (Celery 5.7.0, kombu 5.7.0). It happens in some restarts, not all. "
-    "Every call to that pool is then answered `no_answer` until the worker is started again: "
-    "deploy/compose.yaml (`restart: unless-stopped`) and Kubernetes restart it, a local stack "
-    "(`LocalStack`) does not. Fix: supervise local-stack workers (restart one that exits), and "
-    "report the race upstream or guard `Channel.close` against a closed connection."
+    "A worker stopped by a Redis restart, for a reason not known yet (its log says which). "
+    "The one known, kombu's Redis channel handing unacknowledged messages back through a "
+    "connection already closed (`AttributeError: 'NoneType' object has no attribute "
+    "'hostname'`, Celery 5.7.0, kombu 5.7.0), is a connection error in toolq's transport "
+    "(worker/redis_transport.py), which Celery recovers from. A worker whose consumer stops for "
+    "good withdraws its heartbeat and exits non-zero (worker/lifeline.py), and is started again "
+    "by deploy/compose.yaml (`restart: unless-stopped`), Kubernetes or the local stack; until "
+    "then calls to its pool wait for another worker or are answered `no_answer`."
 )
 
 

@@ -29,6 +29,7 @@ from tests.conftest import Caller, wait_for
 from tests.reliability.conftest import Stack, start_stack
 from tests.reliability.report import Report
 from tests.reliability.userns import deploy_like_stack, userns_unavailable
+from worker.retention import prune
 
 pytestmark = pytest.mark.integration
 
@@ -129,27 +130,37 @@ async def test_a_run_cannot_see_read_or_write_another_runs_files(
         assert folder.st_mode & 0o777 == 0o770
 
 
-async def test_tmp_and_shm_are_the_runs_own_and_gone_after_the_call(
+async def test_tmp_is_the_runs_own_and_gone_with_its_workspace(
     runs: tuple[str, Run, Run], report: Report
 ) -> None:
     mode, attacker, victim = runs
     token = secrets.token_hex(6)
+    files = (f"/tmp/x-{token}", f"/dev/shm/x-{token}")
     with report.case(
         "Isolation",
-        f"[{mode}] run X writes 8 MiB to /tmp/x-<token> and /dev/shm/x-<token>, "
-        "then run Y reads them",
-        "Y reads nothing; nothing of X's is left in the host's /tmp or /dev/shm after the call",
+        f"[{mode}] run X writes 8 MiB to /tmp/x-<token> and /dev/shm/x-<token>; run Y reads "
+        "them; X's workspace is removed",
+        "Y reads nothing; X's next call finds its /tmp file; once X's workspace is removed, "
+        "nothing of X's is left on the host",
     ) as row:
         wrote = await attacker.bash(
-            f"head -c 8388608 /dev/zero > /tmp/x-{token} && "
-            f"head -c 8388608 /dev/zero > /dev/shm/x-{token} && ls /tmp/x-{token}"
+            " && ".join(f"head -c 8388608 /dev/zero > {path}" for path in files)
         )
         assert wrote["exit_code"] == 0, wrote
-        read = await victim.bash(f"wc -c /tmp/x-{token} /dev/shm/x-{token}")
-        left = [p for p in (f"/tmp/x-{token}", f"/dev/shm/x-{token}") if os.path.exists(p)]
-        row.observed = f"Y's read: exit {read['exit_code']}; left on the host: {left or 'none'}"
+        read = await victim.bash(f"wc -c {' '.join(files)}")
+        again = await attacker.bash(f"wc -c < {files[0]}")
+        root = attacker.workspace.parent
+        removed = prune(root, 0.0)
+        assert attacker.caller.run_id in {gone.run_id for gone in removed if gone.removed}
+        left = [path for path in files if os.path.exists(path)]
+        left += [str(p) for p in (root / ".toolq" / "tmp").glob(f"{attacker.caller.run_id}*")]
+        row.observed = (
+            f"Y's read: exit {read['exit_code']}; X's next call read "
+            f"{again['stdout'].strip()} bytes; left after removal: {left or 'none'}"
+        )
         assert read["exit_code"] != 0
         assert "8388608" not in read["stdout"]
+        assert again["stdout"].strip() == "8388608", again
         assert left == []
 
 

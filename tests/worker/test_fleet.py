@@ -291,3 +291,29 @@ async def test_a_local_stack_starts_a_worker_again_after_it_exits(own_fleet: Wor
     async with Dispatcher(own_fleet.settings) as dispatcher:
         result = await Caller(dispatcher, own_fleet.settings, "run-again")("noop", {})
     assert result.output == "ok"
+
+
+async def test_a_worker_on_a_workspace_root_not_made_yet_serves_and_prunes(
+    tmp_path: Path,
+) -> None:
+    from api.dispatch import Dispatcher
+    from tests.conftest import RedisServer, fleet_settings
+
+    server = RedisServer(tmp_path)
+    server.start()
+    tmp_path.chmod(0o755)
+    root = tmp_path / "new" / "workspaces"
+    # The shortest lifetime: each worker looks for expired workspaces every second.
+    fleet = WorkerFleet(fleet_settings(server.url, root, workspace_ttl_s=1)).start()
+    try:
+        async with Dispatcher(fleet.settings) as dispatcher:
+            written = await Caller(dispatcher, fleet.settings, "run-late")(
+                "write_file", {"path": "a.txt", "content": "a"}
+            )
+        assert not written.is_error, written.output
+        wait_for(lambda: not (root / "run-late").exists(), 60, "the idle workspace to be removed")
+        for pool in ("tools", "sandbox"):
+            assert "housekeeping" not in fleet.log(pool), fleet.log(pool)
+    finally:
+        fleet.stop()
+        server.stop()

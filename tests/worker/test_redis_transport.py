@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 from kombu import Connection, Exchange, Queue
+from kombu.common import ignore_errors
 
 from api.agents.app import agents_config
 from api.broker import producer_app, producer_config
@@ -130,3 +133,71 @@ def test_a_new_pool_gets_a_new_client(redis_server: RedisServer, queue: Queue) -
             assert second.connection_pool is channel.pool
         bound = queue(channel)
         assert [bound.get(no_ack=True).payload["n"] for _ in range(2)] == [1, 2]
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    # Its own: a server out of memory refuses every test that shares it.
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.integration
+def test_a_broker_refusing_writes_neither_loses_a_message_nor_stops_acknowledging(
+    own_redis: RedisServer, queue: Queue
+) -> None:
+    client = redis.Redis.from_url(own_redis.url)
+    with Connection(own_redis.url, transport=TRANSPORT) as conn:
+        channel = conn.default_channel
+        # As a worker's consumer takes them: one unacknowledged message holds the channel.
+        channel.basic_qos(0, 1, False)
+        producer = conn.Producer(channel)
+        for number in range(3):
+            producer.publish(
+                {"n": number}, exchange=queue.exchange, routing_key=queue.name, declare=[queue]
+            )
+        bound = queue(channel)
+        before = bound.get(no_ack=False)  # recorded as unacknowledged while writes are taken
+        assert before is not None
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", "1")
+        try:
+            # Kombu raises on both (the consumer then stops for good): taken and acknowledged.
+            during = bound.get(no_ack=False)
+            assert during is not None and during.payload == {"n": 1}
+            during.ack()
+            before.ack()
+        finally:
+            client.config_set("maxmemory", "0")
+        # Nothing is held against the prefetch limit: the channel takes the next message.
+        assert channel.qos.can_consume()
+        after = bound.get(no_ack=False)
+        assert after is not None and after.payload == {"n": 2}
+        after.ack()
+        # The record the refused acknowledgement left: handed out again after the visibility
+        # timeout, and answered from its stored result.
+        assert client.hkeys(channel.unacked_key) == [before.delivery_tag.encode()]
+    client.close()
+
+
+@pytest.mark.integration
+def test_a_channel_closed_after_its_connection_leaves_its_messages_to_the_visibility_timeout(
+    own_redis: RedisServer, queue: Queue
+) -> None:
+    client = redis.Redis.from_url(own_redis.url)
+    conn = Connection(own_redis.url, transport=TRANSPORT)
+    channel = conn.default_channel
+    producer = conn.Producer(channel)
+    producer.publish({"n": 1}, exchange=queue.exchange, routing_key=queue.name, declare=[queue])
+    taken = queue(channel).get(no_ack=False)
+    assert taken is not None
+    # What Celery's clean-up after a lost broker can leave: the channel's pools dropped and its
+    # connection closed, then the channel closed, which hands its messages back through it.
+    channel._disconnect_pools()
+    conn.transport.client = None
+    # Celery closes it so, ignoring connection errors; kombu's AttributeError got through.
+    ignore_errors(conn, channel.close)
+    assert client.hkeys(channel.unacked_key) == [taken.delivery_tag.encode()]
+    client.close()

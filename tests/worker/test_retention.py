@@ -128,3 +128,15 @@ def test_the_workers_housekeeping_removes_expired_workspaces(tmp_path: Path) -> 
 
     assert not old.exists()
     assert recent.exists()
+
+
+def test_a_root_that_does_not_exist_yet_has_nothing_to_prune(tmp_path: Path) -> None:
+    root = tmp_path / "not-yet"
+    settings = WorkerSettings(
+        broker_url="redis://localhost:1/0", workspace_root=root, workspace_ttl_s=3600
+    )
+
+    assert prune(root, 0) == []
+    Housekeeping(settings, ["tools"]).prune_now()
+
+    assert not root.exists()

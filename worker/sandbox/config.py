@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, get_args
 
 from worker.capping import DEFAULT_OUTPUT_CAP_BYTES
-from worker.sandbox.identity import UidRange, identity_of
+from worker.sandbox.identity import UidRange, identity_of, make_run_tmp
 
 if TYPE_CHECKING:
     from worker.settings import WorkerSettings
@@ -115,6 +115,12 @@ class SandboxConfig:
             f"the sandbox cannot keep runs apart: {why}; to let runs share one uid anyway, "
             "set TOOLQ_SANDBOX_SHARED=allow"
         )
+
+    def run_tmp_for(self, folder: Path, gid: int) -> str:
+        """The folder that is /tmp to the commands of the run working in ``folder`` (made if
+        missing): it lasts as long as the run's workspace (``identity.release``)."""
+        root, key = self._claims_for(folder)
+        return make_run_tmp(root, key, gid)
 
     def _claims_for(self, folder: Path) -> tuple[Path, str]:
         """Where ``folder``'s uid is claimed, and by what name: a run's folder by its run id

@@ -18,12 +18,17 @@ import errno
 import hashlib
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 #: Folder beside the run workspaces for toolq's own state (as ``worker.quota.STATE_DIR``).
 STATE_DIR = ".toolq"
 CLAIMS = "uids"
+TMP = "tmp"
+#: The host's folders every uid can write: without a mount namespace, what a run's uid left at
+#: their top is removed with the run's workspace.
+SHARED_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm")
 #: The default range: high enough to be nobody's on an ordinary host, and below the 2^31 that
 #: some tools still treat as signed.
 DEFAULT_UID_RANGE = "2000000000-2000999999"
@@ -102,12 +107,63 @@ def identity_of(root: Path, run_id: str, uids: UidRange) -> tuple[int, int]:
     )
 
 
+def run_tmp(root: Path, key: str) -> Path:
+    """The folder that is /tmp (and /var/tmp) to the commands of the run named ``key`` under
+    ``root``, where they have a mount namespace: it lasts as long as the run's workspace."""
+    name = key if "/" not in key else hashlib.sha256(key.encode()).hexdigest()[:32]
+    return Path(root) / STATE_DIR / TMP / name
+
+
+def make_run_tmp(root: Path, key: str, gid: int) -> str:
+    """``run_tmp``, made if missing: the worker's, open to the run's group alone, sticky."""
+    folder = run_tmp(root, key)
+    if not folder.is_dir():
+        folder.mkdir(parents=True, exist_ok=True)
+        os.chown(folder, os.geteuid(), gid)
+        os.chmod(folder, 0o1770)  # noqa: S103 - the run's group alone, as /tmp is
+    return str(folder)
+
+
 def release(root: Path, run_id: str, uid: int) -> None:
-    """Let ``uid`` go, if ``run_id`` holds it (its workspace was removed)."""
+    """Let ``uid`` go, if ``run_id`` holds it (its workspace was removed): its /tmp goes, and
+    what the uid left at the top of this host's shared folders (without a mount namespace)."""
+    shutil.rmtree(run_tmp(root, run_id), ignore_errors=True)
     claim = claims_dir(root) / str(uid)
     if _holder(claim) == run_id.encode():
+        for folder in SHARED_FOLDERS:
+            remove_owned(folder, uid)
         with contextlib.suppress(FileNotFoundError):
             claim.unlink()
+
+
+def remove_owned(folder: str, uid: int) -> None:
+    """Remove the entries of ``folder`` (not below) that ``uid`` owns, links never followed."""
+    try:
+        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        with os.scandir(dir_fd) as entries:
+            owned = [
+                (entry.name, entry.is_dir(follow_symlinks=False))
+                for entry in entries
+                if _owner(entry) == uid
+            ]
+        for name, is_dir in owned:
+            with contextlib.suppress(OSError):
+                if is_dir:
+                    shutil.rmtree(name, dir_fd=dir_fd)
+                else:
+                    os.unlink(name, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _owner(entry: os.DirEntry[str]) -> int | None:
+    try:
+        return entry.stat(follow_symlinks=False).st_uid
+    except OSError:
+        return None
 
 
 def _holder(claim: Path) -> bytes | None:

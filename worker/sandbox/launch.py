@@ -72,6 +72,9 @@ class Launch:
     #: said it is there (``confirm``).
     forked: ForkedCommand | None = None
     confirmed: bool = False
+    #: Made for one run (``Plan.for_run``): the (device, inode) of the workspace it bound, which
+    #: a call checks is still the run's (a workspace removed and made again is another).
+    bound: tuple[int, int] | None = None
 
     def confirm(self, deadline: float) -> None:
         """With an init that forks ahead, wait for its word that it is ready, and find the
@@ -106,13 +109,13 @@ class Launch:
         limits: Mapping[str, tuple[int, int]],
         *,
         drop: tuple[int, int] | None = None,
-        private: Mapping[str, object] | None = None,
+        bind: Sequence[tuple[str, str]] = (),
     ) -> None:
         """Run ``argv`` in ``cwd`` with ``env`` under ``limits`` (``Plan.limits``): the waiting
         shell becomes it; with a PID namespace the init starts it, or the process the spawner
         forked ahead runs it (as the shell started ahead, or by exec). ``drop``: the uid and gid
-        the spawner's process becomes (default the plan's); ``private``: the folders it covers
-        first (``spawner._make_private``)."""
+        the spawner's process becomes (default the plan's); ``bind``: the folders it binds back
+        below the launch's private ones (``spawner._bind``)."""
         if self.plan.spawned and self.forked is not None:
             # Made at the lowest priority, between calls; the command runs at the normal one.
             with contextlib.suppress(OSError):
@@ -125,7 +128,7 @@ class Launch:
             self.channel.sendall(numbered(text))
             return
         if self.plan.spawned and self.plan.has_init:
-            call = self._spawned_call(argv, cwd, env, limits, drop or self.plan.drop_to, private)
+            call = self._spawned_call(argv, cwd, env, limits, drop or self.plan.drop_to, bind)
             self.channel.sendall(call)
             return
         exports = " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
@@ -148,13 +151,14 @@ class Launch:
         env: Mapping[str, str],
         limits: Mapping[str, tuple[int, int]],
         drop: tuple[int, int] | None,
-        private: Mapping[str, object] | None,
+        bind: Sequence[tuple[str, str]],
     ) -> bytes:
         """The call as the spawner's forked process reads it: one line of JSON."""
         where = self.plan.folder_from(str(cwd), self.started_in)
         call = {"argv": list(argv), "cwd": where, "env": dict(env), "limits": dict(limits)}
         drop = None if self.plan.init_drops else drop
-        return json.dumps({**call, "drop": drop, "private": private}).encode() + b"\n"
+        binds = [list(pair) for pair in bind]
+        return json.dumps({**call, "drop": drop, "bind": binds}).encode() + b"\n"
 
     def abandon(self) -> None:
         """Never used: the shell finds nothing to read and exits; its group goes."""
@@ -183,12 +187,18 @@ def launch(plan: Plan, config: SandboxConfig) -> Launch:
         drop = plan.drop_to if plan.init_drops else None
         try:
             spawned, socket_to_init = spawner.launch(
-                group.join_files, drop, started_in, plan.shell_ahead, plan.limits_ahead(config)
+                group.join_files,
+                drop,
+                started_in,
+                plan.shell_ahead,
+                plan.limits_ahead(config),
+                plan.private_folders(config),
             )
         except SandboxError:
             group.remove()
             raise
-        return Launch(plan, group, spawned, socket_to_init, started_in)
+        bound = _folder_id(_workspace_of(plan)) if plan.keep else None
+        return Launch(plan, group, spawned, socket_to_init, started_in, bound=bound)
     channel, its_end = socket.socketpair()
     try:
         proc = subprocess.Popen(
@@ -207,6 +217,24 @@ def launch(plan: Plan, config: SandboxConfig) -> Launch:
     finally:
         its_end.close()
     return Launch(plan, group, proc, channel, started_in)
+
+
+def _folder_id(path: str) -> tuple[int, int] | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
+def still_bound(made: Launch) -> bool:
+    """A launch made for one run still shows that run's workspace as it is now."""
+    return made.bound is None or (made.bound == _folder_id(_workspace_of(made.plan)))
+
+
+def _workspace_of(plan: Plan) -> str:
+    """The workspace a plan made for one run binds: the first folder bound where it was."""
+    return next(source for source, target in plan.keep if source == target)
 
 
 #: How long a call waits for its init's word that it forked ahead: the launch was made during
@@ -231,6 +259,9 @@ _Job = tuple[Plan, SandboxConfig] | Callable[[], None]
 #: oldest, whose init said long before that it is ready, while the newer ones still wait to join
 #: their groups (the kernel's grace period) or, made at the lowest priority, for a free core.
 READY = 4
+#: Runs whose next call finds a launch made for it alone (``Plan.for_run``), the most recent
+#: ones of this process: a conversation's calls keep coming to the same few processes.
+RUNS_READY = 4
 
 
 class Launcher:
@@ -248,6 +279,36 @@ class Launcher:
         self._wanted: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._pending = 0
         self._maker: threading.Thread | None = None
+        #: The keys of launches made for one run, least recently used first; each has one.
+        self._runs: dict[tuple[Plan, SandboxConfig], None] = {}
+        self._making: set[tuple[Plan, SandboxConfig]] = set()
+
+    def has_ready(self, plan: Plan, config: SandboxConfig) -> bool:
+        with self._lock:
+            self._forget_if_forked()
+            return bool(self._ready.get((plan, config)))
+
+    def prepare_for_run(self, plan: Plan, config: SandboxConfig) -> None:
+        """Make one launch in the background for the run of ``plan`` (``Plan.for_run``), and
+        let go of those of runs used less recently than the last ``RUNS_READY``."""
+        stale: list[Launch] = []
+        with self._lock:
+            self._forget_if_forked()
+            key = (plan, config)
+            wanted = not self._ready.get(key) and key not in self._making
+            self._runs.pop(key, None)
+            self._runs[key] = None
+            while len(self._runs) > RUNS_READY:
+                oldest = next(iter(self._runs))
+                del self._runs[oldest]
+                stale += self._ready.pop(oldest, [])
+            if wanted:
+                self._pending += 1
+                self._making.add(key)
+                self._wanted.put(key)
+                self._start_maker()
+        for unused in stale:
+            unused.abandon()
 
     def take(self, plan: Plan, config: SandboxConfig) -> Launch:
         """The oldest launch made ready for ``config``, or a new one."""
@@ -324,8 +385,14 @@ class Launcher:
                 made.confirm(time.monotonic() + CONFIRM_BOUND_S)
             with self._lock:
                 self._pending = max(0, self._pending - 1)
-                ready = self._ready.setdefault((plan, config), [])
-                kept = made is not None and len(ready) < READY and os.getpid() == self._pid
+                key = (plan, config)
+                self._making.discard(key)
+                ready = self._ready.setdefault(key, [])
+                if plan.keep:  # made for one run: kept while the run is among the recent ones
+                    kept = made is not None and key in self._runs and not ready
+                else:
+                    kept = made is not None and len(ready) < READY
+                kept = kept and os.getpid() == self._pid
                 if kept and made is not None:
                     ready.append(made)
             if made is not None and not kept:
@@ -335,7 +402,7 @@ class Launcher:
         # A forked child inherits the parent's launches, whose shells are not its children,
         # and not the thread that makes them.
         if os.getpid() != self._pid:
-            self._ready, self._pid = {}, os.getpid()
+            self._ready, self._pid, self._runs, self._making = {}, os.getpid(), {}, set()
             self._wanted, self._pending, self._maker = queue.SimpleQueue(), 0, None
 
 

@@ -14,7 +14,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from worker.sandbox.cgroups import CgroupLayout, detect_layout
-from worker.sandbox.config import MARKER_VARIABLE, SAFE_PATH, SHELL, SandboxConfig, SandboxError
+from worker.sandbox.config import (
+    INPUT_FOLDER,
+    MARKER_VARIABLE,
+    SAFE_PATH,
+    SHELL,
+    SandboxConfig,
+    SandboxError,
+)
 from worker.sandbox.pidfd import tells_exit_after_reaping
 from worker.sandbox.programs import (
     env_restores_signals,
@@ -97,8 +104,12 @@ class Plan:
     #: ahead like bash's; the process forked is the call's shell already (``shell_ahead``), or
     #: sets the call up itself (folder, limits, variables, the drop) and execs the command.
     spawned: bool = False
-    #: Each call names the uid and gid it runs as (its run's); the init never drops ahead.
+    #: Each call names the uid and gid it runs as (its run's); the init drops ahead only in
+    #: a launch made for a known run (``for_run``).
     per_run: bool = False
+    #: What a launch made for a known run binds, (source, target) in order: the run's own /tmp,
+    #: its workspace, the calls' inputs (``private_binds``).
+    keep: tuple[tuple[str, str], ...] = ()
 
     @property
     def namespaced(self) -> bool:
@@ -154,6 +165,31 @@ class Plan:
             raise SandboxError("a command of a run needs the run's uid: none was given")
         sweep = None if self.sweep_uid is None else identity[0]
         return dataclasses.replace(self, drop_to=identity, sweep_uid=sweep)
+
+    def for_run(
+        self, identity: tuple[int, int] | None, home: str, run_tmp: str | None
+    ) -> Plan | None:
+        """The plan of launches made ahead for one run (``identity``, working in ``home``): the
+        init has its folders bound and has dropped to its uid, and the process it forked is the
+        call's shell already, as with runs sharing one uid. None where launches are not made
+        ahead that way (no spawner, or no per-run uids)."""
+        if not (self.per_run and self.spawned) or identity is None:
+            return None
+        binds = private_binds(home, run_tmp, str(INPUT_FOLDER))
+        return dataclasses.replace(
+            self, drop_to=identity, ready_in=os.path.dirname(home), keep=binds
+        )
+
+    def private_folders(self, config: SandboxConfig) -> dict[str, object] | None:
+        """What a spawned launch's namespace covers with empty file systems of its own, and
+        binds back (``spawner._cover``): with per-run uids, /tmp and the like are the call's."""
+        if not (self.per_run and self.spawned):
+            return None
+        return {
+            "folders": list(PRIVATE_FOLDERS),
+            "bind": [list(pair) for pair in self.keep],
+            "size_bytes": config.memory_mb * 1024 * 1024,
+        }
 
     def for_folder(self, cwd: str) -> Plan:
         """This plan for a call in ``cwd``: one whose init stays root when ``cwd`` is not below
@@ -221,11 +257,11 @@ class Plan:
         marker: str,
         timeout_ms: int,
         config: SandboxConfig,
-        keep: Sequence[str] = (),
+        keep: Sequence[tuple[str, str]] = (),
     ) -> tuple[list[str], dict[str, str]]:
         """The argv to start and the environment it starts with (with control groups, the
-        shell of ``worker.sandbox.launch`` starts it from inside them). ``keep``: the folders
-        a call with private folders binds back (its workspace, its input's)."""
+        shell of ``worker.sandbox.launch`` starts it from inside them). ``keep``: what a call
+        with private folders binds, (source, target) in order (``private_binds``)."""
         if marker:
             base_env = {**base_env, MARKER_VARIABLE: marker}
         requested = {k: v for k, v in env.items() if k != MARKER_VARIABLE}
@@ -251,7 +287,8 @@ class Plan:
         if self.per_run and self.namespaced:
             # Still root, in the call's mount namespace: its own /tmp and the like.
             size = str(config.memory_mb * 1024 * 1024)
-            argv += [SHELL, "-c", PRIVATE_SCRIPT, "toolq-private", size, *keep, "--"]
+            pairs = [path for pair in keep for path in pair]
+            argv += [SHELL, "-c", PRIVATE_SCRIPT, "toolq-private", size, *pairs, "--"]
         if not self.init_drops:
             argv += self._drop()
         # The wrappers run (some as root) before the limits and namespaces hold: a variable such
@@ -384,6 +421,22 @@ def plan_for(config: SandboxConfig, euid: int) -> Plan:
         spawned=spawned,
         per_run=per_run,
     )
+
+
+def private_binds(
+    home: str, run_tmp: str | None, input_folder: str | None
+) -> tuple[tuple[str, str], ...]:
+    """What a call of a run binds in its mount namespace, (source, target) in order: the run's
+    own folder as /tmp and /var/tmp (what a command leaves there is there for the run's next
+    call, and gone with its workspace), then its workspace and its input's folder where they
+    were (they may lie below /tmp)."""
+    binds: list[tuple[str, str]] = []
+    if run_tmp is not None:
+        binds += [(run_tmp, "/tmp"), (run_tmp, "/var/tmp")]
+    binds.append((home, home))
+    if input_folder is not None:
+        binds.append((input_folder, input_folder))
+    return tuple(binds)
 
 
 def _first_of(config: SandboxConfig) -> tuple[int, int]:

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from worker.sandbox.config import COMMAND_ENV, INPUT_FOLDER, SHELL, SandboxConfig, SandboxError
 from worker.sandbox.ending import Ending
-from worker.sandbox.launch import launcher
+from worker.sandbox.launch import launcher, still_bound
 from worker.sandbox.output import CappedStream, Notice, Pump
-from worker.sandbox.plan import PRIVATE_FOLDERS, Plan, plan_for
+from worker.sandbox.plan import Plan, plan_for, private_binds
 from worker.sandbox.result import SandboxResult, build_result
 from worker.sandbox.run_guard import run_guard
 from worker.sandbox.spawns import LaunchedProcess
@@ -52,8 +52,12 @@ def run_sandboxed(
             # The command's own shell opens its input, as the user it runs as, whatever the
             # layers before it gave it as standard input.
             command = [SHELL, "-c", 'exec "$@" <"$0"', input_path, *_as_argv(command)]
-        # What a call with private folders binds back: its workspace, its input's folder.
-        keep = [str(home)] + ([os.path.dirname(input_path)] if input_path else [])
+        # What a call with private folders binds: the run's /tmp, its workspace, its input's.
+        keep: tuple[tuple[str, str], ...] = ()
+        if plan.per_run and plan.namespaced and call_plan.drop_to is not None:
+            run_tmp = config.run_tmp_for(home, call_plan.drop_to[1])
+            inputs = os.path.dirname(input_path) if input_path else None
+            keep = private_binds(str(home), run_tmp, inputs)
         with run_guard(call_plan):
             return _run(
                 plan,
@@ -69,24 +73,10 @@ def run_sandboxed(
             )
 
 
-def _private_folders(
-    plan: Plan, config: SandboxConfig, keep: list[str]
-) -> dict[str, object] | None:
-    """What a spawned call's process covers, and binds back, before it drops to the run's uid
-    (``spawner._make_private``): with per-run uids, /tmp and the like are the call's own."""
-    if not (plan.per_run and plan.spawned):
-        return None
-    return {
-        "folders": list(PRIVATE_FOLDERS),
-        "keep": keep,
-        "size_bytes": config.memory_mb * 1024 * 1024,
-    }
-
-
 def _run(
     plan: Plan,
     call_plan: Plan,
-    keep: list[str],
+    keep: tuple[tuple[str, str], ...],
     command: str | Sequence[str],
     *,
     cwd: Path,
@@ -121,15 +111,22 @@ def _run(
             raise SandboxError(f"the command could not be started: {exc.strerror or exc}") from exc
         alone = Ending(proc, call_plan, marker, None, None)
         return _follow(proc, alone, started, timeout_ms, config)
-    ready = launcher.take(plan, config)
+    # A launch made for this run alone, if one is ready: its folders bound, its shell waiting
+    # as the run's uid. Else one made for any run, which binds and drops as the call comes.
+    for_run = plan.for_run(call_plan.drop_to, str(home), keep[0][0] if keep else None)
+    chosen = for_run if for_run is not None and launcher.has_ready(for_run, config) else plan
+    ready = launcher.take(chosen, config)
+    if not still_bound(ready):
+        ready.abandon()
+        chosen, ready = plan, launcher.take(plan, config)
     ending: Ending | None = None
     try:
         before_start()
         started = time.monotonic()
         drop = call_plan.drop_to if plan.per_run else None
         limits = plan.limits(timeout_ms, config)
-        private = _private_folders(plan, config, keep)
-        ready.start(argv, cwd, process_env, limits, drop=drop, private=private)
+        bind = () if chosen.keep else keep
+        ready.start(argv, cwd, process_env, limits, drop=drop, bind=bind)
         channel = ready.channel if plan.has_init else None
         ending = Ending(ready.proc, call_plan, marker, ready.group, channel, ready.forked)
         return _follow(ready.proc, ending, started, timeout_ms, config)
@@ -140,6 +137,8 @@ def _run(
             ready.close()
             ready.group.remove()
         launcher.prepare(plan, config)
+        if for_run is not None:
+            launcher.prepare_for_run(for_run, config)
 
 
 def _follow(

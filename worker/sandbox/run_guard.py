@@ -1,7 +1,7 @@
 """What a run leaves behind where no namespace collects it: with per-run uids and no mount or
 PID namespace (``TOOLQ_SANDBOX_ISOLATION=process``), the last call of a run to end on this host
-kills every process of the run's uid and removes what the uid left at the top of /tmp, /var/tmp
-and /dev/shm.
+kills every process of the run's uid. What the uid left at the top of /tmp, /var/tmp and /dev/shm
+stays for the run's next call and goes with its workspace (``identity.release``).
 
 Every process of the uid is the run's: whatever it did to its environment, session or parent
 (``env -u``, ``setsid``, a double fork), it cannot change its uid. Calls of one run can overlap
@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import shutil
 import signal
 import tempfile
 import time
@@ -26,8 +25,6 @@ from pathlib import Path
 from worker.sandbox.config import REAP_BOUND_S, SandboxConfig
 from worker.sandbox.plan import Plan
 
-#: The shared folders a command can write whatever its uid; swept by uid without namespaces.
-SHARED_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm")
 #: The uids' lock files: the worker's alone.
 LOCKS = Path(tempfile.gettempdir()) / "toolq-run-locks"
 
@@ -79,8 +76,9 @@ def sweep_idle_uids(config: SandboxConfig) -> int:
 
 
 def sweep_uid(uid: int) -> int:
-    """Kill every process of ``uid`` until none is left (within ``REAP_BOUND_S``), then remove
-    what it left at the top of the shared folders; returns how many processes were killed."""
+    """Kill every process of ``uid`` until none is left (within ``REAP_BOUND_S``); returns how
+    many processes were killed. What it left in /tmp stays for the run's next call, and goes
+    with its workspace (``identity.release``)."""
     killed = 0
     deadline = time.monotonic() + REAP_BOUND_S
     pause = 0.001
@@ -92,8 +90,6 @@ def sweep_uid(uid: int) -> int:
             killed += _kill(pid, uid)
         time.sleep(pause)
         pause = min(pause * 2, 0.05)
-    for folder in SHARED_FOLDERS:
-        _remove_owned(folder, uid)
     return killed
 
 
@@ -127,34 +123,3 @@ def _kill(pid: int, uid: int) -> int:
         return 0
     finally:
         os.close(pidfd)
-
-
-def _remove_owned(folder: str, uid: int) -> None:
-    """Remove the entries of ``folder`` (not below) that ``uid`` owns, links never followed."""
-    try:
-        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        with os.scandir(dir_fd) as entries:
-            owned = [
-                (entry.name, entry.is_dir(follow_symlinks=False))
-                for entry in entries
-                if _owner(entry) == uid
-            ]
-        for name, is_dir in owned:
-            with contextlib.suppress(OSError):
-                if is_dir:
-                    shutil.rmtree(name, dir_fd=dir_fd)
-                else:
-                    os.unlink(name, dir_fd=dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def _owner(entry: os.DirEntry[str]) -> int | None:
-    try:
-        info = entry.stat(follow_symlinks=False)
-    except OSError:
-        return None
-    return info.st_uid

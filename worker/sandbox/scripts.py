@@ -37,15 +37,15 @@ SHELL_AHEAD = READ_AND_RUN.replace("read -r", "read -r <&3").replace(
 )
 
 #: Run as root in a call's new mount namespace where no spawner makes it (``$1`` a size in bytes,
-#: then the folders to keep, then ``--`` and what to run): /run, /tmp, /var/tmp and /dev/shm
-#: become empty file systems of the call's own, and the folders kept (the run's workspace, the
-#: call's input) are bound back where they were. They are bound aside, under the new /run,
-#: before the folders above them are covered, then moved back.
+#: then (source, target) pairs of folders to bind (``Plan.private_binds``), then ``--`` and what
+#: to run): /run, /tmp, /var/tmp and /dev/shm become empty file systems of the call's own, then
+#: each source is bound at its target. The sources are bound aside, under the new /run, before
+#: the folders above them are covered, then moved to their targets.
 PRIVATE_SCRIPT = (
     'size=$1; shift; o="nosuid,nodev,size=$size"; '
     'mount -t tmpfs -o "mode=0755,$o" tmpfs /run || exit 126; n=0; '
     'while [ "$1" != -- ]; do mkdir "/run/.k$n" && mount --bind "$1" "/run/.k$n" || exit 126; '
-    'eval "k$n=\\$1"; n=$((n+1)); shift; done; shift; '
+    'eval "k$n=\\$2"; n=$((n+1)); shift 2; done; shift; '
     'for d in /tmp /var/tmp /dev/shm; do if [ -d "$d" ] && [ ! -L "$d" ]; then '
     'mount -t tmpfs -o "mode=1777,$o" tmpfs "$d" || exit 126; fi; done; i=0; '
     'while [ $i -lt $n ]; do eval "k=\\$k$i"; mkdir -p "$k" && '

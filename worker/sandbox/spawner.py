@@ -117,7 +117,9 @@ def _wait_in_a_shell(channel: socket.socket, request: dict[str, Any]) -> None:
     os.execve(shell[0], shell, request["env"])
 
 
-def _run_the_call(libc: Any, channel: socket.socket, request: dict[str, Any]) -> None:
+def _run_the_call(
+    libc: Any, channel: socket.socket, request: dict[str, Any], covered: dict[str, int]
+) -> None:
     """The process forked ahead: wait for the call, set it up, become the command; or, where
     the init has dropped to the sandbox user already, become the shell that waits for it."""
     _name(libc, b"toolq-command")
@@ -132,11 +134,12 @@ def _run_the_call(libc: Any, channel: socket.socket, request: dict[str, Any]) ->
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    if call.get("private") is not None:
-        try:
-            _make_private(libc, call["private"])
-        except OSError as exc:
-            _fail(CANNOT_ENTER, f"cannot make the call's private folders: {exc}")
+    try:
+        _bind(libc, covered, call.get("bind") or [])
+    except OSError as exc:
+        _fail(CANNOT_ENTER, f"cannot show the call its folders: {exc}")
+    for fd in covered.values():
+        os.close(fd)
     try:
         os.chdir(call["cwd"])
     except OSError as exc:
@@ -150,38 +153,65 @@ def _run_the_call(libc: Any, channel: socket.socket, request: dict[str, Any]) ->
         _fail(CANNOT_ENTER, f"cannot set the command's limits: {exc}")
     argv = call["argv"]
     try:
-        os.execve(argv[0], argv, call["env"])
+        os.execvpe(argv[0], argv, call["env"])  # found on the command's PATH, as a shell would
     except OSError as exc:
         _fail(CANNOT_RUN if exc.errno == 2 else CANNOT_ENTER, f"{argv[0]}: {exc.strerror}")
 
 
-def _make_private(libc: Any, private: dict[str, Any]) -> None:
-    """Cover each folder of ``private["folders"]`` with an empty file system of the call's own,
-    then bind back the folders of ``private["keep"]`` (the run's workspace, the call's input)
-    that were below one. Made as the call comes, in the launch's own mount namespace: the
-    folders kept are the call's, and are opened first so that they are found again once
-    covered."""
-    kept = []
-    for path in private["keep"]:
-        try:
-            kept.append((path, os.open(path, _O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)))
-        except OSError:
-            continue
+def _cover(libc: Any, private: dict[str, Any]) -> dict[str, int]:
+    """Cover each folder of ``private["folders"]`` with an empty file system of the launch's own
+    (its /tmp, /run and the like), then bind each (source, target) pair of ``private["bind"]``
+    (when the launch is made for a known run: its /tmp, its workspace, the calls' inputs).
+
+    Returns a descriptor of each folder as it was before it was covered, by its path: a call
+    binds its own folders through them (``_bind``). They close when the command starts."""
+    covered: dict[str, int] = {}
     size = f"size={private['size_bytes']}".encode()
     for folder in private["folders"]:
         if os.path.islink(folder) or not os.path.isdir(folder):
             continue
+        covered[folder] = _open_path(folder)
         mode = b"mode=0755," if folder == "/run" else b"mode=1777,"
         _call(
             libc.mount(b"tmpfs", folder.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, mode + size),
             f"mount tmpfs on {folder}",
         )
-    for path, fd in kept:
-        if any(path == f or path.startswith(f.rstrip("/") + "/") for f in private["folders"]):
-            os.makedirs(path, mode=0o711, exist_ok=True)
-            source = f"/proc/self/fd/{fd}".encode()
-            _call(libc.mount(source, path.encode(), None, _MS_BIND | _MS_REC, None), f"bind {path}")
-        os.close(fd)
+    _bind(libc, covered, private["bind"])
+    return covered
+
+
+def _bind(libc: Any, covered: dict[str, int], pairs: list[list[str]]) -> None:
+    """Bind each source folder at its target, in order; a source that a covered folder hides is
+    found below that folder as it was. A source bound at its own path is bound back only where
+    something covers it."""
+    for source, target in pairs:
+        folder = _below(source, covered)
+        if folder is None and source == target:
+            continue
+        if folder is None:
+            fd = _open_path(source)
+        else:
+            relative = os.path.relpath(source, folder)
+            fd = os.open(relative, _O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=covered[folder])
+        try:
+            _bind_at(libc, fd, target)
+        finally:
+            os.close(fd)
+
+
+def _open_path(path: str) -> int:
+    return os.open(path, _O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def _below(path: str, covered: dict[str, int]) -> str | None:
+    """The covered folder ``path`` lies in, if any."""
+    return next((f for f in covered if path == f or path.startswith(f.rstrip("/") + "/")), None)
+
+
+def _bind_at(libc: Any, fd: int, path: str) -> None:
+    os.makedirs(path, mode=0o711, exist_ok=True)
+    source = f"/proc/self/fd/{fd}".encode()
+    _call(libc.mount(source, path.encode(), None, _MS_BIND | _MS_REC, None), f"bind {path}")
 
 
 def _init(libc: Any, channel: socket.socket, request: dict[str, Any]) -> None:
@@ -193,15 +223,23 @@ def _init(libc: Any, channel: socket.socket, request: dict[str, Any]) -> None:
         libc.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None),
         "mount /proc",
     )
+    private = request.get("private")
+    covered = _cover(libc, private) if private is not None else {}
     if request["ready_in"] is not None:
         os.chdir(request["ready_in"])
     if request["drop"] is not None:
+        # Made for a known run: its folders are bound already, none is left to bind.
+        for fd in covered.values():
+            os.close(fd)
+        covered = {}
         _drop(libc, *request["drop"])
     # Set after the drop: changing user clears it.
     _call(libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
     command = os.fork()
     if command == 0:
-        _run_the_call(libc, channel, request)
+        _run_the_call(libc, channel, request, covered)
+    for fd in covered.values():
+        os.close(fd)
     _let_go_of_output()
     channel.sendall(b"\n")
     # What ends in the namespace is reaped at once, the command and every orphan that came to

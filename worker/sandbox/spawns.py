@@ -101,10 +101,12 @@ class Spawner:
         started_in: str,
         shell: Sequence[str] | None,
         limits: Mapping[str, tuple[int, int]],
+        private: Mapping[str, object] | None = None,
     ) -> tuple[SpawnedProcess, socket.socket]:
         """A launch in the groups of ``join``: its first process and the socket to its init.
         ``shell``: the argv the process forked ahead becomes before the call, under ``limits``
-        and with ``COMMAND_ENV`` (None: it reads the call itself)."""
+        and with ``COMMAND_ENV`` (None: it reads the call itself). ``private``: the folders the
+        namespace covers, and those it binds back (``spawner._cover``)."""
         request: dict[str, object] = {
             "join": list(join),
             "drop": drop,
@@ -112,6 +114,7 @@ class Spawner:
             "shell": None if shell is None else list(shell),
             "env": COMMAND_ENV,
             "limits": dict(limits),
+            "private": None if private is None else dict(private),
         }
         data = json.dumps(request).encode()
         with self._lock:

@@ -281,9 +281,11 @@ def validate_arguments(
         try:
             args = json.loads(raw)
         except json.JSONDecodeError as exc:
+            # Some of Python's messages end with "at" already ("Unterminated string starting at").
+            at = "" if exc.msg.endswith(" at") else " at"
             return (
                 f"Error: invalid arguments for {tool.name}: the arguments are not valid JSON "
-                f"({exc.msg} at line {exc.lineno} column {exc.colno}). Send a JSON object."
+                f"({exc.msg}{at} line {exc.lineno} column {exc.colno}). Send a JSON object."
             )
     else:
         args = raw

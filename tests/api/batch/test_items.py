@@ -41,6 +41,8 @@ def test_an_item_takes_its_optional_fields() -> None:
     [
         ("not json", "not JSON"),
         ('{"id": "a", "prompt": "p"', "not JSON"),
+        ('{"id": "a, "prompt": "p"}', "not JSON (Expecting ',' delimiter at column 13)"),
+        ('{"id": "a", "prompt": "p', "not JSON (Unterminated string starting at column 23)"),
         ('["id", "prompt"]', "not a JSON object but an array"),
         ('"text"', "not a JSON object but a string"),
         ('{"prompt": "p"}', "missing 'id'"),

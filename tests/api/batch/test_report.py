@@ -170,3 +170,32 @@ def test_the_command_prints_text_or_one_json_object(results_file: Path, tmp_path
     missing = run_report_command(tmp_path / "nope.jsonl", as_json=False, out=out, err=err)
     assert missing == 2
     assert "cannot read" in err.file.getvalue()  # type: ignore[attr-defined]
+
+
+def test_a_batchs_input_is_refused_with_one_line(tmp_path: Path) -> None:
+    path = write_lines(
+        tmp_path / "in.jsonl", [{"id": f"q{n}", "prompt": "what is 6 x 7?"} for n in range(62)]
+    )
+    out, err = Console(file=io.StringIO()), Console(file=io.StringIO(), width=80)
+
+    code = run_report_command(path, as_json=False, out=out, err=err)
+
+    assert code == 2
+    assert out.file.getvalue() == ""  # type: ignore[attr-defined]
+    assert err.file.getvalue() == (  # type: ignore[attr-defined]
+        f"error: {path} holds no batch results: none of its 62 lines is a result (an object "
+        "with an id and a status); toolq report reads what toolq batch -o writes, not a "
+        "batch's input\n"
+    )
+
+
+def test_input_lines_among_results_are_not_counted_as_failures(tmp_path: Path) -> None:
+    path = write_lines(
+        tmp_path / "out.jsonl", [result("a"), {"id": "b", "prompt": "p"}, result("c")]
+    )
+
+    report = build_report(path)
+
+    assert report["items"] == 2
+    assert report["status"] == {"ok": 2}
+    assert report["unreadable_lines"] == 1

@@ -22,13 +22,14 @@ from tests.api.inspect_sandbox.evals import (
     workers_that_ran,
 )
 from tests.conftest import WorkerFleet
+from worker.sandbox.identity import UidRange
 
 pytestmark = [pytest.mark.integration, INSPECT_WARNINGS]
 
 #: Each sample's script: the tool calls the model makes, one per turn, then its answer.
 SCRIPTS: Scripts = {
     "shell": [
-        ("bash", {"command": "id -un; pwd; wc -l < data/in.txt; cat made-by-setup.txt"}),
+        ("bash", {"command": "id -u; pwd; wc -l < data/in.txt; cat made-by-setup.txt"}),
         ("python", {"code": "total = sum(range(10))\nopen('answer.txt', 'w').write(str(total))"}),
         ("bash", {"command": "cat answer.txt"}),
     ],
@@ -84,14 +85,17 @@ def test_commands_run_in_the_samples_workspace_on_the_sandbox_workers(
     shell = sample_of(evaluated, "shell")
     first, second, third = tool_messages(shell)
     user, workspace, lines, setup = first.text.strip().splitlines()
-    assert user == "nobody"  # the fleet's sandbox user: this test runs as root
+    # The sample's own uid, one of the fleet's range: this test runs as root.
+    assert int(user) in UidRange.parse(fleet_env.settings.sandbox_uid_range)
     root = str(fleet_env.settings.workspace_root.resolve())
     assert re.fullmatch(rf"{re.escape(root)}/inspect-[\w.-]+", workspace), workspace
     assert lines == "3"  # the sample's files were put in its workspace
     assert setup == "from the setup script"  # and its setup script ran there
     assert second.error is None and third.text.strip() == "45"
     assert shell.scores is not None and shell.scores["answer_file"].value == CORRECT
-    sandbox_pids = {str(pid) for pid in fleet_env.worker_pids("sandbox")}
+    # The pool's processes before the eval and now: one may have been replaced meanwhile.
+    pool = evaluated.sandbox_pids | set(fleet_env.worker_pids("sandbox"))
+    sandbox_pids = {str(pid) for pid in pool}
     ran_on = workers_that_ran(shell)
     assert len(ran_on) >= 4  # setup and the three calls, at least
     assert {worker.rsplit(":", 1)[1] for worker in ran_on} <= sandbox_pids
@@ -112,8 +116,20 @@ def test_output_past_inspects_limit_is_an_output_limit_and_the_worker_goes_on(
     assert "10 MiB" in flooded.error.message  # Inspect's limit on a command's output
     assert after.error is None and after.text.strip() == "still here"
     assert flood.scores is not None and flood.scores["answer_file"].value == CORRECT
-    # The same worker processes served the whole eval: none was replaced on the way.
-    assert set(fleet_env.worker_pids("sandbox")) == evaluated.sandbox_pids
+    # The worker processes that took the flood were the pool's from the start and live on: the
+    # flood cost none of them. (Whatever else the pool did meanwhile is not this test's.)
+    flooded_on = {int(worker.rsplit(":", 1)[1]) for worker in workers_that_ran(flood)}
+    assert flooded_on and flooded_on <= evaluated.sandbox_pids
+    assert all(alive(pid) for pid in flooded_on), flooded_on
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
 
 
 def test_a_missing_file_is_file_not_found(evaluated: Evaluated) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from api.local.leftovers import FOLDER_PREFIX, RECORD, StackRecord
-from api.local.processes import is_running, kill_all, stamp
+from api.local.processes import is_running, kill_all, stamp, this_machine
 from api.local.stack import LocalStack, free_port, redis_server_argv
 from tests.conftest import fleet_settings, wait_for
 from tests.e2e.commands import clean_env
@@ -106,12 +106,13 @@ def test_the_next_stack_ends_what_a_killed_one_left(
     assert gone.stdin is not None and gone_stamp is not None and left_stamp is not None
     gone.stdin.close()
     gone.wait()
-    record = StackRecord(owner=gone_stamp, children={"redis": left_stamp})
+    here = this_machine()
+    record = StackRecord(machine=here, owner=gone_stamp, children={"redis": left_stamp})
     (killed / RECORD).write_text(record.model_dump_json())
     # A stack of a process that still runs (this one) keeps its folder.
     running = tmp_path / f"{FOLDER_PREFIX}running"
     running.mkdir()
-    alive = StackRecord(owner=stamp(os.getpid()) or gone_stamp)
+    alive = StackRecord(machine=here, owner=stamp(os.getpid()) or gone_stamp)
     (running / RECORD).write_text(alive.model_dump_json())
     stack = LocalStack(fleet_settings("redis://127.0.0.1:1/0", tmp_path / "workspaces"))
     try:

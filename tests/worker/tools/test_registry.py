@@ -171,6 +171,7 @@ async def test_an_unknown_tool_is_told_only_the_tools_it_may_call() -> None:
     ("args", "expected"),
     [
         ('{"text": ', ["not valid JSON"]),
+        ('{"text": "a', ["(Unterminated string starting at line 1 column 10)"]),
         ("[1, 2]", ["expected a JSON object"]),
         ({}, ["'text'", "Field required"]),
         ({"text": "a", "times": "many"}, ["'times'", "integer"]),

@@ -1,0 +1,91 @@
+"""A worker serves or exits: what says it serves, and the heartbeat that listens to it. The
+exits themselves, on real worker processes, are in tests/reliability/test_deaf_workers.py."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from tests.conftest import RedisServer, wait_for
+from worker import manifest
+from worker.app import create_celery_app
+from worker.lifeline import STALE_AFTER_S, ConsumerVitals, LoopTurns, ServingWorker
+from worker.manifest import Heartbeat
+from worker.protocol import keys
+from worker.settings import WorkerSettings
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_consumer_serves_while_its_loop_turns() -> None:
+    clock = Clock()
+    vitals = ConsumerVitals(clock)
+    assert not vitals.serving()  # not started yet
+    vitals.turned()
+    assert vitals.serving()
+    clock.now += STALE_AFTER_S  # a loop that stopped turning: away, or stuck
+    assert not vitals.serving()
+    vitals.turned()
+    assert vitals.serving()
+
+
+def test_a_consumer_lost_for_good_never_serves_again() -> None:
+    vitals = ConsumerVitals(Clock())
+    vitals.turned()
+    assert vitals.lose()
+    assert not vitals.lose()  # said once
+    vitals.turned()
+    assert not vitals.serving()
+
+
+def test_the_workers_app_serves_or_exits() -> None:
+    app = create_celery_app(WorkerSettings(broker_url="redis://127.0.0.1:1/0"))
+    assert issubclass(app.Worker, ServingWorker)
+    assert LoopTurns in app.steps["consumer"]
+
+
+@pytest.fixture
+def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_server.url)
+    yield client
+    client.close()
+
+
+@pytest.mark.integration
+def test_a_heartbeat_beats_only_while_the_worker_serves(
+    client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(manifest, "HEARTBEAT_INTERVAL_S", 0.02)
+    serves = threading.Event()
+    refused = threading.Semaphore(0)
+
+    def serving() -> bool:
+        if serves.is_set():
+            return True
+        refused.release()
+        return False
+
+    beat = Heartbeat(client, "lifeline-test@host", ["tools"], [], serving=serving)
+    key = keys.worker_heartbeat("tools", "lifeline-test@host")
+    serves.set()
+    beat.start()
+    try:
+        serves.clear()
+        assert refused.acquire(timeout=10)  # a beat on its way as it stopped serving is done
+        client.delete(key)
+        assert refused.acquire(timeout=10)  # and a whole turn went by since, with no beat
+        assert client.get(key) is None
+        serves.set()
+        wait_for(lambda: client.get(key) is not None, what="the heartbeat to beat again")
+    finally:
+        beat.stop()
+    assert client.get(key) is None

@@ -1,0 +1,182 @@
+"""A result store that refuses writes for a while (``maxmemory`` with ``noeviction``): the worker
+holds its answer and writes it once the store takes writes again, within the call's deadline;
+past the deadline it gives up. On a Redis server of the test's own."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+import redis
+from redis.exceptions import OutOfMemoryError, ResponseError
+
+from tests.conftest import RedisServer, wait_for
+from worker.protocol import ToolCallResult, keys
+from worker.results import Begin, ResultStore
+from worker.store_refusals import until_deadline
+
+REPLY = "toolq:reply:refusals"
+WORKER = "refusals-test:1"
+#: Far enough for any machine: the test lifts the refusal long before.
+PATIENT_S = 120.0
+T = TypeVar("T")
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RedisServer]:
+    # Its own: a store out of memory refuses every test that shares it.
+    own = RedisServer(tmp_path)
+    own.start()
+    yield own
+    own.stop()
+
+
+@pytest.fixture
+def client(server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(server.url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def store(client: redis.Redis) -> ResultStore:
+    return ResultStore(client, 60)
+
+
+def refuse_writes(client: redis.Redis) -> None:
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", "1")
+
+
+def take_writes(client: redis.Redis) -> None:
+    client.config_set("maxmemory", "0")
+
+
+def answer(task_id: str) -> ToolCallResult:
+    return ToolCallResult(task_id=task_id, tool="write_file", output="written", worker=WORKER)
+
+
+def while_refused(
+    client: redis.Redis, caplog: pytest.LogCaptureFixture, write: Callable[[], T]
+) -> T:
+    """``write()`` in a thread while the store refuses writes, the refusal lifted once the
+    worker has been refused (it says so): what ``write`` returned."""
+    refuse_writes(client)
+    outcome: list[T] = []
+    thread = threading.Thread(target=lambda: outcome.append(write()))
+    try:
+        thread.start()
+        wait_for(lambda: "the result store refused" in caplog.text, what="a refused write")
+        assert thread.is_alive(), "the write gave up while the store refused it"
+    finally:
+        take_writes(client)
+    thread.join(PATIENT_S)
+    assert outcome, "the write did not finish once the store took writes"
+    return outcome[0]
+
+
+@pytest.mark.integration
+def test_an_answer_refused_by_a_full_store_is_written_once_it_takes_writes(
+    store: ResultStore, client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    task_id = f"refused-{uuid.uuid4().hex}"
+    deadline = time.time() + PATIENT_S
+    kept = while_refused(
+        client, caplog, lambda: store.store(answer(task_id), REPLY, deadline=deadline)
+    )
+    assert kept == answer(task_id)
+    assert client.lrange(REPLY, 0, -1) == [answer(task_id).model_dump_json().encode()]
+    assert ToolCallResult.model_validate_json(client.get(keys.result(task_id)) or b"") == kept
+
+
+@pytest.mark.integration
+def test_a_start_marker_refused_by_a_full_store_is_set_once_it_takes_writes(
+    store: ResultStore, client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    task_id = f"refused-{uuid.uuid4().hex}"
+    deadline = time.time() + PATIENT_S
+    begin = while_refused(
+        client, caplog, lambda: store.begin_ahead(task_id, WORKER, deadline=deadline).result()
+    )
+    assert begin == Begin()
+    assert client.get(keys.started(task_id)) == f"1 {WORKER}".encode()
+
+
+@pytest.mark.integration
+def test_a_repeated_answer_refused_by_a_full_store_is_sent_once_it_takes_writes(
+    store: ResultStore, client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    task_id = f"refused-{uuid.uuid4().hex}"
+    deadline = time.time() + PATIENT_S
+    while_refused(
+        client, caplog, lambda: store.reply_again(answer(task_id), REPLY, deadline=deadline)
+    )
+    assert client.lrange(REPLY, 0, -1) == [answer(task_id).model_dump_json().encode()]
+
+
+@pytest.mark.integration
+def test_past_the_deadline_the_refusal_is_raised(store: ResultStore, client: redis.Redis) -> None:
+    refuse_writes(client)
+    try:
+        with pytest.raises(OutOfMemoryError):
+            store.store(answer("too-late"), REPLY, deadline=time.time() - 1)
+        # Without a deadline, as for an answer nobody waits for: one try.
+        with pytest.raises(OutOfMemoryError):
+            store.store(answer("unwaited"), REPLY)
+    finally:
+        take_writes(client)
+
+
+class Clock:
+    """Time that passes only when the code under test pauses."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.pauses: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def pause(self, seconds: float) -> None:
+        self.pauses.append(seconds)
+        self.now += seconds
+
+
+def test_refusals_are_tried_again_with_growing_pauses_never_past_the_deadline() -> None:
+    clock = Clock()
+    refusals = [redis.ConnectionError("blink"), OutOfMemoryError("full"), redis.TimeoutError()]
+
+    def attempt() -> str:
+        if refusals:
+            raise refusals.pop(0)
+        return "written"
+
+    assert until_deadline(attempt, 1030.0, "a test", clock, clock.pause) == "written"
+    assert len(clock.pauses) == 3
+    assert clock.pauses[0] < clock.pauses[2]
+
+    clock = Clock()
+
+    def refused() -> str:
+        raise OutOfMemoryError("full")
+
+    with pytest.raises(OutOfMemoryError):
+        until_deadline(refused, 1002.5, "a test", clock, clock.pause)
+    # The last try at the deadline itself, none after it.
+    assert clock.now == pytest.approx(1002.5)
+
+
+def test_other_errors_are_raised_at_once() -> None:
+    clock = Clock()
+
+    def broken() -> str:
+        raise ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value")
+
+    with pytest.raises(ResponseError, match="WRONGTYPE"):
+        until_deadline(broken, 1030.0, "a test", clock, clock.pause)
+    assert clock.pauses == []

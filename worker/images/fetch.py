@@ -1,0 +1,201 @@
+"""Getting an image with the real tools: skopeo resolves its digest and copies it into a local
+OCI layout, umoci unpacks that layout into a root file system.
+
+Whatever they refuse becomes one ``ImageError`` line: an unknown reference, a registry that
+refuses or cannot be reached, a layout or archive that is missing or corrupt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from worker.images.errors import ImageError
+from worker.images.reference import ImageReference
+
+#: The tag an image has in the layout it is copied into.
+LAYOUT_TAG = "image"
+#: The most of a tool's complaint quoted in an error.
+_DETAIL_CHARS = 300
+#: What skopeo and umoci say, and what it means for the image.
+_UNREACHABLE = (
+    "connection refused",
+    "no such host",
+    "i/o timeout",
+    "network is unreachable",
+    "no route to host",
+    "server gave http response to https client",
+    "x509:",
+    "tls:",
+    "context deadline exceeded",
+    "timeout awaiting response",
+)
+_REFUSED = ("unauthorized", "authentication required", "denied", "forbidden", "toomanyrequests")
+_UNKNOWN = ("manifest unknown", "name unknown", "no descriptor found", "not found")
+_FATAL_MESSAGE = re.compile(r'msg="(?P<msg>(?:[^"\\]|\\.)*)"')
+
+
+@dataclass(frozen=True, slots=True)
+class Tools:
+    """Where skopeo and umoci are, and how the registries are reached."""
+
+    auth_file: Path | None = None
+    insecure_registries: tuple[str, ...] = ()
+
+    def resolve(self, ref: ImageReference, deadline: float) -> str:
+        """The image's digest (of its manifest, or of its index for a multi-platform image):
+        what the run records, and what is pulled."""
+        flags = self._source_flags(ref, "")
+        raw = self._skopeo(ref, ["inspect", "--raw", *flags, ref.for_skopeo()], deadline)
+        try:
+            json.loads(raw)
+        except ValueError:
+            raise ImageError(ref.text, "its manifest is not JSON (corrupt layout?)") from None
+        return f"sha256:{hashlib.sha256(raw).hexdigest()}"
+
+    def copy(self, ref: ImageReference, digest: str, layout: Path, deadline: float) -> None:
+        """The image, as resolved, into the OCI layout ``layout`` (tagged ``LAYOUT_TAG``)."""
+        source = ref.for_skopeo(digest if ref.transport == "docker" else None)
+        self._skopeo(
+            ref,
+            [
+                "copy",
+                "--quiet",
+                "--remove-signatures",
+                *self._source_flags(ref, "src-"),
+                source,
+                f"oci:{layout}:{LAYOUT_TAG}",
+            ],
+            deadline,
+        )
+
+    def unpack(self, ref: ImageReference, layout: Path, bundle: Path, deadline: float) -> None:
+        """``layout``'s image as ``bundle/rootfs``, its files owned as the image says."""
+        umoci = _binary(ref, "umoci")
+        _run(
+            ref,
+            [umoci, "unpack", "--image", f"{layout}:{LAYOUT_TAG}", str(bundle)],
+            deadline,
+            what="umoci could not unpack its layers",
+        )
+
+    def _source_flags(self, ref: ImageReference, prefix: str) -> list[str]:
+        if ref.transport != "docker":
+            return []
+        flags = []
+        if self.auth_file is not None:
+            flags.append(f"--{prefix}authfile={self.auth_file}")
+        if ref.registry in self.insecure_registries:
+            flags.append(f"--{prefix}tls-verify=false")
+        return flags
+
+    @staticmethod
+    def _skopeo(ref: ImageReference, arguments: list[str], deadline: float) -> bytes:
+        return _run(ref, [_binary(ref, "skopeo"), *arguments], deadline, what=None)
+
+
+def image_config(layout: Path) -> dict[str, Any]:
+    """The image's configuration (``config`` of the OCI image config: Env, User, WorkingDir,
+    Cmd...) from the layout skopeo wrote; {} when it sets none."""
+    index = _read_json(layout / "index.json")
+    manifests = index.get("manifests") or []
+    found = next(
+        (
+            m
+            for m in manifests
+            if (m.get("annotations") or {}).get("org.opencontainers.image.ref.name") == LAYOUT_TAG
+        ),
+        None,
+    )
+    if found is None:
+        raise ValueError("the copied layout has no image tagged for toolq")
+    manifest = _read_json(_blob(layout, found["digest"]))
+    config = _read_json(_blob(layout, manifest["config"]["digest"]))
+    inner = config.get("config") or {}
+    return inner if isinstance(inner, dict) else {}
+
+
+def _blob(layout: Path, digest: str) -> Path:
+    algorithm, _, value = str(digest).partition(":")
+    if not re.fullmatch(r"[a-z0-9]+", algorithm) or not re.fullmatch(r"[0-9a-f]+", value):
+        raise ValueError(f"not a digest: {digest!r}")
+    return layout / "blobs" / algorithm / value
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    data = json.loads(path.read_bytes())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path.name} is not a JSON object")
+    return data
+
+
+def _binary(ref: ImageReference, name: str) -> str:
+    found = shutil.which(name)
+    if found is None:
+        raise ImageError(
+            ref.text,
+            f"{name} is not installed on the sandbox worker (Debian's {name} package; "
+            "make install adds it)",
+        )
+    return found
+
+
+def _run(ref: ImageReference, argv: Sequence[str], deadline: float, what: str | None) -> bytes:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise ImageError(ref.text, "no time was left to fetch it")
+    try:
+        done = subprocess.run(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=left,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise ImageError(
+            ref.text, f"{Path(argv[0]).name} did not finish in time ({left:.0f} s)"
+        ) from None
+    except OSError as exc:
+        raise ImageError(ref.text, f"{Path(argv[0]).name} could not run: {exc}") from None
+    if done.returncode != 0:
+        raise ImageError(ref.text, cause(ref, done.stderr.decode("utf-8", "replace"), what))
+    return done.stdout
+
+
+def cause(ref: ImageReference, stderr: str, what: str | None = None) -> str:
+    """What a tool's complaint means for ``ref``, with the complaint's own words at the end."""
+    detail = _detail(stderr)
+    lowered = detail.lower()
+    if what is not None:
+        return f"{what}: {detail}"
+    if ref.transport == "docker":
+        if any(word in lowered for word in _UNREACHABLE):
+            return f"the registry {ref.registry} cannot be reached: {detail}"
+        if any(word in lowered for word in _REFUSED):
+            return f"the registry {ref.registry} refused the pull: {detail}"
+        if any(word in lowered for word in _UNKNOWN):
+            return f"unknown reference (the registry has no such image or tag): {detail}"
+        return f"skopeo could not fetch it: {detail}"
+    if "no such file or directory" in lowered and ref.location in detail:
+        return f"{ref.location} does not exist on the sandbox worker: {detail}"
+    if "no descriptor found" in lowered:
+        return f"unknown reference (the layout has no such tag): {detail}"
+    return f"the {ref.transport} image is corrupt or unreadable: {detail}"
+
+
+def _detail(stderr: str) -> str:
+    """skopeo's message without its log prefix and the reference it repeats."""
+    messages = [m["msg"].replace('\\"', '"') for m in _FATAL_MESSAGE.finditer(stderr)]
+    text = messages[-1] if messages else stderr.strip().splitlines()[-1] if stderr.strip() else ""
+    text = re.sub(r'^Error parsing image name "[^"]*": ', "", text)
+    text = " ".join(text.split())
+    return text[:_DETAIL_CHARS] or "no message"

@@ -1,0 +1,173 @@
+"""A container's root file system: the cached image, read-only, beneath a writable layer of the
+run's own (overlayfs), the image seen through an idmapped mount.
+
+The image's files are unpacked once with the owners the image gives them (root's are uid 0).
+Each container sees them through an idmapped mount (Linux 5.12 and later; overlayfs takes one
+as a lower layer since 5.19) whose mapping is the container's: the image's user is the run's own
+uid, so the run's processes own what the image gave its user, copy it up into their own layer
+when they write it, and own the workspace files the tools wrote for them, with no copy and no
+chown of the image.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from worker.images.spec import IdMap
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+
+# The new mount API's system calls share one number on every architecture.
+_SYS_OPEN_TREE = 428
+_SYS_MOVE_MOUNT = 429
+_SYS_MOUNT_SETATTR = 442
+_AT_FDCWD = -100
+_AT_EMPTY_PATH = 0x1000
+_AT_RECURSIVE = 0x8000
+_OPEN_TREE_CLONE = 1
+_OPEN_TREE_CLOEXEC = os.O_CLOEXEC
+_MOVE_MOUNT_F_EMPTY_PATH = 0x4
+_MOUNT_ATTR_IDMAP = 0x00100000
+_MNT_DETACH = 2
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
+
+
+class MountError(OSError):
+    """A mount the container needs could not be made; the message says which and why."""
+
+
+def mount_rootfs(image_root: Path, bundle: Path, uids: Sequence[IdMap], gids: Sequence[IdMap]) -> Path:
+    """``bundle/rootfs``: ``image_root`` seen with the container's id mappings (``bundle/lower``)
+    beneath the writable ``bundle/upper``. Undo with ``unmount_rootfs``."""
+    lower, upper, work, rootfs = (bundle / n for n in ("lower", "upper", "work", "rootfs"))
+    for folder in (lower, upper, work, rootfs):
+        folder.mkdir(mode=0o700, exist_ok=True)
+    # The layer's top is the root folder the container sees: its user's, like the image's.
+    owner = _host_id(uids, 0)
+    group = _host_id(gids, 0)
+    os.chown(upper, owner, group)
+    os.chmod(upper, 0o755)
+    os.chmod(rootfs, 0o755)
+    userns = _user_namespace(uids, gids)
+    try:
+        _idmapped_clone(image_root, lower, userns)
+    finally:
+        os.close(userns)
+    options = f"lowerdir={lower},upperdir={upper},workdir={work}"
+    _mount("overlay", rootfs, "overlay", options)
+    return rootfs
+
+
+def unmount_rootfs(bundle: Path) -> None:
+    """Undo ``mount_rootfs`` (what of it was made); the folders stay for the caller to remove."""
+    for name in ("rootfs", "lower"):
+        path = bundle / name
+        # A mount made twice (a retried start) is undone as often as it was made.
+        for _ in range(4):
+            if _libc.umount2(os.fsencode(path), _MNT_DETACH) != 0:
+                break
+
+
+def remove_bundle(bundle: Path) -> None:
+    """Unmount and delete a container's folder; its layer goes with it."""
+    unmount_rootfs(bundle)
+    if not is_mount(bundle / "rootfs") and not is_mount(bundle / "lower"):
+        shutil.rmtree(bundle, ignore_errors=True)
+
+
+def is_mount(path: Path) -> bool:
+    with contextlib.suppress(OSError):
+        return os.path.ismount(path)
+    return False
+
+
+def _host_id(maps: Sequence[IdMap], container_id: int) -> int:
+    """The host id that ``container_id`` maps to; the overflow id (65534) when none does."""
+    for entry in maps:
+        if entry.container_id <= container_id < entry.container_id + entry.size:
+            return entry.host_id + container_id - entry.container_id
+    return 65534
+
+
+def _user_namespace(uids: Sequence[IdMap], gids: Sequence[IdMap]) -> int:
+    """A descriptor of a new user namespace with these mappings: what an idmapped mount takes."""
+    unshare = shutil.which("unshare") or "unshare"
+    holder = subprocess.Popen(
+        [unshare, "--user", "--", "/bin/sh", "-c", "echo; read _"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    assert holder.stdin is not None and holder.stdout is not None
+    try:
+        if not holder.stdout.readline():
+            raise MountError("unshare --user could not make a user namespace")
+        base = Path(f"/proc/{holder.pid}")
+        (base / "uid_map").write_text("".join(m.line() for m in uids))
+        (base / "setgroups").write_text("deny")
+        (base / "gid_map").write_text("".join(m.line() for m in gids))
+        return os.open(base / "ns" / "user", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        holder.stdin.close()
+        holder.stdout.close()
+        holder.wait()
+
+
+def _idmapped_clone(source: Path, target: Path, userns: int) -> None:
+    fd = _check(
+        _libc.syscall(
+            _SYS_OPEN_TREE,
+            _AT_FDCWD,
+            os.fsencode(source),
+            _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC | _AT_RECURSIVE,
+        ),
+        f"open_tree of {source}",
+    )
+    try:
+        attr = _MountAttr(_MOUNT_ATTR_IDMAP, 0, 0, userns)
+        _check(
+            _libc.syscall(
+                _SYS_MOUNT_SETATTR, fd, b"", _AT_EMPTY_PATH, ctypes.byref(attr), ctypes.sizeof(attr)
+            ),
+            "an idmapped mount (Linux 5.12 or later, on a file system that allows it)",
+        )
+        _check(
+            _libc.syscall(
+                _SYS_MOVE_MOUNT, fd, b"", _AT_FDCWD, os.fsencode(target), _MOVE_MOUNT_F_EMPTY_PATH
+            ),
+            f"move_mount to {target}",
+        )
+    finally:
+        os.close(fd)
+
+
+def _mount(source: str, target: Path, fstype: str, options: str) -> None:
+    result = _libc.mount(
+        source.encode(), os.fsencode(target), fstype.encode(), 0, options.encode()
+    )
+    _check(result, f"the {fstype} mount of the container's root")
+
+
+def _check(result: int, what: str) -> int:
+    if result < 0:
+        errno = ctypes.get_errno()
+        raise MountError(errno, f"{what} failed: {os.strerror(errno)}")
+    return result

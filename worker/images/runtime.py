@@ -1,0 +1,195 @@
+"""The OCI runtime, by its command line: runc (or crun) from PATH, or runsc (gVisor), which puts
+a kernel of its own in user space between the run and the host, as ``TOOLQ_OCI_RUNTIME`` says.
+
+Its state (``--root``) is kept under the image cache, so the sweep finds every container a
+worker made, even one whose worker died.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: How long a runtime's own bookkeeping command (state, kill, delete) may take.
+_QUICK_S = 30.0
+_LOG_MESSAGE = re.compile(r'msg="(?P<msg>(?:[^"\\]|\\.)*)"')
+
+
+class RuntimeFailed(RuntimeError):
+    """The OCI runtime refused or failed; the message is its own complaint, in one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class OciRuntime:
+    """One OCI runtime: its binary, its name (runc, crun, runsc) and its state folder."""
+
+    binary: str
+    name: str
+    root: Path
+
+    @classmethod
+    def find(cls, setting: str, cache_root: Path) -> OciRuntime:
+        """The runtime ``TOOLQ_OCI_RUNTIME`` names (a name on PATH or a path);
+        ``RuntimeFailed`` when there is none."""
+        found = shutil.which(setting)
+        if found is None:
+            raise RuntimeFailed(
+                f"the OCI runtime {setting!r} (TOOLQ_OCI_RUNTIME) is not installed on the "
+                "sandbox worker (Debian's runc, crun or runsc package; make install adds runc)"
+            )
+        name = Path(found).name
+        return cls(found, name, cache_root / "runtime" / name)
+
+    @property
+    def gvisor(self) -> bool:
+        return self.name.startswith("runsc")
+
+    @property
+    def layer(self) -> str:
+        """How ``isolation`` names it."""
+        return f"container:{self.name}"
+
+    def _base(self) -> list[str]:
+        argv = [self.binary, "--root", str(self.root)]
+        if self.gvisor:
+            # gVisor's own network stack with loopback alone; every command of it must say so.
+            argv.append("--network=none")
+        return argv
+
+    def create(self, name: str, bundle: Path, pid_file: Path, deadline: float) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        # The box's first process keeps the runtime's standard streams: a pipe would never
+        # close, so its output goes to a file of the bundle.
+        self._run(
+            ["create", "--bundle", str(bundle), "--pid-file", str(pid_file), name],
+            deadline,
+            output=bundle / "create.log",
+        )
+
+    def start(self, name: str, deadline: float) -> None:
+        self._run(["start", name], deadline)
+
+    def state(self, name: str) -> dict[str, Any] | None:
+        """The runtime's view of ``name`` (``status``, ``pid``...); None when it has none."""
+        try:
+            out = self._run(["state", name], time.monotonic() + _QUICK_S)
+        except RuntimeFailed:
+            return None
+        try:
+            found = json.loads(out)
+        except ValueError:
+            return None
+        return found if isinstance(found, dict) else None
+
+    def running(self, name: str) -> bool:
+        state = self.state(name)
+        return state is not None and state.get("status") == "running"
+
+    def names(self) -> list[str]:
+        """Every container in this runtime's state folder."""
+        if not self.root.is_dir():
+            return []
+        try:
+            out = self._run(["list", "--format", "json"], time.monotonic() + _QUICK_S)
+            found = json.loads(out or b"null") or []
+        except (RuntimeFailed, ValueError):
+            return []
+        return [str(c.get("id")) for c in found if isinstance(c, dict) and c.get("id")]
+
+    def processes(self, name: str) -> list[int] | None:
+        """The pids of ``name``'s processes (as the host sees them with runc, as the box does
+        with runsc); None when they cannot be listed."""
+        try:
+            out = self._run(["ps", "--format", "json", name], time.monotonic() + _QUICK_S)
+            found = json.loads(out or b"null") or []
+        except (RuntimeFailed, ValueError):
+            return None
+        if not isinstance(found, list):
+            return None
+        pids = [p.get("PID") if isinstance(p, dict) else p for p in found]
+        return [int(p) for p in pids if isinstance(p, int)]
+
+    def kill_process(self, name: str, pid: int) -> None:
+        """SIGKILL one process of the box (runsc names it by its pid in the box)."""
+        if self.gvisor:
+            try:
+                self._run(["kill", "--pid", str(pid), name, "KILL"], time.monotonic() + _QUICK_S)
+            except RuntimeFailed:
+                pass  # already gone
+            return
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+
+    def delete(self, name: str) -> None:
+        """End ``name`` and forget it, whatever its state; nothing when it is not known."""
+        try:
+            self._run(["delete", "--force", name], time.monotonic() + _QUICK_S)
+        except RuntimeFailed:
+            if self.state(name) is not None:
+                raise
+
+    def exec_argv(self, name: str, process: Path, pid_file: Path) -> list[str]:
+        """The command line that runs ``process`` (a process.json) in ``name`` and ends with it."""
+        return [
+            *self._base(),
+            "exec",
+            "--process",
+            str(process),
+            "--pid-file",
+            str(pid_file),
+            name,
+        ]
+
+    def _run(self, arguments: Sequence[str], deadline: float, output: Path | None = None) -> bytes:
+        try:
+            if output is None:
+                done = subprocess.run(
+                    [*self._base(), *arguments],
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    timeout=max(deadline - time.monotonic(), 0.1),
+                    check=False,
+                    # The box outlives this process and its session: a worker process
+                    # replaced (or a terminal's signal) must not reach it.
+                    start_new_session=True,
+                )
+                returncode, out, err = done.returncode, done.stdout, done.stderr
+            else:
+                with open(output, "w+b") as log:
+                    returncode = subprocess.run(
+                        [*self._base(), *arguments],
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=log,
+                        timeout=max(deadline - time.monotonic(), 0.1),
+                        check=False,
+                        start_new_session=True,
+                    ).returncode
+                    log.seek(0)
+                    out, err = b"", log.read(65536)
+        except subprocess.TimeoutExpired:
+            raise RuntimeFailed(f"{self.name} {arguments[0]} did not finish in time") from None
+        except OSError as exc:
+            raise RuntimeFailed(f"{self.name} could not run: {exc}") from None
+        if returncode != 0:
+            raise RuntimeFailed(f"{self.name} {arguments[0]}: {complaint(err)}")
+        return out
+
+
+def complaint(stderr: bytes) -> str:
+    """A runtime's error output as one line: its logged message, or its last line."""
+    text = stderr.decode("utf-8", "replace")
+    messages = [m["msg"].replace('\\"', '"') for m in _LOG_MESSAGE.finditer(text)]
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    found = messages[-1] if messages else lines[-1] if lines else "no message"
+    return " ".join(found.split())[:400]
