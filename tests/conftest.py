@@ -93,10 +93,9 @@ class RedisServer:
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        auth = ["--requirepass", self.password] if self.password else []
         persist = ["--appendonly", "yes"] if self.appendonly else []
         self._proc = subprocess.Popen(
-            [*redis_server_argv(self.port, self._dir), *auth, *persist],
+            [*redis_server_argv(self.port, self._dir, self.password), *persist],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -15,6 +15,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from worker.capping import cap_text
+from worker.images.errors import EnvironmentLost
+from worker.images.service import image_tools
 from worker.log_context import log_context
 from worker.mcp.hosting import hosted_tools
 from worker.protocol import POOLS, Pool, ToolCallRequest, ToolCallResult, keys
@@ -22,6 +24,7 @@ from worker.quota import WorkspaceQuota
 from worker.results import PendingBegin, ResultStore
 from worker.retention import WorkspaceGone, hold
 from worker.sandbox import SandboxConfig
+from worker.sandbox.identity import IdentityError
 from worker.settings import WorkerSettings
 from worker.tools.factory import create_fleet_tool_registry, prepare_workspace
 from worker.tools.interface import ExecutableTool
@@ -35,7 +38,7 @@ from worker.tools.runtime import (
     running,
 )
 from worker.tools.service import service_tools
-from worker.tools.workspace import Workspace
+from worker.tools.workspace import Workspace, WorkspaceError
 
 log = logging.getLogger(__name__)
 _WORKSPACES_KEPT = 1024
@@ -69,11 +72,16 @@ def build_registry(
     this fleet has them: built once per process, each tool acting on the workspace and
     conversation of the call in hand."""
     # A call refused admission leaves its tool as it is: the executor answers it.
-    registry = ToolRegistry(passthrough=(*passthrough, NotAdmitted), sync_in_thread=False)
+    # So is a call whose run's container is gone (``environment_lost``).
+    registry = ToolRegistry(
+        passthrough=(*passthrough, NotAdmitted, EnvironmentLost), sync_in_thread=False
+    )
     workspace = CurrentWorkspace()
     create_fleet_tool_registry(settings, current_context(), workspace, registry)
     sandbox = SandboxConfig.from_settings(settings)
     for tool in service_tools(workspace, sandbox, settings.transfer_max_bytes):
+        registry.register(tool)
+    for tool in image_tools(workspace):
         registry.register(tool)
     for tool in hosted_tools(settings, pools):
         registry.register(tool)
@@ -175,10 +183,26 @@ class Executor:
     ) -> ToolCallResult:
         started = time.perf_counter()
         # Held for the call: touched (the run is in use) and safe from removal until it ends.
-        workspace, held = self._hold(request.run_id)
+        try:
+            workspace, held = self._hold(request.run_id)
+        except (OSError, IdentityError, WorkspaceError) as exc:
+            log.error("the workspace of run %s could not be made ready: %s", request.run_id, exc)
+            return ToolCallResult.failure(
+                request,
+                "workspace_unavailable",
+                f"Error: {request.tool} did not run: the run's workspace could not be made "
+                f"ready on this worker ({exc}).",
+                self._worker,
+            )
         try:
             admit = None if marker is None else functools.partial(_admit, marker)
-            runtime = CallRuntime(workspace, request.context, admit=admit, workspace_lock=held)
+            runtime = CallRuntime(
+                workspace,
+                request.context,
+                admit=admit,
+                workspace_lock=held,
+                environment=request.environment,
+            )
             with running(runtime):
                 result = self._run(request, pool, tool, runtime)
         finally:
@@ -233,6 +257,13 @@ class Executor:
                 admit_current_call()
         try:
             outcome = self._registry.run_blocking(request.tool, request.arguments, self._loop)
+        except EnvironmentLost as exc:
+            return ToolCallResult.failure(
+                request,
+                "environment_lost",
+                f"Error: environment lost: {exc}. Nothing of {request.tool} ran.",
+                self._worker,
+            )
         except self._time_limit:
             return ToolCallResult.failure(
                 request,

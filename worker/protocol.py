@@ -47,7 +47,13 @@ ErrorKind = Literal[
     # effects is not run again), or no answer came although it started, or nobody could tell.
     "interrupted",
     "over_quota",  # the run's workspace is past its quota: tools that write are not started
+    # The run's workspace could not be made ready (no uid left for the run, a folder the worker
+    # may not use): nothing of the call ran.
+    "workspace_unavailable",
     "wrong_pool",  # the call reached a worker whose pool does not serve the tool
+    # The run's container (its image's) is gone: its worker died, or it was ended. Nothing of
+    # the call ran.
+    "environment_lost",
     "bad_request",  # the message was not a valid request
     "no_answer",  # no worker started it by the deadline (none listening, or all too busy)
     "broker_unavailable",  # the call could not be sent
@@ -178,6 +184,12 @@ class ToolCallRequest(BaseModel):
         description="A random key of this call's own, never logged nor shown to monitors: the "
         "worker seals its answer with it, and the caller takes no answer that is not so sealed. "
         "None: the answer is not sealed, and its caller cannot tell it from a forged one.",
+    )
+    environment: str | None = Field(
+        None,
+        max_length=128,
+        description="The run's container (a run with an image), which the call runs in; the "
+        "worker that holds it answers environment_lost when it is gone. None: no image.",
     )
     send_number: int = Field(
         1,

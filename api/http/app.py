@@ -43,7 +43,7 @@ from api.http.viewer.routes import mount_viewer
 from api.http.viewer.store import StoreSources
 from api.http.viewer.tickets import StreamTickets
 from api.http.viewer.viewer import Viewer
-from api.llm import ChatModel
+from api.llm import ChatModel, ModelError
 from api.settings import OrchestratorSettings, get_settings
 from worker.protocol import AGENTS_QUEUE, POOLS
 
@@ -67,6 +67,7 @@ def create_app(
 
     ``redis`` (the state store), ``executor`` (what runs conversations) and ``model`` default to
     the real ones from ``settings`` and OPENAI_BASE_URL / OPENAI_API_KEY; tests inject their own.
+    Without a model API the app serves all the same, and refuses runs and batches (503).
     ``tenants`` default to those of ``settings``' tokens (``TokensFileError`` for a bad file).
     """
     settings = settings or get_settings()
@@ -76,7 +77,17 @@ def create_app(
     store = ApiStore(client, retention_s=settings.result_ttl_s, lease_ttl_s=lease_ttl_s)
     metrics = ApiMetrics()
     replica = uuid.uuid4().hex[:12]
-    make_executor = executor or _agent_executor(settings, model or ChatModel.from_env(settings))
+    model_problem = None
+    if executor is None and model is None:
+        try:
+            model = ChatModel.from_env(settings)
+        except ModelError as exc:
+            model_problem = (
+                f"no model API configured, so this server starts no run or batch: {exc}; "
+                "then start toolq serve again"
+            )
+            log.warning("%s (/mcp, the viewer and the fleet pages work)", model_problem)
+    make_executor = executor or _agent_executor(settings, model)
     services = Services(
         settings,
         store,
@@ -87,6 +98,7 @@ def create_app(
         tenants,
         EventHub(client),
         own_connection(client),
+        model_problem,
     )
     lease = ReplicaLease(store, replica)
     mcp = _mcp_endpoint(settings, services.executor.fleet)
@@ -167,7 +179,7 @@ def _every_queue_depth(settings: OrchestratorSettings) -> Mapping[str, int]:
     return fleet_module.queue_depths(settings, (*POOLS, AGENTS_QUEUE))
 
 
-def _agent_executor(settings: OrchestratorSettings, model: ChatModel) -> RunExecutorFactory:
+def _agent_executor(settings: OrchestratorSettings, model: ChatModel | None) -> RunExecutorFactory:
     def make(store: ApiStore, metrics: ApiMetrics, replica: str) -> RunExecutor:
         return AgentExecutor(settings, store, metrics, model, replica=replica)
 

@@ -116,7 +116,10 @@ ID_CONFLICT: Responses = {
 }
 START_REFUSED: Responses = {
     413: {"model": Problem, "description": "The body is over the size limit."},
-    503: {"model": Problem, "description": "No workers, or Redis unreachable."},
+    503: {
+        "model": Problem,
+        "description": "No workers, no model API configured here, or Redis unreachable.",
+    },
 }
 
 

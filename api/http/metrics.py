@@ -26,6 +26,9 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 #: The ``tool`` label of calls to tools the fleet does not serve. Models invent tool names; one
 #: series each would let a model grow the metrics without bound.
 UNKNOWN_TOOL = "unknown"
+#: The error kinds of calls answered without running any tool: the tool is unknown to the fleet,
+#: or switched off. Their near-zero durations are no tool's latency.
+REFUSED_KINDS = frozenset({"unknown_tool", "tool_disabled"})
 #: From a no-op on a warm worker (milliseconds) to a long shell command (minutes).
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 #: From a shell builtin (a millisecond) to a command busy on every core until its time limit.
@@ -170,8 +173,10 @@ class ApiMetrics:
         # Error kinds are a fixed set (worker/protocol.py ErrorKind): the label stays bounded.
         outcome = (error_kind or "error") if is_error else "ok"
         self.tool_calls.labels(tool=tool, outcome=outcome).inc()
-        self.tool_call_seconds.labels(tool=tool).observe(duration_ms / 1000)
-        self.recent.add(tool, outcome == "ok", duration_ms / 1000)
+        refused = is_error and error_kind in REFUSED_KINDS
+        if not refused:
+            self.tool_call_seconds.labels(tool=tool).observe(duration_ms / 1000)
+        self.recent.add(tool, outcome == "ok", duration_ms / 1000, refused=refused)
 
     def observer(self) -> RunObserver:
         """An observer for one conversation that can give back the calls it left in flight."""

@@ -3,6 +3,9 @@
 Prometheus counters say how many calls there were since the process started; the viewer's fleet
 page wants what happened lately, at a glance, without a Prometheus server: so each replica keeps
 the calls it saw answered in the last ``window_s`` seconds (at most ``max_calls`` of them).
+
+Calls the orchestrator refused (a tool the fleet does not know, or one switched off) ran no tool:
+they are counted apart, never in a tool's latency, failures or the call rate.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ class CallSample:
     tool: str
     ok: bool
     seconds: float
+    #: Answered without running the tool: unknown to the fleet, or switched off.
+    refused: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +53,14 @@ class RateBucket:
 @dataclass(frozen=True, slots=True)
 class ToolLatency:
     tool: str
+    #: Calls that ran the tool, and those of them that failed.
     calls: int
     errors: int
-    p50_ms: float
-    p95_ms: float
+    #: None when every call was refused.
+    p50_ms: float | None
+    p95_ms: float | None
+    #: Calls refused before any tool ran (unknown or switched-off tool).
+    refused: int = 0
 
 
 class RecentCalls:
@@ -68,9 +77,9 @@ class RecentCalls:
         self._clock = clock
         self._lock = threading.Lock()
 
-    def add(self, tool: str, ok: bool, seconds: float) -> None:
+    def add(self, tool: str, ok: bool, seconds: float, *, refused: bool = False) -> None:
         with self._lock:
-            self._calls.append(CallSample(self._clock(), tool, ok, seconds))
+            self._calls.append(CallSample(self._clock(), tool, ok, seconds, refused))
 
     def samples(self) -> list[CallSample]:
         """The calls inside the window, oldest first."""
@@ -92,7 +101,7 @@ class RecentCalls:
         errors = [0] * count
         for sample in self.samples() if samples is None else samples:
             slot = min(int((sample.at - first) // bucket_s), count - 1)
-            if slot >= 0:
+            if slot >= 0 and not sample.refused:
                 calls[slot] += 1
                 errors[slot] += not sample.ok
         return [
@@ -100,24 +109,26 @@ class RecentCalls:
         ]
 
     def latency_by_tool(self, samples: list[CallSample] | None = None) -> list[ToolLatency]:
-        """p50 and p95 of each tool's calls in the window, busiest tool first (of ``samples``,
-        when the caller took them already)."""
+        """p50 and p95 of each tool's calls that ran in the window, and its refused calls apart,
+        busiest tool first (of ``samples``, when the caller took them already)."""
         by_tool: dict[str, list[CallSample]] = {}
         for sample in self.samples() if samples is None else samples:
             by_tool.setdefault(sample.tool, []).append(sample)
         rows = []
         for tool, samples in by_tool.items():
-            ordered = sorted(s.seconds * 1000 for s in samples)
+            ran = [s for s in samples if not s.refused]
+            ordered = sorted(s.seconds * 1000 for s in ran)
             rows.append(
                 ToolLatency(
                     tool=tool,
-                    calls=len(samples),
-                    errors=sum(not s.ok for s in samples),
-                    p50_ms=quantile(ordered, 0.50),
-                    p95_ms=quantile(ordered, 0.95),
+                    calls=len(ran),
+                    errors=sum(not s.ok for s in ran),
+                    p50_ms=quantile(ordered, 0.50) if ordered else None,
+                    p95_ms=quantile(ordered, 0.95) if ordered else None,
+                    refused=len(samples) - len(ran),
                 )
             )
-        return sorted(rows, key=lambda row: (-row.calls, row.tool))
+        return sorted(rows, key=lambda row: (-row.calls, -row.refused, row.tool))
 
 
 def quantile(ordered: list[float], q: float) -> float:

@@ -88,7 +88,7 @@ class AgentExecutor:
         settings: OrchestratorSettings,
         store: ApiStore,
         metrics: ApiMetrics,
-        model: ChatModel,
+        model: ChatModel | None,
         *,
         replica: str,
         dispatcher: Dispatcher | None = None,
@@ -136,7 +136,8 @@ class AgentExecutor:
         await asyncio.gather(*(self._stop(key, task) for key, task in work))
         await self._conversations.close()
         await self._dispatcher.close()
-        await self._model.aclose()
+        if self._model is not None:
+            await self._model.aclose()
 
     async def fleet(self) -> Fleet:
         fleet = await self._fleet.get()
@@ -144,6 +145,12 @@ class AgentExecutor:
             self._metrics.know_tools(fleet.tools)
             self._known_fleet = fleet
         return fleet
+
+    def _chat_model(self) -> ChatModel:
+        """The model client; a server without one refuses runs and batches before they start."""
+        if self._model is None:
+            raise ModelError("this server has no model API configured")
+        return self._model
 
     # -- runs ----------------------------------------------------------------------------------
 
@@ -170,7 +177,7 @@ class AgentExecutor:
                         return
                     remote = False
                 agent = Agent(
-                    self._model,
+                    self._chat_model(),
                     options,
                     dispatcher=self._dispatcher,
                     fleet=fleet,
@@ -305,7 +312,7 @@ class AgentExecutor:
                     log.warning("the agents pool is gone: batch %s runs %s here", batch_id, run_id)
             return await run_item(
                 item,
-                model=self._model,
+                model=self._chat_model(),
                 dispatcher=self._dispatcher,
                 fleet=fleet,
                 settings=self._settings,

@@ -59,15 +59,10 @@ def _serve_on(
 
     from api.connections import FleetUnreachableError, check_connections
     from api.http.app import create_app
-    from api.llm import ChatModel, ModelError
     from api.local.stack import LocalStackError, fleet_for
     from api.logs import configure_logging
 
     configure_logging(settings)
-    try:
-        model = ChatModel.from_env(settings)
-    except ModelError as exc:
-        _refuse(f"no model API configured: {exc}")
     if settings.local_mode:
         log.info("no TOOLQ_BROKER_URL: starting a local Redis and workers for this server")
     else:
@@ -81,7 +76,8 @@ def _serve_on(
         signal.signal(stop_signal, _exit_cleanly)
     try:
         with fleet_for(settings) as fleet_settings:
-            app = create_app(fleet_settings, model=model, tenants=tenants)
+            # Without a model API it serves /mcp, the viewer and the fleet: runs answer 503.
+            app = create_app(fleet_settings, tenants=tenants)
             config = uvicorn.Config(
                 app, host=host, port=port, log_config=None, timeout_graceful_shutdown=5
             )

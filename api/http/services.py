@@ -42,6 +42,8 @@ class Services:
     event_hub: EventHub
     #: A connection of the health probe's own: no burst of requests can make it wait.
     redis_probe: aioredis.Redis
+    #: Why this server runs no conversation (no model API configured), or None when it can.
+    model_problem: str | None = None
 
 
 def _services(request: Request) -> Services:
@@ -62,6 +64,13 @@ async def read_queue_depths(services: Services) -> Mapping[str, int] | None:
     except Exception as exc:  # the broker's client raises many kinds; a reader must not fail
         log.warning("queue depths unavailable: %s", exc)
         return None
+
+
+def require_model(services: Services) -> None:
+    """503 when this server has no model API: it serves /mcp, the viewer and the fleet's pages,
+    and starts no run or batch."""
+    if services.model_problem is not None:
+        raise HTTPException(503, services.model_problem)
 
 
 async def reachable_fleet(services: Services) -> Fleet:

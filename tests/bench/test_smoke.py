@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.sandbox_parts import EXEC, HANDOVER, IN_PROCESS, TMPFS
+from bench.scaling import deploy_concurrency
+
 # The quick run takes about two minutes on a small, busy machine.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(200)]
 
@@ -116,18 +119,15 @@ def test_the_scaling_case_ran_each_step_on_both_systems(results: Path) -> None:
             assert 0 <= step[system]["redis_main_thread_busy"] <= 1.5
     split = figures["broker_and_results_on_a_redis_each"]
     assert split["calls_per_s"] > 0
-    assert "| 1 x 4 |" in (results / "latest.md").read_text()
+    assert f"| 1 x {deploy_concurrency()} |" in (results / "latest.md").read_text()
 
 
-def test_the_parts_of_run_bash_are_timed(results: Path) -> None:
+def test_the_parts_of_run_bash_are_timed_or_say_why_not(results: Path) -> None:
     figures = json.loads((results / "latest.json").read_text())["cases"]["run_bash"]["figures"]
-    parts = figures["parts_p50_ms"]
-    if os.geteuid() != 0:
-        assert parts == {} or "run_sandboxed" not in " ".join(parts)
-        return
-    assert figures["parts_unavailable"] == {}
+    parts, missing = figures["parts_p50_ms"], figures["parts_unavailable"]
+    for name in (IN_PROCESS, HANDOVER, EXEC, TMPFS):
+        assert name in parts or name in missing or IN_PROCESS in missing
     assert all(value >= 0 for value in parts.values())
-    assert any(name.startswith("hand-over to exit") for name in parts)
 
 
 def test_the_model_clients_own_cost_is_measured_beside_aiohttp(results: Path) -> None:

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +37,9 @@ pytestmark = pytest.mark.integration
 
 #: Rounds of two restarts: one mid-traffic, one as the worker connects again.
 RESTART_ROUNDS = 8
+#: How long Redis stays down in the first restart of a round: the worker's reads, writes and
+#: acknowledgements fail meanwhile.
+OUTAGE_S = 0.5
 #: Answers a worker must give after a restart to count as serving.
 SERVED_AFTER_RESTART = 5
 #: How long the store refuses writes: the fault itself.
@@ -257,6 +261,7 @@ def _restart_twice(server: RedisServer, worker: LoneWorker, slow_runs: Path) -> 
     )
     connected = worker.log().count("Connected to")
     server.stop()
+    time.sleep(OUTAGE_S)  # the outage itself, not a wait for something
     server.start()
     wait_for(
         lambda: worker.exit_code() is not None or worker.log().count("Connected to") > connected,

@@ -221,15 +221,27 @@ async def test_the_broker_is_out_of_reach(
         "except OSError as e:\n"
         "    print('refused:', e)\n"
     )
+    password = stack.redis.password or ""
+    half = len(password) // 2
+    # The password looked for in every command line and environment the command can read; the
+    # pattern is put together in a file, so that no command line of the search holds it.
+    search = (
+        f"printf '%s%s' '{password[:half]}' '{password[half:]}' > pattern; "
+        "grep -l -F -f pattern /proc/[0-9]*/cmdline /proc/[0-9]*/environ 2>/dev/null; true"
+    )
     with report.case(
         "Isolation",
-        f"[{mode}] run_bash connects to the broker's port and sends `KEYS *`",
-        "no connection (no network), or NOAUTH (the password is the worker's alone)",
+        f"[{mode}] run_bash connects to the broker's port and sends `KEYS *`; looks for the "
+        "broker's password in every /proc/*/cmdline and environ it can read",
+        "no connection (no network), or NOAUTH; the password found nowhere",
     ) as row:
         answer = await attacker.bash(f'python3 -c "{probe}"')
+        found = await attacker.bash(search)
         out = answer["stdout"]
-        row.observed = out.strip()[:120]
+        where = found["stdout"].split() or "none"
+        row.observed = f"{out.strip()[:100]}; password found in: {where}"
         assert out.startswith("refused:") or "NOAUTH" in out, answer
+        assert found["stdout"].strip() == "", found
 
 
 async def test_host_sockets_are_out_of_reach_with_namespaces(

@@ -3,13 +3,20 @@ launch serves the call (one made for any run, or one made ahead for that run alo
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
+from api.dispatch import Dispatcher
+from api.local.stack import worker_argv, worker_environment
+from tests.conftest import Caller, RedisServer, WorkerFleet, fleet_settings, wait_for
+from worker.protocol import keys
 from worker.sandbox import (
     SandboxConfig,
     SandboxError,
@@ -20,6 +27,7 @@ from worker.sandbox import (
 from worker.sandbox.identity import DEFAULT_UID_RANGE, IdentityError, UidRange, identity_of
 from worker.sandbox.launch import launcher
 from worker.sandbox.plan import LAYER_PRIVATE_TMP, LAYER_RUN_UID, LAYER_TMP_CLEANED
+from worker.tasks import EXIT_CANNOT_ISOLATE
 from worker.tools.factory import prepare_workspace
 from worker.tools.workspace import Workspace
 
@@ -124,3 +132,72 @@ def test_a_uid_range_is_checked() -> None:
         UidRange.parse("20000")
     with pytest.raises(ValueError, match="between 1000"):
         UidRange.parse("10-20")
+
+
+def test_a_worker_that_cannot_keep_runs_apart_says_what_is_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    shared = SandboxConfig(uid_range=None)
+    refusal = shared.sharing_refusal()
+    assert refusal is not None
+    assert "TOOLQ_SANDBOX_UID_RANGE is empty" in refusal
+    assert "TOOLQ_SANDBOX_SHARED=allow" in refusal
+    assert SandboxConfig(uid_range=None, shared_allowed=True).sharing_refusal() is None
+    assert SandboxConfig(uid_range=RANGE).sharing_refusal() is None
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    not_root = SandboxConfig(uid_range=RANGE).sharing_refusal()
+    assert not_root is not None and "not root" in not_root
+
+
+@pytest.mark.integration
+def test_a_sandbox_worker_refuses_to_start_with_runs_sharing_a_uid(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    settings = fleet_settings(redis_server.url, tmp_path, sandbox_uid_range="")
+    env = {**os.environ, **worker_environment(settings)}
+    argv = worker_argv("sandbox", node="refusing@%h", loglevel="WARNING")
+
+    refused = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+
+    assert refused.returncode == EXIT_CANNOT_ISOLATE
+    lines = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert lines == [f"error: {SandboxConfig.from_settings(settings).sharing_refusal()}"]
+    # The operator allows it: the worker starts (and is stopped once it said so).
+    env["TOOLQ_SANDBOX_SHARED"] = "allow"
+    allowed = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        client = redis.Redis.from_url(settings.redis_url)
+        wait_for(
+            lambda: (
+                any(client.scan_iter(keys.worker_heartbeats("sandbox")))
+                or allowed.poll() is not None
+            ),
+            timeout=120,
+            what="the allowed worker to announce itself",
+        )
+        assert allowed.poll() is None
+    finally:
+        allowed.terminate()
+        allowed.wait(30)
+
+
+@pytest.mark.integration
+async def test_a_run_with_no_uid_left_is_told_so_and_nothing_runs(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    root = tmp_path / "workspaces"
+    root.mkdir()
+    settings = fleet_settings(redis_server.url, root, sandbox_uid_range="5000-5000")
+    fleet = WorkerFleet(settings).start()
+    try:
+        async with Dispatcher(settings) as dispatcher:
+            first = Caller(dispatcher, settings, "run-takes-the-uid")
+            second = Caller(dispatcher, settings, "run-finds-none")
+            took = await first("run_bash", {"command": "id -u"})
+            refused = await second("run_bash", {"command": "touch ran"})
+    finally:
+        fleet.stop()
+    assert json.loads(took.output)["stdout"].strip() == "5000"
+    assert refused.error_kind == "workspace_unavailable"
+    assert "TOOLQ_SANDBOX_UID_RANGE=5000-5000" in refused.output
+    assert not (root / "run-finds-none" / "ran").exists()

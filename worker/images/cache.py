@@ -134,8 +134,8 @@ class ImageCache:
     def _pull(self, ref: ImageReference, digest: str, deadline: float) -> bool:
         hex_digest = digest.partition(":")[2]
         pulls = self.root / "pulls"
-        pulls.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.root, 0o700)  # the images' files are the worker's business alone
+        pulls.mkdir(mode=0o700, parents=True, exist_ok=True)
+        (self.root / "images").mkdir(mode=0o700, exist_ok=True)
         with _flock(pulls / f"{hex_digest}.lock", deadline, ref, "another pull of it is slow"):
             if self._present(digest):
                 return False  # another process pulled it while this one waited

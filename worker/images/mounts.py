@@ -24,7 +24,8 @@ from worker.images.spec import IdMap
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
-_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+_text = ctypes.c_char_p
+_libc.mount.argtypes = [_text, _text, _text, ctypes.c_ulong, _text]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 
 # The new mount API's system calls share one number on every architecture.
@@ -54,18 +55,21 @@ class MountError(OSError):
     """A mount the container needs could not be made; the message says which and why."""
 
 
-def mount_rootfs(image_root: Path, bundle: Path, uids: Sequence[IdMap], gids: Sequence[IdMap]) -> Path:
+def mount_rootfs(
+    image_root: Path, bundle: Path, uids: Sequence[IdMap], gids: Sequence[IdMap]
+) -> Path:
     """``bundle/rootfs``: ``image_root`` seen with the container's id mappings (``bundle/lower``)
     beneath the writable ``bundle/upper``. Undo with ``unmount_rootfs``."""
     lower, upper, work, rootfs = (bundle / n for n in ("lower", "upper", "work", "rootfs"))
     for folder in (lower, upper, work, rootfs):
         folder.mkdir(mode=0o700, exist_ok=True)
     # The layer's top is the root folder the container sees: its user's, like the image's.
-    owner = _host_id(uids, 0)
-    group = _host_id(gids, 0)
+    owner = host_id(uids, 0)
+    group = host_id(gids, 0)
     os.chown(upper, owner, group)
-    os.chmod(upper, 0o755)
-    os.chmod(rootfs, 0o755)
+    # The box's root and its mount point: readable by all, as any root folder.
+    os.chmod(upper, 0o755)  # noqa: S103
+    os.chmod(rootfs, 0o755)  # noqa: S103
     userns = _user_namespace(uids, gids)
     try:
         _idmapped_clone(image_root, lower, userns)
@@ -99,7 +103,7 @@ def is_mount(path: Path) -> bool:
     return False
 
 
-def _host_id(maps: Sequence[IdMap], container_id: int) -> int:
+def host_id(maps: Sequence[IdMap], container_id: int) -> int:
     """The host id that ``container_id`` maps to; the overflow id (65534) when none does."""
     for entry in maps:
         if entry.container_id <= container_id < entry.container_id + entry.size:
@@ -160,9 +164,7 @@ def _idmapped_clone(source: Path, target: Path, userns: int) -> None:
 
 
 def _mount(source: str, target: Path, fstype: str, options: str) -> None:
-    result = _libc.mount(
-        source.encode(), os.fsencode(target), fstype.encode(), 0, options.encode()
-    )
+    result = _libc.mount(source.encode(), os.fsencode(target), fstype.encode(), 0, options.encode())
     _check(result, f"the {fstype} mount of the container's root")
 
 

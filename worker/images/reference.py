@@ -24,8 +24,10 @@ MAX_REFERENCE_CHARS = 1024
 DEFAULT_REGISTRY = "docker.io"
 
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_DOMAIN = r"(?:localhost|[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+|[A-Za-z0-9-]+:[0-9]+|" \
+_DOMAIN = (
+    r"(?:localhost|[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+|[A-Za-z0-9-]+:[0-9]+|"
     r"[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+:[0-9]+)"
+)
 _REGISTRY_REFERENCE = re.compile(
     rf"(?:(?P<domain>{_DOMAIN})/)?(?P<path>{_COMPONENT}(?:/{_COMPONENT})*)"
     r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
@@ -79,7 +81,7 @@ def parse_reference(text: str) -> ImageReference:
         )
     transport, sep, rest = text.partition(":")
     if sep and transport in LOCAL_TRANSPORTS:
-        return _local(text, transport, rest)  # type: ignore[arg-type]
+        return _local(text, transport, rest)
     registry_text = text.removeprefix("docker://")
     match = _REGISTRY_REFERENCE.fullmatch(registry_text)
     if match is None:

@@ -7,6 +7,7 @@ worker made, even one whose worker died.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -120,15 +121,11 @@ class OciRuntime:
     def kill_process(self, name: str, pid: int) -> None:
         """SIGKILL one process of the box (runsc names it by its pid in the box)."""
         if self.gvisor:
-            try:
+            with contextlib.suppress(RuntimeFailed):  # already gone
                 self._run(["kill", "--pid", str(pid), name, "KILL"], time.monotonic() + _QUICK_S)
-            except RuntimeFailed:
-                pass  # already gone
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
 
     def delete(self, name: str) -> None:
         """End ``name`` and forget it, whatever its state; nothing when it is not known."""

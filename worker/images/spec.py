@@ -12,6 +12,7 @@ memory and processes, and calls of a run take turns, so those limits are each ca
 
 from __future__ import annotations
 
+import resource
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +25,8 @@ CONTAINER_IDS = 65536
 HOSTNAME = "toolq"
 #: A command's PATH when the image sets none, as Docker's.
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-#: Files a process may hold open at once.
+#: Files a process may hold open at once (at most the worker's own hard limit: the runtime
+#: sets it from inside the box, where it cannot be raised).
 OPEN_FILES = 65536
 #: What a root user of the image may do in the box (Docker's default set; in the box's user
 #: namespace, over the box's own files only). Other users get none.
@@ -122,10 +124,8 @@ def container_config(box: BoxSpec) -> dict[str, Any]:
             "env": list(box.env),
             "cwd": "/",
             "capabilities": _capabilities([]),
-            "rlimits": [_rlimit("RLIMIT_NOFILE", OPEN_FILES, OPEN_FILES)],
+            "rlimits": [_open_files()],
             "noNewPrivileges": True,
-            # The init holds the box: a memory hog of a call is killed before it.
-            "oomScoreAdj": -999,
         },
         "root": {"path": "rootfs", "readonly": False},
         "hostname": HOSTNAME,
@@ -167,7 +167,7 @@ def process_config(
         "cwd": cwd,
         "capabilities": _capabilities(ROOT_CAPABILITIES if uid == 0 else []),
         "rlimits": [
-            _rlimit("RLIMIT_NOFILE", OPEN_FILES, OPEN_FILES),
+            _open_files(),
             *(_rlimit(name, *limit) for name, limit in rlimits.items()),
         ],
         "noNewPrivileges": True,
@@ -238,6 +238,12 @@ def _bind(source: str, destination: str, *, read_only: bool) -> dict[str, Any]:
 
 def _capabilities(names: list[str]) -> dict[str, list[str]]:
     return {kind: list(names) for kind in ("bounding", "effective", "permitted")}
+
+
+def _open_files() -> dict[str, Any]:
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    limit = OPEN_FILES if hard == resource.RLIM_INFINITY else min(OPEN_FILES, hard)
+    return _rlimit("RLIMIT_NOFILE", limit, limit)
 
 
 def _rlimit(name: str, soft: int, hard: int) -> dict[str, Any]:

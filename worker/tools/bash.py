@@ -8,8 +8,9 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field, field_validator
 
+from worker.images.commands import run_command
 from worker.protocol import CommandAnswer, ResourceUsage, StreamsCut
-from worker.sandbox import SandboxConfig, SandboxResult, run_sandboxed
+from worker.sandbox import SandboxConfig, SandboxResult
 from worker.settings import get_worker_settings
 from worker.tools.interface import ExecutableTool, ToolArgs
 from worker.tools.paths import WorkspaceError, shown
@@ -90,7 +91,7 @@ class RunBashTool(ExecutableTool):
 
     def execute(self, args: dict[str, Any]) -> str:
         cwd = working_directory(self._workspace, args.get("cwd"))
-        result = run_sandboxed(
+        result = run_command(
             args["command"],
             cwd=cwd,
             home=self._workspace.root,

@@ -31,6 +31,8 @@ class CallRuntime:
     #: The descriptor by which the call holds its workspace (``worker.retention.hold``), which
     #: the removal of the workspace turns exclusive; None outside a worker.
     workspace_lock: int | None = None
+    #: The run's container, which its commands run in (``worker.images``); None: no image.
+    environment: str | None = None
 
 
 class NotAdmitted(Exception):
@@ -66,6 +68,13 @@ def admit_current_call() -> None:
     runtime = _current.get(None)
     if runtime is not None and runtime.admit is not None:
         runtime.admit()
+
+
+def current_environment() -> str | None:
+    """The container the running call's commands run in (its run's image); None without one,
+    or outside a worker's call."""
+    runtime = _current.get(None)
+    return None if runtime is None else runtime.environment
 
 
 def report_usage(usage: ResourceUsage) -> None:

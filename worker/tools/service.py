@@ -19,8 +19,9 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from worker.images.commands import run_command
 from worker.retention import remove_held, run_ids
-from worker.sandbox import SandboxConfig, run_sandboxed
+from worker.sandbox import SandboxConfig
 from worker.tools.bash import command_answer, working_directory
 from worker.tools.interface import ExecutableTool, ToolArgs
 from worker.tools.paths import PathNotFoundError, WorkspaceError, shown
@@ -287,7 +288,7 @@ class ExecTool(ServiceTool):
         stdin = args.get("input")
         cwd = working_directory(self.workspace, args.get("cwd"))
         cap = min(args["output_cap_bytes"], self.transfer_max_bytes)
-        result = run_sandboxed(
+        result = run_command(
             argv if argv is not None else command or "",
             cwd=cwd,
             home=self.workspace.root,

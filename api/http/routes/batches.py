@@ -21,7 +21,7 @@ from api.http.bodies import (
     Problem,
     refusal,
 )
-from api.http.services import Svc, tool_errors, working_fleet
+from api.http.services import Svc, require_model, tool_errors, working_fleet
 from api.http.state.batches import BatchState
 
 #: Past any batch's results, and within what Redis takes as a list index.
@@ -44,6 +44,7 @@ async def _create_batch(
     conflicts = body.id_conflicts()
     if conflicts:
         return refusal(conflicts, 409)
+    require_model(services)
     fleet = await working_fleet(services)
     limits = ItemLimits.from_settings(services.settings)
     errors = [

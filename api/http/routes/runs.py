@@ -20,7 +20,7 @@ from api.http.bodies import (
     Responses,
     RunRequest,
 )
-from api.http.services import Svc, tool_errors, working_fleet
+from api.http.services import Svc, require_model, tool_errors, working_fleet
 from api.http.sse import event_stream_response
 from api.http.state.keys import ACTIVE
 from api.http.state.runs import RunState
@@ -50,6 +50,7 @@ async def _create_run(
     """Start a conversation; it runs in the background. Follow it at /v1/runs/{id}/events.
     ``options.run_id`` names a workspace of this token's own: another token's run with the same
     run_id has another workspace."""
+    require_model(services)
     fleet = await working_fleet(services)
     errors = tool_errors(("options",), body.options.enable, body.options.disable, fleet)
     if errors:

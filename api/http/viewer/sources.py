@@ -100,9 +100,13 @@ class WorkerView:
 class PoolView:
     name: str
     workers: list[WorkerView]
+    #: The tools models call.
     tools: list[str]
     #: Calls waiting in the pool's queue; None when the broker did not say.
     queue_depth: int | None
+    #: The service operations (``toolq.*``) callers use to move files and run commands; models
+    #: never see them.
+    operations: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -103,8 +103,13 @@ class StoreSources:
                     WorkerView(w.worker, w.host, w.pid, w.started, w.beat_at)
                     for w in sorted(fleet.workers.get(pool, []), key=lambda w: w.worker)
                 ],
-                tools=[spec.name for spec in fleet.tools.values() if spec.pool == pool],
+                tools=[spec.name for spec in fleet.model_tools.values() if spec.pool == pool],
                 queue_depth=None if depths is None else depths.get(pool),
+                operations=[
+                    spec.name
+                    for spec in fleet.tools.values()
+                    if spec.pool == pool and not spec.for_model
+                ],
             )
             for pool in POOLS
         ]

@@ -60,3 +60,19 @@ def test_the_chart_scales_to_the_busiest_bucket_and_draws_the_error_rate() -> No
     assert chart.bars[-1].height > 0 and all(bar.height == 0 for bar in chart.bars[:-1])
     assert chart.error_line.count(",") == 1  # one bucket had calls: one point
     assert chart.summary.startswith("30 tool calls in the last 1 minutes, 10 of them failed")
+
+
+def test_refused_calls_are_counted_apart_from_the_calls_that_ran() -> None:
+    recent = RecentCalls(window_s=60, clock=Clock())
+    recent.add("run_bash", True, 2.0)
+    recent.add("run_bash", False, 0.0, refused=True)
+    recent.add("made_up", False, 0.0, refused=True)
+
+    latency = {row.tool: row for row in recent.latency_by_tool()}
+
+    assert (latency["run_bash"].calls, latency["run_bash"].errors) == (1, 0)
+    assert latency["run_bash"].p50_ms == pytest.approx(2000.0)
+    assert latency["run_bash"].refused == 1
+    made_up = latency["made_up"]
+    assert (made_up.calls, made_up.p50_ms, made_up.p95_ms, made_up.refused) == (0, None, None, 1)
+    assert sum(bucket.calls for bucket in recent.rates(bucket_s=10)) == 1

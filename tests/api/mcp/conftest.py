@@ -40,12 +40,8 @@ class ServedApi:
     def __init__(self, fleet: WorkerFleet, log: Path) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = fleet_env(fleet) | {
-            "TOOLQ_API_TOKEN": TOKEN,
-            # The API wants a model; MCP sessions never ask it anything.
-            "OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
-            "OPENAI_API_KEY": "unused",
-        }
+        # No model API: /mcp needs none, and toolq serve starts without one.
+        env = fleet_env(fleet) | {"TOOLQ_API_TOKEN": TOKEN}
         self._log = log.open("wb")
         self.proc = subprocess.Popen(
             [TOOLQ, "serve", "--port", str(self.port)],

@@ -1,0 +1,397 @@
+"""A container per run, alive for the run: started by its first command, ended with the run.
+
+```
+<cache>/boxes/<name>/record.json   what the box is (``BoxRecord``): run, image, owner, user
+<cache>/boxes/<name>/config.json   its OCI configuration; rootfs, lower, upper, work: its files
+<cache>/boxes/<name>.lock          held while the box starts, runs a call, or ends
+```
+
+A box is named after its run, so any process of the worker finds it. Its record names the
+worker that holds it (``worker.images.owner``): a box whose worker died, or whose run's
+workspace was removed, is ended by the next sweep on the host (``sweep``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from worker.images.cache import CachedImage, ImageCache
+from worker.images.errors import EnvironmentLost, ImageError
+from worker.images.fetch import Tools
+from worker.images.group import BoxGroup, swap_accounted
+from worker.images.loopback import loopback_up
+from worker.images.mounts import MountError, host_id, mount_rootfs, remove_bundle
+from worker.images.owner import Owner, current_owner
+from worker.images.reference import parse_reference
+from worker.images.rootfs import lookup_user, resolve_in_root
+from worker.images.runtime import OciRuntime, RuntimeFailed
+from worker.images.seed import seed_workspace
+from worker.images.spec import BoxSpec, container_config, id_maps, merged_env
+
+#: Where the workspace is in a box whose image names no WorkingDir of its own.
+DEFAULT_WORKDIR = "/workspace"
+#: catatonit, the box's first process (Debian's package; podman's init).
+INIT_CANDIDATES = ("/usr/bin/catatonit", "/usr/libexec/podman/catatonit")
+_LOCK_POLL_S = 0.02
+#: Bound on ending one box: killing it, deleting it, unmounting its files.
+_END_BOUND_S = 30.0
+
+
+class BoxRecord(BaseModel):
+    """One run's box, as every process of its worker reads it."""
+
+    name: str
+    run_id: str
+    image: str
+    digest: str
+    runtime: str
+    owner: Owner
+    workspace: str
+    #: The workspace's device and inode at start: a workspace removed and made again is
+    #: another folder, which the box does not see.
+    workspace_id: tuple[int, int]
+    workdir: str
+    #: Who runs in the box (its ids inside), and that user's variables.
+    user: tuple[int, int]
+    env: list[str]
+    cgroups_path: str
+    #: The host pid of the box's first process (runc), or of its sandbox (runsc).
+    init_pid: int
+    start_ms: int
+    pulled: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BoxSettings:
+    """How boxes are made on this worker (from ``WorkerSettings`` and the sandbox's)."""
+
+    cache_root: Path
+    cache_bytes: int
+    runtime: str
+    tools: Tools
+    cgroup_root: Path
+    memory_mb: int
+    max_processes: int
+    file_size_mb: int
+    #: The first of the 65,536 host ids that stand for a box's ids other than its user's.
+    id_block: int
+
+
+class Boxes:
+    """The boxes of this host's cache, and the image cache they start from."""
+
+    def __init__(self, settings: BoxSettings) -> None:
+        self.settings = settings
+        self.folder = settings.cache_root / "boxes"
+        self.cache = ImageCache(
+            settings.cache_root, settings.cache_bytes, settings.tools, self.digests_in_use
+        )
+
+    def runtime(self, image: str) -> OciRuntime:
+        try:
+            return OciRuntime.find(self.settings.runtime, self.settings.cache_root)
+        except RuntimeFailed as exc:
+            raise ImageError(image, str(exc)) from None
+
+    def start(
+        self,
+        run_id: str,
+        workspace: Path,
+        host_ids: tuple[int, int],
+        image: str,
+        deadline: float,
+        *,
+        user: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> BoxRecord:
+        """The run's box from ``image``, started now, or the one it has when it is from the
+        same image and alive. ``ImageError`` (one line) when it cannot be had."""
+        ref = parse_reference(image)
+        runtime = self.runtime(image)
+        name = box_name(run_id)
+        started = time.monotonic()
+        with self.turn(name, deadline, image):
+            existing = self.find(run_id)
+            if existing is not None:
+                if existing.image == image and self._healthy(existing, runtime) is None:
+                    return existing
+                self._end(existing, runtime)
+            digest = self.cache.resolve(ref, deadline)
+            bundle = self.folder / name
+            claimed: list[CachedImage] = []
+
+            def claim(cached: CachedImage) -> None:
+                # Written under the cache's lock: from now on the image is in use.
+                shutil.rmtree(bundle, ignore_errors=True)
+                bundle.mkdir(parents=True, mode=0o700)
+                (bundle / "claim.json").write_text(json.dumps({"digest": digest}))
+                claimed.append(cached)
+
+            cached, pulled = self.cache.acquire(ref, digest, deadline, claim)
+            try:
+                record = self._make(
+                    name, run_id, image, cached, runtime, workspace, host_ids, user, env,
+                    deadline, pulled, started,
+                )  # fmt: skip
+            except BaseException:
+                self._remove(name, runtime)
+                raise
+            return record
+
+    def find(self, run_id: str) -> BoxRecord | None:
+        return self._read(self.folder / box_name(run_id))
+
+    def check(self, record: BoxRecord) -> None:
+        """``EnvironmentLost`` unless ``record``'s box can take a call here and now."""
+        why = self._healthy(record, None)
+        if why is not None:
+            raise EnvironmentLost(why)
+
+    def end(self, run_id: str, deadline: float) -> BoxRecord | None:
+        """End the run's box, if it has one here; what it was."""
+        record = self.find(run_id)
+        if record is None:
+            return None
+        with self.turn(record.name, deadline, record.image):
+            self._end(record, self.runtime(record.image))
+        return record
+
+    def digests_in_use(self) -> set[str]:
+        """The images boxes of this host use (or are being started from)."""
+        found = set()
+        for entry in self.folder.iterdir() if self.folder.is_dir() else []:
+            for name in ("record.json", "claim.json"):
+                with contextlib.suppress(OSError, ValueError, KeyError):
+                    found.add(str(json.loads((entry / name).read_text())["digest"]))
+        return found
+
+    def records(self) -> list[BoxRecord]:
+        if not self.folder.is_dir():
+            return []
+        return [r for e in self.folder.iterdir() if (r := self._read(e)) is not None]
+
+    @contextlib.contextmanager
+    def turn(self, name: str, deadline: float, image: str) -> Iterator[None]:
+        """The box's lock: a call, a start or an end at a time."""
+        if not self.folder.is_dir():
+            self._make_folder(image)
+        path = self.lock_path(name)
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                _lock(fd, deadline, image)
+                if _same_file(fd, path):
+                    yield
+                    return
+                # The sweep removed this lock file meanwhile: take the one there now.
+            finally:
+                os.close(fd)
+
+    def _make_folder(self, image: str) -> None:
+        """The boxes' folder. A box's runtime reaches its bundle as the box's own root, an
+        unprivileged uid: it must be let through every folder above (never list them); each
+        bundle is then that user's alone."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for folder in (self.settings.cache_root, self.folder):
+            os.chmod(folder, 0o711)  # noqa: S103
+        for folder in self.settings.cache_root.resolve().parents:
+            if not os.stat(folder).st_mode & 0o001:
+                raise ImageError(
+                    image,
+                    f"containers cannot reach TOOLQ_IMAGE_CACHE={self.settings.cache_root}: "
+                    f"{folder} lets no other user through (chmod o+x {folder}, or choose "
+                    "another folder)",
+                )
+
+    def lock_path(self, name: str) -> Path:
+        return self.folder / f"{name}.lock"
+
+    def _make(
+        self,
+        name: str,
+        run_id: str,
+        image: str,
+        cached: CachedImage,
+        runtime: OciRuntime,
+        workspace: Path,
+        host_ids: tuple[int, int],
+        user: str | None,
+        env: Mapping[str, str] | None,
+        deadline: float,
+        pulled: bool,
+        started: float,
+    ) -> BoxRecord:
+        settings = self.settings
+        bundle = self.folder / name
+        info = os.stat(workspace)
+        try:
+            inside = lookup_user(cached.rootfs, user if user is not None else cached.record.user)
+        except ValueError as exc:
+            raise ImageError(image, str(exc)) from None
+        workdir = _workdir(cached.record.workdir)
+        if workdir != DEFAULT_WORKDIR:
+            # The workspace is mounted over the image's WorkingDir: what the image has there
+            # comes into the workspace first, as into a new Docker volume.
+            seed_workspace(resolve_in_root(cached.rootfs, workdir), workspace, host_ids)
+        uids = id_maps(inside[0], host_ids[0], settings.id_block)
+        gids = id_maps(inside[1], host_ids[1], settings.id_block)
+        os.chown(bundle, host_id(uids, 0), host_id(gids, 0))
+        try:
+            mount_rootfs(cached.rootfs, bundle, uids, gids)
+        except MountError as exc:
+            raise ImageError(image, f"its root file system could not be mounted: {exc}") from None
+        (bundle / "hosts").write_text(f"127.0.0.1\tlocalhost {name[:63]}\n::1\tlocalhost\n")
+        hostname = bundle / "hostname"
+        hostname.write_text("toolq\n")
+        box_env = merged_env(cached.record.env, env or {})
+        cgroups_path = f"/toolq-images/{name}"
+        spec = BoxSpec(
+            init_source=_init_binary(image),
+            workspace=str(workspace),
+            workdir=workdir,
+            uids=uids,
+            gids=gids,
+            user=inside,
+            env=box_env,
+            cgroups_path=cgroups_path,
+            memory_bytes=settings.memory_mb * 1024 * 1024,
+            swap_accounted=swap_accounted(settings.cgroup_root),
+            max_processes=settings.max_processes,
+            etc_files={"/etc/hosts": str(bundle / "hosts"), "/etc/hostname": str(hostname)},
+        )
+        (bundle / "config.json").write_text(json.dumps(container_config(spec)))
+        pid_file = bundle / "init.pid"
+        try:
+            runtime.create(name, bundle, pid_file, deadline)
+            init_pid = int(pid_file.read_text().strip())
+            _protect_from_oom(init_pid)
+            if not runtime.gvisor:
+                loopback_up(init_pid)
+            runtime.start(name, deadline)
+        except (RuntimeFailed, OSError, ValueError) as exc:
+            raise ImageError(image, f"its container could not start: {exc}") from None
+        record = BoxRecord(
+            name=name,
+            run_id=run_id,
+            image=image,
+            digest=cached.record.digest,
+            runtime=runtime.name,
+            owner=current_owner(),
+            workspace=str(workspace),
+            workspace_id=(info.st_dev, info.st_ino),
+            workdir=workdir,
+            user=inside,
+            env=box_env,
+            cgroups_path=cgroups_path,
+            init_pid=init_pid,
+            start_ms=round((time.monotonic() - started) * 1000),
+            pulled=pulled,
+        )
+        (bundle / "record.json").write_text(record.model_dump_json())
+        (bundle / "claim.json").unlink(missing_ok=True)
+        return record
+
+    def _healthy(self, record: BoxRecord, runtime: OciRuntime | None) -> str | None:
+        """Why ``record``'s box cannot take calls from this worker, or None when it can."""
+        here = current_owner()
+        what = f"the container of run {record.run_id} (image {record.image!r})"
+        if record.owner.worker != here.worker or record.owner.pid != here.pid:
+            return f"{what} belongs to worker {record.owner.worker}, not to this one"
+        try:
+            info = os.stat(record.workspace)
+        except OSError:
+            return f"{what} was ended: the run's workspace was removed"
+        if (info.st_dev, info.st_ino) != tuple(record.workspace_id):
+            return f"{what} was ended: the run's workspace was removed and made again"
+        if not Path(f"/proc/{record.init_pid}").exists():
+            return f"{what} stopped (its first process is gone)"
+        if runtime is not None and not runtime.running(record.name):
+            return f"{what} is not running"
+        return None
+
+    def _end(self, record: BoxRecord, runtime: OciRuntime) -> None:
+        if record.runtime != runtime.name:
+            # Made by another runtime than the one set now: that one ends it.
+            with contextlib.suppress(RuntimeFailed):
+                runtime = OciRuntime.find(record.runtime, self.settings.cache_root)
+        self._remove(record.name, runtime)
+
+    def _remove(self, name: str, runtime: OciRuntime) -> None:
+        with contextlib.suppress(RuntimeFailed):
+            runtime.delete(name)
+        remove_bundle(self.folder / name)
+
+    @staticmethod
+    def _read(folder: Path) -> BoxRecord | None:
+        try:
+            return BoxRecord.model_validate_json((folder / "record.json").read_bytes())
+        except (OSError, ValueError):
+            return None
+
+
+def _protect_from_oom(pid: int) -> None:
+    """The init holds the box: a memory hog of a call is killed before it. Set from here (the
+    box's own root may not lower it), where the worker may (CAP_SYS_RESOURCE)."""
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/oom_score_adj").write_text("-999")
+
+
+def _lock(fd: int, deadline: float, image: str) -> None:
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise ImageError(
+                    image,
+                    "the run's container was busy with another command until this one's "
+                    "time ran out",
+                ) from None
+            time.sleep(_LOCK_POLL_S)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except OSError:
+        return False
+
+
+def box_name(run_id: str) -> str:
+    """A container name for ``run_id``: any run id, in the characters runtimes take."""
+    return "toolq-" + hashlib.sha256(run_id.encode()).hexdigest()[:24]
+
+
+def box_group(settings: BoxSettings, record: BoxRecord) -> BoxGroup:
+    return BoxGroup(settings.cgroup_root, record.cgroups_path)
+
+
+def _workdir(image_workdir: str) -> str:
+    cleaned = os.path.normpath("/" + image_workdir.strip()) if image_workdir.strip() else "/"
+    return DEFAULT_WORKDIR if cleaned == "/" else cleaned
+
+
+def _init_binary(image: str) -> str:
+    for candidate in INIT_CANDIDATES:
+        if os.access(candidate, os.X_OK):
+            return candidate
+    found = shutil.which("catatonit")
+    if found is None:
+        raise ImageError(
+            image,
+            "catatonit, the container's first process, is not installed on the sandbox worker "
+            "(Debian's catatonit package; make install adds it)",
+        )
+    return found

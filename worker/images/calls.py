@@ -1,0 +1,205 @@
+"""One command in a run's box: ``runc exec`` (or ``runsc exec``) under the call's limits, its
+output capped while it is read, its time limit held, what it left running killed, and what it
+used told, as ``run_sandboxed`` tells it for a command on the worker's own file system.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import IO
+
+from worker.images.boxes import Boxes, BoxRecord, box_group
+from worker.images.errors import EnvironmentLost
+from worker.images.group import BoxGroup
+from worker.images.runtime import OciRuntime
+from worker.images.spec import merged_env, process_config
+from worker.sandbox.config import SHELL, SandboxConfig
+from worker.sandbox.output import CappedStream, Pump
+from worker.sandbox.result import SandboxResult, Usage, build_result
+
+#: How long to read once the command and its leftovers were killed.
+_DRAIN_S = 0.5
+#: Bound on the runtime's own exit after the command's, and on killing what it left.
+_END_S = 5.0
+#: The exit status runc and runsc give when they could not run the process at all.
+_RUNTIME_FAILED = 255
+
+
+def run_in_box(
+    boxes: Boxes,
+    record: BoxRecord,
+    command: str | Sequence[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    timeout_ms: int,
+    config: SandboxConfig,
+    stdin: bytes | None = None,
+    before_start: Callable[[], None] | None = None,
+) -> SandboxResult:
+    """Run ``command`` (a string through ``/bin/sh -c``, a sequence as the argv) in the run's
+    box, in ``cwd`` (a folder of the run's workspace, as the box sees it). ``EnvironmentLost``
+    when the box is gone; nothing of the command ran then."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    runtime = boxes.runtime(record.image)
+    with boxes.turn(record.name, deadline, record.image):
+        boxes.check(record)
+        bundle = boxes.folder / record.name
+        argv = [SHELL, "-c", command] if isinstance(command, str) else list(command)
+        cpu_s = -(-timeout_ms // 1000) + 1
+        mb = 1024 * 1024
+        process = process_config(
+            argv,
+            user=tuple(record.user),  # type: ignore[arg-type]
+            cwd=_inside(record, cwd),
+            env=merged_env(record.env, env),
+            rlimits={
+                "RLIMIT_CPU": (cpu_s, cpu_s + 1),
+                "RLIMIT_FSIZE": (config.file_size_mb * mb, config.file_size_mb * mb),
+            },
+        )
+        call = uuid.uuid4().hex[:12]
+        process_file = bundle / f"call-{call}.json"
+        pid_file = bundle / f"call-{call}.pid"
+        process_file.write_text(json.dumps(process))
+        try:
+            with _input(stdin) as source:
+                return _follow(
+                    boxes, record, runtime, process_file, pid_file, source, deadline,
+                    timeout_ms, config, before_start,
+                )  # fmt: skip
+        finally:
+            process_file.unlink(missing_ok=True)
+            pid_file.unlink(missing_ok=True)
+
+
+def layers(record: BoxRecord) -> tuple[str, ...]:
+    """What a command in ``record``'s box runs under, as ``isolation`` names it."""
+    return (
+        f"container:{record.runtime}",
+        f"image:{record.digest}",
+        "user-namespace",
+        "run-uid",
+        "pid-namespace",
+        "mount-namespace",
+        "network-namespace",
+        "no-new-privileges",
+        "rlimits",
+        "cgroup(memory,pids)",
+    )
+
+
+def _follow(
+    boxes: Boxes,
+    record: BoxRecord,
+    runtime: OciRuntime,
+    process_file: Path,
+    pid_file: Path,
+    source: IO[bytes] | int,
+    deadline: float,
+    timeout_ms: int,
+    config: SandboxConfig,
+    before_start: Callable[[], None] | None,
+) -> SandboxResult:
+    group = box_group(boxes.settings, record)
+    before = group.begin_call()
+    if before_start is not None:
+        before_start()
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        runtime.exec_argv(record.name, process_file, pid_file),
+        stdin=source,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        # Out of the worker's session: a signal for the worker is not the command's.
+        start_new_session=True,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    stdout = CappedStream(proc.stdout, config.output_cap_bytes)
+    stderr = CappedStream(proc.stderr, config.output_cap_bytes)
+    killed = 0
+    try:
+        with Pump(proc, (stdout, stderr)) as pump:
+            timed_out = not pump.until_exit(deadline)
+            if timed_out:
+                _kill_command(runtime, record, pid_file)
+            killed = _kill_leftovers(runtime, record, group)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(_END_S)
+            pump.drain(time.monotonic() + _DRAIN_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        stdout.close()
+        stderr.close()
+    if proc.returncode == _RUNTIME_FAILED and not runtime.running(record.name):
+        raise EnvironmentLost(
+            f"the container of run {record.run_id} (image {record.image!r}) stopped"
+        )
+    usage = group.call_usage(before, killed) if not runtime.gvisor else _gvisor_usage(killed)
+    return build_result(
+        stdout,
+        stderr,
+        proc.returncode,
+        timed_out,
+        timeout_ms,
+        started,
+        layers(record),
+        usage,
+        config.memory_mb,
+    )
+
+
+def _kill_command(runtime: OciRuntime, record: BoxRecord, pid_file: Path) -> None:
+    """The call's own process, past its time: the runtime's exec ends with it."""
+    with contextlib.suppress(OSError, ValueError):
+        runtime.kill_process(record.name, int(pid_file.read_text().strip()))
+
+
+def _kill_leftovers(runtime: OciRuntime, record: BoxRecord, group: BoxGroup) -> int:
+    """Kill what the call left running in the box, its first process aside; how many."""
+    if not runtime.gvisor:
+        return group.kill_all_but(record.init_pid, time.monotonic() + _END_S)
+    pids = runtime.processes(record.name) or []
+    others = [pid for pid in pids if pid != 1]
+    for pid in others:
+        runtime.kill_process(record.name, pid)
+    return len(others)
+
+
+def _gvisor_usage(killed: int) -> Usage:
+    # gVisor's processes live in its own kernel: the host's group holds its sandbox, not
+    # them. What it used is not told per call.
+    return Usage(cpu_ms=None, max_rss_kb=None, pids_peak=None, killed_processes=killed)
+
+
+def _inside(record: BoxRecord, cwd: Path) -> str:
+    """``cwd`` (a folder of the workspace on the worker) as the box sees it."""
+    relative = os.path.relpath(cwd, record.workspace)
+    if relative == ".":
+        return record.workdir
+    if relative.startswith(".."):
+        raise EnvironmentLost(f"{cwd} is not in the run's workspace, which the container sees")
+    return os.path.join(record.workdir, relative)
+
+
+@contextlib.contextmanager
+def _input(data: bytes | None) -> Iterator[IO[bytes] | int]:
+    """The command's standard input: ``data`` in an unnamed file the runtime hands over, or
+    nothing."""
+    if data is None:
+        yield subprocess.DEVNULL
+        return
+    with tempfile.TemporaryFile() as file:
+        file.write(data)
+        file.seek(0)
+        yield file

@@ -1,0 +1,50 @@
+"""This worker's boxes, made once per process from its settings."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+from worker.images.boxes import Boxes, BoxSettings
+from worker.images.errors import ImageError
+from worker.images.fetch import Tools
+from worker.images.spec import CONTAINER_IDS
+from worker.sandbox.identity import UidRange
+from worker.settings import WorkerSettings, get_worker_settings
+
+
+def box_settings(settings: WorkerSettings) -> BoxSettings:
+    """How this worker makes boxes; ``ImageError`` when it cannot make any: a run's box needs
+    root and a uid of the run's own (``TOOLQ_SANDBOX_UID_RANGE``)."""
+    if os.geteuid() != 0 or not settings.sandbox_uid_range:
+        raise ImageError(
+            "",
+            "this sandbox worker cannot run images: it needs to be root with "
+            "TOOLQ_SANDBOX_UID_RANGE set, so that each run's container has a uid of its own",
+        )
+    uids = UidRange.parse(settings.sandbox_uid_range)
+    # The ids a box maps besides its user's: the block just past the runs' own uids.
+    block = uids.last + 1
+    if block + CONTAINER_IDS > 2**32 - 1:
+        raise ImageError(
+            "",
+            f"TOOLQ_SANDBOX_UID_RANGE={uids} leaves no room past it for the {CONTAINER_IDS:,} "
+            "ids a container maps",
+        )
+    return BoxSettings(
+        cache_root=settings.image_cache,
+        cache_bytes=settings.image_cache_bytes,
+        runtime=settings.oci_runtime,
+        tools=Tools(settings.registry_auth_file, tuple(settings.insecure_registries)),
+        cgroup_root=settings.sandbox_cgroup_root,
+        memory_mb=settings.sandbox_memory_mb,
+        max_processes=settings.sandbox_max_processes,
+        file_size_mb=settings.sandbox_file_size_mb,
+        id_block=block,
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def worker_boxes() -> Boxes:
+    """The boxes of this worker (``ImageError`` where it cannot make any)."""
+    return Boxes(box_settings(get_worker_settings()))

@@ -1,0 +1,89 @@
+"""Which worker holds a container, and the queue that reaches that worker alone.
+
+A run's container belongs to the sandbox worker whose process started it: the worker's main
+process (Celery's node), told apart from any later process of the same pid by the boot and the
+process's start time. While it lives, every call of the run goes to its own queue,
+``sandbox.<node>``; once it is gone, the next sweep on the host removes what it left.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from worker.protocol import Pool
+
+#: A sandbox worker's own queue is this prefix and its node name.
+PINNED_PREFIX = "sandbox."
+_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+class Owner(BaseModel):
+    """A worker's main process, as the host knows it."""
+
+    #: Celery's node name (``sandbox-1a2b3c@host``); the host name outside Celery.
+    worker: str
+    boot_id: str
+    pid: int
+    #: The process's start time (clock ticks after boot): a pid used again is another process.
+    started: int
+
+    def alive(self) -> bool:
+        return self.boot_id == boot_id() and start_time(self.pid) == self.started
+
+    @property
+    def queue(self) -> str:
+        return pinned_queue(self.worker)
+
+
+_worker: list[Owner] = []
+
+
+def set_worker(node: str) -> None:
+    """Called in the worker's main process, before its pool processes fork: they inherit it."""
+    pid = os.getpid()
+    _worker[:] = [Owner(worker=node, boot_id=boot_id(), pid=pid, started=start_time(pid) or 0)]
+
+
+def current_owner() -> Owner:
+    """The worker this process serves (this process itself outside a Celery worker)."""
+    if _worker:
+        return _worker[0]
+    pid = os.getpid()
+    return Owner(
+        worker=socket.gethostname(), boot_id=boot_id(), pid=pid, started=start_time(pid) or 0
+    )
+
+
+def pinned_queue(worker: str) -> str:
+    """The queue of ``worker`` alone, which the calls of the runs it holds go to."""
+    return f"{PINNED_PREFIX}{worker}"
+
+
+def pool_of_queue(queue: str | None) -> str | None:
+    """The pool a message came from: its queue's name, or ``sandbox`` for a worker's own."""
+    if queue is not None and queue.startswith(PINNED_PREFIX):
+        pool: Pool = "sandbox"
+        return pool
+    return queue
+
+
+def boot_id() -> str:
+    try:
+        return _BOOT_ID.read_text().strip()
+    except OSError:
+        return ""
+
+
+def start_time(pid: int) -> int | None:
+    """``pid``'s start time, or None when there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name may hold spaces and parentheses: fields count from the last ")".
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return int(fields[19]) if len(fields) > 19 else None
