@@ -28,6 +28,7 @@ from redis.exceptions import RedisError
 
 from api.broker import producer_app
 from api.call_watch import CallWatch, InFlight
+from api.images.pins import RunPins
 from api.replies import RECONNECT, read_replies
 from worker.deadlines import call_limit_ms
 from worker.protocol import (
@@ -77,6 +78,8 @@ class Dispatcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reader: asyncio.Task[None] | None = None
         self._closing = False
+        #: The runs whose sandbox calls go to the worker holding their container.
+        self.pins = RunPins()
 
     @property
     def redis(self) -> aioredis.Redis:
@@ -162,7 +165,12 @@ class Dispatcher:
         )
 
     async def call(self, request: ToolCallRequest, pool: str) -> ToolCallResult:
-        """Send one call and wait for its answer until its deadline; never raises for failures."""
+        """Send one call and wait for its answer until its deadline; never raises for failures.
+        A sandbox call of a run with an image goes to the worker that holds the run's container
+        (``api.images.pins``)."""
+        return await self.pins.call(request, pool, self._send_and_wait, self._redis)
+
+    async def _send_and_wait(self, request: ToolCallRequest, pool: str) -> ToolCallResult:
         if self._reader is None:
             await self.start()
         if request.seal_key is None:

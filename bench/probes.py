@@ -13,6 +13,7 @@ import functools
 import inspect
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -60,12 +61,14 @@ class CpuProbe:
 
 class WallProbe:
     """Wall-clock spans spent inside one attribute (a sync function or method), each with the
-    thread it ran in: for steps that wait on a process or a socket, which CPU time misses."""
+    thread it ran in and, with ``tag``, what the call's arguments say of it: for steps that wait
+    on a process or a socket, which CPU time misses."""
 
-    def __init__(self, owner: Any, attribute: str) -> None:
+    def __init__(self, owner: Any, attribute: str, tag: Callable[..., str] | None = None) -> None:
         self.owner = owner
         self.attribute = attribute
-        self.spans: list[tuple[str, float, float]] = []
+        self.spans: list[tuple[str, float, float, str]] = []
+        self._tag = tag
         self._original: Any = None
 
     def install(self) -> bool:
@@ -77,12 +80,13 @@ class WallProbe:
 
         @functools.wraps(original)
         def timed(*args: Any, **kwargs: Any) -> Any:
+            tag = "" if self._tag is None else self._tag(*args, **kwargs)
             started = time.perf_counter()
             try:
                 return original(*args, **kwargs)
             finally:
                 thread = threading.current_thread().name
-                self.spans.append((thread, started, time.perf_counter()))
+                self.spans.append((thread, started, time.perf_counter(), tag))
 
         setattr(self.owner, self.attribute, timed)
         return True
@@ -96,6 +100,6 @@ class WallProbe:
         """Each span's length, those of ``thread`` only when it is named."""
         return [
             (ended - started) * 1000
-            for name, started, ended in self.spans
+            for name, started, ended, _ in self.spans
             if thread is None or name == thread
         ]

@@ -16,7 +16,7 @@ from api.dispatch import Dispatcher
 from api.fleet import read_manifest
 from bench.round_trip import RUN_ID, WorkersReady
 from bench.sandbox_layers import COMMAND, SHELL_ONLY, LayerTimings
-from bench.sandbox_parts import IN_PROCESS, SandboxParts, parts_note
+from bench.sandbox_parts import IN_PROCESS, PAUSE_S, SandboxParts, parts_note
 from bench.stats import CaseResult, Comparison, percentile, summarize
 from worker.settings import WorkerSettings
 
@@ -25,6 +25,8 @@ OVERHEAD_GOAL_MS = 2.0
 POOL_COST_GOAL = 3.0
 POOL = "run_bash 'true' through the sandbox pool"
 POOL_BACK_TO_BACK = f"{POOL}, back to back"
+POOL_PAUSED = f"{POOL}, after a pause of {PAUSE_S * 1000:.0f} ms"
+NOOP_PAUSED = f"the no-op through the tools pool, after a pause of {PAUSE_S * 1000:.0f} ms"
 
 
 async def pool_timings(
@@ -55,6 +57,40 @@ async def pool_timings(
     return samples, layers
 
 
+async def paused_timings(
+    settings: WorkerSettings, calls: int, warmup: int
+) -> tuple[list[float], list[float]]:
+    """run_bash 'true' and the no-op in turns, each sent ``PAUSE_S`` after the previous answer,
+    as an agent's next call follows a model turn: the workers' work between calls is done."""
+    client = redis.Redis.from_url(settings.redis_url)
+    specs = read_manifest(client)
+    client.close()
+    bash: list[float] = []
+    noop: list[float] = []
+    async with Dispatcher(settings) as dispatcher:
+
+        async def timed(tool: str, arguments: dict[str, str]) -> tuple[float, str]:
+            await asyncio.sleep(PAUSE_S)
+            started = time.perf_counter()
+            request = dispatcher.build_request(
+                specs[tool], task_id=uuid.uuid4().hex, run_id=RUN_ID, arguments=arguments
+            )
+            result = await dispatcher.call(request, specs[tool].pool)
+            if result.is_error:
+                raise RuntimeError(f"{tool} failed: {result.output}")
+            return (time.perf_counter() - started) * 1000, result.output
+
+        for index in range(warmup + calls):
+            bash_ms, output = await timed("run_bash", {"command": COMMAND})
+            if json.loads(output)["exit_code"] != 0:
+                raise RuntimeError(f"run_bash 'true' failed: {output}")
+            noop_ms, _ = await timed("noop", {})
+            if index >= warmup:
+                bash.append(bash_ms)
+                noop.append(noop_ms)
+    return bash, noop
+
+
 @dataclass(frozen=True)
 class NoopRoundTrips:
     """The no-op's round trip p50s from case 1: the floor run_bash's pool cost is taken above."""
@@ -76,13 +112,21 @@ def sandbox_case(
     pool, pool_layers = asyncio.run(pool_timings(settings, calls, warmup, ready))
     ready.close()
     back_to_back, _ = asyncio.run(pool_timings(settings, calls, warmup))
-    samples = {POOL: pool, POOL_BACK_TO_BACK: back_to_back, **layers.samples}
+    paused, noop_paused = asyncio.run(paused_timings(settings, calls, warmup))
+    samples = {
+        POOL: pool,
+        POOL_BACK_TO_BACK: back_to_back,
+        POOL_PAUSED: paused,
+        NOOP_PAUSED: noop_paused,
+        **layers.samples,
+    }
     stats = {name: summarize(values) for name, values in samples.items()}
     shell_p50 = stats[SHELL_ONLY]["p50_ms"]
     above_noop = round(stats[POOL]["p50_ms"] - noop.ready_p50_ms, 3)
     above_noop_back_to_back = round(
         stats[POOL_BACK_TO_BACK]["p50_ms"] - noop.back_to_back_p50_ms, 3
     )
+    above_noop_paused = round(stats[POOL_PAUSED]["p50_ms"] - stats[NOOP_PAUSED]["p50_ms"], 3)
     result = CaseResult(
         key="run_bash",
         title="4. run_bash 'true': the sandbox pool and each isolation mode",
@@ -94,12 +138,13 @@ def sandbox_case(
             "pool_p50_minus_noop_round_trip_ms": {
                 "worker ready": above_noop,
                 "back to back": above_noop_back_to_back,
+                "after a pause": above_noop_paused,
             },
             "worker_ready_waits_given_up": ready.gave_up,
             "p50_over_bare_shell_ms": {
                 name: round(s["p50_ms"] - shell_p50, 3)
                 for name, s in stats.items()
-                if name not in (SHELL_ONLY, POOL, POOL_BACK_TO_BACK)
+                if name not in (SHELL_ONLY, POOL, POOL_BACK_TO_BACK, POOL_PAUSED, NOOP_PAUSED)
             },
         },
         samples_ms=samples,
@@ -168,6 +213,16 @@ def sandbox_case(
     )
     result.comparisons.append(
         Comparison(
+            metric=f"run_bash through the sandbox pool above a no-op (p50, after a pause of "
+            f"{PAUSE_S * 1000:.0f} ms)",
+            value=above_noop_paused,
+            baseline=shell_p50,
+            baseline_name=SHELL_ONLY,
+            unit="ms",
+        )
+    )
+    result.comparisons.append(
+        Comparison(
             metric="run_bash through the sandbox pool (p50, worker ready)",
             value=stats[POOL]["p50_ms"],
             baseline=shell_p50,
@@ -183,5 +238,9 @@ POOL_MODES_NOTE = (
     "taken above the no-op's p50 sent the same way. \"Worker ready\" (the goal's): each call "
     "goes once every worker waits for work again, as an agent's next command follows a model "
     'turn. "Back to back": each goes the moment the previous answer arrives, while the sandbox '
-    "worker still ends that call's namespace and makes the next launch on the same cores."
+    "worker still ends that call's namespace and makes the next launch on the same cores. "
+    f'"After a pause": run_bash and the no-op in turns, each sent {PAUSE_S * 1000:.0f} ms after '
+    "the previous answer: shorter than a model turn, and meant to let the sandbox worker's "
+    "work between calls (the namespace's end, the launch made for the run, at the lowest "
+    "priority) end before the next call, which worker ready does not wait for."
 )

@@ -4,9 +4,12 @@ control groups), next to a bare ``sh -c true``.
 
 Wall-clock probes (``bench.probes.WallProbe``) wrap the sandbox's steps for the probe's calls
 only: the set-up until the command is handed over, the hand-over until the command's exit is
-seen (``Pump.until_exit``), and the answer. After the answer, off the call's path, the launcher's
-thread ends the call's namespace (``launch._end``) and makes the next launch (``launch.launch``,
-then the init's word, ``Launch.confirm``). Two parts are timed on their own, in forked children:
+seen (``Pump.until_exit``), and the answer. The hand-over is told apart by the launch the call
+took: one made for its run (its shell already waits as the run's uid) or one made for any run.
+Calls go at once, as the bench's worker-ready calls come, and after a pause, as an agent's next
+command follows a model turn. After the answer, off the call's path, the launcher's thread ends
+the call's namespace (``launch._end``) and makes the next launches (``launch.launch``, then the
+init's word, ``Launch.confirm``). Two parts are timed on their own, in forked children:
 exec of ``/bin/sh -c true`` by a process forked ahead (what a call costs where no shell waits
 for it already as its run's uid), and the private folders' mounts (a tmpfs on each, and a bind
 of a folder below them, as a run's workspace is bound). Run it before the bench starts threads
@@ -36,9 +39,14 @@ from worker.sandbox import output as pumping
 from worker.settings import WorkerSettings
 
 IN_PROCESS = "run_sandboxed 'true' in process, the pool's configuration"
+PAUSE_S = 0.05
+PAUSED = f"the same after a pause of {PAUSE_S * 1000:.0f} ms"
 SETUP = "set-up: the call's plan, uid and folders, a ready launch taken"
-HANDOVER = "hand-over to exit: the call's line, its folders and uid, the shell, 'true', its exit"
 ANSWER = "answer: output read, exit status, usage from the call's groups"
+#: The hand-over, by the launch a call took (``Plan.keep``: made for one run, its folders bound).
+HANDOVER = "hand-over to exit: the call's line, the command, its exit"
+RUN_LAUNCH = f"{HANDOVER}, on a launch made for its run (the shell waits as the run's uid)"
+ANY_LAUNCH = f"{HANDOVER}, on a launch made for any run (binds, drops, execs the shell)"
 EXEC = "exec of /bin/sh -c true by a process forked ahead (its word to its reaping)"
 TMPFS = "a tmpfs on each of /tmp, /var/tmp, /dev/shm and /run (in a mount namespace)"
 BIND = "a bind mount of a folder below them (as a run's workspace is bound)"
@@ -68,7 +76,7 @@ class _Probes:
     """The wall-clock probes on the sandbox's steps, installed for the probe's calls only."""
 
     def __init__(self) -> None:
-        self.take = WallProbe(launching.Launcher, "take")
+        self.take = WallProbe(launching.Launcher, "take", _launch_kind)
         self.exit = WallProbe(pumping.Pump, "until_exit")
         self.ended = WallProbe(launching, "_end")
         self.made = WallProbe(launching, "launch")
@@ -84,6 +92,10 @@ class _Probes:
         finally:
             for probe in self.all:
                 probe.uninstall()
+
+
+def _launch_kind(launcher: object, plan: object, *args: object, **kwargs: object) -> str:
+    return RUN_LAUNCH if getattr(plan, "keep", ()) else ANY_LAUNCH
 
 
 def _time_shell() -> float:
@@ -223,12 +235,12 @@ def _one_call(
     ended = time.perf_counter()
     if result.exit_code != 0:
         raise SandboxError(f"'true' failed: {result.stderr}")
-    taken = probes.take.spans[-1][2]
+    _, _, taken, kind = probes.take.spans[-1]
     exited = probes.exit.spans[-1][2]
     parts = {
         IN_PROCESS: ended - started,
         SETUP: taken - started,
-        HANDOVER: exited - taken,
+        kind: exited - taken,
         ANSWER: ended - exited,
     }
     return {name: seconds * 1000 for name, seconds in parts.items()}, list(result.isolation)
@@ -257,6 +269,13 @@ def sandbox_parts(calls: int, warmup: int) -> SandboxParts:
             for name, value in parts.items():
                 add(name, value)
 
+        def paused() -> None:
+            time.sleep(PAUSE_S)
+            parts, _ = _one_call(folder, owner, config, probes)
+            add(PAUSED, parts[IN_PROCESS])
+            kind = next(name for name in parts if name.startswith(HANDOVER))
+            add(kind, parts[kind])
+
         def mounts() -> None:
             tmpfs, bind = _time_mounts(folder, size)
             add(TMPFS, tmpfs)
@@ -267,11 +286,12 @@ def sandbox_parts(calls: int, warmup: int) -> SandboxParts:
             SHELL_ONLY: lambda: add(SHELL_ONLY, _time_shell()),
             EXEC: lambda: add(EXEC, ahead.time()),
             TMPFS: mounts,
+            PAUSED: paused,
         }
         with probes.installed() as missing:
             if missing:
                 found.unavailable[IN_PROCESS] = f"the sandbox's steps moved: {', '.join(missing)}"
-                del series[IN_PROCESS]
+                del series[IN_PROCESS], series[PAUSED]
             for name, run in list(series.items()):
                 try:
                     run()  # a trial: a series that cannot run here is left out, saying why
@@ -303,14 +323,17 @@ def parts_note(p50: dict[str, float], noop_ms: float, above_noop_ms: float) -> s
     """Where run_bash 'true' through the pool goes, from the parts' p50s (ms)."""
 
     def ms(name: str) -> str:
-        return f"{p50[name]:.2f}" if name in p50 else "not timed"
+        return f"{p50[name]:.2f}" if name in p50 else "none"
 
     around = above_noop_ms - p50[IN_PROCESS]
     return (
         f"The parts of run_bash 'true' (p50, ms). Through the pool: a no-op's round trip "
         f"{noop_ms:.2f}, and {above_noop_ms:.2f} above it. In process, configured as the pool's "
-        f"workers are, the sandbox takes {ms(IN_PROCESS)}: {ms(SETUP)} set-up until the "
-        f"command is handed over, {ms(HANDOVER)} from the hand-over to the command's exit, "
+        f"workers are, a call sent at once takes {ms(IN_PROCESS)} ({ms(PAUSED)} after a pause "
+        f"of {PAUSE_S * 1000:.0f} ms): {ms(SETUP)} set-up until the command is handed over; "
+        f"from the hand-over to the command's exit {ms(ANY_LAUNCH)} on a launch made for any "
+        f"run (the call binds its folders, drops to its run's uid and execs the shell) and "
+        f"{ms(RUN_LAUNCH)} on one made for its run (its shell already waits as the run's uid); "
         f"{ms(ANSWER)} for the answer (parts timed call by call: their p50s need not add up). "
         f"Timed on their own: exec of /bin/sh -c true by a process forked ahead {ms(EXEC)} (a "
         f"bare {SHELL_ONLY} {ms(SHELL_ONLY)} in the same turns, its fork and wait included); "
@@ -318,7 +341,7 @@ def parts_note(p50: dict[str, float], noop_ms: float, above_noop_ms: float) -> s
         f"{ms(BIND)}. The worker around the sandbox (its tool path, the start marker's wait, "
         f"the workspace's accounting, the hops between processes) takes the rest, "
         f"{around:.2f} by difference. Off the call's path, after the answer: the call's "
-        f"namespace and groups end in {ms(ENDED)} and the next launch is ready after "
-        f"{ms(MADE)}, at the lowest priority on the same cores, which a call sent at once "
-        "meets."
+        f"namespace and groups end in {ms(ENDED)}, and a launch is ready {ms(MADE)} after it "
+        "is asked for, at the lowest priority on the same cores: a call that comes sooner "
+        "than its run's launch is ready takes one made for any run."
     )

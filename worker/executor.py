@@ -23,7 +23,7 @@ from worker.protocol import POOLS, Pool, ToolCallRequest, ToolCallResult, keys
 from worker.quota import WorkspaceQuota
 from worker.results import PendingBegin, ResultStore
 from worker.retention import WorkspaceGone, hold
-from worker.sandbox import SandboxConfig
+from worker.sandbox import SandboxConfig, SandboxError
 from worker.sandbox.identity import IdentityError
 from worker.settings import WorkerSettings
 from worker.tools.factory import create_fleet_tool_registry, prepare_workspace
@@ -185,7 +185,7 @@ class Executor:
         # Held for the call: touched (the run is in use) and safe from removal until it ends.
         try:
             workspace, held = self._hold(request.run_id)
-        except (OSError, IdentityError, WorkspaceError) as exc:
+        except (OSError, IdentityError, WorkspaceError, SandboxError) as exc:
             log.error("the workspace of run %s could not be made ready: %s", request.run_id, exc)
             return ToolCallResult.failure(
                 request,
@@ -326,7 +326,10 @@ class Executor:
         # Kept per run: a conversation's calls keep coming to the same few processes, and
         # resolving a root costs more than a small tool. A root removed since is made again.
         known = self._workspaces.get(run_id)
-        if known is not None and os.path.isdir(known.root):
+        # With run volumes, a folder no longer mounted (the host restarted) is mounted again.
+        volumes = bool(self._sandbox.volume_bytes) and self._sandbox.per_run_uids
+        mounted = not volumes or os.path.ismount(known.root) if known else False
+        if known is not None and os.path.isdir(known.root) and mounted:
             self._workspaces.move_to_end(run_id)
             return known
         # The run's own folder, not those above it: run_bash's user works only in here.

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from worker.images.pinning import sweep_now as sweep_boxes_now
 from worker.protocol import SandboxLimits, WorkerLimits
 from worker.quota import WorkspaceQuota
 from worker.retention import empty_trash, prune
@@ -97,6 +98,8 @@ class Housekeeping:
         found = sweep_orphans(SandboxConfig.from_settings(self._settings))
         if found:
             log.warning("ended %d command(s) of worker processes that died", found)
+        # And the containers of runs that are over, or of sandbox workers that died.
+        sweep_boxes_now()
 
     def _run(self) -> None:
         next_sweep = next_prune = time.monotonic()

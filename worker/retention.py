@@ -25,6 +25,7 @@ from pathlib import Path
 from worker.protocol import RUN_ID_PATTERN
 from worker.quota import STATE_DIR, WorkspaceQuota, measure
 from worker.sandbox.identity import release
+from worker.sandbox.volumes import release_volume
 
 _RUN_ID = re.compile(RUN_ID_PATTERN)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -164,6 +165,8 @@ def _move_aside(root: Path, name: str) -> Path:
     trash = root / STATE_DIR / TRASH
     trash.mkdir(parents=True, exist_ok=True)
     aside = trash / f"{name}.{uuid.uuid4().hex[:8]}"
+    # A run's volume is unmounted first (a mount point cannot be moved), and its image goes.
+    release_volume(root, name, root / name)
     os.rename(root / name, aside)
     return aside
 

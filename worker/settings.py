@@ -149,6 +149,12 @@ class WorkerSettings(FleetSettings):
     workspace_quota_bytes: int = Field(
         1 << 30, ge=0, description="What one run's workspace may hold (1 GiB); 0: no quota."
     )
+    workspace_quota_fs: Literal["off", "loop"] = Field(
+        "off",
+        description="loop: each run's workspace is a file system of the quota's size (a sparse "
+        "ext4 image, loop-mounted; root workers with per-run uids), so no call writes past it; "
+        "off: the quota holds by measuring after each call.",
+    )
     workspace_ttl_s: int = Field(
         86_400, gt=0, description="A run's workspace no call touched for this long is removed."
     )

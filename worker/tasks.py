@@ -22,6 +22,7 @@ from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 from celery.signals import (
     after_setup_logger,
+    celeryd_after_setup,
     worker_init,
     worker_process_init,
     worker_ready,
@@ -32,6 +33,8 @@ from worker.app import app
 from worker.celery_guard import ValidatedRequest
 from worker.executor import Executor, NotRunHere
 from worker.housekeeping import Housekeeping, worker_limits
+from worker.images.owner import pool_of_queue
+from worker.images.pinning import serve_own_queue
 from worker.lifeline import VITALS, consumer_lost
 from worker.log_context import show_ids
 from worker.manifest import Heartbeat, fleet_tool_specs
@@ -111,7 +114,8 @@ class ToolTask(Task):  # type: ignore[misc]
 )
 def execute_tool(self: Task, request: Any) -> str:
     delivery = self.request.delivery_info or {}
-    pool = delivery.get("routing_key")
+    # A worker's own queue (``worker.images.pinning``) is its sandbox pool's.
+    pool = pool_of_queue(delivery.get("routing_key"))
     try:
         result = executor().handle(request, pool)
     except NotRunHere as exc:
@@ -129,13 +133,22 @@ def _log_call_ids(logger: logging.Logger, **_: Any) -> None:
     show_ids(logger)
 
 
+@celeryd_after_setup.connect  # type: ignore[untyped-decorator]
+def _own_queue(sender: str, instance: Any, **_: Any) -> None:
+    # A sandbox worker holds the containers of runs with an image: their calls come to it
+    # alone, through a queue of its own.
+    if "sandbox" in served_pools(instance.app):
+        serve_own_queue(sender, instance)
+
+
 @worker_init.connect  # type: ignore[untyped-decorator]
 def _refuse_to_share_runs(sender: Any, **_: Any) -> None:
     # Fail closed: a sandbox worker whose runs would share one uid says so and exits, before it
     # takes a call, unless the operator allowed it.
     if "sandbox" not in served_pools(sender.app):
         return
-    refusal = SandboxConfig.from_settings(get_worker_settings()).sharing_refusal()
+    config = SandboxConfig.from_settings(get_worker_settings())
+    refusal = config.sharing_refusal() or config.volume_refusal()
     if refusal is not None:
         print(f"error: {refusal}", file=sys.stderr, flush=True)
         os._exit(EXIT_CANNOT_ISOLATE)

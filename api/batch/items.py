@@ -29,6 +29,8 @@ from pydantic import (
 
 from api.settings import OrchestratorSettings
 from worker.deadlines import REPORT_MARGIN_MS
+from worker.images.errors import ImageError
+from worker.images.reference import parse_reference
 from worker.protocol import glob_segments
 
 log = logging.getLogger(__name__)
@@ -160,6 +162,29 @@ class BatchItem(BaseModel):
     time_limit_s: float | None = Field(None, gt=0, description="The conversation's wall time.")
     token_limit: int | None = Field(None, gt=0, description="Tokens the conversation may use.")
     metadata: dict[str, Any] | None = Field(None, description="Copied to the result line.")
+    image: str | None = Field(
+        None,
+        min_length=1,
+        max_length=1024,
+        description="An OCI image the run's commands run in, one container for the run: "
+        "oci:/layout:tag, oci-archive:/x.tar, docker-archive:/x.tar or a registry reference "
+        "(python:3.12-slim); the result line records its digest.",
+    )
+    recreate: bool = Field(
+        False,
+        description="With image: a container lost mid-run (its sandbox worker died) starts "
+        "again from the image, instead of the run's next command failing (environment lost).",
+    )
+
+    @field_validator("image")
+    @classmethod
+    def _an_image_reference(cls, image: str | None) -> str | None:
+        if image is not None:
+            try:
+                parse_reference(image)
+            except ImageError as exc:
+                raise ValueError(str(exc)) from None
+        return image
 
     @field_validator("target")
     @classmethod
@@ -183,7 +208,9 @@ class BatchItem(BaseModel):
     @property
     def is_task(self) -> bool:
         """Whether the item prepares or inspects its workspace beyond the conversation."""
-        return any(v is not None for v in (self.files, self.setup, self.check, self.artifacts))
+        return any(
+            v is not None for v in (self.files, self.setup, self.check, self.artifacts, self.image)
+        )
 
     def file_contents(self) -> dict[str, str | bytes]:
         return {

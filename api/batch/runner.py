@@ -21,6 +21,7 @@ from api.batch.items import BatchItem, ItemLimits
 from api.batch.task import Task, TaskFailed, TaskResults
 from api.dispatch import Dispatcher
 from api.fleet import Fleet
+from api.images.environment import RunEnvironment
 from api.llm import ChatModel, ModelError, Usage
 from api.logs import log_context
 from api.run_workspace import RunWorkspace
@@ -73,8 +74,17 @@ async def run_item(
     """
     started = time.perf_counter()
     model_name = item.model or default_model or settings.model
+    environment = (
+        RunEnvironment(dispatcher, fleet, run_id, item.image, recreate=item.recreate)
+        if item.image is not None
+        else None
+    )
     task = Task(
-        item, RunWorkspace(dispatcher, fleet, run_id), fleet, ItemLimits.from_settings(settings)
+        item,
+        RunWorkspace(dispatcher, fleet, run_id),
+        fleet,
+        ItemLimits.from_settings(settings),
+        environment,
     )
     agent: Agent | None = None
     answer: str | None = None
@@ -111,6 +121,7 @@ async def run_item(
                 log.exception("item %r failed unexpectedly", item.id)
                 error = f"unexpected {type(exc).__name__}: {exc}"
         error = await _collect(task, error)
+        await _finish(task)
     return _record(
         item,
         run_id,
@@ -137,6 +148,14 @@ async def _collect(task: Task, error: str | None) -> str | None:
         log.exception("item %r: collecting its artifacts failed unexpectedly", task.item.id)
         return error or f"unexpected {type(exc).__name__}: {exc}"
     return error
+
+
+async def _finish(task: Task) -> None:
+    """End the run's container; a worker that cannot is swept later, the item stands."""
+    try:
+        await task.finish()
+    except Exception:  # as in run_item: one item, not the batch
+        log.exception("item %r: ending its container failed", task.item.id)
 
 
 def time_limit_error(timeout_s: float | None) -> str:

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from api.batch.items import BatchItem, ItemLimits
 from api.fleet import Fleet
+from api.images.environment import ImageUnavailable, RunEnvironment
 from api.run_workspace import CommandResult, FileProblemError, RunWorkspace, ServiceCallError
 
 _T = TypeVar("_T")
@@ -47,9 +48,12 @@ class TaskResults:
     score: dict[str, Any] | None = None
     artifacts: dict[str, Any] | None = None
     artifacts_matched: int | None = None
+    #: The run's image: its reference and the digest it resolved to (``api.images``).
+    image: dict[str, Any] | None = None
 
     def fields(self) -> dict[str, Any]:
         return {
+            "image": self.image,
             "score": self.score,
             "setup": self.setup,
             "check": self.check,
@@ -62,12 +66,20 @@ class Task:
     """The task part of one item, on the workspace of its run."""
 
     def __init__(
-        self, item: BatchItem, workspace: RunWorkspace, fleet: Fleet, limits: ItemLimits
+        self,
+        item: BatchItem,
+        workspace: RunWorkspace,
+        fleet: Fleet,
+        limits: ItemLimits,
+        environment: RunEnvironment | None = None,
     ) -> None:
         self.item = item
         self.workspace = workspace
         self.fleet = fleet
         self.limits = limits
+        #: The run's container, when the item has an image: started before its files are
+        #: written, so that what the image has at its WorkingDir is there first.
+        self.environment = environment
         self.results = TaskResults()
 
     async def prepare(self) -> None:
@@ -80,6 +92,12 @@ class Task:
         # machine crash can lose an attempt's line, and then its workspace is used again: it
         # starts from the item's files alone, not from what that attempt left.
         await self._service("the workspace could not be prepared", self.workspace.remove())
+        if self.environment is not None:
+            try:
+                started = await self.environment.start()
+            except ImageUnavailable as exc:
+                raise TaskFailed(str(exc)) from None
+            self.results.image = {"reference": started.image, "digest": started.digest}
         if item.files:
             contents = item.file_contents()
             await self._service(
@@ -134,6 +152,11 @@ class Task:
         )
         self.results.artifacts = {path: f.as_dict() for path, f in collected.files.items()}
         self.results.artifacts_matched = collected.matched
+
+    async def finish(self) -> None:
+        """End the run's container, whatever happened before."""
+        if self.environment is not None:
+            await self.environment.end()
 
     async def _command(
         self,

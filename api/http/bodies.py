@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.agent import AgentOptions
 from api.batch.items import BatchItem
+from api.http.state.batches import BatchSummary
+from api.http.state.listing import MAX_TAGS, TAG_PATTERN
+from api.http.state.runs import RunSummary
+
+#: Labels a run or a batch starts with, for the lists to filter by (``?tag=``).
+Tags = Annotated[
+    list[Annotated[str, Field(pattern=TAG_PATTERN)]],
+    Field(
+        max_length=MAX_TAGS,
+        description=f"Labels to find it by in the lists (?tag=): at most {MAX_TAGS}, each 1 to "
+        "64 letters, digits or ._:/=- (starting with a letter or digit).",
+    ),
+]
 
 
 class RunRequest(BaseModel):
@@ -21,6 +34,7 @@ class RunRequest(BaseModel):
         default_factory=AgentOptions,
         description="Agent options; options.run_id names the workspace (default: the run's id).",
     )
+    tags: Tags = Field(default_factory=list)
 
 
 class BatchRequest(BaseModel):
@@ -31,6 +45,7 @@ class BatchRequest(BaseModel):
     items: list[BatchItem] = Field(min_length=1)
     concurrency: int = Field(10, ge=1, le=1000, description="Conversations in flight at once.")
     model: str | None = Field(None, description="Model for items without one (TOOLQ_MODEL).")
+    tags: Tags = Field(default_factory=list)
 
     def id_conflicts(self) -> list[FieldProblem]:
         """Items whose id an earlier item has: ids name the results, so each must be unique.
@@ -53,6 +68,28 @@ class BatchRequest(BaseModel):
                 )
             first.setdefault(item.id, index)
         return problems
+
+
+class RunList(BaseModel):
+    """One page of the runs, newest first, and how many match in all."""
+
+    runs: list[RunSummary]
+    total: int = Field(description="Runs matching the filters, on every page.")
+    limit: int
+    next_cursor: str | None = Field(
+        description="Pass it as ?cursor= for the next page; null on the last one."
+    )
+
+
+class BatchList(BaseModel):
+    """One page of the batches, newest first, and how many match in all."""
+
+    batches: list[BatchSummary]
+    total: int = Field(description="Batches matching the filters, on every page.")
+    limit: int
+    next_cursor: str | None = Field(
+        description="Pass it as ?cursor= for the next page; null on the last one."
+    )
 
 
 class Accepted(BaseModel):

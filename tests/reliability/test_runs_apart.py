@@ -30,12 +30,14 @@ from tests.reliability.conftest import Stack, start_stack
 from tests.reliability.report import Report
 from tests.reliability.userns import deploy_like_stack, userns_unavailable
 from worker.retention import prune
+from worker.sandbox.volumes import volumes_unavailable
 
 pytestmark = pytest.mark.integration
 
 SECRET = f"toolq-run-secret-{secrets.token_hex(8)}"
 WORKER_SECRET = f"toolq-worker-secret-{secrets.token_hex(8)}"
 MODES = ("namespaces", "process", "deploy")
+QUOTA_MB = 32
 
 
 @pytest.fixture(scope="module", params=MODES)
@@ -351,3 +353,37 @@ def _accept_all(server: socket.socket) -> None:
         except OSError:
             return
         conn.close()
+
+
+@pytest.fixture(scope="module")
+def volume_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A root fleet whose runs' workspaces are file systems of the quota's size."""
+    reason = volumes_unavailable()
+    if reason is not None:
+        pytest.skip(f"no run volumes here: {reason}")
+    stack = start_stack(
+        tmp_path_factory.mktemp("apart-volumes"),
+        workspace_quota_bytes=QUOTA_MB << 20,
+        workspace_quota_fs="loop",
+    )
+    yield stack
+    prune(stack.workspace_root, 0.0)
+    stack.stop()
+
+
+async def test_no_call_writes_past_the_quota(volume_stack: Stack, report: Report) -> None:
+    async with Dispatcher(volume_stack.settings) as dispatcher:
+        run = Run(
+            Caller(dispatcher, volume_stack.settings, f"fills-{secrets.token_hex(4)}"), volume_stack
+        )
+        with report.case(
+            "Isolation",
+            f"[namespaces, TOOLQ_WORKSPACE_QUOTA_FS=loop] one call writes 60 MB into a workspace "
+            f"whose quota is {QUOTA_MB} MiB",
+            "the kernel stops the write at the quota ('No space left on device')",
+        ) as row:
+            answer = await run.bash("head -c 62914560 /dev/zero > big; echo wrote $?")
+            size = (run.workspace / "big").stat().st_size
+            row.observed = f"{size / 2**20:.1f} MiB written; {answer['stderr'].strip()[:80]}"
+            assert "No space left on device" in answer["stderr"]
+            assert size < QUOTA_MB << 20

@@ -3,6 +3,7 @@ launch serves the call (one made for any run, or one made ahead for that run alo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ from api.dispatch import Dispatcher
 from api.local.stack import worker_argv, worker_environment
 from tests.conftest import Caller, RedisServer, WorkerFleet, fleet_settings, wait_for
 from worker.protocol import keys
+from worker.retention import prune
 from worker.sandbox import (
     SandboxConfig,
     SandboxError,
@@ -26,7 +28,8 @@ from worker.sandbox import (
 )
 from worker.sandbox.identity import DEFAULT_UID_RANGE, IdentityError, UidRange, identity_of
 from worker.sandbox.launch import launcher
-from worker.sandbox.plan import LAYER_PRIVATE_TMP, LAYER_RUN_UID, LAYER_TMP_CLEANED
+from worker.sandbox.plan import LAYER_PRIVATE_TMP, LAYER_QUOTA_FS, LAYER_RUN_UID, LAYER_TMP_CLEANED
+from worker.sandbox.volumes import volumes_unavailable
 from worker.tasks import EXIT_CANNOT_ISOLATE
 from worker.tools.factory import prepare_workspace
 from worker.tools.workspace import Workspace
@@ -201,3 +204,25 @@ async def test_a_run_with_no_uid_left_is_told_so_and_nothing_runs(
     assert refused.error_kind == "workspace_unavailable"
     assert "TOOLQ_SANDBOX_UID_RANGE=5000-5000" in refused.output
     assert not (root / "run-finds-none" / "ran").exists()
+
+
+def test_a_run_volume_stops_a_write_past_the_quota(config: SandboxConfig) -> None:
+    reason = volumes_unavailable()
+    if reason is not None:
+        pytest.skip(f"no run volumes here: {reason}")
+    quota = 32 << 20
+    with_volumes = dataclasses.replace(config, volume_bytes=quota)
+    root = Path(str(config.workspace_root))
+    first = prepare_workspace(root / "run-fills", with_volumes)
+    _bash(with_volumes, first, "true")  # launches are made ahead for the next runs
+    workspace = prepare_workspace(root / "run-overflows", with_volumes)
+    try:
+        result = _bash(with_volumes, workspace, "head -c 62914560 /dev/zero > big")
+        assert "No space left on device" in result.stderr
+        assert (workspace.root / "big").stat().st_size < quota
+        assert LAYER_QUOTA_FS in result.isolation
+    finally:
+        removed = prune(root, 0.0)
+    assert {gone.run_id for gone in removed if gone.removed} == {"run-fills", "run-overflows"}
+    assert not os.path.ismount(workspace.root)
+    assert list((root / ".toolq" / "volumes").glob("*.img")) == []

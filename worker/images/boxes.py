@@ -44,6 +44,8 @@ DEFAULT_WORKDIR = "/workspace"
 #: catatonit, the box's first process (Debian's package; podman's init).
 INIT_CANDIDATES = ("/usr/bin/catatonit", "/usr/libexec/podman/catatonit")
 _LOCK_POLL_S = 0.02
+#: What gVisor's own kernel takes in the host's group of its box, over the run's memory limit.
+GVISOR_MEMORY_MB = 256
 #: Bound on ending one box: killing it, deleting it, unmounting its files.
 _END_BOUND_S = 30.0
 
@@ -265,9 +267,9 @@ class Boxes:
             user=inside,
             env=box_env,
             cgroups_path=cgroups_path,
-            memory_bytes=settings.memory_mb * 1024 * 1024,
+            memory_bytes=(settings.memory_mb + (GVISOR_MEMORY_MB if runtime.gvisor else 0)) << 20,
             swap_accounted=swap_accounted(settings.cgroup_root),
-            max_processes=settings.max_processes,
+            max_processes=None if runtime.gvisor else settings.max_processes,
             etc_files={"/etc/hosts": str(bundle / "hosts"), "/etc/hostname": str(hostname)},
         )
         (bundle / "config.json").write_text(json.dumps(container_config(spec)))

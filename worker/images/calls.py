@@ -29,8 +29,8 @@ from worker.sandbox.result import SandboxResult, Usage, build_result
 _DRAIN_S = 0.5
 #: Bound on the runtime's own exit after the command's, and on killing what it left.
 _END_S = 5.0
-#: The exit status runc and runsc give when they could not run the process at all.
-_RUNTIME_FAILED = 255
+#: Between two looks for runc's pid file of a call.
+_PID_FILE_POLL_S = 0.001
 
 
 def run_in_box(
@@ -126,22 +126,30 @@ def _follow(
     stdout = CappedStream(proc.stdout, config.output_cap_bytes)
     stderr = CappedStream(proc.stderr, config.output_cap_bytes)
     killed = 0
+    # runc's exec copies the command's output until no process holds it: it ends when the
+    # command's leftovers are killed, so the command's own exit is followed (its pidfd).
+    # runsc's ends with the command.
+    command_fd = None if runtime.gvisor else _command_pidfd(proc, pid_file, deadline)
     try:
-        with Pump(proc, (stdout, stderr)) as pump:
+        with Pump(proc, (stdout, stderr), exit_fd=command_fd) as pump:
             timed_out = not pump.until_exit(deadline)
-            if timed_out:
+            if timed_out and command_fd is not None:
                 _kill_command(runtime, record, pid_file)
             killed = _kill_leftovers(runtime, record, group)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(_END_S)
             pump.drain(time.monotonic() + _DRAIN_S)
     finally:
+        if command_fd is not None:
+            os.close(command_fd)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         stdout.close()
         stderr.close()
-    if proc.returncode == _RUNTIME_FAILED and not runtime.running(record.name):
+    # A command that failed may have failed because the box did: then nothing of it ran, or
+    # the box died under it.
+    if proc.returncode != 0 and not runtime.running(record.name):
         raise EnvironmentLost(
             f"the container of run {record.run_id} (image {record.image!r}) stopped"
         )
@@ -157,6 +165,21 @@ def _follow(
         usage,
         config.memory_mb,
     )
+
+
+def _command_pidfd(proc: subprocess.Popen[bytes], pid_file: Path, deadline: float) -> int | None:
+    """A pidfd of the command runc started (its pid file is written as it starts); None when
+    runc ended first (it could not start it) or the command is already gone."""
+    while time.monotonic() < deadline and proc.poll() is None:
+        with contextlib.suppress(OSError, ValueError):
+            text = pid_file.read_text().strip()
+            if text:
+                try:
+                    return os.pidfd_open(int(text))
+                except ProcessLookupError:
+                    return None
+        time.sleep(_PID_FILE_POLL_S)
+    return None
 
 
 def _kill_command(runtime: OciRuntime, record: BoxRecord, pid_file: Path) -> None:

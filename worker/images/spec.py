@@ -104,7 +104,8 @@ class BoxSpec:
     cgroups_path: str
     memory_bytes: int
     swap_accounted: bool
-    max_processes: int
+    #: None: no process limit in the host's group (gVisor's own threads live there).
+    max_processes: int | None
     #: Files of the bundle bind-mounted read-only: /etc/hosts and /etc/hostname.
     etc_files: Mapping[str, str]
 
@@ -141,7 +142,7 @@ def container_config(box: BoxSpec) -> dict[str, Any]:
             "resources": {
                 "memory": memory,
                 # The init is one of them.
-                "pids": {"limit": box.max_processes + 1},
+                **({} if box.max_processes is None else {"pids": {"limit": box.max_processes + 1}}),
             },
             "maskedPaths": _MASKED,
             "readonlyPaths": _READ_ONLY,

@@ -62,6 +62,8 @@ class SandboxConfig:
     uid_range: UidRange | None = None
     #: The operator allows a worker that cannot keep runs apart to run them as one uid.
     shared_allowed: bool = False
+    #: Each run's workspace is a file system of this many bytes (``volumes``); 0: none.
+    volume_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.isolation not in get_args(Isolation):
@@ -116,6 +118,17 @@ class SandboxConfig:
             "set TOOLQ_SANDBOX_SHARED=allow"
         )
 
+    def volume_refusal(self) -> str | None:
+        """Why the run volumes asked for (``TOOLQ_WORKSPACE_QUOTA_FS=loop``) cannot be had."""
+        if not self.volume_bytes:
+            return None
+        from worker.sandbox.volumes import volumes_unavailable
+
+        why = volumes_unavailable() if self.per_run_uids else "runs share one uid"
+        if why is None:
+            return None
+        return f"TOOLQ_WORKSPACE_QUOTA_FS=loop cannot be had here: {why}"
+
     def run_tmp_for(self, folder: Path, gid: int) -> str:
         """The folder that is /tmp to the commands of the run working in ``folder`` (made if
         missing): it lasts as long as the run's workspace (``identity.release``)."""
@@ -147,4 +160,7 @@ class SandboxConfig:
             if settings.sandbox_uid_range
             else None,
             shared_allowed=settings.sandbox_shared == "allow",
+            volume_bytes=settings.workspace_quota_bytes
+            if settings.workspace_quota_fs == "loop"
+            else 0,
         )

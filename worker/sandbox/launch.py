@@ -110,12 +110,14 @@ class Launch:
         *,
         drop: tuple[int, int] | None = None,
         bind: Sequence[tuple[str, str]] = (),
+        attach: tuple[int, str] | None = None,
     ) -> None:
         """Run ``argv`` in ``cwd`` with ``env`` under ``limits`` (``Plan.limits``): the waiting
         shell becomes it; with a PID namespace the init starts it, or the process the spawner
         forked ahead runs it (as the shell started ahead, or by exec). ``drop``: the uid and gid
         the spawner's process becomes (default the plan's); ``bind``: the folders it binds back
-        below the launch's private ones (``spawner._bind``)."""
+        below the launch's private ones (``spawner._bind``); ``attach``: a detached mount and where
+        the process attaches it (the run's volume, ``volumes.detached_copy``)."""
         if self.plan.spawned and self.forked is not None:
             # Made at the lowest priority, between calls; the command runs at the normal one.
             with contextlib.suppress(OSError):
@@ -128,7 +130,13 @@ class Launch:
             self.channel.sendall(numbered(text))
             return
         if self.plan.spawned and self.plan.has_init:
-            call = self._spawned_call(argv, cwd, env, limits, drop or self.plan.drop_to, bind)
+            call = self._spawned_call(
+                argv, cwd, env, limits, drop or self.plan.drop_to, bind, attach
+            )
+            if attach is not None:
+                # The descriptor travels with the line's first byte; the rest follows whole.
+                socket.send_fds(self.channel, [call[:1]], [attach[0]])
+                call = call[1:]
             self.channel.sendall(call)
             return
         exports = " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
@@ -152,13 +160,16 @@ class Launch:
         limits: Mapping[str, tuple[int, int]],
         drop: tuple[int, int] | None,
         bind: Sequence[tuple[str, str]],
+        attach: tuple[int, str] | None,
     ) -> bytes:
         """The call as the spawner's forked process reads it: one line of JSON."""
         where = self.plan.folder_from(str(cwd), self.started_in)
         call = {"argv": list(argv), "cwd": where, "env": dict(env), "limits": dict(limits)}
         drop = None if self.plan.init_drops else drop
         binds = [list(pair) for pair in bind]
-        return json.dumps({**call, "drop": drop, "bind": binds}).encode() + b"\n"
+        attach_at = attach[1] if attach is not None else None
+        line = {**call, "drop": drop, "bind": binds, "attach": attach_at}
+        return json.dumps(line).encode() + b"\n"
 
     def abandon(self) -> None:
         """Never used: the shell finds nothing to read and exits; its group goes."""

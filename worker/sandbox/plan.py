@@ -37,6 +37,7 @@ from worker.sandbox.scripts import (
     SHELL_NAME,
     ulimit_flags,
 )
+from worker.sandbox.volumes import volumes_unavailable
 
 #: The layers a command can get, as ``describe_isolation`` and every result name them.
 LAYER_PROCESS_GROUP = "process-group"
@@ -55,6 +56,8 @@ LAYER_PRIVATE_TMP = "private-tmp"
 #: Without a mount namespace: what the run's uid left in /tmp, /var/tmp and /dev/shm is removed
 #: once the last call of the run on this host ends.
 LAYER_TMP_CLEANED = "tmp-cleaned"
+#: Each run's workspace is a file system of the quota's size (``worker.sandbox.volumes``).
+LAYER_QUOTA_FS = "quota-fs"
 #: The folders a call's mount namespace covers with empty file systems of its own.
 PRIVATE_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm", "/run")
 
@@ -397,6 +400,8 @@ def plan_for(config: SandboxConfig, euid: int) -> Plan:
     spawned = exit_told and as_root
     if per_run:
         layers.append(LAYER_PRIVATE_TMP if namespace_argv else LAYER_TMP_CLEANED)
+        if config.volume_bytes and volumes_unavailable() is None:
+            layers.append(LAYER_QUOTA_FS)
     # A shell cannot give its jobs back a signal ignored when it started: where this process
     # ignores SIGINT or SIGQUIT, the dash init and ``env --default-signal`` do.
     bash_init = exit_told and not spawned and not signals_ignored_here()

@@ -21,6 +21,7 @@ from worker.sandbox.plan import Plan, plan_for, private_binds
 from worker.sandbox.result import SandboxResult, build_result
 from worker.sandbox.run_guard import run_guard
 from worker.sandbox.spawns import LaunchedProcess
+from worker.sandbox.volumes import detached_copy
 
 #: How long to keep reading once the command has ended and its leftovers were killed: their
 #: pipes close at once, unless something escaped (possible only without a PID namespace).
@@ -126,7 +127,12 @@ def _run(
         drop = call_plan.drop_to if plan.per_run else None
         limits = plan.limits(timeout_ms, config)
         bind = () if chosen.keep else keep
-        ready.start(argv, cwd, process_env, limits, drop=drop, bind=bind)
+        attach = _volume_of(chosen, config, home)
+        try:
+            ready.start(argv, cwd, process_env, limits, drop=drop, bind=bind, attach=attach)
+        finally:
+            if attach is not None:
+                os.close(attach[0])
         channel = ready.channel if plan.has_init else None
         ending = Ending(ready.proc, call_plan, marker, ready.group, channel, ready.forked)
         return _follow(ready.proc, ending, started, timeout_ms, config)
@@ -139,6 +145,16 @@ def _run(
         launcher.prepare(plan, config)
         if for_run is not None:
             launcher.prepare_for_run(for_run, config)
+
+
+def _volume_of(chosen: Plan, config: SandboxConfig, home: Path) -> tuple[int, str] | None:
+    """The run's volume as a detached mount, for a launch that may have copied the host's mounts
+    before the volume was there (one made for any run); None where there is nothing to hand."""
+    if not (config.volume_bytes and chosen.per_run and chosen.spawned) or chosen.keep:
+        return None
+    if not os.path.ismount(home):
+        return None
+    return detached_copy(str(home)), str(home)
 
 
 def _follow(

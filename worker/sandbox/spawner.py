@@ -41,6 +41,7 @@ SETUP_FAILED, CANNOT_ENTER, CANNOT_RUN = 125, 126, 127
 _CLONE_NEWNS, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
 _MS_BIND = 4096
+_SYS_MOVE_MOUNT, _MOVE_MOUNT_F_EMPTY_PATH, _AT_FDCWD = 429, 0x04, -100
 _O_PATH = 0o10000000
 _PR_SET_PDEATHSIG, _PR_SET_NAME, _PR_SET_NO_NEW_PRIVS = 1, 15, 38
 _RLIMITS = {
@@ -92,15 +93,18 @@ def _let_go_of_output() -> None:
     os.close(null)
 
 
-def _read_line(channel: socket.socket) -> bytes:
-    """One line from the worker (empty: the worker let the launch go, or died)."""
+def _read_line(channel: socket.socket) -> tuple[bytes, list[int]]:
+    """One line from the worker (empty: the worker let the launch go, or died), and the
+    descriptors sent with it."""
     data = bytearray()
+    received: list[int] = []
     while not data.endswith(b"\n"):
-        chunk = channel.recv(65536)
+        chunk, fds, _, _ = socket.recv_fds(channel, 65536, 1)
+        received += fds
         if not chunk or len(data) > MAX_MESSAGE:
-            return b""
+            return b"", received
         data += chunk
-    return bytes(data)
+    return bytes(data), received
 
 
 def _wait_in_a_shell(channel: socket.socket, request: dict[str, Any]) -> None:
@@ -127,7 +131,7 @@ def _run_the_call(
         signal.signal(number, signal.SIG_DFL)
     if request["shell"] is not None:
         _wait_in_a_shell(channel, request)
-    line = _read_line(channel)
+    line, received = _read_line(channel)
     if not line:
         os._exit(0)
     call = json.loads(line)
@@ -136,8 +140,23 @@ def _run_the_call(
     os.close(null)
     try:
         _bind(libc, covered, call.get("bind") or [])
+        if received and call.get("attach") is not None:
+            # The run's volume, mounted on the host after this launch copied its mounts.
+            _call(
+                libc.syscall(
+                    _SYS_MOVE_MOUNT,
+                    received[0],
+                    b"",
+                    _AT_FDCWD,
+                    call["attach"].encode(),
+                    _MOVE_MOUNT_F_EMPTY_PATH,
+                ),
+                f"attach the run's volume at {call['attach']}",
+            )
     except OSError as exc:
         _fail(CANNOT_ENTER, f"cannot show the call its folders: {exc}")
+    for fd in received:
+        os.close(fd)
     for fd in covered.values():
         os.close(fd)
     try:

@@ -11,6 +11,7 @@ from pathlib import Path
 from worker.capping import DEFAULT_OUTPUT_CAP_BYTES
 from worker.plugins import load_plugins, register_plugins
 from worker.sandbox import SandboxConfig
+from worker.sandbox.volumes import ensure_volume
 from worker.settings import WorkerSettings, get_worker_settings
 from worker.tools.bash import RunBashTool
 from worker.tools.context import ToolContext
@@ -39,6 +40,8 @@ def prepare_workspace(folder: Path | str, sandbox: SandboxConfig) -> Workspace:
     (0711).
     """
     owner = sandbox.workspace_owner(Path(folder))
+    if owner is not None and sandbox.volume_bytes and sandbox.per_run_uids:
+        ensure_volume(Path(os.path.realpath(folder)), sandbox.volume_bytes, owner[1])
     workspace = Workspace(folder, owner=owner)
     if owner is None:
         return workspace

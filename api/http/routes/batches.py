@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Query, Response
@@ -17,12 +18,14 @@ from api.http.bodies import (
     START_REFUSED,
     UNREACHABLE,
     Accepted,
+    BatchList,
     BatchRequest,
     Problem,
     refusal,
 )
+from api.http.routes.paging import ListParams
 from api.http.services import Svc, require_model, tool_errors, working_fleet
-from api.http.state.batches import BatchState
+from api.http.state.batches import BatchState, BatchStatus, BatchSummary
 
 #: Past any batch's results, and within what Redis takes as a list index.
 MAX_OFFSET = 1_000_000_000
@@ -66,6 +69,7 @@ async def _create_batch(
         concurrency=body.concurrency,
         replica=services.replica,
         tenant=tenant,
+        tags=body.tags,
     )
     services.executor.submit_batch(
         batch_id,
@@ -76,6 +80,24 @@ async def _create_batch(
     )
     response.headers["Location"] = f"/v1/batches/{batch_id}"
     return Accepted(id=batch_id, status="queued")
+
+
+@router.get("/v1/batches", response_model=BatchList)
+async def _list_batches(
+    services: Svc,
+    tenant: Tenant,
+    query: ListParams,
+    status: Annotated[BatchStatus | None, Query(description="Only batches in this status.")] = None,
+) -> BatchList:
+    """This token's batches, newest first, a page at a time: follow next_cursor for the next."""
+    listed = await services.store.list_batches(replace(query, status=status), tenant=tenant)
+    summaries = [
+        BatchSummary.model_validate(batch.state.model_dump(exclude={"offset", "limit", "results"}))
+        for batch in listed.rows
+    ]
+    return BatchList(
+        batches=summaries, total=listed.total, limit=query.limit, next_cursor=listed.next_cursor
+    )
 
 
 @router.get(

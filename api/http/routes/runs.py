@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import re
 import uuid
+from dataclasses import replace
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, HTTPException, Path, Response
+from fastapi import APIRouter, Header, HTTPException, Path, Query, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 
@@ -18,12 +19,14 @@ from api.http.bodies import (
     Accepted,
     Problem,
     Responses,
+    RunList,
     RunRequest,
 )
+from api.http.routes.paging import ListParams
 from api.http.services import Svc, require_model, tool_errors, working_fleet
 from api.http.sse import event_stream_response
 from api.http.state.keys import ACTIVE
-from api.http.state.runs import RunState
+from api.http.state.runs import RunState, RunStatus
 
 #: How long ``POST /cancel`` waits for the run to stop before answering 202 "cancelling".
 CANCEL_WAIT_S = 5.0
@@ -63,7 +66,12 @@ async def _create_run(
         defaults["max_turns"] = services.settings.max_turns
     options = body.options.model_copy(update=defaults)
     await services.store.create_run(
-        run_id, body.prompt, options.model_dump(mode="json"), services.replica, tenant=tenant
+        run_id,
+        body.prompt,
+        options.model_dump(mode="json"),
+        services.replica,
+        tenant=tenant,
+        tags=body.tags,
     )
     # The record keeps the run_id the caller chose; the workers know the tenant's own name of it.
     workspace = services.tenants.workspace(tenant, options.run_id or run_id)
@@ -72,6 +80,20 @@ async def _create_run(
     )
     response.headers["Location"] = f"/v1/runs/{run_id}"
     return Accepted(id=run_id, status="queued")
+
+
+@router.get("/v1/runs", response_model=RunList)
+async def _list_runs(
+    services: Svc,
+    tenant: Tenant,
+    query: ListParams,
+    status: Annotated[RunStatus | None, Query(description="Only runs in this status.")] = None,
+) -> RunList:
+    """This token's runs, newest first, a page at a time: follow next_cursor for the next."""
+    listed = await services.store.list_runs(replace(query, status=status), tenant=tenant)
+    return RunList(
+        runs=listed.rows, total=listed.total, limit=query.limit, next_cursor=listed.next_cursor
+    )
 
 
 @router.get("/v1/runs/{run_id}", response_model=RunState, responses=NOT_FOUND)

@@ -4,7 +4,7 @@ list of their summaries (what the viewer's table shows, without the transcripts)
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -20,6 +20,7 @@ from api.http.state.keys import (
     batch_summaries_key,
     batches_index_key,
 )
+from api.http.state.listing import Listed, ListQuery, list_records, record_tags
 from api.http.state.records import HashFields, RecordStore, lost_error, optional_float, owned_by
 
 BatchStatus = Literal["queued", "running", "succeeded", "failed"]
@@ -33,8 +34,8 @@ class BatchProgress(BaseModel):
     running: int = 0
 
 
-class BatchState(BaseModel):
-    """What ``GET /v1/batches/{id}`` answers: progress and one page of output records."""
+class BatchSummary(BaseModel):
+    """A batch as ``GET /v1/batches`` lists it: its progress, without its results."""
 
     id: str
     status: BatchStatus
@@ -44,6 +45,12 @@ class BatchState(BaseModel):
     finished_at: float | None = None
     error: str | None = Field(None, description="Why the batch stopped early, if it did.")
     progress: BatchProgress
+    tags: list[str] = Field(default_factory=list, description="What the batch was started with.")
+
+
+class BatchState(BatchSummary):
+    """What ``GET /v1/batches/{id}`` answers: progress and one page of output records."""
+
     offset: int = 0
     limit: int = 0
     results: list[dict[str, Any]] = Field(default_factory=list)
@@ -69,9 +76,11 @@ class BatchStore(RecordStore):
         concurrency: int,
         replica: str,
         tenant: str = DEFAULT_TENANT,
+        tags: Sequence[str] = (),
     ) -> None:
         fields: HashFields = {
             "tenant": tenant,
+            "tags": json.dumps(list(tags)),
             "total": total,
             "concurrency": concurrency,
             "replica": replica,
@@ -144,18 +153,19 @@ class BatchStore(RecordStore):
         fields = await self._batch_fields(batch_id, tenant)
         return None if fields is None else _scored(fields)
 
-    async def newest_batches(
-        self, limit: int, *, tenant: str = DEFAULT_TENANT
-    ) -> list[ScoredBatch]:
-        """``tenant``'s newest batches still kept, newest first."""
+    async def list_batches(
+        self, query: ListQuery, *, tenant: str = DEFAULT_TENANT
+    ) -> Listed[ScoredBatch]:
+        """A page of ``tenant``'s batches still kept, newest first, as ``query`` filters them."""
         index = batches_index_key(tenant)
+        listed = await list_records(self.redis, index, batch_state_key, query, tenant)
         found = [
             # Only a batch still going may need its replica's lease looked at.
-            await self.scored_batch(batch_id) if fields["status"] in ACTIVE else _scored(fields)
-            for batch_id, fields in await self._newest(index, batch_state_key, limit)
-            if owned_by(fields, tenant)
+            await self.scored_batch(fields["id"]) if fields["status"] in ACTIVE else _scored(fields)
+            for fields in listed.rows
         ]
-        return [batch for batch in found if batch is not None]
+        batches = [batch for batch in found if batch is not None]
+        return Listed(batches, listed.total, listed.start, listed.next_cursor)
 
     async def batch_summaries(self, batch_id: str, start: int, stop: int) -> list[ItemSummary]:
         """The summaries of results ``start`` to ``stop`` (inclusive; -1 for the last)."""
@@ -209,6 +219,7 @@ def _batch_state(fields: dict[str, str]) -> BatchState:
             error=int(fields["errors"]),
             running=max(int(fields["running"]), 0),
         ),
+        tags=record_tags(fields),
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -73,7 +73,7 @@ class RecordStore:
         self, key: str, record_id: str, fields: HashFields, active_set: str, index: str
     ) -> None:
         """A new record, queued, in its set of active work (where the reaper will find it) and
-        in its index (where the viewer lists it)."""
+        in its index (where the lists of the API and the viewer find it)."""
         now = time.time()
         record: HashFields = {"id": record_id, "status": "queued", "created_at": repr(now)}
         record.update(fields)
@@ -83,28 +83,6 @@ class RecordStore:
             pipe.zadd(index, {record_id: now})
             pipe.zremrangebyrank(index, 0, -INDEX_SIZE - 1)
             await pipe.execute()
-
-    async def _newest(
-        self, index: str, state_key: Callable[[str], str], limit: int
-    ) -> list[tuple[str, dict[str, str]]]:
-        """The newest records of ``index`` that still exist, with their fields, in one round
-        trip; expired ones leave the index."""
-        members: list[bytes | str] = await self.redis.zrevrange(index, 0, limit - 1)  # type: ignore[assignment]
-        ids = [text(member) for member in members]
-        if not ids:
-            return []
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for record_id in ids:
-                pipe.hgetall(state_key(record_id))
-            found = await pipe.execute()
-        gone = [record_id for record_id, raw in zip(ids, found, strict=True) if not raw]
-        if gone:
-            await self.redis.zrem(index, *gone)
-        return [
-            (record_id, {text(name): text(value) for name, value in raw.items()})
-            for record_id, raw in zip(ids, found, strict=True)
-            if raw
-        ]
 
     async def _apply(
         self,

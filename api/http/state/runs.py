@@ -25,6 +25,7 @@ from api.http.state.keys import (
     run_state_key,
     runs_index_key,
 )
+from api.http.state.listing import Listed, ListQuery, list_records, record_tags
 from api.http.state.records import (
     HashFields,
     RecordStore,
@@ -40,8 +41,8 @@ RunStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 CANCELLED_ERROR = "cancelled on request"
 
 
-class RunState(BaseModel):
-    """What ``GET /v1/runs/{id}`` answers."""
+class RunSummary(BaseModel):
+    """A run as ``GET /v1/runs`` lists it: all but its transcript."""
 
     id: str
     status: RunStatus
@@ -55,9 +56,7 @@ class RunState(BaseModel):
     stop_reason: str | None = None
     error: str | None = None
     usage: dict[str, int] = Field(default_factory=dict)
-    transcript: dict[str, Any] | None = Field(
-        None, description="Messages and tool calls so far; complete once the run has ended."
-    )
+    tags: list[str] = Field(default_factory=list, description="What the run was started with.")
     orchestrator: str | None = Field(
         None,
         description="host:pid of the process that ran the conversation: an agents worker, or "
@@ -67,6 +66,14 @@ class RunState(BaseModel):
         None,
         description="Runs of the conversation on the agents pool: more than 1 when an agents "
         "worker died and another ran it again from the start.",
+    )
+
+
+class RunState(RunSummary):
+    """What ``GET /v1/runs/{id}`` answers."""
+
+    transcript: dict[str, Any] | None = Field(
+        None, description="Messages and tool calls so far; complete once the run has ended."
     )
 
 
@@ -81,12 +88,14 @@ class RunStore(RecordStore):
         replica: str,
         *,
         tenant: str = DEFAULT_TENANT,
+        tags: Sequence[str] = (),
     ) -> None:
         fields: HashFields = {
             "prompt": prompt,
             "options": json.dumps(options),
             "replica": replica,
             "tenant": tenant,
+            "tags": json.dumps(list(tags)),
         }
         await self._create(
             run_state_key(run_id), run_id, fields, ACTIVE_RUNS, runs_index_key(tenant)
@@ -102,15 +111,19 @@ class RunStore(RecordStore):
             fields = await self._hash(run_state_key(run_id))
         return _run_state(fields)
 
-    async def newest_runs(self, limit: int, *, tenant: str = DEFAULT_TENANT) -> list[RunState]:
-        """``tenant``'s newest runs still kept, newest first."""
-        found = [
+    async def list_runs(
+        self, query: ListQuery, *, tenant: str = DEFAULT_TENANT
+    ) -> Listed[RunSummary]:
+        """A page of ``tenant``'s runs still kept, newest first, as ``query`` filters them."""
+        index = runs_index_key(tenant)
+        listed = await list_records(self.redis, index, run_state_key, query, tenant)
+        runs = [
             # Only a run still going may need its replica's lease looked at.
-            await self.get_run(run_id) if fields["status"] in ACTIVE else _run_state(fields)
-            for run_id, fields in await self._newest(runs_index_key(tenant), run_state_key, limit)
-            if owned_by(fields, tenant)
+            await self.get_run(fields["id"]) if fields["status"] in ACTIVE else _run_state(fields)
+            for fields in listed.rows
         ]
-        return [run for run in found if run is not None]
+        summaries = [_summary(run) for run in runs if run is not None]
+        return Listed(summaries, listed.total, listed.start, listed.next_cursor)
 
     async def mark_running(self, run_id: str) -> bool:
         """queued -> running; False when it was cancelled or reaped before it could start."""
@@ -258,6 +271,10 @@ def event_entries(
     ]
 
 
+def _summary(run: RunState) -> RunSummary:
+    return RunSummary.model_validate(run.model_dump(exclude={"transcript"}))
+
+
 def _run_state(fields: dict[str, str]) -> RunState:
     transcript = json.loads(fields["transcript"]) if fields.get("transcript") else None
     return RunState(
@@ -273,6 +290,7 @@ def _run_state(fields: dict[str, str]) -> RunState:
         stop_reason=fields.get("stop_reason"),
         error=fields.get("error"),
         usage=(transcript or {}).get("usage", {}),
+        tags=record_tags(fields),
         transcript=transcript,
         orchestrator=fields.get("orchestrator"),
         attempts=int(fields["attempts"]) if fields.get("attempts") else None,

@@ -12,6 +12,8 @@ from api.http.state.keys import ACTIVE
 from api.http.viewer import conversation
 from api.http.viewer.charts import rate_chart
 from api.http.viewer.conversation import Text
+from api.http.viewer.lists import BATCH_STATUSES, RUN_STATUSES, ListFilters, pager
+from api.http.viewer.lists import PER_PAGE_CHOICES as LIST_PER_PAGE
 from api.http.viewer.table import (
     PER_PAGE_CHOICES,
     SCORES,
@@ -46,8 +48,20 @@ SHOWN_FIELDS = {
 }
 
 
-async def batches_page(viewer: Viewer) -> Page:
-    return Page("batches.html", "Batches", {"batches": await viewer.batches.batches()})
+async def batches_page(viewer: Viewer, params: Mapping[str, str]) -> Page:
+    filters, problems = ListFilters.parse(params, BATCH_STATUSES)
+    listed = await viewer.batches.batches(filters.query())
+    return Page(
+        "batches.html",
+        "Batches",
+        {
+            "batches": listed.rows,
+            "pager": pager(listed, filters),
+            "filters": filters,
+            "problems": problems,
+            "choices": {"status": BATCH_STATUSES, "per_page": LIST_PER_PAGE},
+        },
+    )
 
 
 async def batch_page(viewer: Viewer, batch_id: str, params: Mapping[str, str]) -> Page:
@@ -124,10 +138,22 @@ async def item_page(viewer: Viewer, batch_id: str, number: int, params: Mapping[
     )
 
 
-async def runs_page(viewer: Viewer) -> Page:
+async def runs_page(viewer: Viewer, params: Mapping[str, str]) -> Page:
     if viewer.runs is None:
         return not_found("runs: this viewer reads a results file")
-    return Page("runs.html", "Runs", {"runs": await viewer.runs.runs()})
+    filters, problems = ListFilters.parse(params, RUN_STATUSES)
+    listed = await viewer.runs.runs(filters.query())
+    return Page(
+        "runs.html",
+        "Runs",
+        {
+            "runs": listed.rows,
+            "pager": pager(listed, filters),
+            "filters": filters,
+            "problems": problems,
+            "choices": {"status": RUN_STATUSES, "per_page": LIST_PER_PAGE},
+        },
+    )
 
 
 async def run_page(viewer: Viewer, run_id: str) -> Page:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from api.batch.summary import ItemSummary
+from api.http.state.listing import Listed, ListQuery
 from api.http.viewer.sources import BatchView
 
 #: Bytes read at a time while indexing.
@@ -202,9 +203,11 @@ class ResultsFileSource:
             assert self._indexing is not None
             await asyncio.shield(self._indexing)
 
-    async def batches(self) -> list[BatchView]:
+    async def batches(self, query: ListQuery) -> Listed[BatchView]:
+        """The file's one batch, whatever the filters: it has none of a server's statuses."""
         batch = await self.batch(self.batch_id)
-        return [batch] if batch is not None else []
+        found = [batch] if batch is not None else []
+        return Listed(found, len(found), 0, None)
 
     async def batch(self, batch_id: str) -> BatchView | None:
         if batch_id != self.batch_id:

@@ -48,13 +48,13 @@ def _viewer(request: Request) -> Viewer:
 def _home(viewer: Viewer, request: Request) -> Awaitable[Page]:
     if viewer.single_batch is not None:  # a results file: its one batch
         return pages.batch_page(viewer, viewer.single_batch, request.query_params)
-    return pages.batches_page(viewer)
+    return pages.batches_page(viewer, request.query_params)
 
 
 #: Each page: its path under ``/`` (the shell) and under ``/ui/page`` (its content).
 PAGES: dict[str, PageMaker] = {
     "/": _home,
-    "/batches": lambda viewer, _: pages.batches_page(viewer),
+    "/batches": lambda viewer, request: pages.batches_page(viewer, request.query_params),
     "/batches/{batch_id}": lambda viewer, request: pages.batch_page(
         viewer, request.path_params["batch_id"], request.query_params
     ),
@@ -64,7 +64,7 @@ PAGES: dict[str, PageMaker] = {
         request.path_params["number"],
         request.query_params,
     ),
-    "/runs": lambda viewer, _: pages.runs_page(viewer),
+    "/runs": lambda viewer, request: pages.runs_page(viewer, request.query_params),
     "/runs/{run_id}": lambda viewer, request: pages.run_page(viewer, request.path_params["run_id"]),
     "/fleet": lambda viewer, _: pages.fleet_page(viewer),
 }

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from api.batch.summary import ItemSummary
 from api.http.recent_calls import RateBucket, ToolLatency
+from api.http.state.listing import Listed, ListQuery
 
-if TYPE_CHECKING:  # toolq view has no runs, and starts faster without Redis' client
-    from api.http.state.runs import RunState
+if TYPE_CHECKING:  # toolq view has no runs
+    from api.http.state.runs import RunState, RunSummary
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class BatchView:
     finished_at: float | None = None
     problem: str | None = None
     note: str | None = None
+    tags: tuple[str, ...] = ()
 
     @property
     def pass_rate(self) -> float | None:
@@ -52,7 +54,9 @@ class BatchView:
 class BatchSource(Protocol):
     """Batches and their results, in the order the results finished."""
 
-    async def batches(self) -> list[BatchView]: ...
+    async def batches(self, query: ListQuery) -> Listed[BatchView]:
+        """A page of the batches, newest first, as ``query`` filters them."""
+        ...
 
     async def batch(self, batch_id: str) -> BatchView | None: ...
 
@@ -78,7 +82,9 @@ class RunEvents:
 class RunSource(Protocol):
     """Runs of the API: their state, their events, and a live stream of them."""
 
-    async def runs(self) -> list[RunState]: ...
+    async def runs(self, query: ListQuery) -> Listed[RunSummary]:
+        """A page of the runs, newest first, as ``query`` filters them."""
+        ...
 
     async def run(self, run_id: str) -> RunState | None: ...
 

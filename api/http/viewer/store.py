@@ -15,13 +15,12 @@ from api.http.services import Services, read_queue_depths
 from api.http.sse import run_event_stream
 from api.http.state.batches import ScoredBatch
 from api.http.state.keys import ACTIVE
+from api.http.state.listing import Listed, ListQuery
 from api.http.state.records import EVENTS_MAXLEN
-from api.http.state.runs import RunState
+from api.http.state.runs import RunState, RunSummary
 from api.http.viewer.sources import BatchView, FleetView, PoolView, RunEvents, WorkerView
 from worker.protocol import POOLS
 
-#: Runs and batches listed, newest first.
-LIST_LIMIT = 100
 #: Batches whose summaries are kept in memory, for filtering and sorting all of their items.
 CACHED_BATCHES = 4
 #: Width of one bar of the fleet's rate chart.
@@ -43,9 +42,9 @@ class StoreSources:
 
     # -- batches --------------------------------------------------------------------------------
 
-    async def batches(self) -> list[BatchView]:
-        newest = await self._store.newest_batches(LIST_LIMIT, tenant=self._tenant)
-        return [_batch_view(batch) for batch in newest]
+    async def batches(self, query: ListQuery) -> Listed[BatchView]:
+        listed = await self._store.list_batches(query, tenant=self._tenant)
+        return listed.map(_batch_view)
 
     async def batch(self, batch_id: str) -> BatchView | None:
         batch = await self._store.scored_batch(batch_id, tenant=self._tenant)
@@ -68,8 +67,8 @@ class StoreSources:
 
     # -- runs -----------------------------------------------------------------------------------
 
-    async def runs(self) -> list[RunState]:
-        return await self._store.newest_runs(LIST_LIMIT, tenant=self._tenant)
+    async def runs(self, query: ListQuery) -> Listed[RunSummary]:
+        return await self._store.list_runs(query, tenant=self._tenant)
 
     async def run(self, run_id: str) -> RunState | None:
         return await self._store.get_run(run_id, tenant=self._tenant)
@@ -142,4 +141,5 @@ def _batch_view(batch: ScoredBatch) -> BatchView:
         created_at=state.created_at,
         finished_at=state.finished_at,
         problem=state.error,
+        tags=tuple(state.tags),
     )

@@ -64,6 +64,7 @@ RECORD_KEYS = {
     "earlier_run_ids",
     "orchestrator",
     "usage",
+    "image",
     "score",
     "setup",
     "check",

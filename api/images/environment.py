@@ -1,0 +1,172 @@
+"""A run's environment from its image: the run's container started on a sandbox worker before
+the run's first command, its calls pinned to that worker (``api.images.pins``), and ended when
+the run ends. Used by batch tasks, ``toolq run --image``, the Agent, Inspect and MCP alike.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from api.dispatch import Dispatcher
+from api.fleet import Fleet
+from api.images.pins import PINNED_POOL, Pin
+
+START = "toolq.start_environment"
+END = "toolq.end_environment"
+#: Bound on ending a container.
+END_TIMEOUT_MS = 30_000
+
+
+class ImageUnavailable(RuntimeError):
+    """The run's container could not be started; ``str()`` is one line naming the image and
+    the cause."""
+
+
+@dataclass(frozen=True, slots=True)
+class StartedEnvironment:
+    """A run's container, as its worker started it."""
+
+    image: str
+    digest: str
+    worker: str
+    queue: str
+    environment: str
+    runtime: str
+    workdir: str
+    start_ms: int
+    pulled: bool
+
+    def as_record(self) -> dict[str, Any]:
+        """What a result line records of it."""
+        return {
+            "reference": self.image,
+            "digest": self.digest,
+            "worker": self.worker,
+            "runtime": self.runtime,
+            "start_ms": self.start_ms,
+            "pulled": self.pulled,
+        }
+
+
+class RunEnvironment:
+    """The container of run ``run_id`` from ``image`` on the fleet ``fleet`` describes.
+
+    ``user`` and ``env`` replace the image's User and add to its Env; ``recreate`` lets a
+    container lost mid-run (its worker died) start again from the image, where otherwise the
+    run's next command fails with "environment lost"."""
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        fleet: Fleet,
+        run_id: str,
+        image: str,
+        *,
+        user: str | None = None,
+        env: Mapping[str, str] | None = None,
+        recreate: bool = False,
+        timeout_ms: int | None = None,
+    ) -> None:
+        self._dispatcher = dispatcher
+        self._fleet = fleet
+        self.run_id = run_id
+        self.image = image
+        self._user = user
+        self._env = dict(env or {})
+        self._recreate = recreate
+        self._timeout_ms = timeout_ms
+        self.started: StartedEnvironment | None = None
+
+    async def start(self) -> StartedEnvironment:
+        """Start the run's container (resolving the image to a digest, pulling and unpacking it
+        where the worker's cache lacks it) and pin the run's commands to it.
+        ``ImageUnavailable`` when it cannot."""
+        spec = self._fleet.tools.get(START)
+        if spec is None:
+            raise ImageUnavailable(
+                f"image {self.image!r}: no worker of this fleet runs images ({START} is not "
+                "served: sandbox workers of an older toolq?)"
+            )
+        if not self._fleet.serves(START):
+            raise ImageUnavailable(f"image {self.image!r}: no live sandbox worker to run it")
+        # A start goes to any sandbox worker; the one that answers holds the container.
+        self._dispatcher.pins.unpin(self.run_id)
+        arguments: dict[str, Any] = {"image": self.image, "env": self._env}
+        if self._user is not None:
+            arguments["user"] = self._user
+        if self._timeout_ms is not None:
+            arguments["timeout_ms"] = self._timeout_ms
+        answer = await self._call(START, arguments, spec.pool)
+        if not answer.get("ok"):
+            raise ImageUnavailable(str(answer.get("message") or f"image {self.image!r}: refused"))
+        started = StartedEnvironment(
+            image=self.image,
+            digest=str(answer["digest"]),
+            worker=str(answer["worker"]),
+            queue=str(answer["queue"]),
+            environment=str(answer["environment"]),
+            runtime=str(answer["runtime"]),
+            workdir=str(answer["workdir"]),
+            start_ms=int(answer["start_ms"]),
+            pulled=bool(answer["pulled"]),
+        )
+        self.started = started
+        self._dispatcher.pins.pin(self._pin(started))
+        return started
+
+    async def end(self) -> None:
+        """End the run's container (nothing when it has none, or its worker is gone: the
+        worker's next sweep ends it)."""
+        if self._dispatcher.pins.get(self.run_id) is None:
+            return
+        try:
+            await self._call(END, {}, PINNED_POOL, END_TIMEOUT_MS)
+        except ImageUnavailable:
+            pass  # lost already; nothing more to end here
+        finally:
+            self._dispatcher.pins.unpin(self.run_id)
+
+    def _pin(self, started: StartedEnvironment) -> Pin:
+        return Pin(
+            run_id=self.run_id,
+            environment=started.environment,
+            worker=started.worker,
+            queue=started.queue,
+            image=self.image,
+            digest=started.digest,
+            restart=self._restart if self._recreate else None,
+        )
+
+    async def _restart(self) -> Pin:
+        started = await self.start()
+        return self._pin(started)
+
+    async def _call(
+        self, operation: str, arguments: dict[str, Any], pool: str, timeout_ms: int | None = None
+    ) -> dict[str, Any]:
+        spec = self._fleet.tools.get(operation)
+        if spec is None:
+            raise ImageUnavailable(
+                f"image {self.image!r}: no worker of this fleet offers {operation}"
+            )
+        request = self._dispatcher.build_request(
+            spec,
+            task_id=f"{self.run_id}.{operation}.{uuid.uuid4().hex[:16]}",
+            run_id=self.run_id,
+            arguments=arguments,
+            timeout_ms=timeout_ms,
+        )
+        result = await self._dispatcher.call(request, pool)
+        if result.is_error:
+            raise ImageUnavailable(f"image {self.image!r}: {_first_line(result.output)}")
+        answer: dict[str, Any] = json.loads(result.output)
+        return answer
+
+
+def _first_line(text: str) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else "no answer"
+    return line.removeprefix("Error: ")

@@ -1,0 +1,140 @@
+"""The runs whose sandbox calls must reach one worker: the one holding the run's container.
+
+A pinned run's sandbox calls name the container and go to its worker's own queue. A worker
+that is gone (no heartbeat) or answers that it holds no such container makes the call's answer
+``environment_lost``, never a run on another worker against other files. Where the run allows
+it (``recreate``), the container is started again from its image and a call that never ran is
+sent to the new one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from worker.protocol import ToolCallRequest, ToolCallResult, keys
+
+#: The pool whose calls a pin redirects: only commands run in the container.
+PINNED_POOL = "sandbox"
+#: Ends the answer of a pinned call whose time ran out unstarted: it is not sent again.
+_NOT_STARTED = " (its time ran out waiting)"
+
+
+@dataclass(frozen=True, slots=True)
+class Pin:
+    """A run's container: where it is, and what it is."""
+
+    run_id: str
+    environment: str
+    worker: str
+    queue: str
+    image: str
+    digest: str
+    #: Starts the run's container again (its new pin is returned): None where the run does not
+    #: allow it.
+    restart: Callable[[], Awaitable[Pin]] | None = None
+
+    def lost(self, request: ToolCallRequest, why: str) -> ToolCallResult:
+        return ToolCallResult.failure(
+            request,
+            "environment_lost",
+            f"Error: environment lost: the container of run {self.run_id} (image "
+            f"{self.image!r}) on worker {self.worker} {why}. Nothing of {request.tool} ran.",
+        )
+
+
+class RunPins:
+    """The pins of one dispatcher's runs."""
+
+    def __init__(self) -> None:
+        self._pins: dict[str, Pin] = {}
+
+    def pin(self, pin: Pin) -> None:
+        self._pins[pin.run_id] = pin
+
+    def unpin(self, run_id: str) -> Pin | None:
+        return self._pins.pop(run_id, None)
+
+    def get(self, run_id: str) -> Pin | None:
+        return self._pins.get(run_id)
+
+    async def place(
+        self, request: ToolCallRequest, pool: str, redis: aioredis.Redis
+    ) -> tuple[ToolCallRequest, str] | ToolCallResult:
+        """Where ``request`` goes: as it is to ``pool``, or to its run's container; or, when that
+        container's worker is gone, the answer saying so."""
+        pin = self._pins.get(request.run_id)
+        if pin is None or pool != PINNED_POOL:
+            return request, pool
+        try:
+            alive = await redis.exists(keys.worker_heartbeat(PINNED_POOL, pin.worker))
+        except RedisError:
+            alive = 1  # the call's own sending will tell what is wrong with the store
+        if not alive:
+            return pin.lost(request, "is gone: its worker no longer announces itself")
+        return request.model_copy(update={"environment": pin.environment}), pin.queue
+
+    async def call(
+        self,
+        request: ToolCallRequest,
+        pool: str,
+        send: Callable[[ToolCallRequest, str], Awaitable[ToolCallResult]],
+        redis: aioredis.Redis,
+    ) -> ToolCallResult:
+        """``send`` the call where it goes; a container lost before the call ran is started
+        again, once, where the run allows it, and the call sent to it."""
+        result = await self._call_once(request, pool, send, redis)
+        if result.error_kind != "environment_lost" or result.output.endswith(_NOT_STARTED):
+            return result
+        try:
+            again = await self.recreated(request)
+        except Exception as exc:  # whatever stopped it, the lost call's answer says why
+            return result.model_copy(
+                update={"output": f"{result.output} Starting it again failed: {exc}"}
+            )
+        if again is None:
+            return result
+        return await self._call_once(again, pool, send, redis)
+
+    async def _call_once(
+        self,
+        request: ToolCallRequest,
+        pool: str,
+        send: Callable[[ToolCallRequest, str], Awaitable[ToolCallResult]],
+        redis: aioredis.Redis,
+    ) -> ToolCallResult:
+        placed = await self.place(request, pool, redis)
+        if isinstance(placed, ToolCallResult):
+            return placed
+        return self.settle(placed[0], await send(*placed))
+
+    def settle(self, request: ToolCallRequest, result: ToolCallResult) -> ToolCallResult:
+        """A pinned call that no worker started: its container's worker is gone."""
+        pin = self._pins.get(request.run_id)
+        if pin is None or request.environment != pin.environment:
+            return result
+        if result.error_kind == "no_answer":
+            # Its time is spent: the next call finds the worker gone, and may start it again.
+            lost = pin.lost(request, "did not take the call: its worker stopped")
+            return lost.model_copy(update={"output": f"{lost.output}{_NOT_STARTED}"})
+        return result
+
+    async def recreated(self, request: ToolCallRequest) -> ToolCallRequest | None:
+        """After ``environment_lost``, where the run allows it: the container started again and
+        the call (which never ran) readied for it, under a new id; None otherwise."""
+        pin = self._pins.get(request.run_id)
+        if pin is None or pin.restart is None:
+            return None
+        fresh = await pin.restart()
+        self._pins[request.run_id] = fresh
+        return request.model_copy(
+            update={
+                "task_id": f"{request.task_id}.r",
+                "environment": fresh.environment,
+                "send_number": 1,
+                "seal_key": ToolCallRequest.new_seal_key(),
+            }
+        )

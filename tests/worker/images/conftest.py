@@ -1,0 +1,157 @@
+"""Images built once per session (busybox-static and umoci), an image cache of each test's own,
+and run workspaces prepared as a root worker prepares them (a uid of the run's own)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.worker.images.builders import BASE_APPLETS, build_image, skip_reason
+from worker.images.boxes import Boxes, BoxSettings
+from worker.images.fetch import Tools
+from worker.images.mounts import is_mount
+from worker.images.sweep import sweep_boxes
+from worker.sandbox import SandboxConfig
+from worker.sandbox.identity import DEFAULT_UID_RANGE, UidRange
+from worker.tools.factory import prepare_workspace
+from worker.tools.workspace import Workspace
+
+#: A box's limits in these tests: small enough to hit.
+MEMORY_MB = 64
+MAX_PROCESSES = 24
+#: The ids a box maps besides its user's: past the default range of run uids.
+ID_BLOCK = UidRange.parse(DEFAULT_UID_RANGE).last + 1
+
+
+@dataclass(frozen=True)
+class Images:
+    """The session's images, by what they are."""
+
+    alpha: str
+    beta: str
+    agent: str
+    noshell: str
+    layout: Path
+
+
+@pytest.fixture(scope="session")
+def images_root() -> Iterator[Path]:
+    """A folder that others may pass through (as a box's root must reach its bundle)."""
+    reason = skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    root = Path(tempfile.mkdtemp(prefix="toolq-images-test-"))
+    os.chmod(root, 0o711)
+    yield root
+    _unmount_below(root)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def images(images_root: Path) -> Images:
+    layout = images_root / "layout"
+    return Images(
+        alpha=build_image(
+            layout, "alpha", name="toolq-alpha", applets=(*BASE_APPLETS, "dd", "seq", "wc")
+        ),
+        beta=build_image(
+            layout,
+            "beta",
+            name="toolq-beta",
+            files={"/usr/bin/beta-tool": b"#!/bin/sh\necho beta tool here\n"},
+            env=("PATH=/usr/bin:/bin", "GREETING=from-beta"),
+        ),
+        agent=build_image(
+            layout,
+            "agent",
+            name="toolq-agent",
+            files={"/app/hello.txt": b"hello from the image\n"},
+            workdir="/app",
+            user="agent",
+        ),
+        noshell=build_image(layout, "noshell", name="toolq-noshell", shell=False),
+        layout=layout,
+    )
+
+
+def box_settings(cache: Path, runtime: str = "runc", cache_bytes: int = 1 << 30) -> BoxSettings:
+    return BoxSettings(
+        cache_root=cache,
+        cache_bytes=cache_bytes,
+        runtime=runtime,
+        tools=Tools(),
+        cgroup_root=Path("/sys/fs/cgroup"),
+        memory_mb=MEMORY_MB,
+        max_processes=MAX_PROCESSES,
+        file_size_mb=16,
+        id_block=ID_BLOCK,
+    )
+
+
+class Host:
+    """A test's image cache and run workspaces, as one sandbox worker's."""
+
+    def __init__(self, root: Path, runtime: str = "runc") -> None:
+        self.root = root
+        self.workspaces = root / "workspaces"
+        self.workspaces.mkdir(parents=True)
+        os.chmod(self.workspaces, 0o711)
+        self.boxes = Boxes(box_settings(root / "cache", runtime))
+        self.sandbox = SandboxConfig(
+            memory_mb=MEMORY_MB,
+            max_processes=MAX_PROCESSES,
+            workspace_root=str(self.workspaces),
+            uid_range=UidRange.parse(DEFAULT_UID_RANGE),
+        )
+
+    def workspace(self, run_id: str) -> Workspace:
+        return prepare_workspace(self.workspaces / run_id, self.sandbox)
+
+    def start(self, run_id: str, image: str, **options: object) -> tuple[Workspace, object]:
+        workspace = self.workspace(run_id)
+        assert workspace.owner is not None
+        record = self.boxes.start(
+            run_id,
+            workspace.root,
+            workspace.owner,
+            image,
+            time.monotonic() + 60,
+            **options,  # type: ignore[arg-type]
+        )
+        return workspace, record
+
+    def close(self) -> None:
+        for record in self.boxes.records():
+            self.boxes.end(record.run_id, time.monotonic() + 30)
+        sweep_boxes(self.boxes)
+
+
+@pytest.fixture(params=["runc"])
+def host(images_root: Path, request: pytest.FixtureRequest) -> Iterator[Host]:
+    runtime = str(request.param)
+    if shutil.which(runtime) is None:
+        pytest.skip(f"{runtime} is not installed (Debian's {runtime} package)")
+    root = Path(tempfile.mkdtemp(prefix="host-", dir=images_root))
+    os.chmod(root, 0o711)
+    made = Host(root, runtime)
+    yield made
+    made.close()
+    leftover = [p for p in (root / "cache" / "boxes").glob("*") if p.is_dir()]
+    assert leftover == [], "a box was left behind"
+
+
+def _unmount_below(root: Path) -> None:
+    """Whatever a failed test left mounted below ``root``, so that it can be removed."""
+    with open("/proc/self/mountinfo") as info:
+        points = [line.split()[4] for line in info]
+    for point in sorted((p for p in points if p.startswith(str(root))), reverse=True):
+        if is_mount(Path(point)):
+            subprocess.run(["umount", "-l", point], check=False, capture_output=True)
