@@ -3,44 +3,59 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The package alone, no extra: all `make demo` needs.
+CORE_STAMP := $(VENV)/.installed-core
 
-.PHONY: install system-packages test test-fast lint typecheck fmt bench demo reliability-report viewer-screenshots clean
+.PHONY: install system-packages test test-fast lint typecheck fmt bench demo docs reliability-report viewer-screenshots clean
 
 # Debian's packages the tests and the bench use: a headless Chromium for the viewer's browser
-# tests, and jq, the bench's baseline for toolq view. Installed where apt-get is and we are
-# root; elsewhere the browser tests skip, saying so.
-SYSTEM_PACKAGES := chromium:chromium chromedriver:chromium-driver jq:jq
+# tests, and jq, the bench's baseline for toolq view. Installed by the targets that use them
+# (test, bench, viewer-screenshots), where apt-get is and we are root; elsewhere the browser
+# tests skip, saying so. install and demo install nothing outside .venv. With them, what a
+# sandbox worker runs images with: skopeo and umoci (fetch, unpack), runc and runsc (the OCI
+# runtimes), catatonit (a container's first process); busybox-static and docker-registry build
+# and serve the image tests' images (those tests skip, saying so, without them).
+SYSTEM_PACKAGES := chromium:chromium chromedriver:chromium-driver jq:jq \
+	skopeo:skopeo umoci:umoci runc:runc runsc:runsc catatonit:catatonit \
+	busybox:busybox-static docker-registry:docker-registry
 
-install: $(STAMP) system-packages
+install: $(STAMP)
 
 system-packages:
 	@missing=""; for pair in $(SYSTEM_PACKAGES); do \
 		command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-		echo "make install: installing$$missing with apt-get"; \
+		echo "make: installing$$missing with apt-get"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends$$missing >/dev/null; \
 	else \
-		echo "make install:$$missing not installed (needs root and apt-get): the browser tests skip and make bench's viewer case cannot run"; \
+		echo "make:$$missing not installed (needs root and apt-get): the tests that need them skip, and make bench's viewer and image cases cannot run"; \
 	fi
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,bench,mcp,inspect]'
-	touch $(STAMP)
 
-demo: install
+$(CORE_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e .
+	touch $(CORE_STAMP)
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[dev,bench,mcp,inspect,docs]'
+	touch $(CORE_STAMP) $(STAMP)
+
+# The demo needs the package alone: a scripted model, a private Redis and workers, all in .venv.
+demo: $(CORE_STAMP)
 	$(BIN)/toolq demo
 
-test: install
+test: install system-packages
 	$(BIN)/pytest
 
 test-fast: install
 	$(BIN)/pytest -m "not integration and not e2e and not netns"
 
 # Refreshes the committed docs/RELIABILITY.md from a full run of the reliability tests.
-reliability-report: install
+reliability-report: install system-packages
 	RELIABILITY_REPORT=docs/RELIABILITY.md $(BIN)/pytest tests/reliability tests/api/http
 
 lint: install
@@ -55,11 +70,15 @@ fmt: install
 	$(BIN)/ruff format .
 
 # Refreshes the committed screenshots of the viewer (docs/viewer/) from a run of its browser tests.
-viewer-screenshots: install
+viewer-screenshots: install system-packages
 	VIEWER_SCREENSHOTS=docs/viewer $(BIN)/pytest -m browser tests/api/http/viewer -p no:cacheprovider
 
-bench: install
+bench: install system-packages
 	$(BIN)/python -m bench.run
 
+# The documentation site, from docs/ and the code (mkdocs.yml), into site/; it fetches nothing.
+docs: install
+	NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(BIN)/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache site

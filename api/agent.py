@@ -33,6 +33,7 @@ from api.events import (
     ToolCallStarted,
 )
 from api.fleet import Fleet, load_fleet
+from api.images.environment import RunEnvironment
 from api.limits import ConversationLimits, LimitReached
 from api.llm import (
     ChatModel,
@@ -81,9 +82,14 @@ class Agent:
         settings: OrchestratorSettings | None = None,
         in_process: bool = False,
         worker_settings: WorkerSettings | None = None,
+        image: str | None = None,
     ) -> None:
         self._settings = settings or get_settings()
         self.options = options or AgentOptions()
+        if image is not None:
+            self.options = self.options.model_copy(update={"image": image})
+        #: The run's container, when it has an image: started before the first model turn.
+        self.environment: RunEnvironment | None = None
         self._llm = (
             provider
             if isinstance(provider, ChatModel)
@@ -104,6 +110,10 @@ class Agent:
         self._local_stack: weakref.finalize[[], Agent] | None = None
         try:
             if in_process:
+                if self.options.image is not None:
+                    raise ValueError(
+                        "an image needs a fleet: in_process runs the tools in this process"
+                    )
                 # The tools a worker would serve, run here: no broker, no workers. The worker
                 # floor's tools are imported only when asked for.
                 from worker.tools.factory import create_run_tool_registry
@@ -141,6 +151,14 @@ class Agent:
             timeout_ms=self.options.tool_timeout_ms,
             registry=self.registry,
         )
+        if self.options.image is not None:
+            self.environment = RunEnvironment(
+                self._dispatcher,
+                self._fleet,
+                self.run_id,
+                self.options.image,
+                recreate=self.options.recreate,
+            )
 
     def _start_local_stack(self, worker_settings: WorkerSettings) -> None:
         """No broker configured: the fleet ``toolq run`` would start, this agent's own until
@@ -191,7 +209,10 @@ class Agent:
         return await self.registry.execute("save_session_context", {"reason": reason})
 
     async def close(self) -> None:
-        """Close the connection to the fleet and stop the local stack this agent started."""
+        """End the run's container, close the connection to the fleet and stop the local stack
+        this agent started."""
+        if self.environment is not None and self.environment.started is not None:
+            await self.environment.end()
         if self._owns_dispatcher and self._dispatcher is not None:
             await self._dispatcher.close()
         if self._local_stack is not None and self._local_stack.alive:
@@ -217,7 +238,15 @@ class Agent:
         """The same conversation as events: text deltas, tool calls, the final answer."""
         return self._converse(message, stream=True)
 
+    async def start_environment(self) -> None:
+        """Start the run's container from its image, if it has one and it is not started:
+        ``ImageUnavailable`` (one line naming the image and the cause) when it cannot be.
+        The first conversation does it by itself."""
+        if self.environment is not None and self.environment.started is None:
+            await self.environment.start()
+
     async def _converse(self, message: str, *, stream: bool) -> AsyncIterator[AgentEvent]:
+        await self.start_environment()
         self.messages.append({"role": "user", "content": message})
         self.stop_reason = None
         self.limits.start()
@@ -342,7 +371,15 @@ class Agent:
             "messages": self._wire_messages(),
             "tool_calls": [asdict(record) for record in self.tool_calls],
             "usage": asdict(self.usage),
+            **self._image_record(),
         }
+
+    def _image_record(self) -> dict[str, Any]:
+        """The run's image as the transcript records it: only for a run that has one."""
+        if self.environment is None:
+            return {}
+        started = self.environment.started
+        return {"image": started.as_record() if started is not None else None}
 
     # -- helpers -------------------------------------------------------------------------------
 

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import io
 import os
 import sys
 from importlib.metadata import version as installed_version
 from pathlib import Path
-from typing import Annotated, Protocol, TextIO, cast
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
+from api.commands.usage_errors import COMMAND_LINE_ERROR, exit_refused
 from api.settings import check_settings, get_settings
 from worker.protocol import AGENTS_QUEUE, POOLS
 from worker.settings_check import debugging, exit_on_bad_settings
@@ -124,6 +124,18 @@ def run(
         bool,
         typer.Option("--fail-on-tool-error", help="Exit with status 1 if a tool call failed."),
     ] = False,
+    image: Annotated[
+        str | None,
+        typer.Option(
+            help="Run the commands in a container of this OCI image (oci:/layout:tag, "
+            "oci-archive:/x.tar, docker-archive:/x.tar, or a registry name such as "
+            "python:3.12-slim)."
+        ),
+    ] = None,
+    recreate: Annotated[
+        bool,
+        typer.Option("--recreate", help="With --image: start a lost container again."),
+    ] = False,
 ) -> None:
     """Run one conversation against OPENAI_BASE_URL / OPENAI_API_KEY and print the answer.
 
@@ -132,6 +144,7 @@ def run(
     (the broker, workers or model API failing); 2 for wrong settings or no model API.
     """
     _checked_settings()
+    _checked_image(image)
     _reachable_fleet()
     from api.commands.conversation import run_conversation
 
@@ -146,8 +159,24 @@ def run(
         fail_on_tool_error=fail_on_tool_error,
         console=console,
         err=err,
+        image=image,
+        recreate=recreate,
     )
     raise typer.Exit(code)
+
+
+def _checked_image(image: str | None) -> None:
+    """An image reference that cannot be one stops the command in one line, exit status 2."""
+    if image is None:
+        return
+    from worker.images.errors import ImageError
+    from worker.images.reference import parse_reference
+
+    try:
+        parse_reference(image)
+    except ImageError as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(2) from None
 
 
 @app.command()
@@ -276,6 +305,10 @@ def mcp(
     tool_timeout_ms: Annotated[
         int | None, typer.Option(min=1, help="Deadline of every call, in ms (default: the tool's).")
     ] = None,
+    image: Annotated[
+        str | None,
+        typer.Option(help="Run the session's commands in a container of this OCI image."),
+    ] = None,
 ) -> None:
     """The fleet's tools as an MCP server on stdin/stdout: one run, one workspace."""
     try:
@@ -284,7 +317,8 @@ def mcp(
     except ImportError as exc:
         err.print(f"error: toolq mcp needs pip install 'toolq[mcp]' ({exc})", markup=False)
         raise typer.Exit(2) from None
-    choice = ToolChoice(tuple(enable or ()), tuple(disable or ()), tool_timeout_ms)
+    _checked_image(image)
+    choice = ToolChoice(tuple(enable or ()), tuple(disable or ()), tool_timeout_ms, image)
     raise typer.Exit(serve_stdio(get_settings(), choice))
 
 
@@ -325,10 +359,8 @@ def main() -> None:
     try:
         # Not standalone: Click's own usage errors come here, to be said as toolq says errors.
         code = app(standalone_mode=False)
-    except _COMMAND_LINE_ERROR as exc:
-        refused = cast(_CommandLineError, exc)
-        _show_usage_error(refused)
-        sys.exit(refused.exit_code)
+    except COMMAND_LINE_ERROR as exc:
+        exit_refused(exc)
     except typer.Abort:
         print("error: aborted", file=sys.stderr)
         sys.exit(EXIT_UNEXPECTED)
@@ -341,33 +373,6 @@ def main() -> None:
         )
         sys.exit(EXIT_UNEXPECTED)
     sys.exit(code if isinstance(code, int) else 0)
-
-
-class _CommandLineError(Protocol):
-    """What toolq uses of Click's exception for a command line it refuses."""
-
-    exit_code: int
-
-    def show(self, file: TextIO | None = None) -> None: ...
-
-
-#: That exception's class: typer's copy of Click's or Click's own, by typer's version; the
-#: ``BadParameter`` typer exports derives from it either way.
-_COMMAND_LINE_ERROR = cast(
-    type[Exception],
-    next(base for base in typer.BadParameter.__mro__ if base.__name__ == "ClickException"),
-)
-
-
-def _show_usage_error(exc: _CommandLineError) -> None:
-    """Click's usage, hint and error line, the error line starting ``error:`` like every other
-    error line of toolq's (Click's starts ``Error:``)."""
-    shown = io.StringIO()
-    exc.show(file=shown)
-    for line in shown.getvalue().splitlines():
-        if line.startswith("Error: "):
-            line = "error: " + line.removeprefix("Error: ")
-        print(line, file=sys.stderr)
 
 
 if __name__ == "__main__":

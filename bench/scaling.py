@@ -149,7 +149,9 @@ class LoadCallers:
 class Instances:
     """Worker instances of both systems, started as the steps need more of them."""
 
-    def __init__(self, settings: WorkerSettings, concurrency: int, stack: contextlib.ExitStack):
+    def __init__(
+        self, settings: WorkerSettings, concurrency: int, stack: contextlib.ExitStack
+    ) -> None:
         self._settings = settings
         self._concurrency = concurrency
         self._stack = stack

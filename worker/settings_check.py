@@ -58,7 +58,11 @@ def unknown_variables(environ: Mapping[str, str], known: Collection[str]) -> lis
         if not upper.startswith(ENV_PREFIX) or upper in known:
             continue
         close = difflib.get_close_matches(upper, sorted(known), n=1, cutoff=0.6)
-        hint = f"did you mean {close[0]}?" if close else "the settings are in the README"
+        hint = (
+            f"did you mean {close[0]}?"
+            if close
+            else "the settings are in docs/reference/settings.md"
+        )
         problems.append(f"{name} is not a toolq setting; {hint}")
     return problems
 

@@ -23,6 +23,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StrictBool,
     ValidationError,
     field_validator,
 )
@@ -30,7 +31,11 @@ from pydantic import (
 from api.settings import OrchestratorSettings
 from worker.deadlines import REPORT_MARGIN_MS
 from worker.images.errors import ImageError
-from worker.images.reference import parse_reference
+from worker.images.reference import (
+    IMAGE_REFERENCE_PATTERN,
+    MAX_REFERENCE_CHARS,
+    parse_reference,
+)
 from worker.protocol import glob_segments
 
 log = logging.getLogger(__name__)
@@ -165,12 +170,13 @@ class BatchItem(BaseModel):
     image: str | None = Field(
         None,
         min_length=1,
-        max_length=1024,
+        max_length=MAX_REFERENCE_CHARS,
+        json_schema_extra={"pattern": IMAGE_REFERENCE_PATTERN},
         description="An OCI image the run's commands run in, one container for the run: "
         "oci:/layout:tag, oci-archive:/x.tar, docker-archive:/x.tar or a registry reference "
         "(python:3.12-slim); the result line records its digest.",
     )
-    recreate: bool = Field(
+    recreate: StrictBool = Field(
         False,
         description="With image: a container lost mid-run (its sandbox worker died) starts "
         "again from the image, instead of the run's next command failing (environment lost).",

@@ -21,6 +21,7 @@ from api.events import (
     ToolCallStarted,
 )
 from api.fleet import NoWorkersError
+from api.images.environment import ImageUnavailable
 from api.llm import ChatModel, ModelError, model_client
 from api.local.stack import LocalStackError, fleet_for
 from api.settings import OrchestratorSettings, get_settings
@@ -35,7 +36,7 @@ DEMO_PROMPT = (
 #: otherwise with --fail-on-tool-error.
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 #: What ends a conversation, or keeps one from starting, with exit status 1.
-CONVERSATION_ERRORS = (ModelError, NoWorkersError, LocalStackError, ValueError)
+CONVERSATION_ERRORS = (ModelError, NoWorkersError, LocalStackError, ValueError, ImageUnavailable)
 #: A failed call's message is shown up to this many characters, on one line.
 FAILURE_SHOWN_CHARS = 300
 
@@ -52,11 +53,16 @@ def run_conversation(
     fail_on_tool_error: bool = False,
     console: Console,
     err: Console,
+    image: str | None = None,
+    recreate: bool = False,
 ) -> int:
     """``toolq run``: 0 once the conversation ended (the model answered, or the turn limit
-    stopped it), 1 if it could not start or end, 2 without a model API to talk to."""
+    stopped it), 1 if it could not start or end (an image that cannot be run included), 2
+    without a model API to talk to."""
     settings = get_settings()
     options: dict[str, Any] = {"model": model, "enable": enable}
+    if image is not None:
+        options |= {"image": image, "recreate": recreate}
     if system is not None:
         options["system_prompt"] = system
     if max_turns is not None:

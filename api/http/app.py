@@ -20,9 +20,10 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException
-from starlette.routing import Route
+from starlette.routing import Match, Route
 from starlette.types import Receive, Scope, Send
 
 from api import fleet as fleet_module
@@ -213,7 +214,20 @@ async def _unreadable_body(request: Request, exc: HTTPException) -> Response:
         return refusal(
             [FieldProblem(field="body", where="body", message=message, type="json_invalid")]
         )
+    if exc.status_code == 405 and (allowed := _api_methods(request)):
+        # Starlette names the methods of one route of the path; GET and POST /v1/runs are two.
+        exc.headers = {**(exc.headers or {}), "Allow": ", ".join(allowed)}
     return await http_exception_handler(request, exc)
+
+
+def _api_methods(request: Request) -> list[str]:
+    """Every method the API's routes take on the request's path (none off the API)."""
+    methods: set[str] = set()
+    for router in (runs.router, batches.router, service.router, service.public):
+        for route in router.routes:
+            if isinstance(route, APIRoute) and route.matches(request.scope)[0] != Match.NONE:
+                methods |= route.methods or set()
+    return sorted(methods)
 
 
 async def _store_unreachable(_: Request, exc: RedisError) -> JSONResponse:

@@ -37,6 +37,7 @@ from api.http.run_stream import stream_into_run
 from api.http.state.batches import BatchStatus
 from api.http.state.runs import CANCELLED_ERROR, RunStatus
 from api.http.state.store import ApiStore
+from api.images.environment import ImageUnavailable
 from api.llm import ChatModel, ModelError
 from api.logs import log_context
 from api.settings import OrchestratorSettings
@@ -199,6 +200,8 @@ class AgentExecutor:
                     await self._finish(run_id, "cancelled", agent, error=CANCELLED_ERROR)
             except ModelError as exc:
                 await self._finish(run_id, "failed", agent, error=f"the model API failed: {exc}")
+            except ImageUnavailable as exc:  # one line naming the image and the cause
+                await self._finish(run_id, "failed", agent, error=str(exc))
             except Exception as exc:
                 log.exception("run %s failed", run_id)
                 await self._finish(run_id, "failed", agent, error=f"{type(exc).__name__}: {exc}")

@@ -4,15 +4,17 @@ the tools pool.
 
 Inspect finds the class through the ``inspect_ai`` entry point of the toolq package, so
 ``inspect eval task.py --sandbox toolq`` (or ``sandbox="toolq"`` in a ``Task``) is all it takes.
-Every command runs as the fleet's unprivileged sandbox user; ``exec(user=...)`` is refused with
-``SandboxUserUnsupportedError``, which Inspect's own tools take as "use the default user".
+Every command runs as the run's own unprivileged user; ``exec(user=...)`` is refused with
+``SandboxUserUnsupportedError``, which Inspect's own tools take as "use the default user". A
+task that names an image (``sandbox=("toolq", "python:3.12-slim")``, see ``image_config``) gets
+a container of it for each sample, started before the sample and ended after it.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 from inspect_ai.log import transcript
 from inspect_ai.util import (
@@ -23,9 +25,12 @@ from inspect_ai.util import (
     SandboxUserUnsupportedError,
     sandboxenv,
 )
+from pydantic import BaseModel
 
+from api.images.environment import ImageUnavailable, RunEnvironment
 from api.inspect_sandbox.cleanup import clean_up
 from api.inspect_sandbox.contract import call_error, exec_outcome, file_error
+from api.inspect_sandbox.image_config import CONFIG_FILES, ToolqSandboxConfig, sandbox_config
 from api.inspect_sandbox.link import LINK
 from api.inspect_sandbox.outside import SHELL, read_outside, write_outside
 from api.inspect_sandbox.owners import new_run_id
@@ -56,25 +61,58 @@ _TRANSFER_MS_PER_MIB = 1000
 class ToolqSandboxEnvironment(SandboxEnvironment):
     """One sample's sandbox: the run workspace ``workspace.run_id`` on the toolq fleet."""
 
-    def __init__(self, workspace: RunWorkspace, settings: OrchestratorSettings) -> None:
+    def __init__(
+        self,
+        workspace: RunWorkspace,
+        settings: OrchestratorSettings,
+        environment: RunEnvironment | None = None,
+    ) -> None:
         super().__init__()
         self.workspace = workspace
         self._settings = settings
+        #: The sample's container, when the task names an image (``image_config``).
+        self.environment = environment
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     @classmethod
+    def config_files(cls) -> list[str]:
+        return list(CONFIG_FILES)
+
+    @classmethod
+    def config_deserialize(cls, config: dict[str, Any]) -> BaseModel:
+        return ToolqSandboxConfig(**config)
+
+    @classmethod
     async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
-        _refuse_config(config)
+        sandbox_config(config)  # a bad configuration stops the task before any sample
         await LINK.open()
 
     @classmethod
     async def sample_init(
         cls, task_name: str, config: SandboxEnvironmentConfigType | None, metadata: dict[str, str]
     ) -> dict[str, SandboxEnvironment]:
+        options = sandbox_config(config)
         dispatcher = await LINK.dispatcher()
-        workspace = RunWorkspace(dispatcher, LINK.fleet, new_run_id(task_name, LINK.owner))
-        return {"default": cls(workspace, LINK.settings)}
+        run_id = new_run_id(task_name, LINK.owner)
+        workspace = RunWorkspace(dispatcher, LINK.fleet, run_id)
+        environment = None
+        if options.image is not None:
+            environment = RunEnvironment(
+                dispatcher,
+                LINK.fleet,
+                run_id,
+                options.image,
+                user=options.user,
+                env=options.env,
+                recreate=options.recreate,
+            )
+            try:
+                started = await environment.start()
+            except ImageUnavailable as exc:
+                raise RuntimeError(str(exc)) from None
+            transcript().info({"run_id": run_id, **started.as_record()}, source="toolq")
+        return {"default": cls(workspace, LINK.settings, environment)}
 
     @classmethod
     async def sample_cleanup(
@@ -87,6 +125,8 @@ class ToolqSandboxEnvironment(SandboxEnvironment):
         for environment in environments.values():
             sandbox = environment.as_type(cls)
             workspace = sandbox.workspace
+            if sandbox.environment is not None:
+                await sandbox.environment.end()
             try:
                 # A command the sample left running (it was interrupted) ends by its deadline.
                 await workspace.remove(wait_s=calls_end_within_s(sandbox._settings))
@@ -138,8 +178,8 @@ class ToolqSandboxEnvironment(SandboxEnvironment):
         if user is not None:
             raise SandboxUserUnsupportedError(
                 f"the toolq sandbox cannot run commands as {user!r}: every command runs as "
-                "the fleet's unprivileged sandbox user (TOOLQ_SANDBOX_USER on the workers); "
-                "leave user unset"
+                "the sandbox user of the run (a uid of its own; with an image, the image's "
+                "user or the configuration's), so leave user unset"
             )
         if not cmd:
             raise ValueError("exec needs a command: cmd is empty")
@@ -217,11 +257,3 @@ class ToolqSandboxEnvironment(SandboxEnvironment):
         in JSON, a few MiB a second on a busy machine."""
         allowance = size * _TRANSFER_MS_PER_MIB // 2**20
         return min(self._settings.default_timeout_ms + allowance, self._settings.max_timeout_ms)
-
-
-def _refuse_config(config: SandboxEnvironmentConfigType | None) -> None:
-    if config is not None:
-        raise ValueError(
-            f"the toolq sandbox takes no configuration (given {config!r}): the fleet is chosen "
-            "with TOOLQ_* environment variables (TOOLQ_BROKER_URL, or none for a local stack)"
-        )

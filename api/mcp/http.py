@@ -33,6 +33,8 @@ from api.mcp.server import (
 )
 from api.run_workspace import calls_end_within_s
 from api.settings import OrchestratorSettings
+from worker.images.errors import ImageError
+from worker.images.reference import parse_reference
 
 #: Without a token the API listens on loopback only; a web page must not reach it by a name
 #: that resolves there (DNS rebinding), so only loopback Host headers are served.
@@ -138,14 +140,21 @@ def _session_of(ctx: ServerRequestContext[Any]) -> tuple[str | None, ToolChoice]
 
 
 def tool_choice(query: QueryParams) -> ToolChoice:
-    """``enable`` and ``disable`` (repeated, or comma-separated) and ``tool_timeout_ms``."""
-    unknown = sorted(set(query) - {"enable", "disable", "tool_timeout_ms"})
+    """``enable`` and ``disable`` (repeated, or comma-separated), ``tool_timeout_ms`` and
+    ``image`` (the OCI image the session's commands run in)."""
+    unknown = sorted(set(query) - {"enable", "disable", "tool_timeout_ms", "image"})
     if unknown:
         raise MCPError(
             code=INVALID_PARAMS,
             message=f"unknown query parameter(s) {', '.join(unknown)} in the MCP URL "
-            "(known: enable, disable, tool_timeout_ms)",
+            "(known: enable, disable, tool_timeout_ms, image)",
         )
+    image = query.get("image")
+    if image is not None:
+        try:
+            parse_reference(image)
+        except ImageError as exc:
+            raise MCPError(code=INVALID_PARAMS, message=str(exc)) from None
     timeout = query.get("tool_timeout_ms")
     if timeout is not None and not (timeout.isdigit() and int(timeout) > 0):
         raise MCPError(
@@ -156,6 +165,7 @@ def tool_choice(query: QueryParams) -> ToolChoice:
         enable=_names(query.getlist("enable")),
         disable=_names(query.getlist("disable")),
         tool_timeout_ms=int(timeout) if timeout is not None else None,
+        image=image,
     )
 
 

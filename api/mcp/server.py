@@ -26,6 +26,7 @@ from redis.exceptions import RedisError
 
 from api.dispatch import Dispatcher
 from api.fleet import Fleet, NoWorkersError
+from api.images.environment import ImageUnavailable, RunEnvironment
 from api.logs import log_context
 from api.run_tools import RunTools
 from api.run_workspace import FileProblemError, RunWorkspace, ServiceCallError
@@ -46,6 +47,9 @@ class ToolChoice:
     enable: tuple[str, ...] = ()
     disable: tuple[str, ...] = ()
     tool_timeout_ms: int | None = None
+    #: The OCI image the session's commands run in: one container for the session's run,
+    #: started at its first call and ended with it (``api.images``).
+    image: str | None = None
 
 
 #: The session a request belongs to (None: the request came without one) and its tool choice.
@@ -58,6 +62,8 @@ class _Session:
     last_used: float
     #: A tool was called, so the run may have a workspace on the fleet.
     called: bool = False
+    #: The run's container, with an image.
+    environment: RunEnvironment | None = None
 
 
 class SessionRuns:
@@ -92,11 +98,21 @@ class SessionRuns:
             self._end_idle(now)
             known = self._sessions.get(session)
             if known is None:
-                known = _Session(await self.preview(choice), now)
+                tools = await self.preview(choice)
+                known = _Session(tools, now)
+                if choice.image is not None:
+                    fleet = await self._fleet()
+                    known.environment = RunEnvironment(
+                        self._dispatcher, fleet, tools.run_id, choice.image
+                    )
                 self._sessions[session] = known
             known.last_used = now
             known.called = known.called or calling
-            return known.tools
+            environment = known.environment
+        if calling and environment is not None and environment.started is None:
+            # ImageUnavailable: the call's answer says why, in one line.
+            await environment.start()
+        return known.tools
 
     async def preview(self, choice: ToolChoice) -> RunTools:
         """Tools as a new session with ``choice`` would have them; ``ValueError`` names a tool
@@ -122,7 +138,8 @@ class SessionRuns:
             return
         run_id = ended.tools.run_id
         removal = asyncio.create_task(
-            self._remove(run_id, self._removal_wait_s), name=f"toolq-mcp-remove-{run_id}"
+            self._remove(run_id, self._removal_wait_s, ended.environment),
+            name=f"toolq-mcp-remove-{run_id}",
         )
         self._removals[removal] = run_id
         removal.add_done_callback(lambda done: self._removals.pop(done, None))
@@ -136,13 +153,13 @@ class SessionRuns:
         those with a call of the run still in flight: the workers remove them once their
         lifetime (``TOOLQ_WORKSPACE_TTL_S``) has passed."""
         waiting = list(self._removals)
-        runs = [*self._removals.values()]
-        runs += [s.tools.run_id for s in self._sessions.values() if s.called]
+        runs: list[tuple[str, RunEnvironment | None]] = [(r, None) for r in self._removals.values()]
+        runs += [(s.tools.run_id, s.environment) for s in self._sessions.values() if s.called]
         self._sessions.clear()
         for removal in waiting:
             removal.cancel()
         await asyncio.gather(*waiting, return_exceptions=True)
-        await asyncio.gather(*(self._remove(run_id, 0.0) for run_id in runs))
+        await asyncio.gather(*(self._remove(run_id, 0.0, env) for run_id, env in runs))
 
     @property
     def open_sessions(self) -> int:
@@ -153,8 +170,12 @@ class SessionRuns:
         for key in idle:
             self.end(key)
 
-    async def _remove(self, run_id: str, wait_s: float) -> None:
+    async def _remove(
+        self, run_id: str, wait_s: float, environment: RunEnvironment | None = None
+    ) -> None:
         try:
+            if environment is not None:
+                await environment.end()
             workspace = RunWorkspace(self._dispatcher, await self._fleet(), run_id)
             await workspace.remove(wait_s=wait_s)
         except (ServiceCallError, FileProblemError, NoWorkersError, RedisError) as exc:
@@ -191,7 +212,14 @@ def fleet_mcp_server(runs: SessionRuns, session_of: SessionOf) -> Server[Any]:
     async def call_tool(
         ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        tools = await tools_of(ctx, listing=False)
+        try:
+            tools = await tools_of(ctx, listing=False)
+        except ImageUnavailable as exc:
+            return types.CallToolResult(
+                content=[types.TextContent(type="text", text=f"Error: {exc}")],
+                is_error=True,
+                _meta={f"{META_PREFIX}error_kind": "environment_lost"},
+            )
         call_id = f"mcp-{ctx.request_id}"
         with log_context(run_id=tools.run_id, tool_call_id=call_id):
             outcome = await tools.registry.run(params.name, params.arguments, tool_call_id=call_id)

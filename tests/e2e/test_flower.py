@@ -1,6 +1,6 @@
-"""Flower, started as the README says, on a fleet running a batch whose tool calls fail: it
-shows calls waiting in the queue, and each finished call as a success or a failure with its
-outcome in a few words, never its arguments or output."""
+"""Flower, started as the docs say (docs/how-to/operate.md), on a fleet running a batch whose
+tool calls fail: it shows calls waiting in the queue, and each finished call as a success or a
+failure with its outcome in a few words, never its arguments or output."""
 
 from __future__ import annotations
 
@@ -30,7 +30,9 @@ from worker.settings import WorkerSettings
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
-README_PORT = "--port=5555"
+#: Where the docs tell an operator to find Flower: its command is run as written there.
+OPERATE_DOC = REPO / "docs" / "how-to" / "operate.md"
+DOCS_PORT = "--port=5555"
 #: Each conversation's one turn: a call that takes a while (so that others queue behind it on
 #: a worker of one process), one with bad arguments and one the tool fails.
 SLOW_S = 0.8
@@ -43,18 +45,18 @@ CONVERSATIONS = 3
 FINAL = {"SUCCESS", "FAILURE"}
 
 
-def readme_flower_argv(port: int) -> list[str]:
-    """The README's Flower command, as written, on ``port``."""
+def docs_flower_argv(port: int) -> list[str]:
+    """The docs' Flower command, as written, on ``port``."""
     lines = [
         line.strip()
-        for line in (REPO / "README.md").read_text().splitlines()
+        for line in OPERATE_DOC.read_text().splitlines()
         if line.strip().startswith("celery -A worker.app flower")
     ]
     assert len(lines) == 1, lines
     words = shlex.split(lines[0], comments=True)
-    assert README_PORT in words
+    assert DOCS_PORT in words
     celery = str(Path(sys.executable).parent / "celery")
-    return [celery, *[f"--port={port}" if w == README_PORT else w for w in words[1:]]]
+    return [celery, *[f"--port={port}" if w == DOCS_PORT else w for w in words[1:]]]
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +79,7 @@ def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Worker
         }
         log = (workdir / "flower.log").open("wb")
         flower = subprocess.Popen(
-            readme_flower_argv(port), env=env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT
+            docs_flower_argv(port), env=env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT
         )
         yield stack.settings, port
     finally:

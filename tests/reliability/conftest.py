@@ -272,7 +272,7 @@ def start_stack(
     fleet = WorkerFleet(settings)
     stack = Stack(server, fleet)
     try:
-        with _environment(env or {}):
+        with variables_set(env or {}):
             fleet.start()
             for _ in range(extra_tools_workers):
                 extra = LocalStack(settings, pools=("tools",))
@@ -285,7 +285,7 @@ def start_stack(
 
 
 @contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
+def variables_set(values: dict[str, str]) -> Iterator[None]:
     """Variables the processes started inside inherit; the test process gets its own back."""
     previous = {name: os.environ.get(name) for name in values}
     os.environ.update(values)

@@ -209,6 +209,9 @@ async def test_no_traversal_payload_reaches_outside_the_workspace(
     bad: Fixture, call: Caller, report: Report
 ) -> None:
     workspace = bad.workspace
+    # The run's first call makes its workspace ready (its uid claimed, the root closed to
+    # listing): the worker's own state, changed before anything is compared.
+    await call("list_dir", {"path": "."})
     (workspace / "notes.txt").write_text("inside the workspace\n")
     with contextlib.suppress(FileExistsError):
         (workspace / "out").symlink_to(bad.layout.sentinel)

@@ -537,9 +537,10 @@ async def test_a_killed_orchestrator_resumes_without_rerunning_finished_conversa
         if cut_by_kill:
             report.gap(
                 "A conversation cut by a kill of the orchestrator is redone from the start",
-                "its next attempt works in a workspace of its own (README, 'Resuming'), so "
-                "nothing runs twice in one workspace; but the cut attempt's model requests are "
-                "made again, and a tool call whose effect reaches beyond the workspace (a "
+                "its next attempt works in a workspace of its own (docs/reference/batch.md, "
+                "'Resuming'), so nothing runs twice in one workspace; but the cut attempt's "
+                "model requests are made again, and a tool call whose effect reaches beyond the "
+                "workspace (a "
                 f"network request, say) runs again ({len(cut_by_kill)} of {total} in the kill "
                 "test). Keeping each conversation's finished tool results (by run_id and step) "
                 "would let a resume skip them.",

@@ -25,7 +25,7 @@ import redis
 
 from api.local.stack import worker_argv, worker_environment
 from tests.conftest import REPO, RedisServer, WorkerFleet, fleet_settings, wait_for
-from tests.reliability.conftest import Stack
+from tests.reliability.conftest import Stack, variables_set
 from worker.protocol import POOLS, keys
 from worker.sandbox.identity import DEFAULT_UID_RANGE, UidRange
 from worker.settings import WorkerSettings
@@ -152,20 +152,13 @@ def deploy_like_stack(workdir: Path, *, password: str, env: dict[str, str]) -> S
     server.start()
     settings = fleet_settings(server.url, root, sandbox_isolation="namespaces")
     fleet = DeployLikeFleet(settings, workdir)
-    previous = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
     try:
-        fleet.start()
+        with variables_set(env):
+            fleet.start()
     except BaseException:
         fleet.stop()
         server.stop()
         raise
-    finally:
-        for name, value in previous.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
     return Stack(server, fleet)
 
 

@@ -58,7 +58,10 @@ def test_the_variables_toolq_sets_or_reads_besides_settings_are_known() -> None:
             "TOOLQ_WORKSPACE_ROTO",
             "TOOLQ_WORKSPACE_ROTO is not a toolq setting; did you mean TOOLQ_WORKSPACE_ROOT?",
         ),
-        ("TOOLQ_XYZZY", "TOOLQ_XYZZY is not a toolq setting; the settings are in the README"),
+        (
+            "TOOLQ_XYZZY",
+            "TOOLQ_XYZZY is not a toolq setting; the settings are in docs/reference/settings.md",
+        ),
     ],
 )
 def test_an_unknown_variable_is_named_with_the_closest_setting(name: str, line: str) -> None:

@@ -32,7 +32,7 @@ from worker.images.fetch import Tools
 from worker.images.group import BoxGroup, swap_accounted
 from worker.images.loopback import loopback_up
 from worker.images.mounts import MountError, host_id, mount_rootfs, remove_bundle
-from worker.images.owner import Owner, current_owner
+from worker.images.owner import Owner, current_owner, process_alive
 from worker.images.reference import parse_reference
 from worker.images.rootfs import lookup_user, resolve_in_root
 from worker.images.runtime import OciRuntime, RuntimeFailed
@@ -237,10 +237,7 @@ class Boxes:
         settings = self.settings
         bundle = self.folder / name
         info = os.stat(workspace)
-        try:
-            inside = lookup_user(cached.rootfs, user if user is not None else cached.record.user)
-        except ValueError as exc:
-            raise ImageError(image, str(exc)) from None
+        inside = _box_user(image, cached, runtime, user)
         workdir = _workdir(cached.record.workdir)
         if workdir != DEFAULT_WORKDIR:
             # The workspace is mounted over the image's WorkingDir: what the image has there
@@ -316,7 +313,7 @@ class Boxes:
             return f"{what} was ended: the run's workspace was removed"
         if (info.st_dev, info.st_ino) != tuple(record.workspace_id):
             return f"{what} was ended: the run's workspace was removed and made again"
-        if not Path(f"/proc/{record.init_pid}").exists():
+        if not process_alive(record.init_pid):
             return f"{what} stopped (its first process is gone)"
         if runtime is not None and not runtime.running(record.name):
             return f"{what} is not running"
@@ -340,6 +337,27 @@ class Boxes:
             return BoxRecord.model_validate_json((folder / "record.json").read_bytes())
         except (OSError, ValueError):
             return None
+
+
+def _box_user(
+    image: str, cached: CachedImage, runtime: OciRuntime, user: str | None
+) -> tuple[int, int]:
+    """Who runs in the box: ``user``, else the image's User. gVisor's file server reaches the
+    workspace as the box's root: under runsc that root is the run's own uid and the box's
+    commands run as it, whatever user the image names (one asked for is refused)."""
+    try:
+        inside = lookup_user(cached.rootfs, user if user is not None else cached.record.user)
+    except ValueError as exc:
+        raise ImageError(image, str(exc)) from None
+    if runtime.gvisor and inside[0] != 0:
+        if user is not None:
+            raise ImageError(
+                image,
+                f"the user {user!r} is not root: with TOOLQ_OCI_RUNTIME=runsc a run's commands "
+                "run as the container's root",
+            )
+        return 0, 0
+    return inside
 
 
 def _protect_from_oom(pid: int) -> None:

@@ -185,7 +185,7 @@ def cause(ref: ImageReference, stderr: str, what: str | None = None) -> str:
         if any(word in lowered for word in _UNKNOWN):
             return f"unknown reference (the registry has no such image or tag): {detail}"
         return f"skopeo could not fetch it: {detail}"
-    if "no such file or directory" in lowered and ref.location in detail:
+    if "no such file or directory" in lowered and "/blobs/" not in detail:
         return f"{ref.location} does not exist on the sandbox worker: {detail}"
     if "no descriptor found" in lowered:
         return f"unknown reference (the layout has no such tag): {detail}"

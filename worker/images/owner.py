@@ -78,12 +78,23 @@ def boot_id() -> str:
         return ""
 
 
+def process_alive(pid: int) -> bool:
+    """``pid`` runs (a zombie, which no reaper has collected yet, does not)."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
 def start_time(pid: int) -> int | None:
     """``pid``'s start time, or None when there is no such process."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields is not None and len(fields) > 19 else None
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat from its third field (the state) on; None without such a process."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     # The command name may hold spaces and parentheses: fields count from the last ")".
-    fields = stat[stat.rfind(")") + 2 :].split()
-    return int(fields[19]) if len(fields) > 19 else None
+    return stat[stat.rfind(")") + 2 :].split()

@@ -28,12 +28,21 @@ _DOMAIN = (
     r"(?:localhost|[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+|[A-Za-z0-9-]+:[0-9]+|"
     r"[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+:[0-9]+)"
 )
+_TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
+_DIGEST = r"sha256:[0-9a-f]{64}"
 _REGISTRY_REFERENCE = re.compile(
     rf"(?:(?P<domain>{_DOMAIN})/)?(?P<path>{_COMPONENT}(?:/{_COMPONENT})*)"
-    r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
-    r"(?:@(?P<digest>sha256:[0-9a-f]{64}))?"
+    rf"(?::(?P<tag>{_TAG}))?(?:@(?P<digest>{_DIGEST}))?"
 )
-DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+#: Every reference ``parse_reference`` takes, as one pattern (Python's and JSON Schema's): a
+#: local transport with an absolute path (no colon in it) and its tag, or a registry name that
+#: does not begin like a local transport.
+IMAGE_REFERENCE_PATTERN = (
+    r"^(?:(?:oci|oci-archive|docker-archive):/[^\s:\x00]*(?::[^\s\x00]*)?|"
+    r"(?!(?:oci|oci-archive|docker-archive):)(?:docker://)?"
+    rf"(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::{_TAG})?(?:@{_DIGEST})?)$"
+)
+_IMAGE_REFERENCE = re.compile(IMAGE_REFERENCE_PATTERN)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +93,7 @@ def parse_reference(text: str) -> ImageReference:
         return _local(text, transport, rest)
     registry_text = text.removeprefix("docker://")
     match = _REGISTRY_REFERENCE.fullmatch(registry_text)
-    if match is None:
+    if match is None or _IMAGE_REFERENCE.fullmatch(text) is None:
         raise ImageError(
             text,
             "not an image reference: use oci:/path/to/layout:tag, oci-archive:/x.tar, "
@@ -104,8 +113,6 @@ def _local(text: str, transport: Transport, rest: str) -> ImageReference:
     path, _, tag = rest.partition(":")
     if not path.startswith("/"):
         raise ImageError(text, f"the path of a {transport}: image must be absolute")
-    if ".." in path.split("/"):
-        raise ImageError(text, f"the path of a {transport}: image cannot contain '..'")
     return ImageReference(text, transport, path, tag or None)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from worker.images.boxes import Boxes, BoxRecord
 from worker.images.errors import ImageError
 from worker.images.mounts import remove_bundle
+from worker.images.owner import process_alive
 from worker.images.runtime import OciRuntime, RuntimeFailed
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ def _why_end(record: BoxRecord) -> str | None:
         return "the run's workspace was removed"
     if (info.st_dev, info.st_ino) != tuple(record.workspace_id):
         return "the run's workspace was removed and made again"
-    if not Path(f"/proc/{record.init_pid}").exists():
+    if not process_alive(record.init_pid):
         return "its first process is gone"
     return None
 

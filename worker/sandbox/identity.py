@@ -169,7 +169,7 @@ def _owner(entry: os.DirEntry[str]) -> int | None:
 def _holder(claim: Path) -> bytes | None:
     try:
         with open(claim, "rb") as file:
-            return file.read(256)
+            return file.read(8192)  # a run id, or a folder's real path
     except FileNotFoundError:
         return None
     except OSError as exc:

@@ -273,6 +273,9 @@ READY = 4
 #: Runs whose next call finds a launch made for it alone (``Plan.for_run``), the most recent
 #: ones of this process: a conversation's calls keep coming to the same few processes.
 RUNS_READY = 4
+#: Launches kept ready for each of those runs: a call takes one while the next is made, so
+#: calls that come back to back still find one.
+EACH_RUN = 2
 
 
 class Launcher:
@@ -292,7 +295,7 @@ class Launcher:
         self._maker: threading.Thread | None = None
         #: The keys of launches made for one run, least recently used first; each has one.
         self._runs: dict[tuple[Plan, SandboxConfig], None] = {}
-        self._making: set[tuple[Plan, SandboxConfig]] = set()
+        self._making: dict[tuple[Plan, SandboxConfig], int] = {}
 
     def has_ready(self, plan: Plan, config: SandboxConfig) -> bool:
         with self._lock:
@@ -300,24 +303,25 @@ class Launcher:
             return bool(self._ready.get((plan, config)))
 
     def prepare_for_run(self, plan: Plan, config: SandboxConfig) -> None:
-        """Make one launch in the background for the run of ``plan`` (``Plan.for_run``), and
-        let go of those of runs used less recently than the last ``RUNS_READY``."""
+        """Make launches in the background until ``EACH_RUN`` are ready for the run of ``plan``
+        (``Plan.for_run``), and let go of those of runs used less recently than the last
+        ``RUNS_READY``."""
         stale: list[Launch] = []
         with self._lock:
             self._forget_if_forked()
             key = (plan, config)
-            wanted = not self._ready.get(key) and key not in self._making
+            wanted = EACH_RUN - len(self._ready.get(key, [])) - self._making.get(key, 0)
             self._runs.pop(key, None)
             self._runs[key] = None
             while len(self._runs) > RUNS_READY:
                 oldest = next(iter(self._runs))
                 del self._runs[oldest]
                 stale += self._ready.pop(oldest, [])
-            if wanted:
+            for _ in range(max(0, wanted)):
                 self._pending += 1
-                self._making.add(key)
+                self._making[key] = self._making.get(key, 0) + 1
                 self._wanted.put(key)
-                self._start_maker()
+            self._start_maker()
         for unused in stale:
             unused.abandon()
 
@@ -397,10 +401,13 @@ class Launcher:
             with self._lock:
                 self._pending = max(0, self._pending - 1)
                 key = (plan, config)
-                self._making.discard(key)
+                if self._making.get(key, 0) > 1:
+                    self._making[key] -= 1
+                else:
+                    self._making.pop(key, None)
                 ready = self._ready.setdefault(key, [])
                 if plan.keep:  # made for one run: kept while the run is among the recent ones
-                    kept = made is not None and key in self._runs and not ready
+                    kept = made is not None and key in self._runs and len(ready) < EACH_RUN
                 else:
                     kept = made is not None and len(ready) < READY
                 kept = kept and os.getpid() == self._pid
@@ -413,7 +420,7 @@ class Launcher:
         # A forked child inherits the parent's launches, whose shells are not its children,
         # and not the thread that makes them.
         if os.getpid() != self._pid:
-            self._ready, self._pid, self._runs, self._making = {}, os.getpid(), {}, set()
+            self._ready, self._pid, self._runs, self._making = {}, os.getpid(), {}, {}
             self._wanted, self._pending, self._maker = queue.SimpleQueue(), 0, None
 
 

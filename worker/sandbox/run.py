@@ -120,6 +120,9 @@ def _run(
     if not still_bound(ready):
         ready.abandon()
         chosen, ready = plan, launcher.take(plan, config)
+    if for_run is not None:
+        # Made while this call runs, at the lowest priority: the run's next call finds it.
+        launcher.prepare_for_run(for_run, config)
     ending: Ending | None = None
     try:
         before_start()
@@ -143,8 +146,6 @@ def _run(
             ready.close()
             ready.group.remove()
         launcher.prepare(plan, config)
-        if for_run is not None:
-            launcher.prepare_for_run(for_run, config)
 
 
 def _volume_of(chosen: Plan, config: SandboxConfig, home: Path) -> tuple[int, str] | None:

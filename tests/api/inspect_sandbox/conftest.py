@@ -47,3 +47,52 @@ def fleet_env(inspect_fleet: WorkerFleet) -> Iterator[WorkerFleet]:
         for name, value in fleet_variables(inspect_fleet).items():
             patch.setenv(name, value)
         yield inspect_fleet
+
+
+@pytest.fixture(scope="package")
+def image_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[WorkerFleet, str]]:
+    """A fleet of its own that runs images, and an image for it: busybox with every applet (in
+    /bin and /usr/bin) and a bash that is its sh."""
+    from tests.worker.images.builders import (
+        BASH_SHIM,
+        all_applets,
+        build_image,
+        images_folder,
+        skip_reason,
+    )
+
+    reason = skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    redis = RedisServer(tmp_path_factory.mktemp("inspect-image-redis"))
+    redis.start()
+    with images_folder() as root:
+        image = build_image(
+            root / "layout",
+            "full",
+            name="toolq-full",
+            applets=all_applets(),
+            files={"/bin/bash": BASH_SHIM},
+            usr_bin=True,
+        )
+        workspaces = root / "workspaces"
+        workspaces.mkdir()
+        os.chmod(workspaces, 0o755)
+        settings = fleet_settings(
+            redis.url, workspaces, max_timeout_ms=120_000, image_cache=root / "cache"
+        )
+        workers = WorkerFleet(settings).start()
+        try:
+            yield workers, image
+        finally:
+            workers.stop()
+            redis.stop()
+
+
+@pytest.fixture(scope="module")
+def image_env(image_fleet: tuple[WorkerFleet, str]) -> Iterator[tuple[WorkerFleet, str]]:
+    """The image fleet, named by this process's environment for the module's tests."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in fleet_variables(image_fleet[0]).items():
+            patch.setenv(name, value)
+        yield image_fleet

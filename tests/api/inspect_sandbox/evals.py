@@ -74,13 +74,20 @@ def answer_file() -> Any:
     return score
 
 
-def run_eval(samples: list[Sample], log_dir: Path, tools: list[Tool], scripts: Scripts) -> EvalLog:
-    """One eval of ``samples`` in the toolq sandbox, the model playing ``scripts``."""
+def run_eval(
+    samples: list[Sample],
+    log_dir: Path,
+    tools: list[Tool],
+    scripts: Scripts,
+    sandbox: str | tuple[str, str] = "toolq",
+) -> EvalLog:
+    """One eval of ``samples`` in the toolq sandbox (``("toolq", image)``: in containers of
+    the image), the model playing ``scripts``."""
     task = Task(
         dataset=samples,
         solver=[use_tools(tools), generate()],
         scorer=answer_file(),
-        sandbox="toolq",
+        sandbox=sandbox,
     )
     model = get_model(MODEL, custom_outputs=scripted_model(scripts))
     [log] = eval(task, model=model, log_dir=str(log_dir), display="none", max_samples=4)

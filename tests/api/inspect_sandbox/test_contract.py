@@ -4,6 +4,7 @@ and what the environment refuses before it calls anything."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -120,9 +121,26 @@ async def test_another_user_is_refused_as_inspect_expects() -> None:
         await unconnected().exec(["whoami"], user="root")
 
 
-async def test_a_configuration_is_refused_with_where_the_settings_are() -> None:
-    with pytest.raises(ValueError, match="TOOLQ_BROKER_URL"):
-        await ToolqSandboxEnvironment.task_init("task", "compose.yaml")
+@pytest.mark.parametrize(
+    ("config", "why"),
+    [
+        ("compose.yaml", "configuration file compose.yaml does not exist"),
+        ("Dockerfile", "not an image reference"),
+        (42, "does not take 42"),
+    ],
+)
+async def test_a_configuration_that_names_no_image_is_refused_saying_why(
+    config: object, why: str
+) -> None:
+    with pytest.raises(ValueError, match=why):
+        await ToolqSandboxEnvironment.task_init("task", config)  # type: ignore[arg-type]
+
+
+async def test_a_compose_file_is_refused_saying_what_toolq_takes(tmp_path: Path) -> None:
+    compose = tmp_path / "compose.yaml"
+    compose.write_text("services:\n  default:\n    image: python:3.12-slim\n")
+    with pytest.raises(ValueError, match="takes an image instead"):
+        await ToolqSandboxEnvironment.task_init("task", str(compose))
 
 
 def test_commands_are_bounded_by_the_fleets_longest_deadline() -> None:

@@ -6,15 +6,28 @@ Each is an OCI layout whose image holds a static busybox and a few of its applet
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+
+from worker.images.mounts import is_mount
 
 #: What a test needs to build and run images; a test without them skips, saying which.
 NEEDED = ("umoci", "skopeo", "runc", "busybox", "catatonit")
 BASE_APPLETS = ("sh", "cat", "echo", "ls", "id", "sleep", "mkdir", "touch", "rm", "kill", "ps")
+#: A bash for Inspect's bash() tool (``bash --login -c ...``), which busybox has not: its sh.
+BASH_SHIM = b'#!/bin/sh\n[ "$1" = --login ] && shift\nexec /bin/sh "$@"\n'
+
+
+def all_applets() -> tuple[str, ...]:
+    """Every applet of the host's busybox (what a fuller image links)."""
+    listed = subprocess.run(["busybox", "--list"], check=True, capture_output=True, text=True)
+    return tuple(name for name in listed.stdout.split() if name != "busybox")
 
 
 def missing_programs(extra: Sequence[str] = ()) -> list[str]:
@@ -45,6 +58,7 @@ def build_image(
     workdir: str | None = None,
     user: str | None = None,
     shell: bool = True,
+    usr_bin: bool = False,
 ) -> str:
     """An image in the OCI layout ``layout`` (made if missing) tagged ``tag``; its reference."""
     umoci = shutil.which("umoci")
@@ -63,10 +77,14 @@ def build_image(
     busybox = shutil.which("busybox")
     assert busybox is not None
     shutil.copy2(busybox, root / "bin" / "busybox")
-    for applet in applets:
+    if usr_bin:  # the applets in /usr/bin too, where a fuller system has them
+        (root / "usr" / "bin").mkdir(parents=True)
+    for applet in dict.fromkeys(applets):
         if applet == "sh" and not shell:
             continue
         os.symlink("busybox", root / "bin" / applet)
+        if usr_bin:
+            os.symlink("../../bin/busybox", root / "usr" / "bin" / applet)
     (root / "etc" / "os-release").write_text(f'NAME="{name}"\nID={name}\n')
     (root / "etc" / "passwd").write_text(
         "root:x:0:0:root:/root:/bin/sh\nagent:x:1000:1000:agent:/home/agent:/bin/sh\n"
@@ -95,3 +113,63 @@ def build_image(
 
 def _run(*argv: str) -> None:
     subprocess.run(argv, check=True, capture_output=True)
+
+
+@dataclass(frozen=True)
+class Images:
+    """The tests' images, by what they are."""
+
+    alpha: str
+    beta: str
+    agent: str
+    noshell: str
+    layout: Path
+
+
+def build_test_images(layout: Path) -> Images:
+    """alpha (busybox, an os-release saying so), beta (another tool, its own Env), agent (a
+    non-root User and a WorkingDir with a file) and noshell (no /bin/sh)."""
+    return Images(
+        alpha=build_image(
+            layout, "alpha", name="toolq-alpha", applets=(*BASE_APPLETS, "dd", "seq", "wc")
+        ),
+        beta=build_image(
+            layout,
+            "beta",
+            name="toolq-beta",
+            files={"/usr/bin/beta-tool": b"#!/bin/sh\necho beta tool here\n"},
+            env=("PATH=/usr/bin:/bin", "GREETING=from-beta"),
+        ),
+        agent=build_image(
+            layout,
+            "agent",
+            name="toolq-agent",
+            files={"/app/hello.txt": b"hello from the image\n"},
+            workdir="/app",
+            user="agent",
+        ),
+        noshell=build_image(layout, "noshell", name="toolq-noshell", shell=False),
+        layout=layout,
+    )
+
+
+@contextlib.contextmanager
+def images_folder() -> Iterator[Path]:
+    """A folder others may pass through (a box's root reaches its bundle through it), removed
+    after with whatever a failed test left mounted below it."""
+    root = Path(tempfile.mkdtemp(prefix="toolq-images-test-"))
+    os.chmod(root, 0o711)
+    try:
+        yield root
+    finally:
+        unmount_below(root)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def unmount_below(root: Path) -> None:
+    """Whatever is still mounted below ``root``, so that it can be removed."""
+    with open("/proc/self/mountinfo") as info:
+        points = [line.split()[4] for line in info]
+    for point in sorted((p for p in points if p.startswith(str(root))), reverse=True):
+        if is_mount(Path(point)):
+            subprocess.run(["umount", "-l", point], check=False, capture_output=True)

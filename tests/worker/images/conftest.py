@@ -5,19 +5,16 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.worker.images.builders import BASE_APPLETS, build_image, skip_reason
+from tests.worker.images.builders import Images, build_test_images, images_folder, skip_reason
 from worker.images.boxes import Boxes, BoxSettings
 from worker.images.fetch import Tools
-from worker.images.mounts import is_mount
 from worker.images.sweep import sweep_boxes
 from worker.sandbox import SandboxConfig
 from worker.sandbox.identity import DEFAULT_UID_RANGE, UidRange
@@ -31,55 +28,19 @@ MAX_PROCESSES = 24
 ID_BLOCK = UidRange.parse(DEFAULT_UID_RANGE).last + 1
 
 
-@dataclass(frozen=True)
-class Images:
-    """The session's images, by what they are."""
-
-    alpha: str
-    beta: str
-    agent: str
-    noshell: str
-    layout: Path
-
-
 @pytest.fixture(scope="session")
 def images_root() -> Iterator[Path]:
     """A folder that others may pass through (as a box's root must reach its bundle)."""
     reason = skip_reason()
     if reason is not None:
         pytest.skip(reason)
-    root = Path(tempfile.mkdtemp(prefix="toolq-images-test-"))
-    os.chmod(root, 0o711)
-    yield root
-    _unmount_below(root)
-    shutil.rmtree(root, ignore_errors=True)
+    with images_folder() as root:
+        yield root
 
 
 @pytest.fixture(scope="session")
 def images(images_root: Path) -> Images:
-    layout = images_root / "layout"
-    return Images(
-        alpha=build_image(
-            layout, "alpha", name="toolq-alpha", applets=(*BASE_APPLETS, "dd", "seq", "wc")
-        ),
-        beta=build_image(
-            layout,
-            "beta",
-            name="toolq-beta",
-            files={"/usr/bin/beta-tool": b"#!/bin/sh\necho beta tool here\n"},
-            env=("PATH=/usr/bin:/bin", "GREETING=from-beta"),
-        ),
-        agent=build_image(
-            layout,
-            "agent",
-            name="toolq-agent",
-            files={"/app/hello.txt": b"hello from the image\n"},
-            workdir="/app",
-            user="agent",
-        ),
-        noshell=build_image(layout, "noshell", name="toolq-noshell", shell=False),
-        layout=layout,
-    )
+    return build_test_images(images_root / "layout")
 
 
 def box_settings(cache: Path, runtime: str = "runc", cache_bytes: int = 1 << 30) -> BoxSettings:
@@ -146,12 +107,3 @@ def host(images_root: Path, request: pytest.FixtureRequest) -> Iterator[Host]:
     made.close()
     leftover = [p for p in (root / "cache" / "boxes").glob("*") if p.is_dir()]
     assert leftover == [], "a box was left behind"
-
-
-def _unmount_below(root: Path) -> None:
-    """Whatever a failed test left mounted below ``root``, so that it can be removed."""
-    with open("/proc/self/mountinfo") as info:
-        points = [line.split()[4] for line in info]
-    for point in sorted((p for p in points if p.startswith(str(root))), reverse=True):
-        if is_mount(Path(point)):
-            subprocess.run(["umount", "-l", point], check=False, capture_output=True)

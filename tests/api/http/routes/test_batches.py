@@ -64,6 +64,11 @@ async def test_a_batch_is_accepted_and_its_progress_and_results_are_paged(
             "1000 s is more than this fleet allows",
         ),
         ({"items": [{"id": "a", "prompt": "p", "token_limit": -1}]}, "items.0.token_limit", "0"),
+        (
+            {"items": [{"id": "a", "prompt": "p", "image": "oci:relative/layout"}]},
+            "items.0.image",
+            "the path of a oci: image must be absolute",
+        ),
     ],
 )
 async def test_an_invalid_batch_is_refused_naming_the_field(

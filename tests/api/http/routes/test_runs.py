@@ -33,6 +33,11 @@ from tests.api.http.conftest import StubExecutor, api_settings, fake_redis, serv
         ({"prompt": "hi", "options": {"enable": ["nope"]}}, "options.enable.0", "'nope'"),
         ({"prompt": "hi", "options": {"disable": ["nope"]}}, "options.disable.0", "'nope'"),
         ({"prompt": "hi", "options": {"enable": ["run_bash"]}}, "options.enable.0", "'sandbox'"),
+        (
+            {"prompt": "hi", "options": {"image": "Not An Image"}},
+            "options.image",
+            "image 'Not An Image': not an image reference",
+        ),
     ],
 )
 async def test_an_invalid_run_is_refused_naming_the_field_and_the_reason(

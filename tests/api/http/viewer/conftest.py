@@ -32,7 +32,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-#: Set (to a folder of the repository) by ``make viewer-screenshots``: the README's pictures.
+#: Set (to a folder of the repository) by ``make viewer-screenshots``: the docs' pictures.
 SCREENSHOTS_ENV = "VIEWER_SCREENSHOTS"
 
 
@@ -63,7 +63,7 @@ def page(chromium: Browser) -> Iterator[Page]:
 
 
 class Screenshots:
-    """Saves pictures of pages under the test's output, and for the README when asked to."""
+    """Saves pictures of pages under the test's output, and for the docs when asked to."""
 
     def __init__(self, out: Path) -> None:
         self.out = out

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(
 TOKEN = "viewer-token"
 XSS = '<script>window.pwned = 1</script><img src=x onerror="window.pwned = 2">'
 ITEMS = 300
+#: Runs for the runs list: more than its first page of 25.
+PAGED_RUNS = 30
 SCRIPTS: dict[str, list[dict[str, Any]]] = {
     "answer": [{"content": "All fine: {prompt}"}],
     "notes": [
@@ -189,6 +192,52 @@ def test_a_run_shows_its_tool_calls_as_they_happen(
     expect(page.get_by_role("article", name="Tool call run_bash")).to_have_count(2)
     expect(page.locator("main")).to_contain_text("Exit code 0")
     assert page.evaluate("window.sameDocument") is True
+
+
+def test_the_runs_list_pages_and_filters_on_the_server(
+    page: Page, server: Replica, screenshots: Screenshots
+) -> None:
+    from playwright.sync_api import expect
+
+    tag = f"paging-{uuid.uuid4().hex[:6]}"
+    for n in range(PAGED_RUNS):
+        body = {
+            "prompt": f"Question {n}",
+            "options": {"model": "scripted:answer"},
+            "tags": [tag, "even" if n % 2 == 0 else "odd"],
+        }
+        assert server.client.post("/v1/runs", json=body).status_code == 202
+
+    def all_answered() -> bool:
+        params: dict[str, str | int] = {"tag": tag, "status": "succeeded", "limit": 1}
+        return bool(server.client.get("/v1/runs", params=params).json()["total"] == PAGED_RUNS)
+
+    wait_for(all_answered, 120, f"the {PAGED_RUNS} runs to answer")
+    sign_in(page, f"{server.url}/runs?tag={tag}")
+    first_page = page.get_by_role("heading", name=f"Runs 1\u201325 of {PAGED_RUNS} matching")
+    expect(first_page).to_be_visible()
+    expect(page.locator("main table tbody tr")).to_have_count(25)
+    expect(page.locator("main")).to_contain_text("Page 1 of 2")
+    screenshots.take(page, "runs")
+
+    page.get_by_role("link", name="Older").click()
+    expect(
+        page.get_by_role("heading", name=f"Runs 26\u2013{PAGED_RUNS} of {PAGED_RUNS} matching")
+    ).to_be_visible()
+    expect(page.locator("main table tbody tr")).to_have_count(PAGED_RUNS - 25)
+    page.get_by_role("link", name="Newest").click()
+    expect(first_page).to_be_visible()
+
+    page.get_by_label("Tag").fill("odd")
+    page.get_by_label("Status").select_option("succeeded")
+    page.get_by_label("Rows").select_option("50")
+    page.get_by_role("button", name="Filter").click()
+    # Every odd run of this test, and those of no other test (they have no tags).
+    odd = PAGED_RUNS // 2
+    expect(page.get_by_role("heading", name=f"Runs 1\u2013{odd} of {odd} matching")).to_be_visible()
+    assert "tag=odd" in page.url and "status=succeeded" in page.url
+    tags = page.locator("main table tbody td:nth-child(3)").all_inner_texts()
+    assert len(tags) == odd and all("odd" in cell for cell in tags)
 
 
 def test_the_fleet_page_shows_both_pools(

@@ -1,0 +1,175 @@
+"""Case 12: a run's container from an image, in process, as a sandbox worker runs it: the
+first call of a run on a warm cache (the container started, then its command), each later call
+(an exec into it), next to today's run_bash on the worker's own files (``run_sandboxed``).
+
+The image is a busybox one built here with umoci (as the tests build theirs); the cache is warm
+(pulled and unpacked once before the timings), as a worker's is for every run after an image's
+first. Each runtime found on PATH is measured: runc, and runsc (gVisor).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from bench.stats import CaseResult, Comparison, summarize
+from tests.worker.images.builders import build_image, images_folder, skip_reason
+from worker.images.boxes import Boxes, BoxRecord, BoxSettings
+from worker.images.calls import run_in_box
+from worker.images.fetch import Tools
+from worker.sandbox import SandboxConfig, run_sandboxed
+from worker.sandbox.identity import DEFAULT_UID_RANGE, UidRange
+from worker.tools.factory import prepare_workspace
+
+#: The goal: the first call of a run on a warm cache, container started and command run.
+FIRST_CALL_GOAL_MS = 300.0
+RUNTIMES = ("runc", "runsc")
+TIMEOUT_MS = 10_000
+
+
+def images_case(runs: int, calls: int) -> CaseResult:
+    """``runs`` containers started (and their first call), ``calls`` execs into one, per
+    runtime; ``calls`` run_bash 'true' on the worker's own files as the baseline."""
+    result = CaseResult(
+        key="images",
+        title="12. A run's container from an image: start, first call and exec (warm cache)",
+    )
+    reason = skip_reason()
+    if reason is not None:
+        result.notes.append(f"not measured: {reason}")
+        return result
+    with images_folder() as root:
+        image = build_image(root / "layout", "bench", name="toolq-bench")
+        workspaces = root / "workspaces"
+        workspaces.mkdir()
+        os.chmod(workspaces, 0o711)
+        sandbox = SandboxConfig(
+            workspace_root=str(workspaces), uid_range=UidRange.parse(DEFAULT_UID_RANGE)
+        )
+        baseline = _run_bash_ms(sandbox, workspaces, calls)
+        result.figures["run_bash_true"] = summarize(baseline)
+        result.samples_ms["run_bash 'true' (today's sandbox)"] = baseline
+        base_p50 = result.figures["run_bash_true"]["p50_ms"]
+        for runtime in RUNTIMES:
+            if shutil.which(runtime) is None:
+                result.notes.append(f"{runtime} not measured: it is not installed")
+                continue
+            starts, firsts, execs = _measure(root, runtime, image, sandbox, runs, calls)
+            figures = {
+                "container_start": summarize(starts),
+                "first_call": summarize(firsts),
+                "exec_true": summarize(execs),
+            }
+            result.figures[runtime] = figures
+            result.samples_ms[f"{runtime}: first call (start + exec)"] = firsts
+            result.samples_ms[f"{runtime}: exec 'true'"] = execs
+            result.comparisons += [
+                Comparison(
+                    metric=f"{runtime}: a run's first call, container started (p50)",
+                    value=figures["first_call"]["p50_ms"],
+                    baseline=base_p50,
+                    baseline_name="run_bash 'true' on the worker's files",
+                    unit="ms",
+                    goal=FIRST_CALL_GOAL_MS if runtime == "runc" else None,
+                    goal_on="value",
+                ),
+                Comparison(
+                    metric=f"{runtime}: a later call, exec 'true' into the container (p50)",
+                    value=figures["exec_true"]["p50_ms"],
+                    baseline=base_p50,
+                    baseline_name="run_bash 'true' on the worker's files",
+                    unit="ms",
+                ),
+            ]
+    result.notes.append(
+        "In process, no queue: the pool's round trip comes on top of each, as for run_bash "
+        "(case 4). A container's start is its root's idmapped mount and overlay, the runtime's "
+        "create and start; each call is one `exec` of the runtime, then its leftovers killed."
+    )
+    return result
+
+
+def _measure(
+    root: Path, runtime: str, image: str, sandbox: SandboxConfig, runs: int, calls: int
+) -> tuple[list[float], list[float], list[float]]:
+    with _boxes(root, runtime) as boxes:
+        # Warm: the image pulled and unpacked once.
+        _start(boxes, sandbox, root, "warm", image)
+        boxes.end("warm", time.monotonic() + 30)
+        starts, firsts = [], []
+        for n in range(runs):
+            run_id = f"bench-{runtime}-{n}"
+            began = time.perf_counter()
+            record, workspace = _start(boxes, sandbox, root, run_id, image)
+            started = time.perf_counter()
+            run_in_box(boxes, record, "true", cwd=workspace, env={}, timeout_ms=TIMEOUT_MS,
+                       config=sandbox)  # fmt: skip
+            done = time.perf_counter()
+            starts.append((started - began) * 1000)
+            firsts.append((done - began) * 1000)
+            boxes.end(run_id, time.monotonic() + 30)
+        record, workspace = _start(boxes, sandbox, root, f"bench-{runtime}-calls", image)
+        execs = []
+        for _ in range(calls):
+            began = time.perf_counter()
+            run_in_box(boxes, record, "true", cwd=workspace, env={}, timeout_ms=TIMEOUT_MS,
+                       config=sandbox)  # fmt: skip
+            execs.append((time.perf_counter() - began) * 1000)
+        boxes.end(record.run_id, time.monotonic() + 30)
+    return starts, firsts, execs
+
+
+@contextlib.contextmanager
+def _boxes(root: Path, runtime: str) -> Iterator[Boxes]:
+    cache = Path(tempfile.mkdtemp(prefix=f"cache-{runtime}-", dir=root))
+    os.chmod(cache, 0o711)
+    boxes = Boxes(
+        BoxSettings(
+            cache_root=cache,
+            cache_bytes=1 << 30,
+            runtime=runtime,
+            tools=Tools(),
+            cgroup_root=Path("/sys/fs/cgroup"),
+            memory_mb=1024,
+            max_processes=256,
+            file_size_mb=256,
+            id_block=UidRange.parse(DEFAULT_UID_RANGE).last + 1,
+        )
+    )
+    try:
+        yield boxes
+    finally:
+        for record in boxes.records():
+            boxes.end(record.run_id, time.monotonic() + 30)
+
+
+def _start(
+    boxes: Boxes, sandbox: SandboxConfig, root: Path, run_id: str, image: str
+) -> tuple[BoxRecord, Path]:
+    workspace = prepare_workspace(root / "workspaces" / run_id, sandbox)
+    assert workspace.owner is not None
+    record = boxes.start(run_id, workspace.root, workspace.owner, image, time.monotonic() + 120)
+    return record, workspace.root
+
+
+def _run_bash_ms(sandbox: SandboxConfig, workspaces: Path, calls: int) -> list[float]:
+    workspace = prepare_workspace(workspaces / "bench-run-bash", sandbox)
+    samples = []
+    for _ in range(calls + 5):
+        began = time.perf_counter()
+        run_sandboxed(
+            "true",
+            cwd=workspace.root,
+            home=workspace.root,
+            env={},
+            timeout_ms=TIMEOUT_MS,
+            config=sandbox,
+            identity=workspace.owner,
+        )
+        samples.append((time.perf_counter() - began) * 1000)
+    return samples[5:]  # the first launches are made on the call's path
