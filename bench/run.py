@@ -22,6 +22,7 @@ from typing import Any
 from bench.agents_pool import agents_pool_case
 from bench.big_output import big_output_case
 from bench.conversations import conversations_case
+from bench.images import images_case
 from bench.report import machine, markdown, plot, write_json
 from bench.round_trip import TOOLQ, round_trip_case
 from bench.sandbox_cgroups import cgroup_case
@@ -158,6 +159,8 @@ def run_cases(sizes: Sizes, progress: Progress) -> list[CaseResult]:
         search = search_case(sizes.search_files, sizes.search_runs)
     with progress.step("toolq view vs jq"):
         viewer = viewer_case(sizes.viewer_lines, sizes.viewer_runs)
+    with progress.step("a run's container from an image"):
+        images = images_case(max(3, sizes.bash_calls // 10), sizes.bash_calls)
     by_concurrency: dict[int, dict[str, Any]] = {}
     with private_redis() as url, tempfile.TemporaryDirectory(prefix="toolq-bench-ws-") as ws:
         # Run folders belong to the sandbox user; it must be able to reach them.
@@ -231,6 +234,7 @@ def run_cases(sizes: Sizes, progress: Progress) -> list[CaseResult]:
         cgroups,
         agents,
         scaling,
+        images,
     ]
 
 

@@ -29,13 +29,17 @@ LONGEST_PRUNE_INTERVAL_S = 3600.0
 def worker_limits(settings: WorkerSettings, pools: Iterable[str]) -> WorkerLimits:
     """The limits a worker serving ``pools`` applies, as its heartbeat publishes them."""
     quota = settings.workspace_quota_bytes
+    config = SandboxConfig.from_settings(settings)
+    by = "none"
+    if quota:
+        by = (
+            "a file system per run" if config.volume_bytes and config.per_run_uids else "accounting"
+        )
     return WorkerLimits(
         workspace_quota_bytes=quota,
-        workspace_quota_by="accounting" if quota else "none",
+        workspace_quota_by=by,
         workspace_ttl_s=settings.workspace_ttl_s,
-        sandbox=sandbox_limits(SandboxConfig.from_settings(settings))
-        if "sandbox" in pools
-        else None,
+        sandbox=sandbox_limits(config) if "sandbox" in pools else None,
     )
 
 

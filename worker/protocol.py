@@ -120,7 +120,9 @@ class WorkerLimits(BaseModel):
     """The limits a worker applies to the runs it serves."""
 
     workspace_quota_bytes: int = Field(description="0: no quota.")
-    workspace_quota_by: str = Field(description="How the quota holds: accounting, or none.")
+    workspace_quota_by: str = Field(
+        description="How the quota holds: a file system per run, accounting, or none."
+    )
     workspace_ttl_s: int = Field(description="A workspace no call touched this long is removed.")
     sandbox: SandboxLimits | None = Field(None, description="Only on sandbox workers.")
 

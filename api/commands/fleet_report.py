@@ -17,6 +17,7 @@ from api.fleet import Fleet, calls_in_flight, load_fleet, queue_depths
 from api.local.stack import LocalStackError, fleet_for
 from api.settings import get_settings
 from worker.protocol import AGENTS_QUEUE, POOLS, WorkerInfo
+from worker.sandbox import LAYER_RUN_UID
 
 #: Wider than any table toolq prints: how wide a table would be if nothing bounded it.
 UNBOUNDED_WIDTH = 100_000
@@ -158,6 +159,7 @@ def limits_table(workers: list[WorkerInfo]) -> Table:
     """Which limits each sandbox worker applies to run_bash, and what enforces them."""
     table = Table()
     table.add_column("sandbox worker", no_wrap=True, overflow="fold")
+    table.add_column("runs apart")
     for header in ("memory", "processes", "CPU accounted by", "workspace quota", "isolation"):
         table.add_column(header)
     for info in workers:
@@ -169,10 +171,11 @@ def limits_table(workers: list[WorkerInfo]) -> Table:
             else "none"
         )
         if box is None:
-            table.add_row(info.worker, "?", "?", "?", quota, "?")
+            table.add_row(info.worker, "?", "?", "?", "?", quota, "?")
             continue
         table.add_row(
             info.worker,
+            runs_apart(box.isolation),
             f"{box.memory_mb} MB by {box.memory_by}",
             f"{box.max_processes} by {box.processes_by}",
             box.cpu_accounting_by,
@@ -180,6 +183,14 @@ def limits_table(workers: list[WorkerInfo]) -> Table:
             box.problem or ", ".join(box.isolation),
         )
     return table
+
+
+def runs_apart(isolation: list[str]) -> str:
+    """Whether a sandbox worker keeps its runs apart, in words, from the layers it gives."""
+    if LAYER_RUN_UID in isolation:
+        return "yes: a uid per run"
+    shared = next((layer for layer in isolation if layer.startswith("user:")), "one user")
+    return f"no: runs share {shared.removeprefix('user:')} (TOOLQ_SANDBOX_SHARED=allow)"
 
 
 def print_table(console: Console, table: Table) -> None:

@@ -15,7 +15,7 @@ MOST_LINES = 160
 def test_the_readme_starts_with_make_demo_and_make_test() -> None:
     text = README.read_text()
     before_first_block = text.split("```", 1)[0]
-    assert [line for line in before_first_block.splitlines() if line.strip()][0] == "# toolq"
+    assert before_first_block.lstrip().startswith("# toolq\n")
     assert not re.search(r"^[^#<\s]", before_first_block, re.MULTILINE), before_first_block
     commands = [line.split("#", 1)[0].strip() for line in blocks(README)[0].code.splitlines()]
     assert commands == ["make demo", "make test"]

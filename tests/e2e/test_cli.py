@@ -129,6 +129,8 @@ def test_tools_and_status_describe_the_fleet(
     assert "sandbox worker" in status.stdout
     assert "256 by" in status.stdout
     assert "1,024 MiB by accounting" in status.stdout
+    # Whether it keeps runs apart: a uid per run where the worker is root.
+    assert ("yes: a uid per run" if os.geteuid() == 0 else "no: runs share") in status.stdout
 
 
 def test_tools_and_status_through_a_pipe_cut_no_name_and_speak_json(

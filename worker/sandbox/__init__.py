@@ -14,7 +14,9 @@ this machine), ``callgroup`` (one call's groups), ``launch`` (a call's groups an
 ready before the call), ``spawner`` and ``spawns`` (the small process that makes a root worker's
 launches, and the worker's side of it), ``plan`` (the layers, which of them this machine gives,
 and the command line that sets them up), ``scripts`` (the shell text a launch runs and reads),
-``programs`` (the user and the programs a plan needs), ``output`` (the capped streams and the
+``programs`` (the user and the programs a plan needs), ``identity`` (a uid per run), ``run_guard``
+(what a run leaves where no namespace collects it), ``volumes`` (a file system per run),
+``output`` (the capped streams and the
 pump reading them), ``procfs`` (a launch's processes found in /proc), ``pidfd`` (an exit status
 told through a pidfd), ``ending`` (killing, reaping, counting, or letting a command that ended
 alone answer before its namespace ends), ``result`` (what a run tells and what it used),
@@ -34,8 +36,12 @@ from worker.sandbox.plan import (
     LAYER_NET_NS,
     LAYER_NO_NEW_PRIVS,
     LAYER_PID_NS,
+    LAYER_PRIVATE_TMP,
     LAYER_PROCESS_GROUP,
+    LAYER_QUOTA_FS,
     LAYER_RLIMITS,
+    LAYER_RUN_UID,
+    LAYER_TMP_CLEANED,
     LAYER_USER_NS,
     describe_isolation,
 )
@@ -48,8 +54,12 @@ __all__ = [
     "LAYER_NET_NS",
     "LAYER_NO_NEW_PRIVS",
     "LAYER_PID_NS",
+    "LAYER_PRIVATE_TMP",
     "LAYER_PROCESS_GROUP",
+    "LAYER_QUOTA_FS",
     "LAYER_RLIMITS",
+    "LAYER_RUN_UID",
+    "LAYER_TMP_CLEANED",
     "LAYER_USER_NS",
     "MARKER_VARIABLE",
     "SAFE_PATH",
