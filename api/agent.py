@@ -88,8 +88,7 @@ class Agent:
         self.options = options or AgentOptions()
         if image is not None:
             self.options = self.options.model_copy(update={"image": image})
-        #: The run's container, when it has an image: started before the first model turn.
-        self.environment: RunEnvironment | None = None
+        self.environment: RunEnvironment | None = None  # with an image: the run's container
         self._llm = (
             provider
             if isinstance(provider, ChatModel)
@@ -111,9 +110,7 @@ class Agent:
         try:
             if in_process:
                 if self.options.image is not None:
-                    raise ValueError(
-                        "an image needs a fleet: in_process runs the tools in this process"
-                    )
+                    raise ValueError("an image needs a fleet: in_process runs tools here")
                 # The tools a worker would serve, run here: no broker, no workers. The worker
                 # floor's tools are imported only when asked for.
                 from worker.tools.factory import create_run_tool_registry
@@ -151,14 +148,9 @@ class Agent:
             timeout_ms=self.options.tool_timeout_ms,
             registry=self.registry,
         )
-        if self.options.image is not None:
-            self.environment = RunEnvironment(
-                self._dispatcher,
-                self._fleet,
-                self.run_id,
-                self.options.image,
-                recreate=self.options.recreate,
-            )
+        self.environment = RunEnvironment.for_run(
+            self._dispatcher, self._fleet, self.run_id, self.options.image, self.options.recreate
+        )
 
     def _start_local_stack(self, worker_settings: WorkerSettings) -> None:
         """No broker configured: the fleet ``toolq run`` would start, this agent's own until
@@ -209,9 +201,8 @@ class Agent:
         return await self.registry.execute("save_session_context", {"reason": reason})
 
     async def close(self) -> None:
-        """End the run's container, close the connection to the fleet and stop the local stack
-        this agent started."""
-        if self.environment is not None and self.environment.started is not None:
+        """End the run's container, close the fleet's connection, stop the agent's local stack."""
+        if self.environment is not None:
             await self.environment.end()
         if self._owns_dispatcher and self._dispatcher is not None:
             await self._dispatcher.close()
@@ -238,15 +229,9 @@ class Agent:
         """The same conversation as events: text deltas, tool calls, the final answer."""
         return self._converse(message, stream=True)
 
-    async def start_environment(self) -> None:
-        """Start the run's container from its image, if it has one and it is not started:
-        ``ImageUnavailable`` (one line naming the image and the cause) when it cannot be.
-        The first conversation does it by itself."""
-        if self.environment is not None and self.environment.started is None:
-            await self.environment.start()
-
     async def _converse(self, message: str, *, stream: bool) -> AsyncIterator[AgentEvent]:
-        await self.start_environment()
+        if self.environment is not None:  # ImageUnavailable: one line naming the image
+            await self.environment.ensure_started()
         self.messages.append({"role": "user", "content": message})
         self.stop_reason = None
         self.limits.start()
@@ -371,15 +356,8 @@ class Agent:
             "messages": self._wire_messages(),
             "tool_calls": [asdict(record) for record in self.tool_calls],
             "usage": asdict(self.usage),
-            **self._image_record(),
+            **({"image": self.environment.record()} if self.environment is not None else {}),
         }
-
-    def _image_record(self) -> dict[str, Any]:
-        """The run's image as the transcript records it: only for a run that has one."""
-        if self.environment is None:
-            return {}
-        started = self.environment.started
-        return {"image": started.as_record() if started is not None else None}
 
     # -- helpers -------------------------------------------------------------------------------
 

@@ -81,6 +81,19 @@ class RunEnvironment:
         self._timeout_ms = timeout_ms
         self.started: StartedEnvironment | None = None
 
+    @classmethod
+    def for_run(
+        cls, dispatcher: Dispatcher, fleet: Fleet, run_id: str, image: str | None, recreate: bool
+    ) -> RunEnvironment | None:
+        """The environment of a run that names ``image``; None for one that names none."""
+        if image is None:
+            return None
+        return cls(dispatcher, fleet, run_id, image, recreate=recreate)
+
+    async def ensure_started(self) -> StartedEnvironment:
+        """The container, started now unless it was already."""
+        return self.started if self.started is not None else await self.start()
+
     async def start(self) -> StartedEnvironment:
         """Start the run's container (resolving the image to a digest, pulling and unpacking it
         where the worker's cache lacks it) and pin the run's commands to it.
@@ -117,6 +130,10 @@ class RunEnvironment:
         self.started = started
         self._dispatcher.pins.pin(self._pin(started))
         return started
+
+    def record(self) -> dict[str, Any] | None:
+        """What a transcript or result line records of the container: None before it started."""
+        return None if self.started is None else self.started.as_record()
 
     async def end(self) -> None:
         """End the run's container (nothing when it has none, or its worker is gone: the

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import mcp_types as types
 import pytest
 from mcp import Client, StdioServerParameters
 
@@ -32,11 +33,11 @@ from tests.worker.images.builders import Images, build_test_images, images_folde
 
 pytestmark = pytest.mark.e2e
 
-OS_RELEASE = [
+OS_RELEASE: list[dict[str, Any]] = [
     {"tool_calls": [{"name": "run_bash", "arguments": {"command": "cat /etc/os-release"}}]},
     {"content": "{last_tool_result}"},
 ]
-INSTALL_THEN_USE = [
+INSTALL_THEN_USE: list[dict[str, Any]] = [
     {
         "tool_calls": [
             {
@@ -197,9 +198,9 @@ async def test_toolq_mcp_image_runs_the_sessions_commands_in_its_container(
         await client.call_tool("write_file", {"path": "hello.txt", "content": "hi\n"})
         first = await client.call_tool("run_bash", {"command": "beta-tool; cat hello.txt"})
         assert not first.is_error
-        assert json.loads(first.content[0].text)["stdout"] == "beta tool here\nhi\n"
+        assert _stdout(first) == "beta tool here\nhi\n"
         again = await client.call_tool("run_bash", {"command": "echo $GREETING; pwd"})
-        assert json.loads(again.content[0].text)["stdout"] == "from-beta\n/workspace\n"
+        assert _stdout(again) == "from-beta\n/workspace\n"
     boxes = Path(image_fleet.settings.image_cache) / "boxes"
     wait_for(
         lambda: [p for p in boxes.iterdir() if p.is_dir()] == [],
@@ -222,3 +223,10 @@ async def test_an_agent_with_an_image(
         assert record["reference"] == images.alpha and record["digest"].startswith("sha256:")
     with pytest.raises(ValueError, match="not an image reference"):
         AgentOptions(image="Not An Image")
+
+
+def _stdout(result: types.CallToolResult) -> str:
+    """run_bash's stdout, from its MCP answer."""
+    [content] = result.content
+    assert isinstance(content, types.TextContent)
+    return str(json.loads(content.text)["stdout"])

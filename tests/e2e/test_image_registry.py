@@ -55,7 +55,7 @@ def bcrypt(password: str) -> str:
     alphabet = "./ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
     salt = "".join(secrets.choice(alphabet) for _ in range(22))
     hashed = libcrypt.crypt(password.encode(), f"$2b$10${salt}".encode())
-    assert hashed and hashed.startswith(b"$2b$")
+    assert isinstance(hashed, bytes) and hashed.startswith(b"$2b$")
     return hashed.decode()
 
 

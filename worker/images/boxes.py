@@ -30,24 +30,25 @@ from worker.images.cache import CachedImage, ImageCache
 from worker.images.errors import EnvironmentLost, ImageError
 from worker.images.fetch import Tools
 from worker.images.group import BoxGroup, swap_accounted
+from worker.images.inside import (
+    DEFAULT_WORKDIR,
+    box_user,
+    box_workdir,
+    init_binary,
+    protect_from_oom,
+)
 from worker.images.loopback import loopback_up
 from worker.images.mounts import MountError, host_id, mount_rootfs, remove_bundle
 from worker.images.owner import Owner, current_owner, process_alive
 from worker.images.reference import parse_reference
-from worker.images.rootfs import lookup_user, resolve_in_root
+from worker.images.rootfs import resolve_in_root
 from worker.images.runtime import OciRuntime, RuntimeFailed
 from worker.images.seed import seed_workspace
 from worker.images.spec import BoxSpec, container_config, id_maps, merged_env
 
-#: Where the workspace is in a box whose image names no WorkingDir of its own.
-DEFAULT_WORKDIR = "/workspace"
-#: catatonit, the box's first process (Debian's package; podman's init).
-INIT_CANDIDATES = ("/usr/bin/catatonit", "/usr/libexec/podman/catatonit")
 _LOCK_POLL_S = 0.02
 #: What gVisor's own kernel takes in the host's group of its box, over the run's memory limit.
 GVISOR_MEMORY_MB = 256
-#: Bound on ending one box: killing it, deleting it, unmounting its files.
-_END_BOUND_S = 30.0
 
 
 class BoxRecord(BaseModel):
@@ -237,8 +238,8 @@ class Boxes:
         settings = self.settings
         bundle = self.folder / name
         info = os.stat(workspace)
-        inside = _box_user(image, cached, runtime, user)
-        workdir = _workdir(cached.record.workdir)
+        inside = box_user(image, cached, runtime, user)
+        workdir = box_workdir(cached.record.workdir)
         if workdir != DEFAULT_WORKDIR:
             # The workspace is mounted over the image's WorkingDir: what the image has there
             # comes into the workspace first, as into a new Docker volume.
@@ -256,7 +257,7 @@ class Boxes:
         box_env = merged_env(cached.record.env, env or {})
         cgroups_path = f"/toolq-images/{name}"
         spec = BoxSpec(
-            init_source=_init_binary(image),
+            init_source=init_binary(image),
             workspace=str(workspace),
             workdir=workdir,
             uids=uids,
@@ -274,7 +275,7 @@ class Boxes:
         try:
             runtime.create(name, bundle, pid_file, deadline)
             init_pid = int(pid_file.read_text().strip())
-            _protect_from_oom(init_pid)
+            protect_from_oom(init_pid)
             if not runtime.gvisor:
                 loopback_up(init_pid)
             runtime.start(name, deadline)
@@ -339,34 +340,6 @@ class Boxes:
             return None
 
 
-def _box_user(
-    image: str, cached: CachedImage, runtime: OciRuntime, user: str | None
-) -> tuple[int, int]:
-    """Who runs in the box: ``user``, else the image's User. gVisor's file server reaches the
-    workspace as the box's root: under runsc that root is the run's own uid and the box's
-    commands run as it, whatever user the image names (one asked for is refused)."""
-    try:
-        inside = lookup_user(cached.rootfs, user if user is not None else cached.record.user)
-    except ValueError as exc:
-        raise ImageError(image, str(exc)) from None
-    if runtime.gvisor and inside[0] != 0:
-        if user is not None:
-            raise ImageError(
-                image,
-                f"the user {user!r} is not root: with TOOLQ_OCI_RUNTIME=runsc a run's commands "
-                "run as the container's root",
-            )
-        return 0, 0
-    return inside
-
-
-def _protect_from_oom(pid: int) -> None:
-    """The init holds the box: a memory hog of a call is killed before it. Set from here (the
-    box's own root may not lower it), where the worker may (CAP_SYS_RESOURCE)."""
-    with contextlib.suppress(OSError):
-        Path(f"/proc/{pid}/oom_score_adj").write_text("-999")
-
-
 def _lock(fd: int, deadline: float, image: str) -> None:
     while True:
         try:
@@ -396,22 +369,3 @@ def box_name(run_id: str) -> str:
 
 def box_group(settings: BoxSettings, record: BoxRecord) -> BoxGroup:
     return BoxGroup(settings.cgroup_root, record.cgroups_path)
-
-
-def _workdir(image_workdir: str) -> str:
-    cleaned = os.path.normpath("/" + image_workdir.strip()) if image_workdir.strip() else "/"
-    return DEFAULT_WORKDIR if cleaned == "/" else cleaned
-
-
-def _init_binary(image: str) -> str:
-    for candidate in INIT_CANDIDATES:
-        if os.access(candidate, os.X_OK):
-            return candidate
-    found = shutil.which("catatonit")
-    if found is None:
-        raise ImageError(
-            image,
-            "catatonit, the container's first process, is not installed on the sandbox worker "
-            "(Debian's catatonit package; make install adds it)",
-        )
-    return found

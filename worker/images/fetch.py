@@ -142,8 +142,7 @@ def _binary(ref: ImageReference, name: str) -> str:
     if found is None:
         raise ImageError(
             ref.text,
-            f"{name} is not installed on the sandbox worker (Debian's {name} package; "
-            "make install adds it)",
+            f"{name} is not installed on the sandbox worker (Debian's {name} package)",
         )
     return found
 

@@ -44,7 +44,7 @@ class OciRuntime:
         if found is None:
             raise RuntimeFailed(
                 f"the OCI runtime {setting!r} (TOOLQ_OCI_RUNTIME) is not installed on the "
-                "sandbox worker (Debian's runc, crun or runsc package; make install adds runc)"
+                "sandbox worker (Debian's runc, crun or runsc package)"
             )
         name = Path(found).name
         return cls(found, name, cache_root / "runtime" / name)

@@ -131,7 +131,7 @@ def build_test_images(layout: Path) -> Images:
     non-root User and a WorkingDir with a file) and noshell (no /bin/sh)."""
     return Images(
         alpha=build_image(
-            layout, "alpha", name="toolq-alpha", applets=(*BASE_APPLETS, "dd", "seq", "wc")
+            layout, "alpha", name="toolq-alpha", applets=(*BASE_APPLETS, "dd", "seq", "wc", "nc")
         ),
         beta=build_image(
             layout,

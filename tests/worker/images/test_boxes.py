@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import time
 from pathlib import Path
 
@@ -151,6 +152,19 @@ def test_the_process_limit_holds_inside(host: Host, images: Images) -> None:
     )
     assert "can't fork" in many.stderr or "Resource temporarily unavailable" in many.stderr
     assert run(host, workspace, box, "echo alive").stdout == "alive\n"
+
+
+@pytest.mark.parametrize("host", ["runc", "runsc"], indirect=True)
+def test_what_listens_on_the_hosts_loopback_is_out_of_reach(host: Host, images: Images) -> None:
+    # As a broker on the worker's host: the box's loopback is its own.
+    with socket.create_server(("127.0.0.1", 0)) as broker:
+        port = broker.getsockname()[1]
+        workspace, box = host.start("run-broker", images.alpha)
+        answer = run(host, workspace, box, f"nc -w 2 127.0.0.1 {port} </dev/null; echo $?")
+        assert answer.stdout.strip().splitlines()[-1] != "0"
+        broker.settimeout(0)
+        with pytest.raises(BlockingIOError):
+            broker.accept()
 
 
 @pytest.mark.parametrize("host", ["runc", "runsc"], indirect=True)
