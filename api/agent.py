@@ -149,7 +149,7 @@ class Agent:
             registry=self.registry,
         )
         self.environment = RunEnvironment.for_run(
-            self._dispatcher, self._fleet, self.run_id, self.options.image, self.options.recreate
+            self._dispatcher, self._fleet, self.run_id, self.options
         )
 
     def _start_local_stack(self, worker_settings: WorkerSettings) -> None:

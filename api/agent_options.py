@@ -5,16 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
+from pydantic import ConfigDict, Field
 
 from api.events import ToolCallFinished
+from api.images.fields import ImageFields
 from api.llm import ModelToolCall
-from worker.images.errors import ImageError
-from worker.images.reference import (
-    IMAGE_REFERENCE_PATTERN,
-    MAX_REFERENCE_CHARS,
-    parse_reference,
-)
 from worker.protocol import RUN_ID_PATTERN
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -24,8 +19,9 @@ DEFAULT_SYSTEM_PROMPT = (
 ORCHESTRATOR = "orchestrator"
 
 
-class AgentOptions(BaseModel):
-    """How a conversation runs. Unknown options are an error, not silently ignored."""
+class AgentOptions(ImageFields):
+    """How a conversation runs (and in which image: ``ImageFields``). Unknown options are an
+    error, not silently ignored."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -43,29 +39,6 @@ class AgentOptions(BaseModel):
     token_limit: int | None = Field(
         None, gt=0, description="Tokens it may use; no model request is sent past them."
     )
-    image: str | None = Field(
-        None,
-        min_length=1,
-        max_length=MAX_REFERENCE_CHARS,
-        json_schema_extra={"pattern": IMAGE_REFERENCE_PATTERN},
-        description="An OCI image the run's commands run in (one container for the run): "
-        "oci:/layout:tag, oci-archive:/x.tar, docker-archive:/x.tar or a registry reference.",
-    )
-    recreate: StrictBool = Field(
-        False,
-        description="With image: a container lost mid-run starts again from the image, "
-        "instead of the next command failing with environment lost.",
-    )
-
-    @field_validator("image")
-    @classmethod
-    def _an_image_reference(cls, image: str | None) -> str | None:
-        if image is not None:
-            try:
-                parse_reference(image)
-            except ImageError as exc:
-                raise ValueError(str(exc)) from None
-        return image
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,6 +75,8 @@ class Dispatcher:
         # everything, whatever the number of calls in flight.
         self._outbox: queue.SimpleQueue[_Outgoing | None] = queue.SimpleQueue()
         self._sender: threading.Thread | None = None
+        #: What the sending thread publishes through, bound to its producer's channel.
+        self._bound: _Bound | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reader: asyncio.Task[None] | None = None
         self._closing = False
@@ -292,15 +294,21 @@ class Dispatcher:
                 return []
         return [item for item in unsent if item.request.deadline > cutoff]
 
-    def _publish(self, request: ToolCallRequest, pool: str, producer: Any = None) -> None:
+    def _publish(self, request: ToolCallRequest, pool: str, producer: Any) -> None:
         soft = request.timeout_ms / 1000
+        bound = self._bound
+        if bound is None or bound.channel is not producer.channel:
+            bound = self._bound = _Bound(self._app, producer.channel)
+        queue = bound.queue(pool)
         self._app.send_task(
             TASK_NAME,
             args=[request.model_dump(mode="json")],
             task_id=request.task_id,
-            queue=pool,
+            queue=queue,
             routing_key=pool,
             producer=producer,
+            declare=[queue],
+            event_dispatcher=bound.events,
             # Answers come through toolq's reply list: without this, Celery would subscribe to
             # its own result channel for every call.
             ignore_result=True,
@@ -338,6 +346,27 @@ class Dispatcher:
             self._watch.refuse(result.task_id, "a reply")
             return
         flight.answer.set_result(result)
+
+
+class _Bound:
+    """The pools' queues and the task-sent events' dispatcher, bound once to the channel of the
+    sending thread's producer. Given by name, kombu copies and binds a queue, its exchange and
+    the events' exchange anew for every message (then finds each already declared, by its hash):
+    a quarter of a publish. Made again when the producer's channel changes."""
+
+    def __init__(self, app: Celery, channel: Any) -> None:
+        self.channel = channel
+        self._app = app
+        self._queues: dict[str, Any] = {}
+        self.events = app.events.Dispatcher(channel=channel, enabled=False)
+        self.events.exchange = self.events.exchange.bind(channel)
+
+    def queue(self, pool: str) -> Any:
+        """The queue of ``pool`` (or of a worker's own, for a pinned run), as Celery knows it."""
+        queue = self._queues.get(pool)
+        if queue is None:
+            queue = self._queues[pool] = self._app.amqp.queues[pool].bind(self.channel)
+        return queue
 
 
 def _unsent(request: ToolCallRequest, pool: str, exc: Exception) -> ToolCallResult:

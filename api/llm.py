@@ -33,7 +33,7 @@ from api.llm_turn import (
     StreamAssembler,
     UnusableAnswer,
     Usage,
-    turn_from_completion,
+    turn_from_body,
 )
 from api.settings import (
     MODEL_URL_VARIABLE,
@@ -60,9 +60,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CHAT_COMPLETIONS_PATH = "/chat/completions"
-#: A non-streamed answer as the client returns it before parsing: parsing is where a body that
-#: is not a chat completion fails, and the client's count of its retries must survive that.
-_UnparsedCompletion = openai.AsyncAPIResponse[ChatCompletion]
 #: What an answer that has arrived can still fail with: the connection cut or stalled
 #: mid-stream, an error the provider reported inside the stream, a body that is not JSON, or
 #: one that is not a usable completion.
@@ -218,22 +215,27 @@ class ChatModel:
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> ModelTurn:
-        """One turn, without streaming."""
+        """One turn, without streaming.
+
+        The answer comes back as the client's raw HTTP response, whose body it has read (and
+        retried, should the connection break) by then: its JSON is parsed once, into toolq's
+        own types, where the client would build its models of it first.
+        """
         body = chat_body(model, messages, tools, stream=False)
         sent = broken = 0
         while True:
-            answer = await self._answer(
+            response = await self._answer(
                 self._client.post(
                     CHAT_COMPLETIONS_PATH,
                     body=body,
                     options=self._options(sent),
-                    cast_to=_UnparsedCompletion,
+                    cast_to=httpx2.Response,
                 ),
                 sent,
             )
-            sent += _requests_made(answer.http_request)
+            sent += _requests_made(response.request)
             try:
-                return turn_from_completion(await answer.parse())
+                return turn_from_body(await response.aread())
             except _BROKEN_ANSWER as exc:
                 broken += 1
                 self._ask_again_or_raise(exc, sent)

@@ -1,18 +1,20 @@
-"""One answer of the model as toolq keeps it: read from a chat completion, or put together from
-the chunks of a streamed one.
+"""One answer of the model as toolq keeps it: read from the JSON body of a chat completion, or
+put together from the chunks of a streamed one.
 
-An answer that arrived but cannot be used (no choices, a stream that ended before the model
-finished, fields of the wrong type) raises ``UnusableAnswer``, which the model client retries.
+An answer that arrived but cannot be used (a body that is not JSON, no choices, a stream that
+ended before the model finished, fields of the wrong type) raises ``json.JSONDecodeError`` or
+``UnusableAnswer``, which the model client retries.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from openai.types import CompletionUsage
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.chat import ChatCompletionChunk
 from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCall
 
 
@@ -78,28 +80,65 @@ class ModelTurn:
         return message
 
 
-def turn_from_completion(completion: object) -> ModelTurn:
-    """The turn a non-streamed answer holds; ``UnusableAnswer`` when it holds none."""
-    # Without strict validation the client hands back text, or a half-filled model, for odd bodies.
-    if not isinstance(completion, ChatCompletion):
-        raise UnusableAnswer("the response is not a chat completion")
+def turn_from_body(body: bytes) -> ModelTurn:
+    """The turn a non-streamed answer's body holds, read straight into toolq's types: the
+    openai client's models of the same answer would be built only to be read once.
+    ``json.JSONDecodeError`` when the body is not JSON, ``UnusableAnswer`` when it holds no
+    usable turn."""
     try:
-        if not completion.choices:
-            raise UnusableAnswer("the response has no choices")
-        choice = completion.choices[0]
+        completion = json.loads(body)
+    except UnicodeDecodeError as exc:
+        raise UnusableAnswer(f"the response body is not UTF-8 ({exc.reason})") from None
+    if not isinstance(completion, dict):
+        raise UnusableAnswer("the response is not a chat completion")
+    choices = completion.get("choices")
+    if not choices or not isinstance(choices, list):
+        raise UnusableAnswer("the response has no choices")
+    try:
+        choice = choices[0]
+        message = choice["message"]
         calls = [
-            ModelToolCall.made(call.id, call.function.name, call.function.arguments or "")
-            for call in choice.message.tool_calls or []
-            if call.type == "function"
+            ModelToolCall.made(
+                _text(call.get("id")),
+                _text(call["function"]["name"]),
+                _text(call["function"].get("arguments")),
+            )
+            for call in message.get("tool_calls") or []
+            if call.get("type", "function") == "function"
         ]
-        return ModelTurn(
-            content=choice.message.content,
-            tool_calls=calls,
-            finish_reason=choice.finish_reason,
-            usage=Usage.from_openai(completion.usage),
-        )
-    except (AttributeError, TypeError) as exc:
-        raise UnusableAnswer(f"the response is not a well-formed chat completion ({exc})") from exc
+        content = message.get("content")
+        finish_reason = choice.get("finish_reason")
+        if not (content is None or isinstance(content, str)) or not (
+            finish_reason is None or isinstance(finish_reason, str)
+        ):
+            raise TypeError("content and finish_reason must be strings")
+        return ModelTurn(content, calls, finish_reason, _usage(completion.get("usage")))
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise UnusableAnswer(
+            f"the response is not a well-formed chat completion ({exc!r})"
+        ) from exc
+
+
+def _text(value: object) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, not {type(value).__name__}")
+    return value
+
+
+def _usage(usage: object) -> Usage:
+    """Token counts as the provider gave them; one it left out counts 0."""
+    if usage is None:
+        return Usage()
+    if not isinstance(usage, dict):
+        raise TypeError("usage must be an object")
+    counts = [
+        usage.get(name) or 0 for name in ("prompt_tokens", "completion_tokens", "total_tokens")
+    ]
+    if not all(isinstance(count, int) for count in counts):
+        raise TypeError("token counts must be integers")
+    return Usage(*counts)
 
 
 @dataclass

@@ -23,19 +23,13 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    StrictBool,
     ValidationError,
     field_validator,
 )
 
+from api.images.fields import ImageFields
 from api.settings import OrchestratorSettings
 from worker.deadlines import REPORT_MARGIN_MS
-from worker.images.errors import ImageError
-from worker.images.reference import (
-    IMAGE_REFERENCE_PATTERN,
-    MAX_REFERENCE_CHARS,
-    parse_reference,
-)
 from worker.protocol import glob_segments
 
 log = logging.getLogger(__name__)
@@ -130,8 +124,8 @@ FileContent = str | FileBytes
 Files = Annotated[dict[str, FileContent], BeforeValidator(_check_files)]
 
 
-class BatchItem(BaseModel):
-    """One task of a batch: a line of the input file."""
+class BatchItem(ImageFields):
+    """One task of a batch: a line of the input file (and its image: ``ImageFields``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -167,30 +161,6 @@ class BatchItem(BaseModel):
     time_limit_s: float | None = Field(None, gt=0, description="The conversation's wall time.")
     token_limit: int | None = Field(None, gt=0, description="Tokens the conversation may use.")
     metadata: dict[str, Any] | None = Field(None, description="Copied to the result line.")
-    image: str | None = Field(
-        None,
-        min_length=1,
-        max_length=MAX_REFERENCE_CHARS,
-        json_schema_extra={"pattern": IMAGE_REFERENCE_PATTERN},
-        description="An OCI image the run's commands run in, one container for the run: "
-        "oci:/layout:tag, oci-archive:/x.tar, docker-archive:/x.tar or a registry reference "
-        "(python:3.12-slim); the result line records its digest.",
-    )
-    recreate: StrictBool = Field(
-        False,
-        description="With image: a container lost mid-run (its sandbox worker died) starts "
-        "again from the image, instead of the run's next command failing (environment lost).",
-    )
-
-    @field_validator("image")
-    @classmethod
-    def _an_image_reference(cls, image: str | None) -> str | None:
-        if image is not None:
-            try:
-                parse_reference(image)
-            except ImageError as exc:
-                raise ValueError(str(exc)) from None
-        return image
 
     @field_validator("target")
     @classmethod

@@ -74,11 +74,7 @@ async def run_item(
     """
     started = time.perf_counter()
     model_name = item.model or default_model or settings.model
-    environment = (
-        RunEnvironment(dispatcher, fleet, run_id, item.image, recreate=item.recreate)
-        if item.image is not None
-        else None
-    )
+    environment = RunEnvironment.for_run(dispatcher, fleet, run_id, item)
     task = Task(
         item,
         RunWorkspace(dispatcher, fleet, run_id),

@@ -13,6 +13,7 @@ from typing import Any
 
 from api.dispatch import Dispatcher
 from api.fleet import Fleet
+from api.images.fields import ImageFields
 from api.images.pins import PINNED_POOL, Pin
 
 START = "toolq.start_environment"
@@ -83,12 +84,20 @@ class RunEnvironment:
 
     @classmethod
     def for_run(
-        cls, dispatcher: Dispatcher, fleet: Fleet, run_id: str, image: str | None, recreate: bool
+        cls, dispatcher: Dispatcher, fleet: Fleet, run_id: str, fields: ImageFields
     ) -> RunEnvironment | None:
-        """The environment of a run that names ``image``; None for one that names none."""
-        if image is None:
+        """The environment of a run whose ``fields`` name an image; None without one."""
+        if fields.image is None:
             return None
-        return cls(dispatcher, fleet, run_id, image, recreate=recreate)
+        return cls(
+            dispatcher,
+            fleet,
+            run_id,
+            fields.image,
+            user=fields.user,
+            env=fields.env,
+            recreate=fields.recreate,
+        )
 
     async def ensure_started(self) -> StartedEnvironment:
         """The container, started now unless it was already."""

@@ -24,6 +24,7 @@ from api.llm import (
     Usage,
     model_client,
 )
+from api.llm_turn import UnusableAnswer, turn_from_body
 from api.local.stack import free_port
 from api.scripted.server import ScriptedServer
 from api.settings import OrchestratorSettings
@@ -401,6 +402,54 @@ def test_a_policy_without_attempts_is_refused() -> None:
 
 def test_usage_adds_up() -> None:
     assert Usage(1, 2, 3) + Usage(10, 20, 30) == Usage(11, 22, 33)
+
+
+def test_a_completion_body_is_read_into_a_turn() -> None:
+    body = {
+        "choices": [
+            {
+                "message": {
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "c1",
+                            "type": "function",
+                            "function": {"name": "a", "arguments": "{}"},
+                        },
+                        {"type": "function", "function": {"name": "b"}},
+                    ],
+                },
+                "finish_reason": "tool_calls",
+            }
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+    }
+
+    turn = turn_from_body(json.dumps(body).encode())
+
+    first, second = turn.tool_calls
+    assert first == ModelToolCall("c1", "a", "{}")
+    assert (second.name, second.arguments) == ("b", "")
+    assert second.id.startswith("call_")  # the provider sent none
+    assert (turn.content, turn.finish_reason) == (None, "tool_calls")
+    assert turn.usage == Usage(3, 2, 0)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[]",
+        b'{"choices": []}',
+        b'{"choices": [{}]}',
+        b'{"choices": [{"message": {"content": 3}}]}',
+        b'{"choices": [{"message": {"tool_calls": [{"function": {}}]}}]}',
+        b'{"choices": [{"message": {"content": "x"}}], "usage": {"prompt_tokens": "3"}}',
+        b"\xff\xfe\x00",
+    ],
+)
+def test_a_body_that_holds_no_turn_is_unusable(body: bytes) -> None:
+    with pytest.raises((UnusableAnswer, json.JSONDecodeError)):
+        turn_from_body(body)
 
 
 def test_tool_calls_are_sent_back_in_openai_format() -> None:

@@ -116,6 +116,14 @@ def test_items_with_different_images_each_run_in_their_own(
             ),
             item("beta", "os_release", image=images.beta, check="beta-tool"),
             item("state", "install", image=images.alpha, target="v1"),
+            item(
+                "override",
+                "os_release",
+                image=images.agent,
+                user="root",
+                env={"MARK": "set"},
+                check='test "$(id -u)" = 0 && test "$MARK" = set && cat hello.txt',
+            ),
             item("plain", "os_release"),
             item("missing", "os_release", image=f"oci:{images.layout}:nope"),
             item("noshell", "os_release", image=images.noshell),
@@ -124,7 +132,7 @@ def test_items_with_different_images_each_run_in_their_own(
     output = tmp_path / "out.jsonl"
     done = run_batch(source, output, env_for(image_fleet, model), 4)
     assert done.returncode == 1, done.stderr  # two items failed
-    assert "Finished: 4 ok, 2 error" in done.stderr
+    assert "Finished: 5 ok, 2 error" in done.stderr
     records = {r["id"]: r for r in finished_records(output)}
     alpha, beta = records["alpha"], records["beta"]
     assert "toolq-alpha" in alpha["answer"] and "toolq-beta" in beta["answer"]
@@ -138,6 +146,11 @@ def test_items_with_different_images_each_run_in_their_own(
     assert alpha["image"]["digest"] != beta["image"]["digest"]
     # What one call installed, the next call of the run found.
     assert records["state"]["status"] == "ok" and records["state"]["score"]["passed"]
+    # The task's user and variables over the image's; what the image had at its WorkingDir
+    # came into the workspace.
+    override = records["override"]
+    assert override["score"]["passed"], override["check"]
+    assert override["check"]["stdout"] == "hello from the image\n"
     # No image: today's sandbox, on the worker's own files.
     plain = records["plain"]
     assert plain["image"] is None and "toolq-" not in plain["answer"]

@@ -255,7 +255,7 @@ class Boxes:
         hostname = bundle / "hostname"
         hostname.write_text("toolq\n")
         box_env = merged_env(cached.record.env, env or {})
-        cgroups_path = f"/toolq-images/{name}"
+        cgroups_path = group_path(name)
         spec = BoxSpec(
             init_source=init_binary(image),
             workspace=str(workspace),
@@ -331,6 +331,7 @@ class Boxes:
         with contextlib.suppress(RuntimeFailed):
             runtime.delete(name)
         remove_bundle(self.folder / name)
+        BoxGroup(self.settings.cgroup_root, group_path(name)).remove()
 
     @staticmethod
     def _read(folder: Path) -> BoxRecord | None:
@@ -365,6 +366,11 @@ def _same_file(fd: int, path: Path) -> bool:
 def box_name(run_id: str) -> str:
     """A container name for ``run_id``: any run id, in the characters runtimes take."""
     return "toolq-" + hashlib.sha256(run_id.encode()).hexdigest()[:24]
+
+
+def group_path(name: str) -> str:
+    """The box's control group, in every hierarchy (the runtime's ``cgroupsPath``)."""
+    return f"/toolq-images/{name}"
 
 
 def box_group(settings: BoxSettings, record: BoxRecord) -> BoxGroup:

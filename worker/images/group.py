@@ -29,6 +29,13 @@ class BoxGroup:
         unified = cgroup_root / "unified" if (cgroup_root / "unified").is_dir() else cgroup_root
         self.v2 = unified / relative if (unified / "cgroup.controllers").exists() else None
 
+    def remove(self) -> None:
+        """Remove the group's folders (a runtime may leave them, empty, behind)."""
+        for folder in (*self.v1.values(), self.v2):
+            if folder is not None:
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+
     def members(self) -> set[int]:
         for folder in (*self.v1.values(), self.v2):
             if folder is not None and (folder / "cgroup.procs").exists():

@@ -38,7 +38,7 @@ _REGISTRY_REFERENCE = re.compile(
 #: local transport with an absolute path (no colon in it) and its tag, or a registry name that
 #: does not begin like a local transport.
 IMAGE_REFERENCE_PATTERN = (
-    r"^(?:(?:oci|oci-archive|docker-archive):/[^\s:\x00]*(?::[^\s\x00]*)?|"
+    r"^(?:(?:oci|oci-archive|docker-archive):/[^\x00-\x20\x7f:]*(?::[^\x00-\x20\x7f]*)?|"
     r"(?!(?:oci|oci-archive|docker-archive):)(?:docker://)?"
     rf"(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::{_TAG})?(?:@{_DIGEST})?)$"
 )
@@ -84,9 +84,10 @@ def parse_reference(text: str) -> ImageReference:
     """``text`` as an image reference; ``ImageError`` saying what is wrong with it."""
     if not isinstance(text, str) or not text.strip():
         raise ImageError(str(text), "an image reference cannot be empty")
-    if len(text) > MAX_REFERENCE_CHARS or "\x00" in text or any(c.isspace() for c in text):
+    if len(text) > MAX_REFERENCE_CHARS or any(c <= " " or c == "\x7f" for c in text):
         raise ImageError(
-            text[:80], "not an image reference (no spaces or NUL, at most 1024 characters)"
+            text[:80],
+            "not an image reference (no spaces or control characters, at most 1024 characters)",
         )
     transport, sep, rest = text.partition(":")
     if sep and transport in LOCAL_TRANSPORTS:

@@ -12,8 +12,9 @@ import shutil
 import time
 from pathlib import Path
 
-from worker.images.boxes import Boxes, BoxRecord
+from worker.images.boxes import Boxes, BoxRecord, group_path
 from worker.images.errors import ImageError
+from worker.images.group import BoxGroup
 from worker.images.mounts import remove_bundle
 from worker.images.owner import process_alive
 from worker.images.runtime import OciRuntime, RuntimeFailed
@@ -69,6 +70,7 @@ def _remove(boxes: Boxes, folder: Path, record: BoxRecord | None) -> None:
         with contextlib.suppress(RuntimeFailed):
             OciRuntime.find(name, boxes.settings.cache_root).delete(folder.name)
     remove_bundle(folder)
+    BoxGroup(boxes.settings.cgroup_root, group_path(folder.name)).remove()
 
 
 def _forgotten(boxes: Boxes, known: set[str]) -> int:

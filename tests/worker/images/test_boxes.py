@@ -259,6 +259,7 @@ def test_an_ended_box_leaves_nothing(host: Host, images: Images) -> None:
     assert not bundle.exists()
     assert not process_alive(box.init_pid)
     assert host.boxes.runtime(box.image).state(box.name) is None
+    assert not list(Path("/sys/fs/cgroup").glob(f"*{box.cgroups_path}"))
     with pytest.raises(EnvironmentLost):
         run(host, workspace, box, "echo too late")
 

@@ -47,7 +47,7 @@ def test_a_registry_image_is_pulled_by_the_digest_it_resolved_to() -> None:
     [
         ("", "cannot be empty"),
         ("python 3", "no spaces"),
-        ("a\x00b", "no spaces or NUL"),
+        ("a\x00b", "no spaces or control characters"),
         ("Python:3", "not an image reference"),
         ("oci:relative/layout", "must be absolute"),
         ("x" * 2000, "at most 1024 characters"),
