@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -40,17 +41,10 @@ class RemoteTool(ProxyTool):
 
     @classmethod
     def for_spec(cls, spec: ToolSpec) -> type[RemoteTool]:
-        attrs: dict[str, Any] = {
-            "spec": spec,
-            "name": spec.name,
-            "description": spec.description,
-            "pool": spec.pool,
-            "idempotent": spec.idempotent,
-            "enabled_by_default": spec.enabled_by_default,
-            "default_timeout_ms": spec.default_timeout_ms,
-            "timeout_argument": spec.timeout_argument,
-        }
-        return type(f"Remote_{spec.name}", (cls,), attrs)
+        """The proxy class of ``spec``, made once for each distinct spec: the runs of a batch,
+        each with a registry of its own, share their fleet's, and a class costs more to make,
+        and to collect, than a call."""
+        return _proxy_class(cls, spec.model_dump_json())
 
     @classmethod
     def get_schema(cls) -> dict[str, Any]:
@@ -78,3 +72,19 @@ class RemoteTool(ProxyTool):
             truncated=result.truncated,
             usage=result.usage,
         )
+
+
+@functools.lru_cache(maxsize=1024)
+def _proxy_class(base: type[RemoteTool], spec_json: str) -> type[RemoteTool]:
+    spec = ToolSpec.model_validate_json(spec_json)
+    attrs: dict[str, Any] = {
+        "spec": spec,
+        "name": spec.name,
+        "description": spec.description,
+        "pool": spec.pool,
+        "idempotent": spec.idempotent,
+        "enabled_by_default": spec.enabled_by_default,
+        "default_timeout_ms": spec.default_timeout_ms,
+        "timeout_argument": spec.timeout_argument,
+    }
+    return type(f"Remote_{spec.name}", (base,), attrs)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import gc
 import json
 import os
 import resource
@@ -91,6 +92,7 @@ async def converse(llm_url: str, conversations: int) -> dict[str, Any]:
     os.environ["OPENAI_BASE_URL"] = llm_url
     os.environ["OPENAI_API_KEY"] = "unused"
     model = ChatModel.from_env(settings)
+    gc.freeze()  # what start-up made, as `toolq batch` does once started
     threads = ThreadWatch()
     watcher = asyncio.create_task(threads.watch())
     rss_before_kb = status_kb(os.getpid(), "VmRSS")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import resource
 import shlex
 import signal
@@ -109,6 +110,10 @@ def run_batch_command(
                     _report_bad_lines(scan.path, scan.refuse_unserved(fleet.unserved), err)
                     stats.total = len(scan.pending)
                     if scan.pending:
+                        # What start-up made (modules, settings, the fleet) lasts as long as the
+                        # process: frozen, the collector's full passes no longer walk it for
+                        # every few thousand tool calls.
+                        gc.freeze()
                         interrupted = asyncio.run(run.execute(fleet_settings, fleet))
         except KeyboardInterrupt:  # before the batch's own signal handling was in place
             interrupted = True

@@ -61,15 +61,19 @@ def built() -> Iterator[tuple[Path, Images]]:
 
 
 @pytest.fixture(scope="module")
-def image_fleet(redis_server: RedisServer, built: tuple[Path, Images]) -> Iterator[WorkerFleet]:
+def image_fleet(built: tuple[Path, Images]) -> Iterator[WorkerFleet]:
     root, _ = built
     workspaces = root / "workspaces"
     workspaces.mkdir()
     os.chmod(workspaces, 0o755)
+    # A Redis of its own: the session's other fleets would take the runs' calls.
+    redis_server = RedisServer(root)
+    redis_server.start()
     settings = fleet_settings(redis_server.url, workspaces, image_cache=root / "cache")
     workers = WorkerFleet(settings).start()
     yield workers
     workers.stop()
+    redis_server.stop()
 
 
 @pytest.fixture

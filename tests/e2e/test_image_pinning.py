@@ -36,15 +36,19 @@ def built() -> Iterator[tuple[Path, Images]]:
 
 
 @pytest.fixture
-def image_fleet(redis_server: RedisServer, built: tuple[Path, Images]) -> Iterator[WorkerFleet]:
+def image_fleet(built: tuple[Path, Images], tmp_path: Path) -> Iterator[WorkerFleet]:
     root, _ = built
     workspaces = root / f"workspaces-{uuid.uuid4().hex[:6]}"
     workspaces.mkdir()
     os.chmod(workspaces, 0o755)
+    # A Redis of its own: the session's other fleets would take the runs' calls.
+    redis_server = RedisServer(tmp_path)
+    redis_server.start()
     settings = fleet_settings(redis_server.url, workspaces, image_cache=root / "cache")
     workers = WorkerFleet(settings).start()
     yield workers
     workers.stop()
+    redis_server.stop()
 
 
 @pytest.fixture

@@ -129,13 +129,14 @@ def registry(built: tuple[Path, Images]) -> Iterator[Registry]:
 
 
 @pytest.fixture(scope="module")
-def registry_fleet(
-    redis_server: RedisServer, built: tuple[Path, Images], registry: Registry
-) -> Iterator[WorkerFleet]:
+def registry_fleet(built: tuple[Path, Images], registry: Registry) -> Iterator[WorkerFleet]:
     root, _ = built
     workspaces = root / "workspaces"
     workspaces.mkdir()
     os.chmod(workspaces, 0o755)
+    # A Redis of its own: the session's other fleets would take its calls without the registry.
+    redis_server = RedisServer(root)
+    redis_server.start()
     settings = fleet_settings(
         redis_server.url,
         workspaces,
@@ -146,6 +147,7 @@ def registry_fleet(
     workers = WorkerFleet(settings).start()
     yield workers
     workers.stop()
+    redis_server.stop()
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from tests.conftest import Caller, wait_for
 from tests.reliability.conftest import Stack, start_stack
 from tests.reliability.report import Report
 from tests.reliability.userns import deploy_like_stack, userns_unavailable
-from worker.retention import prune
+from worker.retention import Expired, prune
 from worker.sandbox.volumes import volumes_unavailable
 
 pytestmark = pytest.mark.integration
@@ -152,8 +152,14 @@ async def test_tmp_is_the_runs_own_and_gone_with_its_workspace(
         read = await victim.bash(f"wc -c {' '.join(files)}")
         again = await attacker.bash(f"wc -c < {files[0]}")
         root = attacker.workspace.parent
-        removed = prune(root, 0.0)
-        assert attacker.caller.run_id in {gone.run_id for gone in removed if gone.removed}
+        tried: list[Expired] = []
+
+        def removed() -> bool:
+            # Removal waits for any call of the run still holding its workspace.
+            tried.extend(prune(root, 0.0))
+            return any(e.removed and e.run_id == attacker.caller.run_id for e in tried)
+
+        wait_for(removed, what=f"X's workspace to be removed (tried: {tried})")
         left = [path for path in files if os.path.exists(path)]
         left += [str(p) for p in (root / ".toolq" / "tmp").glob(f"{attacker.caller.run_id}*")]
         row.observed = (

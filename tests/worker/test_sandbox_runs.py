@@ -52,6 +52,16 @@ def config(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SandboxCo
     launcher.release()
 
 
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A Redis of the test's own: no other fleet's workers take its calls, nor announce
+    themselves on it."""
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
 def _bash(
     config: SandboxConfig, workspace: Workspace, command: str, stdin: bytes | None = None
 ) -> SandboxResult:
@@ -154,9 +164,9 @@ def test_a_worker_that_cannot_keep_runs_apart_says_what_is_missing(
 
 @pytest.mark.integration
 def test_a_sandbox_worker_refuses_to_start_with_runs_sharing_a_uid(
-    redis_server: RedisServer, tmp_path: Path
+    own_redis: RedisServer, tmp_path: Path
 ) -> None:
-    settings = fleet_settings(redis_server.url, tmp_path, sandbox_uid_range="")
+    settings = fleet_settings(own_redis.url, tmp_path, sandbox_uid_range="")
     env = {**os.environ, **worker_environment(settings)}
     argv = worker_argv("sandbox", node="refusing@%h", loglevel="WARNING")
 
@@ -186,11 +196,11 @@ def test_a_sandbox_worker_refuses_to_start_with_runs_sharing_a_uid(
 
 @pytest.mark.integration
 async def test_a_run_with_no_uid_left_is_told_so_and_nothing_runs(
-    redis_server: RedisServer, tmp_path: Path
+    own_redis: RedisServer, tmp_path: Path
 ) -> None:
     root = tmp_path / "workspaces"
     root.mkdir()
-    settings = fleet_settings(redis_server.url, root, sandbox_uid_range="5000-5000")
+    settings = fleet_settings(own_redis.url, root, sandbox_uid_range="5000-5000")
     fleet = WorkerFleet(settings).start()
     try:
         async with Dispatcher(settings) as dispatcher:
