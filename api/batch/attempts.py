@@ -14,19 +14,21 @@ The file is only appended to, one whole line per attempt, as the output is (``re
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from api.batch.items import numbered_lines
-from api.batch.results import FSYNC_INTERVAL_S, truncate_partial_line
+from api.batch.results import (
+    FSYNC_INTERVAL_S,
+    AppendedLog,
+    LineAppender,
+    truncate_partial_line,
+)
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +82,7 @@ class Attempt:
         }
 
 
-class AttemptLog:
+class AttemptLog(AppendedLog):
     """``OUTPUT.attempts``: the attempts each item started, and appends of new ones.
 
     Open it while holding the output's lock (``ResultLog.open``): that lock keeps a second batch
@@ -93,8 +95,7 @@ class AttemptLog:
         self.started: dict[str, list[StartedAttempt]] = {}
         self.truncated_bytes = 0
         self._fsync_interval_s = fsync_interval_s
-        self._fd: int | None = None
-        self._last_sync = 0.0
+        self._lines: LineAppender | None = None
 
     @classmethod
     def open(cls, path: Path, *, fsync_interval_s: float = FSYNC_INTERVAL_S) -> AttemptLog:
@@ -106,8 +107,7 @@ class AttemptLog:
         except BaseException:
             os.close(fd)
             raise
-        attempts._fd = fd
-        attempts._last_sync = time.monotonic()
+        attempts._lines = LineAppender(path, fd, fsync_interval_s)
         return attempts
 
     def _read(self) -> None:
@@ -150,32 +150,6 @@ class AttemptLog:
 
     def _append(self, attempt: StartedAttempt) -> None:
         """One line in one system call, as ``ResultLog.append`` writes a result."""
-        if self._fd is None:
+        if self._lines is None:
             raise ValueError(f"{self.path} is not open")
-        line = (json.dumps(attempt.model_dump(mode="json"), ensure_ascii=False) + "\n").encode()
-        written = os.write(self._fd, line)
-        while written < len(line):  # only a full disk or a quota stops a file write short
-            written += os.write(self._fd, line[written:])
-        now = time.monotonic()
-        if now - self._last_sync >= self._fsync_interval_s:
-            os.fsync(self._fd)
-            self._last_sync = now
-
-    def close(self) -> None:
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
-    def __enter__(self) -> AttemptLog:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
+        self._lines.write(attempt.model_dump(mode="json"))

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 from api.batch.items import numbered_lines
 
@@ -30,11 +30,64 @@ FSYNC_INTERVAL_S = 5.0
 _T = TypeVar("_T")
 
 
+class LineAppender:
+    """A file of JSON lines open for appending (``O_APPEND``): each line written in one system
+    call, so no reader sees half of it; forced to disk at most every ``fsync_interval_s``, and
+    once when closed."""
+
+    def __init__(self, path: Path, fd: int, fsync_interval_s: float) -> None:
+        self.path = path
+        self._fd: int | None = fd
+        self._fsync_interval_s = fsync_interval_s
+        self._last_sync = time.monotonic()
+
+    def write(self, record: object) -> None:
+        if self._fd is None:
+            raise ValueError(f"{self.path} is not open")
+        line = (json.dumps(record, ensure_ascii=False, default=str) + "\n").encode()
+        written = os.write(self._fd, line)
+        while written < len(line):  # only a full disk or a quota stops a file write short
+            written += os.write(self._fd, line[written:])
+        now = time.monotonic()
+        if now - self._last_sync >= self._fsync_interval_s:
+            os.fsync(self._fd)
+            self._last_sync = now
+
+    def close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+class AppendedLog:
+    """A log whose lines a ``LineAppender`` writes: closed once, or as a context manager."""
+
+    _lines: LineAppender | None = None
+
+    def close(self) -> None:
+        if self._lines is not None:
+            self._lines.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
 class OutputBusyError(RuntimeError):
     """Another batch is appending to this output file right now."""
 
 
-class ResultLog:
+class ResultLog(AppendedLog):
     """The output JSONL: which ids are done, and appends of whole lines that survive a kill.
 
     ``open`` takes an exclusive lock (two batches on one output would run items twice), drops a
@@ -50,8 +103,7 @@ class ResultLog:
         self.truncated_bytes = 0
         self.unreadable_lines: list[int] = []
         self._fsync_interval_s = fsync_interval_s
-        self._fd: int | None = None
-        self._last_sync = 0.0
+        self._lines: LineAppender | None = None
 
     @classmethod
     def open(cls, path: Path, *, fsync_interval_s: float = FSYNC_INTERVAL_S) -> ResultLog:
@@ -72,23 +124,15 @@ class ResultLog:
         except BaseException:
             os.close(fd)
             raise
-        results._fd = fd
-        results._last_sync = time.monotonic()
+        results._lines = LineAppender(path, fd, fsync_interval_s)
         return results
 
     def append(self, record: Mapping[str, Any]) -> None:
         """Write one record as one line, in one system call, so no reader sees half of it."""
-        if self._fd is None:
+        if self._lines is None:
             raise ValueError(f"{self.path} is not open")
-        line = (json.dumps(record, ensure_ascii=False, default=str) + "\n").encode()
-        written = os.write(self._fd, line)
-        while written < len(line):  # only a full disk or a quota stops a file write short
-            written += os.write(self._fd, line[written:])
+        self._lines.write(record)
         self._note(str(record["id"]), *outcome_of(record))
-        now = time.monotonic()
-        if now - self._last_sync >= self._fsync_interval_s:
-            os.fsync(self._fd)
-            self._last_sync = now
 
     def _note(self, item_id: str, status: str, passed: bool | None) -> None:
         self.done[item_id] = status
@@ -96,25 +140,6 @@ class ResultLog:
             self.passed.pop(item_id, None)
         else:
             self.passed[item_id] = passed
-
-    def close(self) -> None:
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
-    def __enter__(self) -> ResultLog:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def truncate_partial_line(fd: int, chunk: int = 65_536) -> int:

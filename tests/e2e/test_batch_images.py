@@ -20,16 +20,15 @@ from api.llm import model_client
 from api.local.stack import worker_environment
 from api.scripted.server import ScriptedServer
 from tests.conftest import (
-    RedisServer,
     WorkerFleet,
-    fleet_settings,
     orchestrator_settings,
     scripted_server,
     wait_for,
 )
 from tests.e2e.test_batch_cli import RUN_TIMEOUT_S, TOOLQ, run_batch, write_items
 from tests.results_file import finished_records
-from tests.worker.images.builders import Images, build_test_images, images_folder, skip_reason
+from tests.worker.images.builders import Images, built_or_skip
+from tests.worker.images.builders import image_fleet as fleet_of_images
 
 pytestmark = pytest.mark.e2e
 
@@ -53,27 +52,14 @@ INSTALL_THEN_USE: list[dict[str, Any]] = [
 
 @pytest.fixture(scope="module")
 def built() -> Iterator[tuple[Path, Images]]:
-    reason = skip_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    with images_folder() as root:
-        yield root, build_test_images(root / "layout")
+    yield from built_or_skip()
 
 
 @pytest.fixture(scope="module")
 def image_fleet(built: tuple[Path, Images]) -> Iterator[WorkerFleet]:
     root, _ = built
-    workspaces = root / "workspaces"
-    workspaces.mkdir()
-    os.chmod(workspaces, 0o755)
-    # A Redis of its own: the session's other fleets would take the runs' calls.
-    redis_server = RedisServer(root)
-    redis_server.start()
-    settings = fleet_settings(redis_server.url, workspaces, image_cache=root / "cache")
-    workers = WorkerFleet(settings).start()
-    yield workers
-    workers.stop()
-    redis_server.stop()
+    with fleet_of_images(root, root) as workers:
+        yield workers
 
 
 @pytest.fixture

@@ -19,8 +19,9 @@ from api.dispatch import Dispatcher
 from api.fleet import load_fleet
 from api.images.environment import RunEnvironment
 from api.run_workspace import RunWorkspace, ServiceCallError
-from tests.conftest import RedisServer, WorkerFleet, fleet_settings, wait_for
-from tests.worker.images.builders import Images, build_test_images, images_folder, skip_reason
+from tests.conftest import WorkerFleet, wait_for
+from tests.worker.images.builders import Images, built_or_skip
+from tests.worker.images.builders import image_fleet as fleet_of_images
 from worker.protocol import keys
 
 pytestmark = pytest.mark.e2e
@@ -28,27 +29,14 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def built() -> Iterator[tuple[Path, Images]]:
-    reason = skip_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    with images_folder() as root:
-        yield root, build_test_images(root / "layout")
+    yield from built_or_skip()
 
 
 @pytest.fixture
 def image_fleet(built: tuple[Path, Images], tmp_path: Path) -> Iterator[WorkerFleet]:
     root, _ = built
-    workspaces = root / f"workspaces-{uuid.uuid4().hex[:6]}"
-    workspaces.mkdir()
-    os.chmod(workspaces, 0o755)
-    # A Redis of its own: the session's other fleets would take the runs' calls.
-    redis_server = RedisServer(tmp_path)
-    redis_server.start()
-    settings = fleet_settings(redis_server.url, workspaces, image_cache=root / "cache")
-    workers = WorkerFleet(settings).start()
-    yield workers
-    workers.stop()
-    redis_server.stop()
+    with fleet_of_images(root, tmp_path) as workers:
+        yield workers
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ import ctypes
 import ctypes.util
 import hashlib
 import json
-import os
 import secrets
 import shutil
 import subprocess
@@ -25,11 +24,12 @@ import pytest
 
 from api.local.stack import free_port
 from api.scripted.server import ScriptedServer
-from tests.conftest import RedisServer, WorkerFleet, fleet_settings, scripted_server, wait_for
+from tests.conftest import WorkerFleet, scripted_server, wait_for
 from tests.e2e.test_batch_cli import run_batch, write_items
 from tests.e2e.test_batch_images import OS_RELEASE, env_for
 from tests.results_file import finished_records
-from tests.worker.images.builders import Images, build_test_images, images_folder, skip_reason
+from tests.worker.images.builders import Images, built_or_skip
+from tests.worker.images.builders import image_fleet as fleet_of_images
 from worker.images.errors import ImageError
 from worker.images.fetch import Tools
 from worker.images.reference import parse_reference
@@ -71,11 +71,7 @@ def _answers(url: str) -> bool:
 
 @pytest.fixture(scope="module")
 def built() -> Iterator[tuple[Path, Images]]:
-    reason = skip_reason(("docker-registry",))
-    if reason is not None:
-        pytest.skip(reason)
-    with images_folder() as root:
-        yield root, build_test_images(root / "layout")
+    yield from built_or_skip(("docker-registry",))
 
 
 @pytest.fixture(scope="module")
@@ -131,23 +127,13 @@ def registry(built: tuple[Path, Images]) -> Iterator[Registry]:
 @pytest.fixture(scope="module")
 def registry_fleet(built: tuple[Path, Images], registry: Registry) -> Iterator[WorkerFleet]:
     root, _ = built
-    workspaces = root / "workspaces"
-    workspaces.mkdir()
-    os.chmod(workspaces, 0o755)
-    # A Redis of its own: the session's other fleets would take its calls without the registry.
-    redis_server = RedisServer(root)
-    redis_server.start()
-    settings = fleet_settings(
-        redis_server.url,
-        workspaces,
-        image_cache=root / "cache",
+    with fleet_of_images(
+        root,
+        root,
         insecure_registries=[registry.host],
         registry_auth_file=registry.auth_file,
-    )
-    workers = WorkerFleet(settings).start()
-    yield workers
-    workers.stop()
-    redis_server.stop()
+    ) as workers:
+        yield workers
 
 
 @pytest.fixture

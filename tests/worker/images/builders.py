@@ -11,10 +11,14 @@ import os
 import shutil
 import subprocess
 import tempfile
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
+from tests.conftest import RedisServer, WorkerFleet, fleet_settings
 from worker.images.mounts import is_mount
 
 #: What a test needs to build and run images; a test without them skips, saying which.
@@ -173,3 +177,35 @@ def unmount_below(root: Path) -> None:
     for point in sorted((p for p in points if p.startswith(str(root))), reverse=True):
         if is_mount(Path(point)):
             subprocess.run(["umount", "-l", point], check=False, capture_output=True)
+
+
+def built_or_skip(extra: Sequence[str] = ()) -> Iterator[tuple[Path, Images]]:
+    """For a module's fixture: the test images, built once in a folder of their own, or the
+    module skipped, saying what is missing."""
+    reason = skip_reason(extra)
+    if reason is not None:
+        pytest.skip(reason)
+    with images_folder() as root:
+        yield root, build_test_images(root / "layout")
+
+
+@contextlib.contextmanager
+def image_fleet(root: Path, redis_dir: Path, **overrides: object) -> Iterator[WorkerFleet]:
+    """Both pools on a Redis of their own (the session's other fleets would take the runs'
+    calls), their images cached below ``root``."""
+    workspaces = root / f"workspaces-{uuid.uuid4().hex[:6]}"
+    workspaces.mkdir()
+    os.chmod(workspaces, 0o755)
+    redis_server = RedisServer(redis_dir)
+    redis_server.start()
+    try:
+        settings = fleet_settings(
+            redis_server.url, workspaces, image_cache=root / "cache", **overrides
+        )
+        workers = WorkerFleet(settings).start()
+        try:
+            yield workers
+        finally:
+            workers.stop()
+    finally:
+        redis_server.stop()
