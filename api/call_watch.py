@@ -125,19 +125,19 @@ class CallWatch:
         ]
         if not due:
             return
+        # Two commands however many calls are due (under load, most of them still wait in
+        # their queue): their stored answers, and their start markers.
         async with self._redis.pipeline(transaction=False) as pipe:
-            for flight in due:
-                pipe.get(keys.result(flight.request.task_id))
-                pipe.exists(keys.started(flight.request.task_id))
-            seen = await pipe.execute()
+            pipe.mget([keys.result(flight.request.task_id) for flight in due])
+            pipe.mget([keys.started(flight.request.task_id) for flight in due])
+            stored, marks = await pipe.execute()
         unstarted: list[InFlight] = []
-        for index, flight in enumerate(due):
-            stored, started = seen[2 * index], seen[2 * index + 1]
-            answer = self.own_answer(stored, flight)
+        for flight, raw, mark in zip(due, stored, marks, strict=True):
+            answer = self.own_answer(raw, flight)
             if answer is not None:
                 if not flight.answer.done():
                     flight.answer.set_result(answer)
-            elif not started:
+            elif mark is None:
                 unstarted.append(flight)
         if unstarted:
             await self._send_lost(unstarted)
@@ -151,12 +151,20 @@ class CallWatch:
         except Exception as exc:  # any broker's own errors: look again next time
             log.warning("cannot read the depth of the %s queues: %s", ", ".join(pools), exc)
             return
+        now = time.monotonic()
         for flight in unstarted:
-            if flight.answer.done() or time.time() >= flight.request.deadline:
+            left = flight.request.deadline - time.time()
+            if flight.answer.done() or left <= 0:
                 continue  # answered, or given up on, while the depths were read
-            if depths.get(flight.pool, 0) == 0:
+            # Past half of its time with its first message not started: sent once more
+            # whatever the queue holds (a backlog then grows by one message per call at most),
+            # so a message lost behind a queue that never empties still runs in time.
+            assert flight.sent_at is not None
+            late = flight.request.send_number == 1 and now - flight.sent_at >= left
+            if depths.get(flight.pool, 0) == 0 or late:
                 log.info(
-                    "call %s: no worker started it and the %r queue is empty: sending it again",
+                    "call %s: no worker started it, and the %r queue is empty or half its time "
+                    "is gone: sending it again",
                     flight.request.task_id,
                     flight.pool,
                 )

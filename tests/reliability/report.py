@@ -14,6 +14,7 @@ from pathlib import Path
 
 from api.local.stack import redis_server_binary
 from worker.sandbox import SandboxConfig, SandboxError, describe_isolation
+from worker.sandbox.identity import DEFAULT_UID_RANGE, UidRange
 
 #: The order of the report's sections; a row's category must be one of these.
 CATEGORIES = ("Faults", "Bad input", "Isolation", "HTTP API bad input")
@@ -207,6 +208,8 @@ def _redis_server_version() -> str:
 
 def _isolation() -> str:
     try:
-        return ", ".join(describe_isolation(SandboxConfig()))
+        # What a sandbox worker of this machine gives with the fleet's defaults (a uid per run).
+        default = SandboxConfig(uid_range=UidRange.parse(DEFAULT_UID_RANGE))
+        return ", ".join(describe_isolation(default))
     except SandboxError as exc:
         return f"unavailable ({exc})"

@@ -86,11 +86,17 @@ def host_account(usage_stack: Stack) -> Iterator[HostAccount]:
         pytest.skip(why)
     group = CPUACCT / f"toolq-test-{secrets.token_hex(4)}"
     group.mkdir()
-    pids = usage_stack.fleet.worker_pids("sandbox")
-    origins = {pid: _cpuacct_group(pid) for pid in pids}
+    origins: dict[int, str] = {}
+    for pid in usage_stack.fleet.worker_pids("sandbox"):
+        with contextlib.suppress(OSError):  # a pool process replaced since it was listed
+            origins[pid] = _cpuacct_group(pid)
+    pids = list(origins)
     try:
-        for pid in pids:
-            (group / "cgroup.procs").write_text(str(pid))
+        for pid in list(pids):
+            try:
+                (group / "cgroup.procs").write_text(str(pid))
+            except ProcessLookupError:  # replaced meanwhile: its successor was not listed
+                pids.remove(pid)
         yield HostAccount(group, pids, origins)
     finally:
         for pid, origin in origins.items():
