@@ -179,6 +179,7 @@ class ChatModel:
     def __init__(self, client: openai.AsyncOpenAI, policy: RetryPolicy | None = None) -> None:
         self._client = client
         self.policy = policy or RetryPolicy(attempts=client.max_retries + 1)
+        self._bodies = _EncodedTools()
         # The client finds its platform (for a header) in a thread on first use, once per request
         # still waiting for the first answer: a thousand conversations starting together would
         # fill asyncio's thread pool. Found once here instead; skipped if the client changes.
@@ -221,13 +222,13 @@ class ChatModel:
         retried, should the connection break) by then: its JSON is parsed once, into toolq's
         own types, where the client would build its models of it first.
         """
-        body = chat_body(model, messages, tools, stream=False)
+        body = self._bodies.body(model, messages, tools, stream=False)
         sent = broken = 0
         while True:
             response = await self._answer(
                 self._client.post(
                     CHAT_COMPLETIONS_PATH,
-                    body=body,
+                    **body,
                     options=self._options(sent),
                     cast_to=httpx2.Response,
                 ),
@@ -253,13 +254,13 @@ class ChatModel:
         An answer that breaks mid-way is announced with ``StreamRestarted`` before the turn is
         asked again.
         """
-        body = chat_body(model, messages, tools, stream=True)
+        body = self._bodies.body(model, messages, tools, stream=True)
         sent = broken = 0
         while True:
             chunks = await self._answer(
                 self._client.post(
                     CHAT_COMPLETIONS_PATH,
-                    body=body,
+                    **body,
                     options=self._options(sent),
                     cast_to=ChatCompletion,
                     stream=True,
@@ -390,3 +391,55 @@ def chat_body(
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
     return body
+
+
+#: The few tool lists a process offers, by their tools' names: a batch offers one to all its
+#: conversations, every turn.
+_TOOL_LISTS_KEPT = 8
+
+
+class _EncodedTools:
+    """Request bodies as the JSON bytes the client would send, with each list of tools encoded
+    once: the same few thousand bytes of schemas go with every turn of every conversation, and
+    the client would encode them anew each time. A list counts as the same when it equals the
+    one encoded (compared as data, far cheaper than encoding)."""
+
+    def __init__(self) -> None:
+        self._lists: dict[tuple[str, ...], tuple[list[Any], bytes]] = {}
+
+    def body(
+        self,
+        model: str,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        *,
+        stream: bool,
+    ) -> dict[str, Any]:
+        """``post``'s body argument: ``content`` (the encoded JSON), or ``body`` (a dict the
+        client encodes itself) for anything plain JSON cannot hold."""
+        try:
+            head = _json(chat_body(model, messages, None, stream=stream))
+            return {
+                "content": head[:-1] + b',"tools":' + self._encoded(tools) + b"}" if tools else head
+            }
+        except (TypeError, ValueError):
+            return {"body": chat_body(model, messages, tools, stream=stream)}
+
+    def _encoded(self, tools: Sequence[Mapping[str, Any]]) -> bytes:
+        names = tuple(str(tool.get("function", {}).get("name")) for tool in tools)
+        kept = self._lists.get(names)
+        if kept is not None and kept[0] == tools:
+            return kept[1]
+        encoded = _json(list(tools))
+        # Compared next time against a copy of its own, which no caller can change.
+        copy = json.loads(encoded)
+        if copy == tools:
+            if len(self._lists) >= _TOOL_LISTS_KEPT:
+                self._lists.clear()
+            self._lists[names] = (copy, encoded)
+        return encoded
+
+
+def _json(value: object) -> bytes:
+    """JSON as the openai client encodes a body: compact, UTF-8, no NaN."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()

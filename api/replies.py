@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import cast
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from api.backoff import Backoff
 
@@ -30,23 +31,38 @@ async def read_replies(
     others_waiting: Callable[[], bool],
     closing: Callable[[], bool],
 ) -> None:
-    """Hand every answer pushed to ``key`` to ``deliver`` until ``closing()``."""
+    """Hand every answer pushed to ``key`` to ``deliver`` until ``closing()``.
+
+    On Redis 7 and later one BLMPOP per round takes every answer waiting, or waits for the
+    next: one command however many came back together. Before that, BLPOP waits for one and,
+    while another answer is awaited, LPOPs take what arrives next without blocking."""
     failures = 0
+    blmpop = True
+    draining = False
+    batch: list[bytes | str]
     while not closing():
         try:
-            item = await client.blpop([key], timeout=1)
-            if item is None:
-                continue
-            deliver(item[1])
-            # Drain what else has arrived in one round trip, but only when another answer is
-            # awaited (the one just delivered is still listed): a lone call would pay for an
-            # empty LPOP every time.
-            if others_waiting():
-                more: list[bytes] = await client.lpop(key, _DRAIN_BATCH)  # type: ignore[assignment]
-                for raw in more or []:
-                    deliver(raw)
+            if blmpop:
+                found = await client.blmpop(1, 1, key, direction="LEFT", count=_DRAIN_BATCH)
+                batch = [] if found is None else cast(list[bytes | str], found[1])
+            elif draining:
+                # Answers are coming back one after another: take all that arrived since the
+                # last round trip, without blocking; only an empty list sends the reader back
+                # to waiting.
+                batch = await client.lpop(key, _DRAIN_BATCH) or []  # type: ignore[assignment]
+            else:
+                item = await client.blpop([key], timeout=1)
+                batch = [] if item is None else [item[1]]
+            for raw in batch:
+                deliver(raw)
+            # Look again at once only while another answer is awaited (those just delivered
+            # are still listed): a lone call would pay for an empty LPOP every time.
+            draining = bool(batch) and others_waiting()
             failures = 0
         except (RedisError, OSError) as exc:
+            if blmpop and isinstance(exc, ResponseError) and "unknown command" in str(exc).lower():
+                blmpop = False  # Redis before 7
+                continue
             if closing():
                 return
             # The result store restarted or the network blinked: keep trying; what still waits

@@ -30,7 +30,7 @@ TURNS_WITH_TOOLS = 3
 CALLS_PER_TURN = 2
 BUSY_GOAL = 0.9
 #: The orchestrator may spend at most this share of the workers' CPU on the same tool calls.
-ORCHESTRATOR_CPU_GOAL = 0.4
+ORCHESTRATOR_CPU_GOAL = 0.6
 
 
 def script() -> dict[str, Any]:

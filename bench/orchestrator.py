@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import gc
 import json
 import os
 import resource
@@ -25,6 +24,7 @@ from openai._base_client import AsyncAPIClient
 
 import api.llm
 from api.agent import Agent, AgentOptions
+from api.collector import tuned_for_many_conversations
 from api.dispatch import Dispatcher
 from api.fleet import load_fleet
 from api.llm import ChatModel
@@ -92,7 +92,6 @@ async def converse(llm_url: str, conversations: int) -> dict[str, Any]:
     os.environ["OPENAI_BASE_URL"] = llm_url
     os.environ["OPENAI_API_KEY"] = "unused"
     model = ChatModel.from_env(settings)
-    gc.freeze()  # what start-up made, as `toolq batch` does once started
     threads = ThreadWatch()
     watcher = asyncio.create_task(threads.watch())
     rss_before_kb = status_kb(os.getpid(), "VmRSS")
@@ -145,7 +144,8 @@ def main() -> None:
     parser.add_argument("--llm", required=True, help="OpenAI base URL of the scripted model")
     parser.add_argument("--conversations", type=int, required=True)
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(converse(args.llm, args.conversations))))
+    with tuned_for_many_conversations():  # as `toolq batch` runs its conversations
+        print(json.dumps(asyncio.run(converse(args.llm, args.conversations))))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.agents_pool import agents_pool_case
+from bench.batch_throughput import batch_throughput_case
 from bench.big_output import big_output_case
 from bench.conversations import conversations_case
 from bench.images import images_case
@@ -57,6 +58,8 @@ class Sizes:
     conversation_workers: int
     agent_conversations: int
     agent_processes: tuple[int, ...]
+    batch_conversations: int
+    batch_repeats: int
     bash_calls: int
     cgroup_rounds: int
     big_output_bytes: int
@@ -87,6 +90,8 @@ FULL = Sizes(
     conversation_workers=2,
     agent_conversations=2000,
     agent_processes=(1, 2),
+    batch_conversations=300,
+    batch_repeats=4,
     bash_calls=300,
     cgroup_rounds=3,
     big_output_bytes=1 << 30,
@@ -115,6 +120,8 @@ QUICK = Sizes(
     conversation_workers=1,
     agent_conversations=10,
     agent_processes=(1, 2),
+    batch_conversations=10,
+    batch_repeats=1,
     bash_calls=5,
     cgroup_rounds=1,
     big_output_bytes=4 << 20,
@@ -217,6 +224,15 @@ def run_cases(sizes: Sizes, progress: Progress) -> list[CaseResult]:
                             sizes.agent_conversations,
                             sizes.agent_processes,
                         )
+                    with progress.step("toolq batch vs bare Celery"):
+                        batch = batch_throughput_case(
+                            settings,
+                            stack,
+                            bare,
+                            processes,
+                            sizes.batch_conversations,
+                            sizes.batch_repeats,
+                        )
         # Sandbox workers of their own, one configuration at a time: no other may take the calls.
         with progress.step("run_bash with and without control groups"):
             cgroups = cgroup_case(settings, sizes.bash_calls, sizes.warmup, sizes.cgroup_rounds)
@@ -235,6 +251,7 @@ def run_cases(sizes: Sizes, progress: Progress) -> list[CaseResult]:
         agents,
         scaling,
         images,
+        batch,
     ]
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import resource
 import shlex
 import signal
@@ -30,6 +29,7 @@ from api.batch.progress import (
 )
 from api.batch.results import OutputBusyError, ResultLog
 from api.batch.runner import batch_run_id, batch_tag_for_output, run_item, run_items
+from api.collector import tuned_for_many_conversations
 from api.dispatch import Dispatcher
 from api.fleet import Fleet, NoWorkersError, load_fleet
 from api.llm import ChatModel, ModelError, model_api_from_env
@@ -110,11 +110,8 @@ def run_batch_command(
                     _report_bad_lines(scan.path, scan.refuse_unserved(fleet.unserved), err)
                     stats.total = len(scan.pending)
                     if scan.pending:
-                        # What start-up made (modules, settings, the fleet) lasts as long as the
-                        # process: frozen, the collector's full passes no longer walk it for
-                        # every few thousand tool calls.
-                        gc.freeze()
-                        interrupted = asyncio.run(run.execute(fleet_settings, fleet))
+                        with tuned_for_many_conversations():
+                            interrupted = asyncio.run(run.execute(fleet_settings, fleet))
         except KeyboardInterrupt:  # before the batch's own signal handling was in place
             interrupted = True
         except (

@@ -22,6 +22,8 @@ from api.llm import (
     StreamText,
     TurnDone,
     Usage,
+    _EncodedTools,
+    chat_body,
     model_client,
 )
 from api.llm_turn import UnusableAnswer, turn_from_body
@@ -450,6 +452,27 @@ def test_a_completion_body_is_read_into_a_turn() -> None:
 def test_a_body_that_holds_no_turn_is_unusable(body: bytes) -> None:
     with pytest.raises((UnusableAnswer, json.JSONDecodeError)):
         turn_from_body(body)
+
+
+def test_a_body_is_the_clients_json_with_each_tool_list_encoded_once() -> None:
+    bodies = _EncodedTools()
+    messages = user("hi")
+    tools: list[dict[str, Any]] = [
+        {"type": "function", "function": {"name": "a", "parameters": {"type": "object"}}}
+    ]
+    expected = chat_body("m", messages, json.loads(json.dumps(tools)), stream=False)
+
+    first = bodies.body("m", messages, tools, stream=False)["content"]
+    streamed = bodies.body("m", messages, [dict(tools[0])], stream=True)["content"]
+    tools[0]["function"]["description"] = "changed since"
+    changed = bodies.body("m", messages, tools, stream=False)["content"]
+
+    assert json.loads(first) == expected
+    assert json.loads(streamed) == chat_body("m", messages, expected["tools"], stream=True)
+    assert json.loads(changed)["tools"] == tools
+    assert bodies.body("m", messages, [], stream=False)["content"] == (
+        b'{"model":"m","messages":[{"role":"user","content":"hi"}]}'
+    )
 
 
 def test_tool_calls_are_sent_back_in_openai_format() -> None:

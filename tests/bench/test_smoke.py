@@ -30,6 +30,7 @@ CASES = {
     "agents_pool",
     "scaling",
     "images",
+    "batch_throughput",
 }
 
 
