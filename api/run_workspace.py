@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import time
 import uuid
@@ -56,12 +57,7 @@ class CollectedFile:
     truncated: bool
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "content": self.content,
-            "encoding": self.encoding,
-            "size": self.size,
-            "truncated": self.truncated,
-        }
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True, slots=True)
