@@ -48,8 +48,8 @@ from api.llm import (
 from api.logs import log_context
 from api.run_tools import RunTools, enable_tool
 from api.settings import OrchestratorSettings, get_settings
-from worker.deadlines import call_limit_ms
-from worker.settings import WorkerSettings, get_worker_settings
+from worker.contract.deadlines import call_limit_ms
+from worker.contract.settings import WorkerSettings, get_worker_settings
 from worker.tools.context import Message, ToolContext, ToolContextSnapshot
 from worker.tools.functions import as_tool
 from worker.tools.interface import ExecutableTool, ProxyTool

@@ -10,7 +10,7 @@ from pydantic import ConfigDict, Field
 from api.events import ToolCallFinished
 from api.images.fields import ImageFields
 from api.llm import ModelToolCall
-from worker.protocol import RUN_ID_PATTERN
+from worker.contract.wire import RUN_ID_PATTERN
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful assistant. You can use tools that work on files in your workspace; "
@@ -58,7 +58,7 @@ class ToolCallRecord:
     #: The pool that ran the call; None when the orchestrator ran it (a local tool).
     pool: str | None = None
     #: What the call's command used (run_bash), as its worker measured it: the fields of
-    #: ``worker.protocol.ResourceUsage``. The tool's JSON answer in ``output`` has it too.
+    #: ``worker.contract.wire.ResourceUsage``. The tool's JSON answer in ``output`` has it too.
     usage: dict[str, Any] | None = None
     #: The output was cut to the output cap (a notice at its end says how much was left out).
     truncated: bool = False

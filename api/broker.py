@@ -12,9 +12,9 @@ from typing import Any
 from celery import Celery
 from kombu import Queue
 
-from worker.protocol import AGENTS_QUEUE, POOLS
-from worker.redis_transport import transport_setting
-from worker.settings import FleetSettings
+from worker.contract.runtime.redis_transport import transport_setting
+from worker.contract.settings import FleetSettings
+from worker.contract.wire import AGENTS_QUEUE, POOLS
 
 
 def producer_config(settings: FleetSettings) -> dict[str, Any]:

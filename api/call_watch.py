@@ -26,15 +26,15 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from api.fleet import queue_depths
-from worker.protocol import (
+from worker.contract.keys import keys
+from worker.contract.settings import FleetSettings
+from worker.contract.wire import (
     CALLER_GAVE_UP,
     ToolCallRequest,
     ToolCallResult,
-    keys,
     read_start_mark,
     start_mark,
 )
-from worker.settings import FleetSettings
 
 log = logging.getLogger(__name__)
 

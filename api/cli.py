@@ -14,8 +14,8 @@ from rich.markup import escape
 
 from api.commands.usage_errors import COMMAND_LINE_ERROR, exit_refused
 from api.settings import check_settings, get_settings
-from worker.protocol import AGENTS_QUEUE, POOLS
-from worker.settings_check import debugging, exit_on_bad_settings
+from worker.contract.settings_check import debugging, exit_on_bad_settings
+from worker.contract.wire import AGENTS_QUEUE, POOLS
 
 app = typer.Typer(
     name="toolq",
@@ -169,8 +169,8 @@ def _checked_image(image: str | None) -> None:
     """An image reference that cannot be one stops the command in one line, exit status 2."""
     if image is None:
         return
-    from worker.images.errors import ImageError
-    from worker.images.reference import parse_reference
+    from worker.contract.image_errors import ImageError
+    from worker.contract.image_reference import parse_reference
 
     try:
         parse_reference(image)
@@ -225,10 +225,9 @@ def prune(
 ) -> None:
     """Remove run workspaces no call has touched for a while (never one in use)."""
     from api.commands.prune import run_prune
-    from worker.settings import WorkerSettings
 
     try:
-        code = run_prune(WorkerSettings(), older_than, dry_run, console)
+        code = run_prune(older_than, dry_run)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--older-than") from None
     raise typer.Exit(code)

@@ -15,7 +15,7 @@ import redis
 from kombu import Connection
 from kombu.utils.url import maybe_sanitize_url
 
-from worker.settings import RESULT_SCHEMES, FleetSettings
+from worker.contract.settings import RESULT_SCHEMES, FleetSettings
 
 #: How long each server has to answer: a broker on the same network answers in milliseconds.
 CONNECT_TIMEOUT_S = 3.0

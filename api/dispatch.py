@@ -30,16 +30,16 @@ from api.broker import producer_app
 from api.call_watch import CallWatch, InFlight
 from api.images.pins import RunPins
 from api.replies import RECONNECT, read_replies
-from worker.deadlines import call_limit_ms
-from worker.protocol import (
+from worker.contract.deadlines import call_limit_ms
+from worker.contract.keys import keys
+from worker.contract.settings import FleetSettings
+from worker.contract.wire import (
     TASK_NAME,
     ToolCallRequest,
     ToolCallResult,
     ToolContextSnapshot,
     ToolSpec,
-    keys,
 )
-from worker.settings import FleetSettings
 
 log = logging.getLogger(__name__)
 #: The most calls sent in one batch: enough to amortise the round trip, small enough that the

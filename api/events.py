@@ -42,7 +42,7 @@ class ToolCallFinished:
     worker: str | None
     #: The pool that ran the call (None: the orchestrator itself).
     pool: str | None = None
-    #: What the call's command used (run_bash): ``worker.protocol.ResourceUsage`` as a dict.
+    #: What the call's command used (run_bash): ``worker.contract.wire.ResourceUsage`` as a dict.
     usage: dict[str, Any] | None = None
     truncated: bool = False
     type: Literal["tool_call_finished"] = "tool_call_finished"

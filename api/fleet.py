@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 import redis
 
 from api.broker import producer_app
-from worker.protocol import AGENTS_QUEUE, POOLS, TASK_NAME, ToolSpec, WorkerInfo, keys
-from worker.settings import FleetSettings
+from worker.contract.keys import keys
+from worker.contract.settings import FleetSettings
+from worker.contract.wire import AGENTS_QUEUE, POOLS, TASK_NAME, ToolSpec, WorkerInfo
 
 #: Where kombu's Redis transport keeps delivered, unacknowledged messages.
 UNACKED_HASH = "unacked"

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from api.dispatch import Dispatcher
-from worker.protocol import ToolContextSnapshot, ToolSpec
+from worker.contract.wire import ToolContextSnapshot, ToolSpec
 from worker.tools.interface import ProxyTool, ToolOutcome
 
 

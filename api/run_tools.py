@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from api.dispatch import Dispatcher
 from api.fleet import Fleet
 from api.remote_tool import RemoteTool
-from worker.protocol import ToolContextSnapshot
+from worker.contract.wire import ToolContextSnapshot
 from worker.tools.registry import ToolRegistry
 
 

@@ -21,8 +21,9 @@ from typing import Any, Literal
 
 from api.dispatch import Dispatcher
 from api.fleet import Fleet
-from worker.protocol import CommandAnswer, ErrorKind
-from worker.settings import FleetSettings
+from worker.contract.errors import ErrorKind
+from worker.contract.settings import FleetSettings
+from worker.contract.wire import CommandAnswer
 
 FileProblemKind = Literal[
     "not_found", "is_a_directory", "not_a_regular_file", "too_large", "refused", "in_use"

@@ -9,8 +9,8 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr
 
-from worker.settings import FleetSettings, WorkerSettings
-from worker.settings_check import SettingsError, settings_problems
+from worker.contract.settings import FleetSettings, WorkerSettings
+from worker.contract.settings_check import SettingsError, settings_problems
 
 #: Where the model client looks for the chat API (the openai client's own variable).
 MODEL_URL_VARIABLE = "OPENAI_BASE_URL"

@@ -28,8 +28,8 @@ from bench.cost import redis_cpu_seconds
 from bench.procinfo import cpu_seconds
 from bench.stack import PLUGIN, python_path
 from bench.stats import CaseResult, Comparison
-from worker.protocol import AGENTS_QUEUE
-from worker.settings import WorkerSettings
+from worker.contract.settings import WorkerSettings
+from worker.contract.wire import AGENTS_QUEUE
 
 TOOLQ = str(Path(sys.executable).with_name("toolq"))
 HERE = "one orchestrator process"

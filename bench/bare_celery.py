@@ -12,7 +12,7 @@ from celery import Celery
 from kombu import Queue
 
 from worker.app import celery_config
-from worker.settings import WorkerSettings, get_worker_settings
+from worker.contract.settings import WorkerSettings, get_worker_settings
 
 QUEUE = "bare"
 NOOP_TASK = "bench.bare_noop"
@@ -24,8 +24,8 @@ def noop() -> str:
 
 def create_app(settings: WorkerSettings) -> Celery:
     """A Celery app with toolq's configuration (prefork, prefetch 1, acks_late, JSON) on kombu's
-    own transport: toolq's Redis transport (worker/redis_transport.py) is toolq's code, not
-    Celery's, so the baseline goes without it."""
+    own transport: toolq's Redis transport (worker/contract/runtime/redis_transport.py) is
+    toolq's code, not Celery's, so the baseline goes without it."""
     config: dict[str, Any] = {
         **celery_config(settings),
         "broker_transport": None,

@@ -34,7 +34,7 @@ from bench.procinfo import cpu_seconds, process_tree
 from bench.stack import BareWorker, python_path
 from bench.stats import CaseResult, Comparison
 from bench.throughput import bare_throughput
-from worker.settings import WorkerSettings
+from worker.contract.settings import WorkerSettings
 
 #: The batch's tool calls per second over bare Celery's no-op tasks per second, same run.
 BATCH_GOAL = 0.7

@@ -18,7 +18,7 @@ from api.local.stack import LocalStack
 from bench.procinfo import status_kb
 from bench.round_trip import RUN_ID
 from bench.stats import CaseResult, Comparison
-from worker.settings import WorkerSettings
+from worker.contract.settings import WorkerSettings
 
 GOAL_MB = 64.0
 TIMEOUT_MS = 300_000

@@ -24,7 +24,7 @@ from bench.cost import redis_cpu_seconds
 from bench.procinfo import cpu_seconds
 from bench.stack import python_path, wait_until
 from bench.stats import CaseResult, Comparison
-from worker.settings import WorkerSettings
+from worker.contract.settings import WorkerSettings
 
 TURNS_WITH_TOOLS = 3
 CALLS_PER_TURN = 2

@@ -19,11 +19,11 @@ from pathlib import Path
 
 from bench.stats import CaseResult, Comparison, summarize
 from tests.worker.images.builders import build_image, images_folder, skip_reason
+from worker.contract.uid_range import DEFAULT_UID_RANGE, UidRange
 from worker.images.boxes import Boxes, BoxRecord, BoxSettings
 from worker.images.calls import run_in_box
 from worker.images.fetch import Tools
 from worker.sandbox import SandboxConfig, run_sandboxed
-from worker.sandbox.identity import DEFAULT_UID_RANGE, UidRange
 from worker.tools.factory import prepare_workspace
 
 #: The goal: the first call of a run on a warm cache, container started and command run.

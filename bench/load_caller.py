@@ -23,7 +23,7 @@ from celery.result import ResultSet
 from api.dispatch import Dispatcher
 from bench import bare_celery
 from bench.round_trip import RUN_ID, noop_spec
-from worker.settings import WorkerSettings, get_worker_settings
+from worker.contract.settings import WorkerSettings, get_worker_settings
 
 TOOLQ = "toolq"
 BARE = "bare"

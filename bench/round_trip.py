@@ -25,10 +25,10 @@ from bench import redis_echo
 from bench.noop_plugin import NoopTool
 from bench.stack import TRANSPORT_NOTE, BareWorker, python_path
 from bench.stats import CaseResult, Comparison, summarize
+from worker.contract.settings import WorkerSettings
+from worker.contract.wire import ToolCallRequest, ToolSpec
 from worker.executor import Executor, build_registry
-from worker.protocol import ToolCallRequest, ToolSpec
 from worker.results import ResultStore
-from worker.settings import WorkerSettings
 from worker.tools.registry import ToolRegistry
 
 RUN_ID = "bench"

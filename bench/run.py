@@ -38,7 +38,7 @@ from bench.stats import CaseResult
 from bench.tasks import tasks_case
 from bench.throughput import measure, throughput_case
 from bench.viewer import viewer_case
-from worker.settings import WorkerSettings
+from worker.contract.settings import WorkerSettings
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WATCHDOG_S = 300

@@ -16,7 +16,7 @@ from bench.round_trip import RUN_ID
 from bench.sandbox_cost import pool_timings
 from bench.stack import toolq_workers
 from bench.stats import CaseResult, Comparison, summarize
-from worker.settings import WorkerSettings
+from worker.contract.settings import WorkerSettings
 
 WITHOUT = "run_bash 'true', no control group (TOOLQ_SANDBOX_CGROUP=off), no quota"
 GROUPED = "run_bash 'true', a control group per call, no quota"

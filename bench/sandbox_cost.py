@@ -18,7 +18,7 @@ from bench.round_trip import RUN_ID, WorkersReady
 from bench.sandbox_layers import COMMAND, SHELL_ONLY, LayerTimings
 from bench.sandbox_parts import IN_PROCESS, PAUSE_S, SandboxParts, parts_note
 from bench.stats import CaseResult, Comparison, percentile, summarize
-from worker.settings import WorkerSettings
+from worker.contract.settings import WorkerSettings
 
 OVERHEAD_GOAL_MS = 2.0
 #: run_bash through the pool may cost at most this many bare shells above a no-op round trip.

@@ -33,10 +33,10 @@ from pathlib import Path
 
 from bench.probes import WallProbe
 from bench.sandbox_layers import COMMAND, SHELL_ONLY, TIMEOUT_MS
+from worker.contract.settings import WorkerSettings
 from worker.sandbox import SandboxConfig, SandboxError, run_sandboxed
 from worker.sandbox import launch as launching
 from worker.sandbox import output as pumping
-from worker.settings import WorkerSettings
 
 IN_PROCESS = "run_sandboxed 'true' in process, the pool's configuration"
 PAUSE_S = 0.05

@@ -38,7 +38,7 @@ from api.local.stack import LocalStack, worker_environment
 from bench import load_caller
 from bench.procinfo import cpu_seconds, process_tree, thread_cpu_seconds
 from bench.stack import REPO, START_TIMEOUT_S, BareWorker, private_redis, toolq_workers
-from worker.settings import WorkerSettings
+from worker.contract.settings import WorkerSettings
 
 DEPLOY_TOOLS = REPO / "deploy" / "k8s" / "worker-tools.yaml"
 TOOLQ = "toolq"

@@ -22,7 +22,7 @@ from api.local.stack import worker_environment
 from bench.conversations import scripted_model
 from bench.stack import python_path
 from bench.stats import CaseResult, Comparison, percentile
-from worker.settings import WorkerSettings
+from worker.contract.settings import WorkerSettings
 
 CONCURRENCY = 50
 #: One tool call, then the answer: a conversation as light as a useful one gets.

@@ -18,7 +18,7 @@ from bench.procinfo import process_tree
 from bench.round_trip import RUN_ID, noop_spec
 from bench.stack import TRANSPORT_NOTE, BareWorker
 from bench.stats import CaseResult, Comparison
-from worker.settings import WorkerSettings
+from worker.contract.settings import WorkerSettings
 
 
 async def toolq_throughput(settings: WorkerSettings, calls: int) -> float:

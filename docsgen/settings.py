@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings
 
 from api.settings import OrchestratorSettings
 from docsgen.tables import cell, table
-from worker.settings import ENV_PREFIX, FleetSettings, WorkerSettings
+from worker.contract.settings import ENV_PREFIX, FleetSettings, WorkerSettings
 
 #: Each class with what it is for; each table shows the fields that class adds to the one above.
 SETTINGS_CLASSES: tuple[tuple[type[BaseSettings], str], ...] = (

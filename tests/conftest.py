@@ -28,8 +28,9 @@ from api.local.stack import (
     worker_environment,
 )
 from api.settings import OrchestratorSettings
-from worker.protocol import AGENTS_QUEUE, Pool, ToolCallResult, ToolSpec, keys
-from worker.settings import FleetSettings, WorkerSettings
+from worker.contract.keys import keys
+from worker.contract.settings import FleetSettings, WorkerSettings
+from worker.contract.wire import AGENTS_QUEUE, Pool, ToolCallResult, ToolSpec
 
 if TYPE_CHECKING:
     from api.scripted.server import ScriptedServer

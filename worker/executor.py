@@ -14,18 +14,19 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from worker.capping import cap_text
-from worker.images.errors import EnvironmentLost
+from worker.contract.image_errors import EnvironmentLost
+from worker.contract.keys import keys
+from worker.contract.limits import cap_text
+from worker.contract.runtime.log_context import log_context
+from worker.contract.settings import WorkerSettings
+from worker.contract.wire import POOLS, Pool, ToolCallRequest, ToolCallResult
 from worker.images.service import image_tools
-from worker.log_context import log_context
 from worker.mcp.hosting import hosted_tools
-from worker.protocol import POOLS, Pool, ToolCallRequest, ToolCallResult, keys
 from worker.quota import WorkspaceQuota
 from worker.results import PendingBegin, ResultStore
 from worker.retention import WorkspaceGone, hold
 from worker.sandbox import SandboxConfig, SandboxError
 from worker.sandbox.identity import IdentityError
-from worker.settings import WorkerSettings
 from worker.tools.factory import create_fleet_tool_registry, prepare_workspace
 from worker.tools.interface import ExecutableTool
 from worker.tools.registry import ToolRegistry

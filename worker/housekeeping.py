@@ -10,13 +10,13 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from worker.contract.settings import WorkerSettings
+from worker.contract.wire import SandboxLimits, WorkerLimits
 from worker.images.pinning import sweep_now as sweep_boxes_now
-from worker.protocol import SandboxLimits, WorkerLimits
 from worker.quota import WorkspaceQuota
 from worker.retention import empty_trash, prune
 from worker.sandbox import SandboxConfig, SandboxError, sweep_orphans
 from worker.sandbox.plan import plan_for
-from worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 #: How often the commands of dead worker processes are looked for. A worker process that dies

@@ -17,8 +17,9 @@ import redis
 from redis.commands.core import Script
 from redis.connection import Connection
 
-from worker.protocol import ToolCallResult, keys, read_start_mark, start_mark
-from worker.store_refusals import REFUSED_WRITES, until_deadline
+from worker.contract.keys import keys
+from worker.contract.runtime.store_refusals import REFUSED_WRITES, until_deadline
+from worker.contract.wire import ToolCallResult, read_start_mark, start_mark
 
 log = logging.getLogger(__name__)
 #: Values not the call's own a worker replaces at its result key before it gives up: each try is

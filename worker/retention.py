@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker.protocol import RUN_ID_PATTERN
+from worker.contract.wire import RUN_ID_PATTERN
 from worker.quota import STATE_DIR, WorkspaceQuota, measure
 from worker.sandbox.identity import release
 from worker.sandbox.volumes import release_volume

@@ -30,20 +30,21 @@ from celery.signals import (
 )
 
 from worker.app import app
-from worker.celery_guard import ValidatedRequest
+from worker.contract.runtime.celery_guard import ValidatedRequest
+from worker.contract.runtime.heartbeat import Heartbeat
+from worker.contract.runtime.lifeline import VITALS, consumer_lost
+from worker.contract.runtime.log_context import show_ids
+from worker.contract.settings import get_worker_settings
+from worker.contract.wire import POOLS, TASK_NAME, Pool, ToolCallResult
 from worker.executor import Executor, NotRunHere
 from worker.housekeeping import Housekeeping, worker_limits
 from worker.images.owner import pool_of_queue
 from worker.images.pinning import serve_own_queue
-from worker.lifeline import VITALS, consumer_lost
-from worker.log_context import show_ids
-from worker.manifest import Heartbeat, fleet_tool_specs
+from worker.manifest import fleet_tool_specs
 from worker.mcp.hosting import McpUnavailableError, start_hosting, stop_hosting
 from worker.mcp.hosting import unavailable as hosted_unavailable
-from worker.protocol import POOLS, TASK_NAME, Pool, ToolCallResult
 from worker.results import ResultStore
 from worker.sandbox import SandboxConfig, SandboxError, sweep_orphans
-from worker.settings import get_worker_settings
 
 log = logging.getLogger(__name__)
 #: The exit status of a sandbox worker that refuses to start because its runs would share a uid.

@@ -10,9 +10,9 @@ from kombu import Queue
 
 from api.fleet import AGENTS_UNACKED_HASH
 from api.settings import OrchestratorSettings, get_settings
-from worker.lifeline import serve_or_exit
-from worker.protocol import AGENTS_QUEUE
-from worker.redis_transport import transport_setting
+from worker.contract.runtime.lifeline import serve_or_exit
+from worker.contract.runtime.redis_transport import transport_setting
+from worker.contract.wire import AGENTS_QUEUE
 
 #: Seconds a conversation's message stays unacknowledged past its time limit before the Redis
 #: transport hands it out again (its caller will have sent it again long before).

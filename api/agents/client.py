@@ -47,8 +47,9 @@ from api.broker import producer_app
 from api.fleet import queue_depths
 from api.replies import read_replies
 from api.settings import OrchestratorSettings
-from worker.manifest import HEARTBEAT_TTL_S
-from worker.protocol import AGENTS_QUEUE, keys
+from worker.contract.keys import keys
+from worker.contract.runtime.heartbeat import HEARTBEAT_TTL_S
+from worker.contract.wire import AGENTS_QUEUE
 
 log = logging.getLogger(__name__)
 

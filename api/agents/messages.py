@@ -10,8 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from worker.protocol import RUN_ID_PATTERN
-from worker.protocol import keys as fleet_keys
+from worker.contract.keys import keys as fleet_keys
+from worker.contract.wire import RUN_ID_PATTERN
 
 #: The one Celery task a conversation is.
 CONVERSATION_TASK = "toolq.run_conversation"

@@ -18,9 +18,9 @@ from api.agents.app import app
 from api.agents.host import ConversationHost
 from api.agents.messages import CONVERSATION_TASK
 from api.settings import get_settings
-from worker.celery_guard import ValidatedRequest
-from worker.manifest import Heartbeat
-from worker.protocol import AGENTS_QUEUE
+from worker.contract.runtime.celery_guard import ValidatedRequest
+from worker.contract.runtime.heartbeat import Heartbeat
+from worker.contract.wire import AGENTS_QUEUE
 
 log = logging.getLogger(__name__)
 _hosts: dict[int, ConversationHost] = {}

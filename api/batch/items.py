@@ -29,15 +29,15 @@ from pydantic import (
 
 from api.images.fields import ImageFields
 from api.settings import OrchestratorSettings
-from worker.deadlines import REPORT_MARGIN_MS
-from worker.protocol import glob_segments
+from worker.contract.deadlines import REPORT_MARGIN_MS
+from worker.contract.wire import glob_segments
 
 log = logging.getLogger(__name__)
 
 #: A set-up or check command's time limit when the item gives none (seconds).
 DEFAULT_COMMAND_TIMEOUT_S = 300.0
 #: What a command's call needs beyond the command's own limit to report how it ended: the
-#: call's limit is the command's plus this (worker.deadlines).
+#: call's limit is the command's plus this (worker.contract.deadlines).
 REPORT_MARGIN_S = REPORT_MARGIN_MS / 1000
 
 

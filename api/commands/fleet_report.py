@@ -16,8 +16,7 @@ from api.commands.conversation import EXIT_FAILED, say_error
 from api.fleet import Fleet, calls_in_flight, load_fleet, queue_depths
 from api.local.stack import LocalStackError, fleet_for
 from api.settings import get_settings
-from worker.protocol import AGENTS_QUEUE, POOLS, WorkerInfo
-from worker.sandbox import LAYER_RUN_UID
+from worker.contract.wire import AGENTS_QUEUE, LAYER_RUN_UID, POOLS, WorkerInfo
 
 #: Wider than any table toolq prints: how wide a table would be if nothing bounded it.
 UNBOUNDED_WIDTH = 100_000

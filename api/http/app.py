@@ -46,7 +46,7 @@ from api.http.viewer.tickets import StreamTickets
 from api.http.viewer.viewer import Viewer
 from api.llm import ChatModel, ModelError
 from api.settings import OrchestratorSettings, get_settings
-from worker.protocol import AGENTS_QUEUE, POOLS
+from worker.contract.wire import AGENTS_QUEUE, POOLS
 
 if TYPE_CHECKING:
     from api.mcp.http import McpEndpoint

@@ -170,7 +170,7 @@ class ApiMetrics:
         self, name: str, is_error: bool, error_kind: str | None, duration_ms: float
     ) -> None:
         tool = name if name in self._tools else UNKNOWN_TOOL
-        # Error kinds are a fixed set (worker/protocol.py ErrorKind): the label stays bounded.
+        # Error kinds are a fixed set (worker/contract/wire.py ErrorKind): the label stays bounded.
         outcome = (error_kind or "error") if is_error else "ok"
         self.tool_calls.labels(tool=tool, outcome=outcome).inc()
         refused = is_error and error_kind in REFUSED_KINDS

@@ -30,7 +30,7 @@ from api.settings import OrchestratorSettings
 TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")
 #: The shortest token a tokens file may give: shorter ones can be guessed.
 MIN_TOKEN_CHARS = 16
-#: The longest run_id the workers take (``worker.protocol.RUN_ID_PATTERN``).
+#: The longest run_id the workers take (``worker.contract.wire.RUN_ID_PATTERN``).
 RUN_ID_CHARS = 128
 #: Hex digits of a digest that stand for the end of a run_id too long to keep whole.
 DIGEST_CHARS = 16

@@ -9,8 +9,12 @@ from typing import Annotated
 
 from pydantic import BaseModel, Field, StrictBool, field_validator
 
-from worker.images.errors import ImageError
-from worker.images.reference import IMAGE_REFERENCE_PATTERN, MAX_REFERENCE_CHARS, parse_reference
+from worker.contract.image_errors import ImageError
+from worker.contract.image_reference import (
+    IMAGE_REFERENCE_PATTERN,
+    MAX_REFERENCE_CHARS,
+    parse_reference,
+)
 
 #: A user as an image's ``User`` names one: a name or uid, with ``:group`` or ``:gid``.
 USER_PATTERN = r"^[^\x00-\x20\x7f:]+(?::[^\x00-\x20\x7f:]+)?$"

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from worker.protocol import ToolCallRequest, ToolCallResult, keys
+from worker.contract.keys import keys
+from worker.contract.wire import ToolCallRequest, ToolCallResult
 
 #: The pool whose calls a pin redirects: only commands run in the container.
 PINNED_POOL = "sandbox"

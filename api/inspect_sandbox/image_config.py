@@ -16,8 +16,8 @@ import yaml
 from inspect_ai.util import SandboxEnvironmentConfigType
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from worker.images.errors import ImageError
-from worker.images.reference import parse_reference
+from worker.contract.image_errors import ImageError
+from worker.contract.image_reference import parse_reference
 
 #: The configuration files ``toolq`` looks for beside a task, first found first.
 CONFIG_FILES = ("toolq.yaml", "toolq.yml", "toolq.json")

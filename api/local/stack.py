@@ -28,8 +28,9 @@ import redis
 from api.local.children import spawn
 from api.local.leftovers import FOLDER_PREFIX, StackRecorder, clear_leftovers
 from api.settings import OrchestratorSettings
-from worker.protocol import AGENTS_QUEUE, POOLS, keys
-from worker.settings import WorkerSettings, get_worker_settings
+from worker.contract.keys import keys
+from worker.contract.settings import WorkerSettings, get_worker_settings
+from worker.contract.wire import AGENTS_QUEUE, POOLS
 
 START_TIMEOUT_S = 60.0
 SUPERVISE_INTERVAL_S = 0.5

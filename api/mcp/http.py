@@ -33,8 +33,8 @@ from api.mcp.server import (
 )
 from api.run_workspace import calls_end_within_s
 from api.settings import OrchestratorSettings
-from worker.images.errors import ImageError
-from worker.images.reference import parse_reference
+from worker.contract.image_errors import ImageError
+from worker.contract.image_reference import parse_reference
 
 #: Without a token the API listens on loopback only; a web page must not reach it by a name
 #: that resolves there (DNS rebinding), so only loopback Host headers are served.

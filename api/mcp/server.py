@@ -30,7 +30,7 @@ from api.images.environment import ImageUnavailable, RunEnvironment
 from api.logs import log_context
 from api.run_tools import RunTools
 from api.run_workspace import FileProblemError, RunWorkspace, ServiceCallError
-from worker.protocol import ToolContextSnapshot
+from worker.contract.wire import ToolContextSnapshot
 
 log = logging.getLogger(__name__)
 

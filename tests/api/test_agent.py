@@ -20,7 +20,7 @@ from api.scripted.script import Script
 from api.scripted.server import ScriptedServer
 from api.settings import get_settings
 from tests.conftest import WorkerFleet, orchestrator_settings, wait_for
-from worker.settings import get_worker_settings
+from worker.contract.settings import get_worker_settings
 from worker.tools.functions import tool
 from worker.tools.interface import ExecutableTool
 from worker.tools.registry import DuplicateToolError

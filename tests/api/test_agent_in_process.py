@@ -17,7 +17,7 @@ from api.agent import Agent, AgentOptions
 from api.scripted.script import Script
 from api.scripted.server import ScriptedServer
 from api.settings import OrchestratorSettings
-from worker.settings import WorkerSettings
+from worker.contract.settings import WorkerSettings
 from worker.tools.functions import tool
 
 

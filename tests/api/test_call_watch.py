@@ -24,10 +24,11 @@ from api.dispatch import Dispatcher
 from api.fleet import UNACKED_HASH
 from api.local.stack import free_port
 from tests.conftest import RedisServer, WorkerFleet, fleet_settings, tool_spec
+from worker.contract.keys import keys
+from worker.contract.settings import WorkerSettings
+from worker.contract.wire import ToolCallRequest, ToolCallResult, start_mark
 from worker.executor import Executor
-from worker.protocol import ToolCallRequest, ToolCallResult, keys, start_mark
 from worker.results import ResultStore
-from worker.settings import WorkerSettings
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,7 @@ from api.connections import FleetUnreachableError, check_connections
 from api.local.stack import free_port, redis_server_argv
 from tests.conftest import RedisServer, wait_for
 from tests.rabbitmq import AMQP_URL, require_rabbitmq, with_wrong_password
-from worker.settings import FleetSettings
+from worker.contract.settings import FleetSettings
 
 CHECK_LOGIN = "check the user name and password in the URL"
 #: The checks' time limit where an answer is expected: a refusal told before it ran out was

@@ -15,7 +15,7 @@ from api.dispatch import Dispatcher
 from tests.conftest import Caller, RedisServer, WorkerFleet, fleet_settings, wait_for
 from tests.rabbitmq import AMQP_URL, require_rabbitmq
 from worker.app import create_celery_app
-from worker.protocol import POOLS
+from worker.contract.wire import POOLS
 
 pytestmark = pytest.mark.integration
 

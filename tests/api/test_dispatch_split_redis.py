@@ -16,7 +16,8 @@ import redis
 from api.dispatch import Dispatcher
 from api.fleet import UNACKED_HASH, queue_depths
 from tests.conftest import Caller, RedisServer, WorkerFleet, fleet_settings
-from worker.protocol import POOLS, keys
+from worker.contract.keys import keys
+from worker.contract.wire import POOLS
 
 pytestmark = pytest.mark.integration
 

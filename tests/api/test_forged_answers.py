@@ -22,7 +22,8 @@ from api.llm import ChatModel, RetryPolicy
 from api.scripted.script import Script
 from api.scripted.server import ScriptedServer
 from tests.conftest import WorkerFleet, orchestrator_settings
-from worker.protocol import ToolCallResult, keys
+from worker.contract.keys import keys
+from worker.contract.wire import ToolCallResult
 
 pytestmark = pytest.mark.integration
 

@@ -10,8 +10,8 @@ import pytest
 from api.dispatch import Dispatcher
 from api.remote_tool import RemoteTool
 from tests.conftest import tool_spec
-from worker.protocol import ToolCallRequest, ToolCallResult, ToolContextSnapshot
-from worker.settings import FleetSettings
+from worker.contract.settings import FleetSettings
+from worker.contract.wire import ToolCallRequest, ToolCallResult, ToolContextSnapshot
 from worker.tools.registry import ToolRegistry
 
 RUN_BASH = tool_spec(

@@ -23,9 +23,9 @@ from celery.app.utils import find_app
 
 from api.settings import OrchestratorSettings
 from tests.deploy import deployfiles as files
-from worker.protocol import AGENTS_QUEUE, POOLS
-from worker.settings import WorkerSettings
-from worker.settings_check import known_variables
+from worker.contract.settings import WorkerSettings
+from worker.contract.settings_check import known_variables
+from worker.contract.wire import AGENTS_QUEUE, POOLS
 
 K8S_VERSION = "1.30"
 SANDBOX = "worker-sandbox"

@@ -17,7 +17,7 @@ import typer
 from api.cli import app
 from api.settings import OrchestratorSettings
 from docsgen import cli, http, pages, settings
-from worker.settings import FleetSettings, WorkerSettings
+from worker.contract.settings import FleetSettings, WorkerSettings
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -28,8 +28,8 @@ from api.local.stack import worker_argv, worker_environment
 from tests.conftest import RedisServer, fleet_settings, scripted_server, wait_for
 from tests.e2e.test_batch_cli import run_batch, write_items
 from tests.results_file import finished_records as records
-from worker.protocol import POOLS
-from worker.settings import WorkerSettings
+from worker.contract.settings import WorkerSettings
+from worker.contract.wire import POOLS
 
 pytestmark = [
     pytest.mark.e2e,

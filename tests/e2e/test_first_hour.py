@@ -23,7 +23,7 @@ from tests.conftest import WorkerFleet
 from tests.e2e.commands import Ran, clean_env, run_command, toolq
 from tests.rabbitmq import require_rabbitmq, with_wrong_password
 from tests.results_file import finished_records
-from worker.protocol import ToolSpec
+from worker.contract.wire import ToolSpec
 
 pytestmark = pytest.mark.e2e
 

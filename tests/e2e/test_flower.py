@@ -26,7 +26,7 @@ from api.scripted.server import ScriptedServer
 from tests.conftest import REPO, RedisServer, fleet_settings, tool_spec, wait_for
 from tests.e2e.commands import TOOLQ, clean_env
 from tests.results_file import finished_records
-from worker.settings import WorkerSettings
+from worker.contract.settings import WorkerSettings
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

@@ -22,7 +22,7 @@ from api.run_workspace import RunWorkspace, ServiceCallError
 from tests.conftest import WorkerFleet, wait_for
 from tests.worker.images.builders import Images, built_or_skip
 from tests.worker.images.builders import image_fleet as fleet_of_images
-from worker.protocol import keys
+from worker.contract.keys import keys
 
 pytestmark = pytest.mark.e2e
 

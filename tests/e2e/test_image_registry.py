@@ -30,9 +30,9 @@ from tests.e2e.test_batch_images import OS_RELEASE, env_for
 from tests.results_file import finished_records
 from tests.worker.images.builders import Images, built_or_skip
 from tests.worker.images.builders import image_fleet as fleet_of_images
-from worker.images.errors import ImageError
+from worker.contract.image_errors import ImageError
+from worker.contract.image_reference import parse_reference
 from worker.images.fetch import Tools
-from worker.images.reference import parse_reference
 
 pytestmark = pytest.mark.e2e
 

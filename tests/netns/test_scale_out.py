@@ -27,8 +27,9 @@ from api.local.stack import redis_server_binary, worker_environment
 from tests.conftest import REPO, fleet_settings, wait_for
 from tests.netns.hosts import Host, Network, Started, netns_unavailable
 from tests.results_file import finished_records
-from worker.protocol import AGENTS_QUEUE, keys
-from worker.settings import WorkerSettings
+from worker.contract.keys import keys
+from worker.contract.settings import WorkerSettings
+from worker.contract.wire import AGENTS_QUEUE
 
 pytestmark = [pytest.mark.netns, pytest.mark.integration]
 

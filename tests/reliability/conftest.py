@@ -16,7 +16,7 @@ import pytest
 from api.local.stack import LocalStack
 from tests.conftest import REPO, RedisServer, WorkerFleet, fleet_settings
 from tests.reliability.report import Outcome, Report, Row, machine_header
-from worker.settings import WorkerSettings
+from worker.contract.settings import WorkerSettings
 
 #: The committed copy, refreshed by `make reliability-report`; `make test` leaves it alone.
 COMMITTED_REPORT = REPO / "docs" / "RELIABILITY.md"

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from api.local.stack import redis_server_binary
+from worker.contract.uid_range import DEFAULT_UID_RANGE, UidRange
 from worker.sandbox import SandboxConfig, SandboxError, describe_isolation
-from worker.sandbox.identity import DEFAULT_UID_RANGE, UidRange
 
 #: The order of the report's sections; a row's category must be one of these.
 CATEGORIES = ("Faults", "Bad input", "Isolation", "HTTP API bad input")

@@ -30,7 +30,7 @@ from tests.reliability.conftest import Stack, start_stack
 from tests.reliability.report import Counts, Report, Row
 from tests.traversal import NUL_PATH_CALLS, outside_targets
 from tests.worker.tools.conftest import MARKER, SECRET, Layout, make_layout
-from worker.protocol import ToolCallResult
+from worker.contract.wire import ToolCallResult
 
 pytestmark = pytest.mark.integration
 

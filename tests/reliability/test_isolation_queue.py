@@ -26,7 +26,7 @@ from api.dispatch import Dispatcher
 from tests.conftest import Caller, wait_for
 from tests.reliability.conftest import Stack, alive, find_process, processes, start_stack
 from tests.reliability.report import Counts, Report
-from worker.protocol import ToolCallResult
+from worker.contract.wire import ToolCallResult
 from worker.sandbox import LAYER_PID_NS, SandboxConfig, describe_isolation
 
 pytestmark = pytest.mark.integration

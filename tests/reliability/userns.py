@@ -26,9 +26,10 @@ import redis
 from api.local.stack import worker_argv, worker_environment
 from tests.conftest import REPO, RedisServer, WorkerFleet, fleet_settings, wait_for
 from tests.reliability.conftest import Stack, variables_set
-from worker.protocol import POOLS, keys
-from worker.sandbox.identity import DEFAULT_UID_RANGE, UidRange
-from worker.settings import WorkerSettings
+from worker.contract.keys import keys
+from worker.contract.settings import WorkerSettings
+from worker.contract.uid_range import DEFAULT_UID_RANGE, UidRange
+from worker.contract.wire import POOLS
 
 #: The host uid the namespace's root is.
 OUTER_ROOT = 1_990_000_000

@@ -15,7 +15,7 @@ from typing import Any
 import fakeredis
 import pytest
 
-from worker.protocol import ToolCallResult
+from worker.contract.wire import ToolCallResult
 from worker.sandbox import SandboxConfig, SandboxError, describe_isolation
 
 #: The built-in tools, in the order a worker registers and publishes them.

@@ -14,11 +14,12 @@ import pytest
 
 from api.dispatch import Dispatcher
 from tests.worker.conftest import REPLY, replies, request
-from worker.capping import cap_text
+from worker.contract.keys import keys
+from worker.contract.limits import cap_text
+from worker.contract.settings import WorkerSettings
+from worker.contract.wire import ToolSpec
 from worker.executor import Executor
-from worker.protocol import ToolSpec, keys
 from worker.results import ResultStore
-from worker.settings import WorkerSettings
 
 
 @pytest.fixture

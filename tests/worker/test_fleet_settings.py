@@ -16,12 +16,12 @@ import redis
 from api.dispatch import Dispatcher
 from tests.conftest import Caller, RedisServer, WorkerFleet, fleet_settings
 from tests.worker.conftest import request
-from worker.capping import DEFAULT_OUTPUT_CAP_BYTES
+from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES
+from worker.contract.settings import WorkerSettings
+from worker.contract.wire import ToolCallResult
 from worker.executor import Executor
 from worker.manifest import fleet_tool_specs
-from worker.protocol import ToolCallResult
 from worker.results import ResultStore
-from worker.settings import WorkerSettings
 
 LOW_CAP = 1_000
 HIGH_CAP = 200_000

@@ -10,12 +10,12 @@ import pytest
 import redis
 
 from tests.conftest import RedisServer, wait_for
-from worker import manifest
 from worker.app import create_celery_app
-from worker.lifeline import STALE_AFTER_S, ConsumerVitals, LoopTurns, ServingWorker
-from worker.manifest import Heartbeat
-from worker.protocol import keys
-from worker.settings import WorkerSettings
+from worker.contract.keys import keys
+from worker.contract.runtime import heartbeat
+from worker.contract.runtime.heartbeat import Heartbeat
+from worker.contract.runtime.lifeline import STALE_AFTER_S, ConsumerVitals, LoopTurns, ServingWorker
+from worker.contract.settings import WorkerSettings
 
 
 class Clock:
@@ -64,7 +64,7 @@ def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
 def test_a_heartbeat_beats_only_while_the_worker_serves(
     client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(manifest, "HEARTBEAT_INTERVAL_S", 0.02)
+    monkeypatch.setattr(heartbeat, "HEARTBEAT_INTERVAL_S", 0.02)
     serves = threading.Event()
     refused = threading.Semaphore(0)
 

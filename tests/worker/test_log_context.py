@@ -5,14 +5,14 @@ from __future__ import annotations
 import io
 import logging
 
-from worker.log_context import log_context, show_ids
+from worker.contract.runtime.log_context import log_context, show_ids
 
 
 def test_lines_written_during_a_call_carry_its_ids_after_the_first_line() -> None:
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
     handler.setFormatter(logging.Formatter("%(levelname)s/%(processName)s %(message)s"))
-    logger = logging.getLogger("test.worker.log_context")
+    logger = logging.getLogger("test.worker.contract.runtime.log_context")
     logger.addHandler(handler)
     logger.propagate = False
     # Its own level, whatever earlier tests did to the root logger's (or disabled).

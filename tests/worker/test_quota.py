@@ -11,11 +11,11 @@ import fakeredis
 import pytest
 
 from tests.worker.conftest import request
+from worker.contract.settings import WorkerSettings
+from worker.contract.wire import ToolCallResult
 from worker.executor import Executor
-from worker.protocol import ToolCallResult
 from worker.quota import WorkspaceQuota, measure
 from worker.results import ResultStore
-from worker.settings import WorkerSettings
 
 QUOTA = 64 * 1024
 

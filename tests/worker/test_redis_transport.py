@@ -17,8 +17,8 @@ from api.broker import producer_app, producer_config
 from api.settings import OrchestratorSettings
 from tests.conftest import RedisServer
 from worker.app import celery_config, create_celery_app
-from worker.redis_transport import TRANSPORT, Channel, Transport, transport_setting
-from worker.settings import WorkerSettings
+from worker.contract.runtime.redis_transport import TRANSPORT, Channel, Transport, transport_setting
+from worker.contract.settings import WorkerSettings
 
 MESSAGES = 200
 

@@ -12,12 +12,12 @@ import fakeredis
 import pytest
 
 from tests.worker.conftest import request
+from worker.contract.settings import WorkerSettings
 from worker.executor import Executor
 from worker.housekeeping import Housekeeping
 from worker.quota import WorkspaceQuota
 from worker.results import ResultStore
 from worker.retention import WorkspaceGone, empty_trash, hold, prune
-from worker.settings import WorkerSettings
 
 DAY = 86_400.0
 

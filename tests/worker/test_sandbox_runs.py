@@ -17,7 +17,9 @@ import redis
 from api.dispatch import Dispatcher
 from api.local.stack import worker_argv, worker_environment
 from tests.conftest import Caller, RedisServer, WorkerFleet, fleet_settings, wait_for
-from worker.protocol import keys
+from worker.contract.keys import keys
+from worker.contract.uid_range import DEFAULT_UID_RANGE, UidRange
+from worker.contract.wire import LAYER_RUN_UID
 from worker.retention import prune
 from worker.sandbox import (
     SandboxConfig,
@@ -26,9 +28,9 @@ from worker.sandbox import (
     describe_isolation,
     run_sandboxed,
 )
-from worker.sandbox.identity import DEFAULT_UID_RANGE, IdentityError, UidRange, identity_of
+from worker.sandbox.identity import IdentityError, identity_of
 from worker.sandbox.launch import launcher
-from worker.sandbox.plan import LAYER_PRIVATE_TMP, LAYER_QUOTA_FS, LAYER_RUN_UID, LAYER_TMP_CLEANED
+from worker.sandbox.plan import LAYER_PRIVATE_TMP, LAYER_QUOTA_FS, LAYER_TMP_CLEANED
 from worker.sandbox.volumes import volumes_unavailable
 from worker.tasks import EXIT_CANNOT_ISOLATE
 from worker.tools.factory import prepare_workspace

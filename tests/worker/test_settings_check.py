@@ -9,20 +9,20 @@ import pytest
 from pydantic import ValidationError
 
 from api.settings import OrchestratorSettings
-from worker.sandbox.config import MARKER_VARIABLE
-from worker.settings import (
+from worker.contract.settings import (
     ORCHESTRATOR_ONLY_FIELDS,
     OTHER_VARIABLES,
     FleetSettings,
     WorkerSettings,
 )
-from worker.settings_check import (
+from worker.contract.settings_check import (
     SettingsError,
     checked_worker_settings,
     known_variables,
     unknown_variables,
     validation_problems,
 )
+from worker.sandbox.config import MARKER_VARIABLE
 
 KNOWN = known_variables([WorkerSettings, OrchestratorSettings])
 

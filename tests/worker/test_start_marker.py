@@ -11,7 +11,8 @@ import pytest
 import redis
 
 from tests.conftest import RedisServer
-from worker.protocol import ToolCallResult, keys
+from worker.contract.keys import keys
+from worker.contract.wire import ToolCallResult
 from worker.results import ResultStore
 
 WORKER = "marker-test:1"

@@ -16,9 +16,10 @@ import redis
 from redis.exceptions import OutOfMemoryError, ResponseError
 
 from tests.conftest import RedisServer, wait_for
-from worker.protocol import ToolCallResult, keys
+from worker.contract.keys import keys
+from worker.contract.runtime.store_refusals import until_deadline
+from worker.contract.wire import ToolCallResult
 from worker.results import Begin, ResultStore
-from worker.store_refusals import until_deadline
 
 REPLY = "toolq:reply:refusals"
 WORKER = "refusals-test:1"

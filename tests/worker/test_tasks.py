@@ -18,11 +18,12 @@ from celery.exceptions import InvalidTaskError, TimeLimitExceeded
 from tests.worker.conftest import replies, request
 from worker import tasks
 from worker.app import app
-from worker.celery_guard import ValidatedRequest
+from worker.contract.keys import keys
+from worker.contract.runtime.celery_guard import ValidatedRequest
+from worker.contract.settings import WorkerSettings
+from worker.contract.wire import TASK_NAME, ToolCallResult, start_mark
 from worker.executor import Executor
-from worker.protocol import TASK_NAME, ToolCallResult, keys, start_mark
 from worker.results import ResultStore
-from worker.settings import WorkerSettings
 
 
 @pytest.fixture

@@ -26,8 +26,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from worker.contract.image_errors import EnvironmentLost, ImageError
+from worker.contract.image_reference import parse_reference
 from worker.images.cache import CachedImage, ImageCache
-from worker.images.errors import EnvironmentLost, ImageError
 from worker.images.fetch import Tools
 from worker.images.group import BoxGroup, swap_accounted
 from worker.images.inside import (
@@ -40,7 +41,6 @@ from worker.images.inside import (
 from worker.images.loopback import loopback_up
 from worker.images.mounts import MountError, host_id, mount_rootfs, remove_bundle
 from worker.images.owner import Owner, current_owner, process_alive
-from worker.images.reference import parse_reference
 from worker.images.rootfs import resolve_in_root
 from worker.images.runtime import OciRuntime, RuntimeFailed
 from worker.images.seed import seed_workspace

@@ -28,9 +28,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from worker.images.errors import ImageError
+from worker.contract.image_errors import ImageError
+from worker.contract.image_reference import ImageReference
 from worker.images.fetch import Tools, image_config
-from worker.images.reference import ImageReference
 from worker.images.rootfs import has_shell
 
 #: Between two looks at a lock another process holds.

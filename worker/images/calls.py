@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
+from worker.contract.image_errors import EnvironmentLost
 from worker.images.boxes import Boxes, BoxRecord, box_group
-from worker.images.errors import EnvironmentLost
 from worker.images.group import BoxGroup
 from worker.images.runtime import OciRuntime
 from worker.images.spec import merged_env, process_config

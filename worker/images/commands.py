@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from worker.contract.image_errors import EnvironmentLost, ImageError
 from worker.images.calls import run_in_box
-from worker.images.errors import EnvironmentLost, ImageError
 from worker.images.here import worker_boxes
 from worker.sandbox import SandboxConfig, SandboxResult, run_sandboxed
 from worker.tools.runtime import current_environment

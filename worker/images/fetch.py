@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from worker.images.errors import ImageError
-from worker.images.reference import ImageReference
+from worker.contract.image_errors import ImageError
+from worker.contract.image_reference import ImageReference
 
 #: The tag an image has in the layout it is copied into.
 LAYOUT_TAG = "image"

@@ -5,12 +5,12 @@ from __future__ import annotations
 import functools
 import os
 
+from worker.contract.image_errors import ImageError
+from worker.contract.settings import WorkerSettings, get_worker_settings
+from worker.contract.uid_range import UidRange
 from worker.images.boxes import Boxes, BoxSettings
-from worker.images.errors import ImageError
 from worker.images.fetch import Tools
 from worker.images.spec import CONTAINER_IDS
-from worker.sandbox.identity import UidRange
-from worker.settings import WorkerSettings, get_worker_settings
 
 
 def box_settings(settings: WorkerSettings) -> BoxSettings:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from worker.protocol import Pool
+from worker.contract.wire import Pool
 
 #: A sandbox worker's own queue is this prefix and its node name.
 PINNED_PREFIX = "sandbox."

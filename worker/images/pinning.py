@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from worker.images.errors import ImageError
+from worker.contract.image_errors import ImageError
 from worker.images.here import worker_boxes
 from worker.images.owner import pinned_queue, set_worker
 from worker.images.sweep import sweep_boxes

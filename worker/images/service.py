@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from worker.images.errors import ImageError
+from worker.contract.image_errors import ImageError
 from worker.images.here import worker_boxes
 from worker.tools.interface import ExecutableTool, ToolArgs
 from worker.tools.runtime import current_runtime

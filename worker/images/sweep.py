@@ -12,8 +12,8 @@ import shutil
 import time
 from pathlib import Path
 
+from worker.contract.image_errors import ImageError
 from worker.images.boxes import Boxes, BoxRecord, group_path
-from worker.images.errors import ImageError
 from worker.images.group import BoxGroup
 from worker.images.mounts import remove_bundle
 from worker.images.owner import process_alive

@@ -24,7 +24,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from mcp_types import CONNECTION_CLOSED
 
-from worker.mcp.config import McpServerConfig
+from worker.contract.mcp_servers import McpServerConfig
 
 log = logging.getLogger(__name__)
 

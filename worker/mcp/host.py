@@ -18,7 +18,7 @@ from typing import Any
 
 import mcp_types as types
 
-from worker.mcp.config import McpServerConfig
+from worker.contract.mcp_servers import McpServerConfig
 from worker.mcp.connection import START_TIMEOUT_S, ServerConnection
 
 log = logging.getLogger(__name__)

@@ -12,9 +12,9 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from worker.mcp.config import McpServerConfig, load_servers
-from worker.protocol import Pool
-from worker.settings import WorkerSettings
+from worker.contract.mcp_servers import McpServerConfig, load_servers
+from worker.contract.settings import WorkerSettings
+from worker.contract.wire import Pool
 from worker.tools.interface import ExecutableTool
 
 if TYPE_CHECKING:

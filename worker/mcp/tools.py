@@ -9,7 +9,7 @@ from typing import Any
 
 import mcp_types as types
 
-from worker.mcp.config import McpServerConfig
+from worker.contract.mcp_servers import McpServerConfig
 from worker.mcp.host import McpHost
 from worker.tools.functions import tool
 from worker.tools.interface import ExecutableTool

@@ -23,6 +23,7 @@ alone answer before its namespace ends), ``result`` (what a run tells and what i
 ``sweep`` (finding what dead worker processes left), and ``run`` (one command from start to end).
 """
 
+from worker.contract.wire import LAYER_RUN_UID
 from worker.sandbox.config import (
     MARKER_VARIABLE,
     SAFE_PATH,
@@ -40,7 +41,6 @@ from worker.sandbox.plan import (
     LAYER_PROCESS_GROUP,
     LAYER_QUOTA_FS,
     LAYER_RLIMITS,
-    LAYER_RUN_UID,
     LAYER_TMP_CLEANED,
     LAYER_USER_NS,
     describe_isolation,

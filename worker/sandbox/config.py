@@ -10,11 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, get_args
 
-from worker.capping import DEFAULT_OUTPUT_CAP_BYTES
-from worker.sandbox.identity import UidRange, identity_of, make_run_tmp
+from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES
+from worker.contract.uid_range import UidRange
+from worker.sandbox.identity import identity_of, make_run_tmp
 
 if TYPE_CHECKING:
-    from worker.settings import WorkerSettings
+    from worker.contract.settings import WorkerSettings
 
 Isolation = Literal["auto", "namespaces", "process"]
 #: Which control groups run_bash may use: ``auto`` takes each job (killing, CPU accounting, the

@@ -17,10 +17,10 @@ import contextlib
 import errno
 import hashlib
 import os
-import re
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
+
+from worker.contract.uid_range import UidRange
 
 #: Folder beside the run workspaces for toolq's own state (as ``worker.quota.STATE_DIR``).
 STATE_DIR = ".toolq"
@@ -29,49 +29,12 @@ TMP = "tmp"
 #: The host's folders every uid can write: without a mount namespace, what a run's uid left at
 #: their top is removed with the run's workspace.
 SHARED_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm")
-#: The default range: high enough to be nobody's on an ordinary host, and below the 2^31 that
-#: some tools still treat as signed.
-DEFAULT_UID_RANGE = "2000000000-2000999999"
-_RANGE = re.compile(r"\s*(\d+)\s*-\s*(\d+)\s*")
 #: The most claims looked at before the range is called full: probing is linear from the hash.
 _PROBES = 4096
 
 
 class IdentityError(RuntimeError):
     """No uid can be given to a run: the range is full or its claims cannot be written."""
-
-
-@dataclass(frozen=True, slots=True)
-class UidRange:
-    """The uids (and, number for number, gids) runs take: ``first`` to ``last`` inclusive."""
-
-    first: int
-    last: int
-
-    @classmethod
-    def parse(cls, text: str) -> UidRange:
-        """``"2000000000-2000999999"``; raises ValueError saying what a range looks like."""
-        match = _RANGE.fullmatch(text)
-        if match is None:
-            raise ValueError(
-                f"a uid range is written FIRST-LAST, e.g. {DEFAULT_UID_RANGE}, not {text!r}"
-            )
-        first, last = int(match[1]), int(match[2])
-        if not 1000 <= first <= last < 2**32 - 1:
-            raise ValueError(
-                f"the uid range {text!r} must lie between 1000 and 4294967294, first <= last"
-            )
-        return cls(first, last)
-
-    @property
-    def size(self) -> int:
-        return self.last - self.first + 1
-
-    def __contains__(self, uid: object) -> bool:
-        return isinstance(uid, int) and self.first <= uid <= self.last
-
-    def __str__(self) -> str:
-        return f"{self.first}-{self.last}"
 
 
 def claims_dir(root: Path) -> Path:

@@ -13,6 +13,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from worker.contract.wire import LAYER_RUN_UID
 from worker.sandbox.cgroups import CgroupLayout, detect_layout
 from worker.sandbox.config import (
     INPUT_FOLDER,
@@ -47,8 +48,6 @@ LAYER_NO_NEW_PRIVS = "no-new-privileges"
 LAYER_PID_NS = "pid-namespace"
 LAYER_NET_NS = "network-namespace"
 LAYER_USER_NS = "user-namespace"
-#: Each run's commands run as a uid and gid of their own (``worker.sandbox.identity``).
-LAYER_RUN_UID = "run-uid"
 #: /tmp, /var/tmp, /dev/shm and /run are the call's own (empty file systems in its mount
 #: namespace, gone with it): nothing written there outlives the call, and no host socket under
 #: them can be reached.

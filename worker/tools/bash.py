@@ -8,10 +8,10 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field, field_validator
 
+from worker.contract.settings import get_worker_settings
+from worker.contract.wire import CommandAnswer, ResourceUsage, StreamsCut
 from worker.images.commands import run_command
-from worker.protocol import CommandAnswer, ResourceUsage, StreamsCut
 from worker.sandbox import SandboxConfig, SandboxResult
-from worker.settings import get_worker_settings
 from worker.tools.interface import ExecutableTool, ToolArgs
 from worker.tools.paths import WorkspaceError, shown
 from worker.tools.runtime import admit_current_call, report_usage

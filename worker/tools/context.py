@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from worker.protocol import Message, ToolContextSnapshot
+from worker.contract.wire import Message, ToolContextSnapshot
 
 __all__ = ["Message", "ToolContext", "ToolContextSnapshot"]
 

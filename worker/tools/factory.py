@@ -8,11 +8,11 @@ import stat
 from dataclasses import replace
 from pathlib import Path
 
-from worker.capping import DEFAULT_OUTPUT_CAP_BYTES
+from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES
+from worker.contract.settings import WorkerSettings, get_worker_settings
 from worker.plugins import load_plugins, register_plugins
 from worker.sandbox import SandboxConfig
 from worker.sandbox.volumes import ensure_volume
-from worker.settings import WorkerSettings, get_worker_settings
 from worker.tools.bash import RunBashTool
 from worker.tools.context import ToolContext
 from worker.tools.filesystem import (

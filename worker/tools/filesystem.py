@@ -8,7 +8,7 @@ from typing import Any, BinaryIO
 
 from pydantic import Field
 
-from worker.capping import DEFAULT_OUTPUT_CAP_BYTES, answer_budget, fit_utf8
+from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES, answer_budget, fit_utf8
 from worker.tools.interface import ExecutableTool, ToolArgs, TruncatedText
 from worker.tools.paths import (
     PathNotFoundError,

@@ -23,7 +23,7 @@ from jsonschema.exceptions import SchemaError
 from jsonschema.protocols import Validator
 from pydantic import BaseModel, ConfigDict, Field, PydanticUserError, create_model
 
-from worker.protocol import Pool, function_tool
+from worker.contract.wire import Pool, function_tool
 from worker.tools.interface import (
     ExecutableTool,
     ToolArgs,

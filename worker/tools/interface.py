@@ -9,7 +9,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from worker.protocol import ErrorKind, Pool, ResourceUsage, function_tool
+from worker.contract.errors import ErrorKind
+from worker.contract.wire import Pool, ResourceUsage, function_tool
 
 
 @dataclass(frozen=True, slots=True)

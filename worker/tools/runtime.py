@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-from worker.protocol import ResourceUsage, ToolContextSnapshot
+from worker.contract.wire import ResourceUsage, ToolContextSnapshot
 from worker.tools.context import ToolContext
 from worker.tools.paths import _Location
 from worker.tools.workspace import Workspace

@@ -16,8 +16,8 @@ from typing import Any, BinaryIO
 import regex
 from pydantic import Field, field_validator
 
-from worker.capping import DEFAULT_OUTPUT_CAP_BYTES, answer_budget
-from worker.protocol import glob_segments
+from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES, answer_budget
+from worker.contract.wire import glob_segments
 from worker.tools.filesystem import BINARY_PROBE_BYTES, WorkspaceTool
 from worker.tools.interface import ToolArgs, TruncatedText
 from worker.tools.paths import (

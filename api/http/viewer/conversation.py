@@ -17,7 +17,7 @@ from api.batch.summary import as_number, as_text
 #: Texts longer than this are shown folded: their first lines, and the rest on request.
 PREVIEW_LINES = 8
 PREVIEW_CHARS = 1200
-#: The notice the output cap leaves at the end of what it cut (``worker.capping``).
+#: The notice the output cap leaves at the end of what it cut (``worker.contract.limits``).
 CAP_NOTICE = "[output truncated:"
 
 

@@ -19,7 +19,7 @@ from api.http.state.listing import Listed, ListQuery
 from api.http.state.records import EVENTS_MAXLEN
 from api.http.state.runs import RunState, RunSummary
 from api.http.viewer.sources import BatchView, FleetView, PoolView, RunEvents, WorkerView
-from worker.protocol import POOLS
+from worker.contract.wire import POOLS
 
 #: Batches whose summaries are kept in memory, for filtering and sorting all of their items.
 CACHED_BATCHES = 4

@@ -12,7 +12,7 @@ from api.fleet import AGENTS_UNACKED_HASH, UNACKED_HASH
 from api.local.stack import worker_argv
 from api.settings import OrchestratorSettings
 from worker.app import celery_config
-from worker.settings import WorkerSettings
+from worker.contract.settings import WorkerSettings
 
 
 def settings(**values: object) -> OrchestratorSettings:

@@ -20,7 +20,8 @@ from api.agents.store import ConversationStore
 from api.batch.items import BatchItem
 from api.settings import OrchestratorSettings
 from tests.conftest import RedisServer
-from worker.protocol import AGENTS_QUEUE, keys
+from worker.contract.keys import keys
+from worker.contract.wire import AGENTS_QUEUE
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ import pytest
 
 from api.batch.attempts import AttemptLog, attempt_run_id, attempts_path
 from api.batch.runner import batch_run_id, batch_tag_for_output
-from worker.protocol import RUN_ID_PATTERN
+from worker.contract.wire import RUN_ID_PATTERN
 
 FIRST = "b-12345678-q1-abcdef"
 

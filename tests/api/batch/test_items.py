@@ -14,7 +14,7 @@ from api.fleet import Fleet
 from api.settings import OrchestratorSettings
 from tests.api.batch.conftest import write_lines
 from tests.conftest import tool_spec
-from worker.protocol import WorkerInfo
+from worker.contract.wire import WorkerInfo
 
 
 def test_an_item_takes_its_optional_fields() -> None:

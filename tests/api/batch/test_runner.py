@@ -24,7 +24,7 @@ from api.llm import ChatModel, ModelError, ModelToolCall, ModelTurn, RetryPolicy
 from api.logs import current_context
 from api.settings import OrchestratorSettings
 from tests.api.batch.conftest import record, write_lines
-from worker.protocol import RUN_ID_PATTERN, ToolCallResult, ToolSpec, WorkerInfo
+from worker.contract.wire import RUN_ID_PATTERN, ToolCallResult, ToolSpec, WorkerInfo
 
 # --- Run ids -------------------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from api.llm import ChatModel, ModelTurn, RetryPolicy, Usage
 from api.run_workspace import CommandResult
 from api.settings import OrchestratorSettings
 from tests.conftest import tool_spec
-from worker.protocol import ToolCallResult, ToolSpec, WorkerInfo
+from worker.contract.wire import ToolCallResult, ToolSpec, WorkerInfo
 from worker.tools.service import encode_content
 
 SERVICE = [

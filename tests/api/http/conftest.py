@@ -24,7 +24,7 @@ from api.http.app import create_app
 from api.scripted.script import Script
 from api.scripted.server import ScriptedServer
 from api.settings import OrchestratorSettings
-from worker.protocol import Pool, ToolSpec, WorkerInfo
+from worker.contract.wire import Pool, ToolSpec, WorkerInfo
 
 TOKEN = "correct-horse-battery-staple"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

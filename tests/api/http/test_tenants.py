@@ -32,7 +32,7 @@ from api.scripted.server import ScriptedServer
 from tests.api.http.conftest import TOKEN, StubExecutor, api_settings, scripted_model, serving
 from tests.api.http.serving import Replica, serve_environment
 from tests.conftest import RedisServer, WorkerFleet
-from worker.protocol import RUN_ID_PATTERN
+from worker.contract.wire import RUN_ID_PATTERN
 
 ALICE = "alice-0123456789abcdef"
 BOB = "bob-fedcba9876543210xyz"

@@ -9,8 +9,9 @@ import fakeredis.aioredis
 import pytest
 
 from api.images.pins import Pin, RunPins
+from worker.contract.keys import keys
+from worker.contract.wire import ToolCallRequest, ToolCallResult
 from worker.images.owner import pinned_queue, pool_of_queue
-from worker.protocol import ToolCallRequest, ToolCallResult, keys
 
 WORKER = "sandbox-1a2b3c@host"
 

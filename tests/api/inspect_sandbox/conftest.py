@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import RedisServer, WorkerFleet, fleet_settings
-from worker.settings import FleetSettings
+from worker.contract.settings import FleetSettings
 
 
 def fleet_variables(fleet: WorkerFleet) -> dict[str, str]:

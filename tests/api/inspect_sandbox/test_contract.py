@@ -23,7 +23,7 @@ from api.inspect_sandbox.contract import ToolqSandboxError, call_error, exec_out
 from api.inspect_sandbox.owners import new_run_id, owner_of
 from api.run_workspace import CommandResult, FileProblemError, RunWorkspace, ServiceCallError
 from api.settings import OrchestratorSettings
-from worker.protocol import RUN_ID_PATTERN
+from worker.contract.wire import RUN_ID_PATTERN
 
 
 def command(**fields: Any) -> CommandResult:

@@ -22,7 +22,7 @@ from tests.api.inspect_sandbox.evals import (
     workers_that_ran,
 )
 from tests.conftest import WorkerFleet
-from worker.sandbox.identity import UidRange
+from worker.contract.uid_range import UidRange
 
 pytestmark = [pytest.mark.integration, INSPECT_WARNINGS]
 

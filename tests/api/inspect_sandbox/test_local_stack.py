@@ -15,7 +15,7 @@ from inspect_ai.tool import bash
 
 from tests.api.inspect_sandbox.evals import INSPECT_WARNINGS, run_eval, tool_messages
 from tests.api.inspect_sandbox.evals import workers_that_ran as workers_of
-from worker.settings import get_worker_settings
+from worker.contract.settings import get_worker_settings
 
 pytestmark = [pytest.mark.integration, INSPECT_WARNINGS]
 

@@ -28,7 +28,7 @@ OPENS_A_STACK = """
 import json, sys, threading
 from pathlib import Path
 from api.local.stack import LocalStack
-from worker.settings import WorkerSettings
+from worker.contract.settings import WorkerSettings
 
 def open_stack():
     opened["stack"] = LocalStack(WorkerSettings()).__enter__()

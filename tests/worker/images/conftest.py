@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from tests.worker.images.builders import Images, build_test_images, images_folder, skip_reason
+from worker.contract.uid_range import DEFAULT_UID_RANGE, UidRange
 from worker.images.boxes import Boxes, BoxSettings
 from worker.images.fetch import Tools
 from worker.images.sweep import sweep_boxes
 from worker.sandbox import SandboxConfig
-from worker.sandbox.identity import DEFAULT_UID_RANGE, UidRange
 from worker.tools.factory import prepare_workspace
 from worker.tools.workspace import Workspace
 

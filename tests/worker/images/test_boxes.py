@@ -14,9 +14,9 @@ import pytest
 
 from tests.worker.images.builders import Images
 from tests.worker.images.conftest import MAX_PROCESSES, Host
+from worker.contract.image_errors import EnvironmentLost, ImageError
 from worker.images.boxes import BoxRecord
 from worker.images.calls import run_in_box
-from worker.images.errors import EnvironmentLost, ImageError
 from worker.images.mounts import is_mount
 from worker.images.owner import Owner, process_alive
 from worker.images.sweep import sweep_boxes

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from worker.images.errors import ImageError
-from worker.images.reference import IMAGE_REFERENCE_PATTERN, parse_reference
+from worker.contract.image_errors import ImageError
+from worker.contract.image_reference import IMAGE_REFERENCE_PATTERN, parse_reference
 
 DIGEST = "sha256:" + "ab" * 32
 

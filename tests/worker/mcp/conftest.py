@@ -13,7 +13,7 @@ import pytest
 from api.dispatch import Dispatcher
 from api.local.stack import LocalStack
 from tests.conftest import REPO, Caller, RedisServer, fleet_settings
-from worker.settings import WorkerSettings
+from worker.contract.settings import WorkerSettings
 
 DEMO = {
     "name": "demo",

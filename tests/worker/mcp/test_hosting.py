@@ -8,7 +8,7 @@ import redis
 from api.fleet import live_workers, read_manifest
 from tests.conftest import Caller, wait_for
 from tests.worker.mcp.conftest import McpFleet
-from worker.protocol import ToolCallResult
+from worker.contract.wire import ToolCallResult
 
 #: How long the stuck tools would take: far past their calls' deadlines.
 STUCK_S = 120

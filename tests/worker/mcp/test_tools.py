@@ -8,7 +8,7 @@ from typing import Any, cast
 import mcp_types as types
 import pytest
 
-from worker.mcp.config import McpServerConfig
+from worker.contract.mcp_servers import McpServerConfig
 from worker.mcp.host import McpHost
 from worker.mcp.tools import hosted_tool, result_text
 from worker.tools.interface import ExecutableTool

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from tests.worker.conftest import BUILT_INS
-from worker.capping import DEFAULT_OUTPUT_CAP_BYTES
+from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES
+from worker.contract.uid_range import DEFAULT_UID_RANGE, UidRange
 from worker.sandbox import SandboxConfig
-from worker.sandbox.identity import DEFAULT_UID_RANGE, UidRange
 from worker.tools.context import ToolContext
 from worker.tools.factory import create_default_tool_registry
 from worker.tools.registry import ToolRegistry

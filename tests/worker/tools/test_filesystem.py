@@ -12,7 +12,7 @@ import pytest
 
 from tests.traversal import NUL_PATH_CALLS
 from tests.worker.tools.conftest import SECRET, Layout
-from worker.capping import DEFAULT_OUTPUT_CAP_BYTES
+from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES
 from worker.tools.filesystem import (
     ListDirTool,
     MkdirTool,

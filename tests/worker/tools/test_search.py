@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.worker.tools.conftest import MARKER, SECRET, Layout
-from worker.capping import DEFAULT_OUTPUT_CAP_BYTES
+from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES
 from worker.tools.registry import ToolRegistry
 from worker.tools.search import SearchFilesTool, SearchTextTool
 from worker.tools.workspace import Workspace

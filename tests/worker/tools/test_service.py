@@ -12,11 +12,11 @@ import fakeredis
 import pytest
 
 from tests.worker.conftest import request
+from worker.contract.settings import WorkerSettings
 from worker.executor import Executor
 from worker.manifest import fleet_tool_specs
 from worker.results import ResultStore
 from worker.retention import hold
-from worker.settings import WorkerSettings
 
 SERVICE_OPERATIONS = {
     "toolq.put_files": "tools",

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from worker.contract.settings import WorkerSettings
 from worker.manifest import fleet_tool_specs
 from worker.plugins import ENTRY_POINT_GROUP, load_plugins, register_plugins
-from worker.settings import WorkerSettings
 from worker.tools.context import ToolContext
 from worker.tools.registry import ToolRegistry
 from worker.tools.weather import TOOLS, GetCurrentWeatherTool, register

@@ -11,9 +11,9 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from worker.capping import DEFAULT_OUTPUT_CAP_BYTES, DEFAULT_TRANSFER_MAX_BYTES
-from worker.mcp.config import load_servers
-from worker.sandbox.identity import DEFAULT_UID_RANGE, UidRange
+from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES, DEFAULT_TRANSFER_MAX_BYTES
+from worker.contract.mcp_servers import load_servers
+from worker.contract.uid_range import DEFAULT_UID_RANGE, UidRange
 
 LOCAL_REDIS_URL = "redis://127.0.0.1:6379/0"
 ENV_PREFIX = "TOOLQ_"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from worker.protocol import Pool
+from worker.contract.wire import Pool
 
 #: Between a server's name and its tool's in the name the fleet gives the tool.
 SEPARATOR = "__"

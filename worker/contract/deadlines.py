@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from worker.settings import FleetSettings
+from worker.contract.settings import FleetSettings
 
 #: Beyond a limit the call's arguments set: time for the tool to stop itself and report.
 REPORT_MARGIN_MS = 1000

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from worker.contract.errors import ErrorKind
+
 #: The worker pools: ``tools`` for file, search, session and plugin tools; ``sandbox`` for
 #: commands (run_bash), kept on workers of their own.
 Pool = Literal["tools", "sandbox"]
@@ -30,34 +32,9 @@ Served = Literal[Pool, "agents"]
 #: The one Celery task a tool call is.
 TASK_NAME = "toolq.execute_tool"
 
-#: Why a call failed, as the registry itself tells: it knows nothing of queues or workers.
-RegistryErrorKind = Literal[
-    "unknown_tool",  # no tool of that name
-    "tool_disabled",  # the tool exists but is switched off
-    "invalid_arguments",  # malformed JSON, wrong types, missing or unknown fields
-    "tool_error",  # the tool raised
-    "unserializable_result",  # the tool returned something JSON cannot hold
-    "timeout",  # the tool ran past its deadline and was stopped (or not waited for)
-]
-
-#: Why a call failed: the registry's kinds, then those of the layers around it.
-ErrorKind = Literal[
-    RegistryErrorKind,
-    # The call may have run, and its outcome is unknown: its worker died mid-call (a tool with
-    # effects is not run again), or no answer came although it started, or nobody could tell.
-    "interrupted",
-    "over_quota",  # the run's workspace is past its quota: tools that write are not started
-    # The run's workspace could not be made ready (no uid left for the run, a folder the worker
-    # may not use): nothing of the call ran.
-    "workspace_unavailable",
-    "wrong_pool",  # the call reached a worker whose pool does not serve the tool
-    # The run's container (its image's) is gone: its worker died, or it was ended. Nothing of
-    # the call ran.
-    "environment_lost",
-    "bad_request",  # the message was not a valid request
-    "no_answer",  # no worker started it by the deadline (none listening, or all too busy)
-    "broker_unavailable",  # the call could not be sent
-]
+#: The isolation layer a worker reports when each run's commands run as a uid and gid of their
+#: own (``worker.sandbox.identity``): what ``toolq status`` calls "runs apart".
+LAYER_RUN_UID = "run-uid"
 
 RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
@@ -275,48 +252,6 @@ class CommandAnswer(BaseModel):
     isolation: list[str] = Field(default_factory=list, description="The layers it ran under.")
     usage: ResourceUsage | None = Field(None, description="Resources used, where measured.")
 
-
-class RedisKeys:
-    """Every Redis key workers and callers share, in one place."""
-
-    PREFIX = "toolq"
-    #: Hash of tool name -> ToolSpec JSON, written by workers with every heartbeat.
-    MANIFEST = f"{PREFIX}:manifest"
-    REPLY_PREFIX = f"{PREFIX}:reply:"
-
-    @staticmethod
-    def result(task_id: str) -> str:
-        """The one stored answer to a call: first write wins."""
-        return f"{RedisKeys.PREFIX}:result:{task_id}"
-
-    @staticmethod
-    def started(task_id: str) -> str:
-        """Set when a worker begins a call (``start_mark``): a second delivery finds it and knows
-        the first was cut. Set by the caller when it stops waiting for a call never started,
-        which then never starts."""
-        return f"{RedisKeys.PREFIX}:started:{task_id}"
-
-    @staticmethod
-    def reply(dispatcher_id: str) -> str:
-        """A caller's inbox: workers push answers here, one reader drains it."""
-        return f"{RedisKeys.REPLY_PREFIX}{dispatcher_id}"
-
-    @staticmethod
-    def is_reply(key: str) -> bool:
-        return key.startswith(RedisKeys.REPLY_PREFIX)
-
-    @staticmethod
-    def worker_heartbeat(pool: str, worker: str) -> str:
-        """A live worker's WorkerInfo, expiring unless refreshed."""
-        return f"{RedisKeys.PREFIX}:worker:{pool}:{worker}"
-
-    @staticmethod
-    def worker_heartbeats(pool: str) -> str:
-        """Pattern matching every live worker of a pool."""
-        return f"{RedisKeys.PREFIX}:worker:{pool}:*"
-
-
-keys = RedisKeys()
 
 #: The ``send_number`` of the start marker a caller sets for a call it stopped waiting for.
 CALLER_GAVE_UP = 0

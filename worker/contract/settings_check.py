@@ -17,7 +17,7 @@ from typing import TypeVar
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
-from worker.settings import (
+from worker.contract.settings import (
     DEBUG_VARIABLE,
     ENV_PREFIX,
     ORCHESTRATOR_ONLY_FIELDS,
