@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import time
 import uuid
-import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import asdict
 from typing import Any, cast
@@ -32,7 +31,7 @@ from api.events import (
     TextDiscarded,
     ToolCallStarted,
 )
-from api.fleet import Fleet, load_fleet
+from api.fleet import Fleet
 from api.images.environment import RunEnvironment
 from api.limits import ConversationLimits, LimitReached
 from api.llm import (
@@ -46,11 +45,11 @@ from api.llm import (
     Usage,
 )
 from api.logs import log_context
-from api.run_tools import RunTools, enable_tool
+from api.placement import ConversationTools, place
 from api.settings import OrchestratorSettings, get_settings
 from worker.contract.deadlines import call_limit_ms
-from worker.contract.settings import WorkerSettings, get_worker_settings
-from worker.tools.context import Message, ToolContext, ToolContextSnapshot
+from worker.contract.settings import WorkerSettings
+from worker.tools.context import Message, ToolContextSnapshot
 from worker.tools.functions import as_tool
 from worker.tools.interface import ExecutableTool, ProxyTool
 from worker.tools.registry import ToolRegistry
@@ -84,15 +83,14 @@ class Agent:
         worker_settings: WorkerSettings | None = None,
         image: str | None = None,
     ) -> None:
-        self._settings = settings or get_settings()
+        settings = settings or get_settings()
         self.options = options or AgentOptions()
         if image is not None:
             self.options = self.options.model_copy(update={"image": image})
-        self.environment: RunEnvironment | None = None  # with an image: the run's container
         self._llm = (
             provider
             if isinstance(provider, ChatModel)
-            else ChatModel(provider, RetryPolicy.from_settings(self._settings))
+            else ChatModel(provider, RetryPolicy.from_settings(settings))
         )
         self.run_id = self.options.run_id or f"run-{uuid.uuid4().hex[:16]}"
         self._system_prompt = self.options.system_prompt
@@ -103,65 +101,28 @@ class Agent:
         self.limits = ConversationLimits(self.options.time_limit_s, self.options.token_limit)
         self.observers: list[Callable[[AgentEvent], None]] = []
         self.registry = ToolRegistry()
-        self._owns_dispatcher = False
-        self._dispatcher = dispatcher
-        self._fleet: Fleet | None = None
-        self._local_stack: weakref.finalize[[], Agent] | None = None
-        try:
-            if in_process:
-                if self.options.image is not None:
-                    raise ValueError("an image needs a fleet: in_process runs tools here")
-                # The tools a worker would serve, run here: no broker, no workers. The worker
-                # floor's tools are imported only when asked for.
-                from worker.tools.factory import create_run_tool_registry
-
-                create_run_tool_registry(
-                    worker_settings or get_worker_settings(),
-                    ToolContext(source=self._snapshot),
-                    self.run_id,
-                    self.registry,
-                )
-            else:
-                if dispatcher is None and fleet is None and self._settings.local_mode:
-                    self._start_local_stack(worker_settings or get_worker_settings())
-                self._add_fleet_tools(fleet or load_fleet(self._settings.redis_url))
-            for name in self.options.enable:
-                self.enable_tool(name)
-            for name in self.options.disable:
-                self.disable_tool(name)
-        except BaseException:
-            if self._local_stack is not None:
-                self._local_stack()
-            raise
-
-    def _add_fleet_tools(self, fleet: Fleet) -> None:
-        """The fleet's tools, as proxies that send each call to a worker."""
-        self._fleet = fleet.require_tools()
-        if self._dispatcher is None:
-            self._owns_dispatcher = True
-            self._dispatcher = Dispatcher(self._settings)
-        RunTools(
-            self._fleet,
-            self._dispatcher,
+        placement = place(
+            settings,
+            fleet_given=dispatcher is not None or fleet is not None,
+            in_process=in_process,
+        )
+        self._placed_tools = ConversationTools(
+            placement,
+            self.registry,
             self.run_id,
+            self.options,
             self._snapshot,
-            timeout_ms=self.options.tool_timeout_ms,
-            registry=self.registry,
+            settings=settings,
+            dispatcher=dispatcher,
+            fleet=fleet,
+            worker_settings=worker_settings,
         )
-        self.environment = RunEnvironment.for_run(
-            self._dispatcher, self._fleet, self.run_id, self.options
-        )
+        self._settings = self._placed_tools.settings
 
-    def _start_local_stack(self, worker_settings: WorkerSettings) -> None:
-        """No broker configured: the fleet ``toolq run`` would start, this agent's own until
-        ``close`` (or, failing that, until this process exits)."""
-        # Local mode is a wing; the core reaches it only here, and only when asked to run alone.
-        from api.local.stack import LocalStack
-
-        stack = LocalStack(worker_settings)
-        self._local_stack = weakref.finalize(self, stack.stop)
-        stack.start()
-        self._settings = self._settings.with_fleet(stack.settings)
+    @property
+    def environment(self) -> RunEnvironment | None:
+        """With an image: the run's container."""
+        return self._placed_tools.environment
 
     # -- tools ---------------------------------------------------------------------------------
 
@@ -180,7 +141,7 @@ class Agent:
         self.registry.unregister(name)
 
     def enable_tool(self, name: str) -> None:
-        enable_tool(self.registry, self._fleet, name)
+        self._placed_tools.enable(name)
 
     def disable_tool(self, name: str) -> None:
         self.registry.disable(name)
@@ -202,12 +163,7 @@ class Agent:
 
     async def close(self) -> None:
         """End the run's container, close the fleet's connection, stop the agent's local stack."""
-        if self.environment is not None:
-            await self.environment.end()
-        if self._owns_dispatcher and self._dispatcher is not None:
-            await self._dispatcher.close()
-        if self._local_stack is not None and self._local_stack.alive:
-            await asyncio.to_thread(self._local_stack)
+        await self._placed_tools.close()
 
     async def __aenter__(self) -> Agent:
         return self

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from api.fleet import queue_depths
+from api.fleet import read_queue_depths
 from worker.contract.keys import keys
 from worker.contract.settings import FleetSettings
 from worker.contract.wire import (
@@ -147,7 +147,7 @@ class CallWatch:
         # says it is not waiting. A queue that cannot be read sends nothing now.
         pools = sorted({flight.pool for flight in unstarted})
         try:
-            depths = await asyncio.to_thread(queue_depths, self._settings, pools)
+            depths = await read_queue_depths(self._settings, pools)
         except Exception as exc:  # any broker's own errors: look again next time
             log.warning("cannot read the depth of the %s queues: %s", ", ".join(pools), exc)
             return

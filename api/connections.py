@@ -15,13 +15,14 @@ import redis
 from kombu import Connection
 from kombu.utils.url import maybe_sanitize_url
 
+from worker.contract.errors import ToolqError
 from worker.contract.settings import RESULT_SCHEMES, FleetSettings
 
 #: How long each server has to answer: a broker on the same network answers in milliseconds.
 CONNECT_TIMEOUT_S = 3.0
 
 
-class FleetUnreachableError(RuntimeError):
+class FleetUnreachableError(ToolqError, RuntimeError):
     """The broker or the result store cannot be used; the message says which, why, and what to
     check."""
 

@@ -20,17 +20,17 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 import redis.asyncio as aioredis
 from celery import Celery
-from redis.exceptions import RedisError
 
 from api.broker import producer_app
 from api.call_watch import CallWatch, InFlight
 from api.images.pins import RunPins
-from api.replies import RECONNECT, read_replies
 from worker.contract.deadlines import call_limit_ms
+from worker.contract.jobs.replies import RECONNECT, ReplyReader
 from worker.contract.keys import keys
 from worker.contract.settings import FleetSettings
 from worker.contract.wire import (
@@ -71,6 +71,15 @@ class Dispatcher:
         self._pending: dict[str, InFlight] = {}
         self._watch = CallWatch(self._redis, settings, self._pending, self._send_again, self.id)
         self._watcher: asyncio.Task[None] | None = None
+        self._replies = ReplyReader(
+            self._redis,
+            self.reply_key,
+            ToolCallResult,
+            self._pending,
+            attrgetter("task_id"),
+            self._accept,
+            malformed=self._malformed,
+        )
         # Kombu's producers are not thread-safe and publishing blocks: one thread sends
         # everything, whatever the number of calls in flight.
         self._outbox: queue.SimpleQueue[_Outgoing | None] = queue.SimpleQueue()
@@ -78,7 +87,6 @@ class Dispatcher:
         #: What the sending thread publishes through, bound to its producer's channel.
         self._bound: _Bound | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._reader: asyncio.Task[None] | None = None
         self._closing = False
         #: The runs whose sandbox calls go to the worker holding their container.
         self.pins = RunPins()
@@ -97,9 +105,9 @@ class Dispatcher:
         return self._watch.refused
 
     async def start(self) -> None:
-        if self._reader is None:
+        if not self._replies.started:
             self._loop = asyncio.get_running_loop()
-            self._reader = asyncio.create_task(self._read_replies(), name="toolq-replies")
+            self._replies.start("toolq-replies")
             self._watcher = asyncio.create_task(
                 self._watch.watch(lambda: self._closing), name="toolq-call-watch"
             )
@@ -113,14 +121,7 @@ class Dispatcher:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watcher
             self._watcher = None
-        if self._reader is not None:
-            # A blocking BLPOP does not answer a cancel promptly in redis.asyncio; closing its
-            # connection does, and the reader then sees it is closing.
-            with contextlib.suppress(RedisError, OSError):
-                await self._redis.connection_pool.disconnect(inuse_connections=True)
-            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(self._reader, 2)
-            self._reader = None
+        await self._replies.stop()
         if self._sender is not None:
             self._outbox.put(None)
             self._sender = None
@@ -173,7 +174,7 @@ class Dispatcher:
         return await self.pins.call(request, pool, self._send_and_wait, self._redis)
 
     async def _send_and_wait(self, request: ToolCallRequest, pool: str) -> ToolCallResult:
-        if self._reader is None:
+        if not self._replies.started:
             await self.start()
         if request.seal_key is None:
             # Only an answer sealed with the call's own key is taken: a call needs one.
@@ -300,52 +301,49 @@ class Dispatcher:
         if bound is None or bound.channel is not producer.channel:
             bound = self._bound = _Bound(self._app, producer.channel)
         queue = bound.queue(pool)
-        self._app.send_task(
+        # Celery's own message and sending, as ``send_task`` makes them, without what a call
+        # needs none of and ``send_task`` pays for on every message: its router (the queue is
+        # given), the parent task's lookup (the sending thread runs none), an AsyncResult.
+        amqp = self._app.amqp
+        message = amqp.create_task_message(
+            request.task_id,
             TASK_NAME,
-            args=[request.model_dump(mode="json")],
-            task_id=request.task_id,
-            queue=queue,
-            routing_key=pool,
-            producer=producer,
-            declare=[queue],
-            event_dispatcher=bound.events,
-            # Answers come through toolq's reply list: without this, Celery would subscribe to
-            # its own result channel for every call.
+            [request.model_dump(mode="json")],
+            None,
+            reply_to=bound.reply_to,
+            time_limit=soft + self._settings.hard_limit_grace_s,
+            soft_time_limit=soft,
+            # A task-sent event: monitors see the call while it waits in its queue.
+            create_sent_event=self._app.conf.task_send_sent_event,
+            # Answers come through toolq's reply list: without this, Celery would subscribe
+            # to its own result channel for every call.
             ignore_result=True,
             # What monitors (task events, Flower) show for the call: the tool, not its
             # arguments, which can hold whole files; Celery would also spend a repr on them.
             argsrepr=f"({request.tool!r}, run {request.run_id!r})",
             kwargsrepr="{}",
-            soft_time_limit=soft,
-            time_limit=soft + self._settings.hard_limit_grace_s,
+        )
+        amqp.send_task_message(
+            producer,
+            TASK_NAME,
+            message,
+            queue=queue,
+            routing_key=pool,
+            declare=[queue],
+            event_dispatcher=bound.events,
             # The sending loop retries, for as long as each call's deadline allows.
             retry=False,
         )
 
-    async def _read_replies(self) -> None:
-        await read_replies(
-            self._redis,
-            self.reply_key,
-            self._deliver,
-            others_waiting=lambda: len(self._pending) > 1,
-            closing=lambda: self._closing,
-        )
-
-    def _deliver(self, raw: bytes | str) -> None:
-        try:
-            result = ToolCallResult.model_validate_json(raw)
-        except ValueError:
-            self._watch.refused += 1
-            log.warning("dropping a malformed reply: %.200r", raw)
-            return
-        flight = self._pending.get(result.task_id)
-        if flight is None or flight.answer.done():
-            return  # a late answer to a call its caller gave up on: dropped
+    def _accept(self, flight: InFlight, result: ToolCallResult) -> None:
         key = flight.request.seal_key
         if key is None or not result.is_sealed_with(key):
             self._watch.refuse(result.task_id, "a reply")
             return
         flight.answer.set_result(result)
+
+    def _malformed(self, _: bytes | str) -> None:
+        self._watch.refused += 1
 
 
 class _Bound:
@@ -360,6 +358,8 @@ class _Bound:
         self._queues: dict[str, Any] = {}
         self.events = app.events.Dispatcher(channel=channel, enabled=False)
         self.events.exchange = self.events.exchange.bind(channel)
+        #: The sending thread's id as Celery names a caller (``send_task``'s ``reply_to``).
+        self.reply_to = app.thread_oid
 
     def queue(self, pool: str) -> Any:
         """The queue of ``pool`` (or of a worker's own, for a pinned run), as Celery knows it."""

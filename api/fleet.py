@@ -9,23 +9,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import redis
+import redis.asyncio as aioredis
 
 from api.broker import producer_app
-from worker.contract.keys import keys
+from worker.contract.errors import ToolqError
+from worker.contract.keys import UNACKED_HASH, keys, queue_lists
 from worker.contract.settings import FleetSettings
 from worker.contract.wire import AGENTS_QUEUE, POOLS, TASK_NAME, ToolSpec, WorkerInfo
 
-#: Where kombu's Redis transport keeps delivered, unacknowledged messages.
-UNACKED_HASH = "unacked"
-#: The same for the agents queue, kept apart (its index and mutex keys end ``_index`` and
-#: ``_mutex``): the tool pools' shorter visibility timeout would put a conversation that still
-#: runs back in its queue.
-AGENTS_UNACKED_HASH = "toolq:agents:unacked"
-#: Separator kombu puts between a Redis queue's name and its priority step.
-PRIORITY_SEP = "\x06\x16"
 
-
-class NoWorkersError(RuntimeError):
+class NoWorkersError(ToolqError, RuntimeError):
     """No worker has published its tools: start workers, or run without a broker (local mode)."""
 
 
@@ -132,11 +125,7 @@ def queue_depths(settings: FleetSettings, queues: Iterable[str] = POOLS) -> dict
         client = redis.Redis.from_url(broker)
         try:
             return {
-                pool: sum(
-                    int(client.llen(name))
-                    for name in [pool, *(f"{pool}{PRIORITY_SEP}{step}" for step in (3, 6, 9))]
-                )
-                for pool in queues
+                pool: sum(int(client.llen(name)) for name in queue_lists(pool)) for pool in queues
             }
         finally:
             client.close()
@@ -150,6 +139,28 @@ def queue_depths(settings: FleetSettings, queues: Iterable[str] = POOLS) -> dict
                 depths[pool] = 0  # not declared yet: no worker has consumed from it
                 conn.close()
     return depths
+
+
+async def read_queue_depths(
+    settings: FleetSettings, queues: Iterable[str] = POOLS
+) -> dict[str, int]:
+    """``queue_depths`` from a conversation's event loop. On a Redis broker, read on the loop
+    itself: a thread of its own for each look would grow the orchestrator's threads with its
+    load."""
+    broker = settings.effective_broker_url
+    if not broker.startswith(("redis", "rediss")):
+        return await asyncio.to_thread(queue_depths, settings, queues)
+    client = aioredis.Redis.from_url(broker)
+    try:
+        async with client.pipeline(transaction=False) as pipe:
+            wanted = list(queues)
+            for pool in wanted:
+                for name in queue_lists(pool):
+                    pipe.llen(name)
+            lengths = iter(await pipe.execute())
+        return {pool: sum(int(next(lengths)) for _ in queue_lists(pool)) for pool in wanted}
+    finally:
+        await client.aclose()
 
 
 def calls_in_flight(settings: FleetSettings) -> int:

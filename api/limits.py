@@ -8,11 +8,12 @@ from collections.abc import Awaitable
 from typing import TypeVar
 
 from api.events import StopReason
+from worker.contract.errors import ToolqError
 
 _T = TypeVar("_T")
 
 
-class LimitReached(Exception):
+class LimitReached(ToolqError):
     """A limit ended the conversation; ``message`` is its closing answer."""
 
     def __init__(self, reason: StopReason, message: str) -> None:

@@ -26,7 +26,7 @@ import openai
 from openai._base_client import get_platform
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from api.backoff import Backoff
+from api.llm_body import EncodedBodies
 from api.llm_turn import (
     ModelToolCall,
     ModelTurn,
@@ -41,6 +41,8 @@ from api.settings import (
     get_settings,
     model_url_problem,
 )
+from worker.contract.errors import ToolqError
+from worker.contract.runtime.backoff import Backoff
 
 __all__ = [
     "ChatModel",
@@ -53,7 +55,6 @@ __all__ = [
     "StreamText",
     "TurnDone",
     "Usage",
-    "chat_body",
     "model_client",
 ]
 
@@ -68,7 +69,7 @@ _BROKEN_ANSWER = (openai.APIError, json.JSONDecodeError, UnusableAnswer)
 _T = TypeVar("_T")
 
 
-class ModelError(Exception):
+class ModelError(ToolqError):
     """A model request failed for good: refused, or still failing after the last attempt."""
 
     def __init__(self, message: str, *, attempts: int = 0, status: int | None = None) -> None:
@@ -133,6 +134,21 @@ class RetryPolicy:
 #: Idle connections are dropped before common servers drop them (uvicorn, and so vLLM and
 #: LiteLLM, after 5 s): reusing one the server is closing fails the request.
 KEEPALIVE_S = 4.0
+#: Headers the openai client adds to every request to describe its platform (its version, the
+#: OS, the Python): sent for OpenAI's statistics, read by no server toolq talks to, and each one
+#: more for the client to merge, check and copy on every request. Left out.
+PLATFORM_HEADERS = (
+    "X-Stainless-Lang",
+    "X-Stainless-Package-Version",
+    "X-Stainless-OS",
+    "X-Stainless-Arch",
+    "X-Stainless-Runtime",
+    "X-Stainless-Runtime-Version",
+    "X-Stainless-Async",
+)
+_WITHOUT_PLATFORM: Mapping[str, str | openai.Omit] = {
+    name: openai.Omit() for name in PLATFORM_HEADERS
+}
 
 
 def model_client(
@@ -179,7 +195,10 @@ class ChatModel:
     def __init__(self, client: openai.AsyncOpenAI, policy: RetryPolicy | None = None) -> None:
         self._client = client
         self.policy = policy or RetryPolicy(attempts=client.max_retries + 1)
-        self._bodies = _EncodedTools()
+        self._bodies = EncodedBodies()
+        # Given whole, the URL is parsed once per request rather than joined to the base URL
+        # and parsed again.
+        self._chat_url = f"{str(client.base_url).rstrip('/')}{CHAT_COMPLETIONS_PATH}"
         # The client finds its platform (for a header) in a thread on first use, once per request
         # still waiting for the first answer: a thousand conversations starting together would
         # fill asyncio's thread pool. Found once here instead; skipped if the client changes.
@@ -227,7 +246,7 @@ class ChatModel:
         while True:
             response = await self._answer(
                 self._client.post(
-                    CHAT_COMPLETIONS_PATH,
+                    self._chat_url,
                     **body,
                     options=self._options(sent),
                     cast_to=httpx2.Response,
@@ -259,7 +278,7 @@ class ChatModel:
         while True:
             chunks = await self._answer(
                 self._client.post(
-                    CHAT_COMPLETIONS_PATH,
+                    self._chat_url,
                     **body,
                     options=self._options(sent),
                     cast_to=ChatCompletion,
@@ -287,8 +306,13 @@ class ChatModel:
 
     def _options(self, sent: int) -> openai.RequestOptions:
         """What the request needs besides its body: the API key as a bearer token (without it
-        the client sends no Authorization header), and the retries the turn has left."""
-        return {"security": {"bearer_auth": True}, "max_retries": self.policy.attempts - sent - 1}
+        the client sends no Authorization header), the retries the turn has left, and no
+        platform headers."""
+        return {
+            "security": {"bearer_auth": True},
+            "max_retries": self.policy.attempts - sent - 1,
+            "headers": _WITHOUT_PLATFORM,
+        }
 
     async def _answer(self, request: Awaitable[_T], sent: int) -> _T:
         """What ``request`` returns once the client has done its retrying; its last failure is
@@ -369,77 +393,3 @@ def _connect_failure(exc: openai.APIError) -> str | None:
 def _transport_message(exc: BaseException) -> str:
     """The transport's own words, which name the host and port: "Cannot connect to host ..."."""
     return str(exc.__cause__ or exc)
-
-
-def chat_body(
-    model: str,
-    messages: Sequence[Mapping[str, Any]],
-    tools: Sequence[Mapping[str, Any]] | None,
-    *,
-    stream: bool,
-) -> dict[str, Any]:
-    """The JSON body ``chat.completions.create`` would send for these arguments.
-
-    Messages and tool schemas are already wire-format dicts; ``create`` would walk every one of
-    them, every turn, through its type-driven transform, which cost more CPU than the rest of
-    the request once conversations grow.
-    """
-    body: dict[str, Any] = {"model": model, "messages": list(messages)}
-    if tools:  # providers reject an empty list, so no tools means no parameter
-        body["tools"] = list(tools)
-    if stream:
-        body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
-    return body
-
-
-#: The few tool lists a process offers, by their tools' names: a batch offers one to all its
-#: conversations, every turn.
-_TOOL_LISTS_KEPT = 8
-
-
-class _EncodedTools:
-    """Request bodies as the JSON bytes the client would send, with each list of tools encoded
-    once: the same few thousand bytes of schemas go with every turn of every conversation, and
-    the client would encode them anew each time. A list counts as the same when it equals the
-    one encoded (compared as data, far cheaper than encoding)."""
-
-    def __init__(self) -> None:
-        self._lists: dict[tuple[str, ...], tuple[list[Any], bytes]] = {}
-
-    def body(
-        self,
-        model: str,
-        messages: Sequence[Mapping[str, Any]],
-        tools: Sequence[Mapping[str, Any]] | None,
-        *,
-        stream: bool,
-    ) -> dict[str, Any]:
-        """``post``'s body argument: ``content`` (the encoded JSON), or ``body`` (a dict the
-        client encodes itself) for anything plain JSON cannot hold."""
-        try:
-            head = _json(chat_body(model, messages, None, stream=stream))
-            return {
-                "content": head[:-1] + b',"tools":' + self._encoded(tools) + b"}" if tools else head
-            }
-        except (TypeError, ValueError):
-            return {"body": chat_body(model, messages, tools, stream=stream)}
-
-    def _encoded(self, tools: Sequence[Mapping[str, Any]]) -> bytes:
-        names = tuple(str(tool.get("function", {}).get("name")) for tool in tools)
-        kept = self._lists.get(names)
-        if kept is not None and kept[0] == tools:
-            return kept[1]
-        encoded = _json(list(tools))
-        # Compared next time against a copy of its own, which no caller can change.
-        copy = json.loads(encoded)
-        if copy == tools:
-            if len(self._lists) >= _TOOL_LISTS_KEPT:
-                self._lists.clear()
-            self._lists[names] = (copy, encoded)
-        return encoded
-
-
-def _json(value: object) -> bytes:
-    """JSON as the openai client encodes a body: compact, UTF-8, no NaN."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -20,35 +19,40 @@ class AnyArgs(BaseModel):
 
 
 class RemoteTool(ProxyTool):
-    """Runs on the pool that serves it. Build one with ``RemoteTool.for_spec``."""
+    """A fleet tool in one run's registry, described by ``spec`` as its workers publish it, and
+    run on the pool that serves it. ``context`` is read as each call is sent; ``new_task_id``
+    gives each call its id on the wire."""
 
-    spec: ClassVar[ToolSpec]
     Args = AnyArgs
 
     def __init__(
         self,
+        spec: ToolSpec,
         dispatcher: Dispatcher,
         run_id: str,
         context: Callable[[], ToolContextSnapshot],
         new_task_id: Callable[[], str],
         timeout_ms: int | None = None,
     ) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.description = spec.description
+        self.pool = spec.pool
+        self.idempotent = spec.idempotent
+        self.enabled_by_default = spec.enabled_by_default
+        self.default_timeout_ms = spec.default_timeout_ms
+        self.timeout_argument = spec.timeout_argument
+        self.for_model = spec.for_model
         self._dispatcher = dispatcher
         self._run_id = run_id
         self._context = context
         self._new_task_id = new_task_id
         self._timeout_ms = timeout_ms
 
-    @classmethod
-    def for_spec(cls, spec: ToolSpec) -> type[RemoteTool]:
-        """The proxy class of ``spec``, made once for each distinct spec: the runs of a batch,
-        each with a registry of its own, share their fleet's, and a class costs more to make,
-        and to collect, than a call."""
-        return _proxy_class(cls, spec.model_dump_json())
-
-    @classmethod
-    def get_schema(cls) -> dict[str, Any]:
-        return cls.spec.schema_for_model()
+    # A class tool's schema is its class's; a proxy's is its spec's, so there is none to give
+    # without an instance.
+    def get_schema(self) -> dict[str, Any]:  # type: ignore[override]
+        return self.spec.schema_for_model()
 
     async def forward(
         self, arguments: dict[str, Any] | str | None, tool_call_id: str | None
@@ -72,19 +76,3 @@ class RemoteTool(ProxyTool):
             truncated=result.truncated,
             usage=result.usage,
         )
-
-
-@functools.lru_cache(maxsize=1024)
-def _proxy_class(base: type[RemoteTool], spec_json: str) -> type[RemoteTool]:
-    spec = ToolSpec.model_validate_json(spec_json)
-    attrs: dict[str, Any] = {
-        "spec": spec,
-        "name": spec.name,
-        "description": spec.description,
-        "pool": spec.pool,
-        "idempotent": spec.idempotent,
-        "enabled_by_default": spec.enabled_by_default,
-        "default_timeout_ms": spec.default_timeout_ms,
-        "timeout_argument": spec.timeout_argument,
-    }
-    return type(f"Remote_{spec.name}", (base,), attrs)

@@ -42,10 +42,9 @@ class RunTools:
         self._attempt = uuid.uuid4().hex[:8]
         self._call_seq = 0
         for spec in fleet.model_tools.values():
-            proxy = RemoteTool.for_spec(spec)(
-                dispatcher, run_id, context, self.next_task_id, timeout_ms
+            self.registry.register(
+                RemoteTool(spec, dispatcher, run_id, context, self.next_task_id, timeout_ms)
             )
-            self.registry.register(proxy)
             if not spec.enabled_by_default:
                 self.registry.disable(spec.name)
         for name in enable:

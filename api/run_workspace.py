@@ -3,37 +3,60 @@ their own argv, input and output limit.
 
 For callers that prepare and inspect runs (batch tasks, sandbox environments); the model's own
 tool calls go through the Agent. Every operation is a call of a service operation
-(worker/tools/service.py) with the deadlines, caps and at-most-once rules of any tool call, so it
-works where the caller shares no disk with the workers.
+(``worker.contract.operations``) with the deadlines, caps and at-most-once rules of any tool
+call, so it works where the caller shares no disk with the workers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import dataclasses
-import json
+import contextlib
 import time
 import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
 
 from api.dispatch import Dispatcher
 from api.fleet import Fleet
-from worker.contract.errors import ErrorKind
+from worker.contract.deadlines import EXEC_TIMEOUT_MS
+from worker.contract.errors import ErrorKind, ToolqError
+from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES, MAX_COLLECTED_FILES
+from worker.contract.operations import (
+    COLLECT_FILES,
+    EXEC,
+    LIST_WORKSPACES,
+    PUT_FILES,
+    READ_FILE,
+    REMOVE_WORKSPACE,
+    CollectFilesAnswer,
+    CollectFilesRequest,
+    Content,
+    ExecRequest,
+    FileProblem,
+    FileRefusal,
+    ListWorkspacesRequest,
+    NoArguments,
+    Operation,
+    OperationRequest,
+    PutFilesRequest,
+    ReadFileRequest,
+    Success,
+    request_problems,
+)
 from worker.contract.settings import FleetSettings
-from worker.contract.wire import CommandAnswer
+from worker.contract.wire import CommandAnswer, ToolCallResult, ToolSpec
 
-FileProblemKind = Literal[
-    "not_found", "is_a_directory", "not_a_regular_file", "too_large", "refused", "in_use"
-]
+RequestT = TypeVar("RequestT", bound=OperationRequest)
+AnswerT = TypeVar("AnswerT", bound=Success)
 #: Between two tries at removing a workspace another call of the run holds.
 _FIRST_PAUSE_S = 0.1
 _LONGEST_PAUSE_S = 2.0
 
 
-class ServiceCallError(RuntimeError):
+class ServiceCallError(ToolqError, RuntimeError):
     """A service operation was not carried out: nobody serves it, nobody answered, or the worker
     refused the call. ``kind`` is the call's error kind."""
 
@@ -42,30 +65,12 @@ class ServiceCallError(RuntimeError):
         self.kind = kind
 
 
-class FileProblemError(RuntimeError):
+class FileProblemError(ToolqError, RuntimeError):
     """A path the operation could not use; ``kind`` says why."""
 
-    def __init__(self, kind: FileProblemKind, message: str) -> None:
+    def __init__(self, kind: FileProblem, message: str) -> None:
         super().__init__(message)
         self.kind = kind
-
-
-@dataclass(frozen=True, slots=True)
-class CollectedFile:
-    content: str
-    encoding: Literal["utf-8", "base64"]
-    size: int
-    truncated: bool
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-@dataclass(frozen=True, slots=True)
-class Collected:
-    files: dict[str, CollectedFile]
-    #: How many files matched, including those past ``max_files``.
-    matched: int
 
 
 class CommandResult(CommandAnswer):
@@ -78,6 +83,28 @@ def calls_end_within_s(settings: FleetSettings) -> float:
     """How long a call sent before now may still be running on the fleet: its longest deadline,
     the grace of the hard limit past it, and the margin for the answer."""
     return settings.max_timeout_ms / 1000 + settings.hard_limit_grace_s + settings.reply_margin_s
+
+
+async def call_operation(
+    dispatcher: Dispatcher,
+    spec: ToolSpec,
+    run_id: str,
+    arguments: dict[str, Any],
+    *,
+    pool: str,
+    timeout_ms: int | None = None,
+) -> ToolCallResult:
+    """A call of service operation ``spec`` (``worker.contract.operations``) for run ``run_id``,
+    sent and waited for as ``Dispatcher.call`` does; its task id names the run and the
+    operation, apart from the model's calls."""
+    request = dispatcher.build_request(
+        spec,
+        task_id=f"{run_id}.{spec.name}.{uuid.uuid4().hex[:16]}",
+        run_id=run_id,
+        arguments=arguments,
+        timeout_ms=timeout_ms,
+    )
+    return await dispatcher.call(request, pool)
 
 
 class RunWorkspace:
@@ -96,46 +123,36 @@ class RunWorkspace:
         ``FileProblemError`` for a path that cannot be written (a directory, outside the
         workspace...); the files before it in ``files`` are written.
         """
-        wire = {
-            path: content
-            if isinstance(content, str)
-            else {"base64": base64.b64encode(content).decode("ascii")}
-            for path, content in files.items()
-        }
-        answer = await self._call("toolq.put_files", {"files": wire}, timeout_ms)
-        written: dict[str, int] = answer["written"]
-        return written
+        with _checked(PUT_FILES):
+            request = PutFilesRequest(files={path: _content(c) for path, c in files.items()})
+        answer, _ = await self._call(PUT_FILES, request, timeout_ms)
+        return answer.written
 
     async def read_file(
         self, path: str, *, max_bytes: int | None = None, timeout_ms: int | None = None
     ) -> bytes:
         """One whole file; ``FileProblemError`` when it is missing, a directory, too large..."""
-        arguments: dict[str, Any] = {"path": path}
-        if max_bytes is not None:
-            arguments["max_bytes"] = max_bytes
-        answer = await self._call("toolq.read_file", arguments, timeout_ms)
-        return base64.b64decode(answer["base64"])
+        with _checked(READ_FILE):
+            request = ReadFileRequest(path=path, max_bytes=max_bytes)
+        answer, _ = await self._call(READ_FILE, request, timeout_ms)
+        return answer.data()
 
     async def collect_files(
         self,
         patterns: Sequence[str],
         *,
-        max_files: int = 100,
-        max_file_bytes: int = 51_200,
+        max_files: int = MAX_COLLECTED_FILES,
+        max_file_bytes: int = DEFAULT_OUTPUT_CAP_BYTES,
         timeout_ms: int | None = None,
-    ) -> Collected:
-        """The regular files matching workspace-relative globs, each cut at ``max_file_bytes``."""
-        answer = await self._call(
-            "toolq.collect_files",
-            {
-                "patterns": list(patterns),
-                "max_files": max_files,
-                "max_file_bytes": max_file_bytes,
-            },
-            timeout_ms,
-        )
-        files = {path: CollectedFile(**found) for path, found in answer["files"].items()}
-        return Collected(files, int(answer["matched"]))
+    ) -> CollectFilesAnswer:
+        """The regular files matching workspace-relative globs, each cut at ``max_file_bytes``,
+        and how many matched."""
+        with _checked(COLLECT_FILES):
+            request = CollectFilesRequest(
+                patterns=list(patterns), max_files=max_files, max_file_bytes=max_file_bytes
+            )
+        answer, _ = await self._call(COLLECT_FILES, request, timeout_ms)
+        return answer
 
     async def run(
         self,
@@ -144,28 +161,23 @@ class RunWorkspace:
         input: str | bytes | None = None,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
-        timeout_ms: int = 30_000,
-        output_cap_bytes: int = 51_200,
+        timeout_ms: int = EXEC_TIMEOUT_MS,
+        output_cap_bytes: int = DEFAULT_OUTPUT_CAP_BYTES,
     ) -> CommandResult:
         """Run a shell command line (a string) or an argv (a sequence) in the sandbox pool, with
         run_bash's isolation, in the workspace (or ``cwd`` below it)."""
-        arguments: dict[str, Any] = {
-            "timeout_ms": timeout_ms,
-            "output_cap_bytes": output_cap_bytes,
-            "env": dict(env or {}),
-        }
-        if isinstance(command, str):
-            arguments["command"] = command
-        else:
-            arguments["argv"] = list(command)
-        if cwd is not None:
-            arguments["cwd"] = cwd
-        if isinstance(input, str):
-            arguments["input"] = input
-        elif input is not None:
-            arguments["input"] = {"base64": base64.b64encode(input).decode("ascii")}
-        answer, worker = await self._call_with_worker("toolq.exec", arguments, None)
-        return CommandResult.model_validate({**answer, "worker": worker})
+        with _checked(EXEC):
+            request = ExecRequest(
+                command=command if isinstance(command, str) else None,
+                argv=None if isinstance(command, str) else list(command),
+                input=None if input is None else _content(input),
+                cwd=cwd,
+                env=dict(env or {}),
+                timeout_ms=timeout_ms,
+                output_cap_bytes=output_cap_bytes,
+            )
+        answer, worker = await self._call(EXEC, request, None)
+        return CommandResult.model_validate({**dict(answer), "worker": worker})
 
     async def remove(self, *, timeout_ms: int | None = None, wait_s: float = 0.0) -> bool:
         """Remove the whole workspace; whether there was one.
@@ -177,49 +189,69 @@ class RunWorkspace:
         give_up = time.monotonic() + wait_s
         pause = _FIRST_PAUSE_S
         while True:
-            answer = await self._call("toolq.remove_workspace", {}, timeout_ms)
-            kept = answer.get("kept")
-            if kept is None:
-                return bool(answer["removed"])
+            answer, _ = await self._call(REMOVE_WORKSPACE, NoArguments(), timeout_ms)
+            if answer.kept is None:
+                return answer.removed
             if time.monotonic() + pause > give_up:
                 raise FileProblemError(
-                    "in_use", f"the workspace of run {self.run_id} was kept: {kept}"
+                    "in_use", f"the workspace of run {self.run_id} was kept: {answer.kept}"
                 )
             await asyncio.sleep(pause)
             pause = min(pause * 2, _LONGEST_PAUSE_S)
 
     async def runs_beside(self, prefix: str, *, timeout_ms: int | None = None) -> list[str]:
         """The other runs with a workspace on the fleet whose ids start with ``prefix`` (at
-        most 10,000 at a time: remove some and ask again for the rest)."""
-        answer = await self._call("toolq.list_workspaces", {"prefix": prefix}, timeout_ms)
-        return [str(run) for run in answer["runs"]]
+        most ``MAX_LISTED_RUNS`` at a time: remove some and ask again for the rest)."""
+        with _checked(LIST_WORKSPACES):
+            request = ListWorkspacesRequest(prefix=prefix)
+        answer, _ = await self._call(LIST_WORKSPACES, request, timeout_ms)
+        return answer.runs
 
     async def _call(
-        self, operation: str, arguments: dict[str, Any], timeout_ms: int | None
-    ) -> dict[str, Any]:
-        answer, _ = await self._call_with_worker(operation, arguments, timeout_ms)
-        return answer
-
-    async def _call_with_worker(
-        self, operation: str, arguments: dict[str, Any], timeout_ms: int | None
-    ) -> tuple[dict[str, Any], str | None]:
-        spec = self._fleet.tools.get(operation)
+        self,
+        operation: Operation[RequestT, AnswerT, FileRefusal],
+        request: RequestT,
+        timeout_ms: int | None,
+    ) -> tuple[AnswerT, str | None]:
+        """The operation's answer, and the worker that gave it."""
+        spec = self._fleet.tools.get(operation.name)
         if spec is None:
             raise ServiceCallError(
-                f"no worker of this fleet offers {operation} (workers of an older toolq?)",
+                f"no worker of this fleet offers {operation.name} (workers of an older toolq?)",
                 "unknown_tool",
             )
-        request = self._dispatcher.build_request(
+        result = await call_operation(
+            self._dispatcher,
             spec,
-            task_id=f"{self.run_id}.{operation}.{uuid.uuid4().hex[:16]}",
-            run_id=self.run_id,
-            arguments=arguments,
+            self.run_id,
+            operation.arguments(request),
+            pool=spec.pool,
             timeout_ms=timeout_ms,
         )
-        result = await self._dispatcher.call(request, spec.pool)
         if result.is_error:
             raise ServiceCallError(result.output, result.error_kind)
-        answer: dict[str, Any] = json.loads(result.output)
-        if not answer.get("ok", False):
-            raise FileProblemError(answer["error"], answer["message"])
+        # An answer of another form (a worker of another version) is no refusal: its
+        # ValueError goes up as the fault it is.
+        answer = operation.read_answer(result.output)
+        if isinstance(answer, FileRefusal):
+            raise FileProblemError(answer.error, answer.message)
         return answer, result.worker
+
+
+@contextlib.contextmanager
+def _checked(operation: Operation[Any, Any, Any]) -> Iterator[None]:
+    """A request the worker would refuse is refused here, as the worker words it."""
+    try:
+        yield
+    except ValidationError as exc:
+        raise ServiceCallError(
+            f"Error: invalid arguments for {operation.name}: {request_problems(exc)}.",
+            "invalid_arguments",
+        ) from None
+
+
+def _content(content: str | bytes) -> Content:
+    """Text as it is; bytes as base64."""
+    if isinstance(content, str):
+        return content
+    return {"base64": base64.b64encode(content).decode("ascii")}

@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,10 +22,10 @@ from typing import Any
 import redis
 
 from api.local.stack import LocalStack, worker_environment
-from bench.conversations import CALLS_PER_TURN, TURNS_WITH_TOOLS, scripted_model
+from bench.conversations import CALLS_PER_TURN, TURNS_WITH_TOOLS, scripted_model, write_prompts
 from bench.cost import redis_cpu_seconds
 from bench.procinfo import cpu_seconds
-from bench.stack import PLUGIN, python_path
+from bench.stack import PLUGIN, python_path, run_checked
 from bench.stats import CaseResult, Comparison
 from worker.contract.settings import WorkerSettings
 from worker.contract.wire import AGENTS_QUEUE
@@ -77,10 +76,8 @@ def run_batch(
     env |= {} if on_fleet else model_env
     cpu_before = _children_cpu()
     started = time.perf_counter()
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, check=False)
+    done = run_checked(argv, env, "toolq batch", timeout=900)
     command_s = time.perf_counter() - started
-    if done.returncode != 0:
-        raise RuntimeError(f"toolq batch failed:\n{done.stderr[-4000:]}")
     records = [json.loads(line) for line in output.read_text().splitlines()]
     output.unlink()
     calls = sum(len(r["tool_calls"]) for r in records)
@@ -132,12 +129,7 @@ def agents_pool_case(
         scripted_model() as (llm_url, llm_pid),
         tempfile.TemporaryDirectory(prefix="toolq-bench-agents-") as folder,
     ):
-        items = Path(folder) / "items.jsonl"
-        items.write_text(
-            "".join(
-                json.dumps({"id": f"c{n}", "prompt": "go"}) + "\n" for n in range(conversations)
-            )
-        )
+        items = write_prompts(Path(folder) / "items.jsonl", conversations)
         model_env = {"OPENAI_BASE_URL": llm_url, "OPENAI_API_KEY": "unused"}
         runs = {HERE: measure(settings, items, model_env, tool_workers, llm_pid, [])}
         for count in processes:

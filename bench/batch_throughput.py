@@ -28,7 +28,7 @@ from typing import Any
 import redis
 
 from api.local.stack import LocalStack, worker_environment
-from bench.conversations import CALLS_PER_TURN, TURNS_WITH_TOOLS, scripted_model
+from bench.conversations import CALLS_PER_TURN, TURNS_WITH_TOOLS, scripted_model, write_prompts
 from bench.cost import redis_cpu_seconds
 from bench.procinfo import cpu_seconds, process_tree
 from bench.stack import BareWorker, python_path
@@ -114,18 +114,10 @@ def batch_throughput_case(
         scripted_model() as (llm_url, llm_pid),
         tempfile.TemporaryDirectory(prefix="toolq-bench-batch-") as folder,
     ):
-        items = Path(folder) / "items.jsonl"
-        items.write_text(
-            "".join(
-                json.dumps({"id": f"c{n}", "prompt": "go"}) + "\n" for n in range(conversations)
-            )
-        )
+        items = write_prompts(Path(folder) / "items.jsonl", conversations)
         watched = {"tools workers": stack.pids("worker-tools"), "scripted model": [llm_pid]}
         # Warm: connections, the workers' first calls, the page cache; on both systems.
-        small = Path(folder) / "small.jsonl"
-        small.write_text(
-            "".join(json.dumps({"id": f"s{n}", "prompt": "go"}) + "\n" for n in range(SMALL_BATCH))
-        )
+        small = write_prompts(Path(folder) / "small.jsonl", SMALL_BATCH, "s")
         small_run = run_batch(settings, llm_url, small, watched)
         if conversations > SMALL_BATCH:
             small_run = run_batch(settings, llm_url, small, watched)

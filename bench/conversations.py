@@ -22,7 +22,7 @@ import redis
 from api.local.stack import LocalStack, free_port, worker_environment
 from bench.cost import redis_cpu_seconds
 from bench.procinfo import cpu_seconds
-from bench.stack import python_path, wait_until
+from bench.stack import python_path, run_checked, wait_until
 from bench.stats import CaseResult, Comparison
 from worker.contract.settings import WorkerSettings
 
@@ -48,6 +48,14 @@ def _answers(port: int) -> bool:
         return False
     finally:
         connection.close()
+
+
+def write_prompts(path: Path, count: int, prefix: str = "c") -> Path:
+    """A batch's items at ``path``: ``count`` conversations that each say "go" to the script."""
+    path.write_text(
+        "".join(json.dumps({"id": f"{prefix}{n}", "prompt": "go"}) + "\n" for n in range(count))
+    )
+    return path
 
 
 @contextlib.contextmanager
@@ -87,16 +95,8 @@ def run_module(settings: WorkerSettings, module: str, llm_url: str, *args: str) 
     """``python -m module --llm URL args...`` in a process of its own: its line of JSON, and
     how many model requests it had to retry."""
     env = {**os.environ, **worker_environment(settings), "PYTHONPATH": python_path()}
-    done = subprocess.run(
-        [sys.executable, "-m", module, "--llm", llm_url, *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"{module} failed:\n{done.stderr[-4000:]}")
+    argv = [sys.executable, "-m", module, "--llm", llm_url, *args]
+    done = run_checked(argv, env, module, timeout=600)
     figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     # Retried model requests pass unseen in the answers but cost a request each.
     figures["model_requests_retried"] = done.stderr.count("model request failed")

@@ -15,7 +15,6 @@ checkout of toolq, to compare two versions on the same workers.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import subprocess
@@ -25,8 +24,8 @@ import time
 from pathlib import Path
 
 from api.local.stack import worker_environment
-from bench.conversations import CALLS_PER_TURN, TURNS_WITH_TOOLS, scripted_model
-from bench.stack import bench_settings, private_redis, python_path, toolq_workers
+from bench.conversations import CALLS_PER_TURN, TURNS_WITH_TOOLS, scripted_model, write_prompts
+from bench.stack import bench_settings, private_redis, python_path, run_checked, toolq_workers
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: Frames under this share of the run are left out of the tree.
@@ -98,13 +97,7 @@ def run(conversations: int, out: Path, tree: Path | None) -> None:
                 "OPENAI_API_KEY": "unused",
             }
             for name, count in (("warm", 10), ("items", conversations)):
-                items = Path(folder) / f"{name}.jsonl"
-                items.write_text(
-                    "".join(
-                        json.dumps({"id": f"{name}{n}", "prompt": "go"}) + "\n"
-                        for n in range(count)
-                    )
-                )
+                items = write_prompts(Path(folder) / f"{name}.jsonl", count, name)
                 batch = ["batch", str(items), "-o", str(items.with_suffix(".out"))]
                 batch += ["--concurrency", str(count), "--model", "scripted"]
                 # This file, run by path: the batch's toolq is the one on PYTHONPATH.
@@ -114,17 +107,7 @@ def run(conversations: int, out: Path, tree: Path | None) -> None:
                 inside += f"; runpy.run_path({__file__!r}, run_name='__main__')"
                 argv = [sys.executable, "-c", inside] if name == "items" else None
                 argv = argv or [sys.executable, "-m", "api.cli", *batch]
-                done = subprocess.run(
-                    argv,
-                    env=env,
-                    cwd=folder,
-                    capture_output=True,
-                    text=True,
-                    timeout=900,
-                    check=False,
-                )
-                if done.returncode != 0:
-                    raise RuntimeError(f"the {name} batch failed:\n{done.stderr[-3000:]}")
+                run_checked(argv, env, f"the {name} batch", timeout=900, cwd=folder)
     version = _version(tree or repo)
     title = (
         f"toolq batch of {conversations:,} conversations at once ({TURNS_WITH_TOOLS} turns of "

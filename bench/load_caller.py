@@ -15,14 +15,13 @@ import json
 import resource
 import sys
 import time
-import uuid
 from typing import Any
 
 from celery.result import ResultSet
 
 from api.dispatch import Dispatcher
 from bench import bare_celery
-from bench.round_trip import RUN_ID, noop_spec
+from bench.round_trip import noop_burst, noop_spec
 from worker.contract.settings import WorkerSettings, get_worker_settings
 
 TOOLQ = "toolq"
@@ -49,19 +48,12 @@ def _answer(calls: int, started: float, cpu: float, failed: int) -> None:
 async def serve_toolq(settings: WorkerSettings) -> None:
     spec = noop_spec(settings)
     async with Dispatcher(settings) as dispatcher:
-
-        async def one() -> bool:
-            request = dispatcher.build_request(
-                spec, task_id=uuid.uuid4().hex, run_id=RUN_ID, arguments={}
-            )
-            return not (await dispatcher.call(request, spec.pool)).is_error
-
         # The next order is awaited in a thread: the loop keeps reading replies meanwhile.
         while line := await asyncio.to_thread(sys.stdin.readline):
             calls = int(line)
             cpu, started = _own_cpu(), time.monotonic()
-            answers = await asyncio.gather(*(one() for _ in range(calls)))
-            _answer(calls, started, cpu, answers.count(False))
+            failed = await noop_burst(dispatcher, spec, calls)
+            _answer(calls, started, cpu, failed)
 
 
 def serve_bare(settings: WorkerSettings) -> None:

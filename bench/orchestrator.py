@@ -22,7 +22,7 @@ from typing import Any
 
 from openai._base_client import AsyncAPIClient
 
-import api.llm
+import api.llm_body
 from api.agent import Agent, AgentOptions
 from api.collector import tuned_for_many_conversations
 from api.dispatch import Dispatcher
@@ -31,6 +31,7 @@ from api.llm import ChatModel
 from api.settings import get_settings
 from bench.probes import CpuProbe
 from bench.procinfo import status_kb
+from worker.contract.jobs.replies import ReplyReader
 
 MODEL = "scripted"
 PROMPT = "go"
@@ -74,10 +75,10 @@ class RecordingExecutor(ThreadPoolExecutor):
 def install_probes() -> list[CpuProbe]:
     """Where the orchestrator's CPU goes: the model client's request building, and publishing."""
     probes = [
-        CpuProbe(api.llm, "chat_body", "toolq chat request body"),
+        CpuProbe(api.llm_body, "chat_body", "toolq chat request body"),
         CpuProbe(AsyncAPIClient, "_build_request", "openai request building"),
         CpuProbe(Dispatcher, "_publish", "toolq publish (Celery send_task)"),
-        CpuProbe(Dispatcher, "_deliver", "toolq reply parsing"),
+        CpuProbe(ReplyReader, "deliver", "toolq reply parsing"),
     ]
     return [probe for probe in probes if probe.install()]
 

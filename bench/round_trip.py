@@ -61,6 +61,19 @@ def noop_spec(settings: WorkerSettings) -> ToolSpec:
         client.close()
 
 
+async def noop_burst(dispatcher: Dispatcher, spec: ToolSpec, calls: int) -> int:
+    """Send ``calls`` no-op calls at once and wait for every answer; how many failed."""
+
+    async def one() -> bool:
+        request = dispatcher.build_request(
+            spec, task_id=uuid.uuid4().hex, run_id=RUN_ID, arguments={}
+        )
+        return not (await dispatcher.call(request, spec.pool)).is_error
+
+    answers = await asyncio.gather(*(one() for _ in range(calls)))
+    return answers.count(False)
+
+
 class WorkersReady:
     """Waits until every worker is back to waiting for work (its consumer blocked in BRPOP).
 

@@ -192,44 +192,23 @@ def sandbox_case(
             f"subprocess.run), {stats[sandboxed]['p50_ms'] - stats[same_line]['p50_ms']:.2f} ms "
             "is run_bash's own work (pipes, reading, killing and sweeping leftovers)."
         )
-    result.comparisons.append(
+    through_pool = (
+        ("above a no-op (p50, worker ready)", above_noop, POOL_COST_GOAL),
+        ("above a no-op (p50, back to back)", above_noop_back_to_back, None),
+        (f"above a no-op (p50, after a pause of {PAUSE_S * 1000:.0f} ms)", above_noop_paused, None),
+        ("(p50, worker ready)", stats[POOL]["p50_ms"], None),
+    )
+    result.comparisons += [
         Comparison(
-            metric="run_bash through the sandbox pool above a no-op (p50, worker ready)",
-            value=above_noop,
+            metric=f"run_bash through the sandbox pool {how}",
+            value=value,
             baseline=shell_p50,
             baseline_name=SHELL_ONLY,
             unit="ms",
-            goal=POOL_COST_GOAL,
+            goal=goal,
         )
-    )
-    result.comparisons.append(
-        Comparison(
-            metric="run_bash through the sandbox pool above a no-op (p50, back to back)",
-            value=above_noop_back_to_back,
-            baseline=shell_p50,
-            baseline_name=SHELL_ONLY,
-            unit="ms",
-        )
-    )
-    result.comparisons.append(
-        Comparison(
-            metric=f"run_bash through the sandbox pool above a no-op (p50, after a pause of "
-            f"{PAUSE_S * 1000:.0f} ms)",
-            value=above_noop_paused,
-            baseline=shell_p50,
-            baseline_name=SHELL_ONLY,
-            unit="ms",
-        )
-    )
-    result.comparisons.append(
-        Comparison(
-            metric="run_bash through the sandbox pool (p50, worker ready)",
-            value=stats[POOL]["p50_ms"],
-            baseline=shell_p50,
-            baseline_name=SHELL_ONLY,
-            unit="ms",
-        )
-    )
+        for how, value, goal in through_pool
+    ]
     return result
 
 

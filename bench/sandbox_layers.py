@@ -24,7 +24,7 @@ from typing import Any
 
 from worker import sandbox
 from worker.sandbox import Isolation, SandboxConfig, SandboxError, describe_isolation, run_sandboxed
-from worker.sandbox.plan import plan_for
+from worker.sandbox.layers import plan_for
 
 COMMAND = "true"
 TIMEOUT_MS = 10_000

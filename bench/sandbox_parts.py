@@ -36,7 +36,10 @@ from bench.sandbox_layers import COMMAND, SHELL_ONLY, TIMEOUT_MS
 from worker.contract.settings import WorkerSettings
 from worker.sandbox import SandboxConfig, SandboxError, run_sandboxed
 from worker.sandbox import launch as launching
+from worker.sandbox import launcher as launchers
 from worker.sandbox import output as pumping
+from worker.sandbox.plan import PRIVATE_FOLDERS
+from worker.tools.factory import prepare_workspace
 
 IN_PROCESS = "run_sandboxed 'true' in process, the pool's configuration"
 PAUSE_S = 0.05
@@ -53,7 +56,6 @@ BIND = "a bind mount of a folder below them (as a run's workspace is bound)"
 ENDED = "after the answer: the call's namespace and groups ended (launcher thread)"
 MADE = "after the answer: the next launch made, until its init's word (launcher thread)"
 LAUNCHER_THREAD = "toolq-launch"
-PRIVATE_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm", "/run")
 RUN_ID = "bench-parts"
 
 _CLONE_NEWNS = 0x00020000
@@ -76,7 +78,7 @@ class _Probes:
     """The wall-clock probes on the sandbox's steps, installed for the probe's calls only."""
 
     def __init__(self) -> None:
-        self.take = WallProbe(launching.Launcher, "take", _launch_kind)
+        self.take = WallProbe(launchers.Launcher, "take", _launch_kind)
         self.exit = WallProbe(pumping.Pump, "until_exit")
         self.ended = WallProbe(launching, "_end")
         self.made = WallProbe(launching, "launch")
@@ -208,14 +210,10 @@ def _time_mounts(workspace: Path, size_bytes: int) -> tuple[float, float]:
 
 
 def _run_folder(root: Path, config: SandboxConfig) -> tuple[Path, tuple[int, int] | None]:
-    """A run's workspace as a worker prepares it: its run's uid's, closed to others."""
-    folder = root / RUN_ID
-    folder.mkdir()
-    owner = config.workspace_owner(folder)
-    if owner is not None:
-        os.chown(folder, *owner)
-        folder.chmod(0o700)
-    return folder, owner
+    """A run's workspace as a worker prepares it (the worker's own, open to its run's group
+    alone, below a root that cannot be listed), and the run's uid and gid."""
+    workspace = prepare_workspace(root / RUN_ID, config)
+    return workspace.root, workspace.owner
 
 
 def _one_call(
@@ -312,7 +310,7 @@ def sandbox_parts(calls: int, warmup: int) -> SandboxParts:
             found.samples[MADE] = [a + b for a, b in zip(made, confirmed, strict=False)]
     finally:
         # The launches kept ready for the probe's configuration go, with their groups.
-        launching.launcher.release()
+        launchers.launcher.release()
         ahead.close()
         shutil.rmtree(root, ignore_errors=True)
     found.samples = {name: values for name, values in found.samples.items() if values}

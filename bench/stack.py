@@ -15,7 +15,13 @@ from pathlib import Path
 
 import redis
 
-from api.local.stack import LocalStack, free_port, redis_server_binary, worker_environment
+from api.local.stack import (
+    LocalStack,
+    free_port,
+    pings,
+    redis_server_binary,
+    worker_environment,
+)
 from bench import bare_celery
 from worker.contract.settings import WorkerSettings
 
@@ -44,6 +50,19 @@ def python_path() -> str:
     """PYTHONPATH with the repository first: workers import ``bench.noop_plugin`` from it."""
     previous = os.environ.get("PYTHONPATH")
     return os.pathsep.join(filter(None, [str(REPO), previous]))
+
+
+def run_checked(
+    argv: list[str], env: dict[str, str], what: str, *, timeout: float, cwd: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``argv`` run to its end, its output captured as text; when it fails, ``RuntimeError``
+    with the end of its stderr, saying ``what`` failed."""
+    done = subprocess.run(
+        argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} failed:\n{done.stderr[-4000:]}")
+    return done
 
 
 def bench_settings(broker_url: str, workspace_root: Path) -> WorkerSettings:
@@ -80,20 +99,13 @@ def private_redis() -> Iterator[str]:
     url = f"redis://127.0.0.1:{port}/0"
     client = redis.Redis.from_url(url)
     try:
-        wait_until(lambda: _pings(client), "redis-server answering")
+        wait_until(lambda: pings(client), "redis-server answering")
         yield url
     finally:
         client.close()
         proc.terminate()
         proc.wait(10)
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _pings(client: redis.Redis) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
 
 
 @contextlib.contextmanager

@@ -22,6 +22,7 @@ from api.local.stack import worker_environment
 from bench.conversations import scripted_model
 from bench.stack import python_path
 from bench.stats import CaseResult, Comparison, percentile
+from worker.contract.batch_record import BatchRecord
 from worker.contract.settings import WorkerSettings
 
 CONCURRENCY = 50
@@ -64,13 +65,11 @@ def run_batch(
     started = time.perf_counter()
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, check=False)
     wall_s = time.perf_counter() - started
-    results = [json.loads(line) for line in output.read_text().splitlines()]
-    failed = [
-        r for r in results if r["status"] != "ok" or (r["score"] and not r["score"]["passed"])
-    ]
+    results = [BatchRecord.read(json.loads(line)) for line in output.read_text().splitlines()]
+    failed = [r for r in results if r.status != "ok" or r.passed is False]
     if done.returncode != 0 or len(results) != len(lines) or failed:
         raise RuntimeError(f"the {name} batch did not go as planned:\n{done.stderr[-3000:]}")
-    return {"wall_s": wall_s, "durations_ms": [r["duration_s"] * 1000 for r in results]}
+    return {"wall_s": wall_s, "durations_ms": [(r.duration_s or 0.0) * 1000 for r in results]}
 
 
 def tasks_case(settings: WorkerSettings, count: int, repeats: int) -> CaseResult:

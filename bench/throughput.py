@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +14,7 @@ from api.dispatch import Dispatcher
 from api.local.stack import LocalStack
 from bench.cost import CostMeter
 from bench.procinfo import process_tree
-from bench.round_trip import RUN_ID, noop_spec
+from bench.round_trip import noop_burst, noop_spec
 from bench.stack import TRANSPORT_NOTE, BareWorker
 from bench.stats import CaseResult, Comparison
 from worker.contract.settings import WorkerSettings
@@ -25,17 +24,9 @@ async def toolq_throughput(settings: WorkerSettings, calls: int) -> float:
     """Calls per second with ``calls`` sent at once through one Dispatcher."""
     spec = noop_spec(settings)
     async with Dispatcher(settings) as dispatcher:
-
-        async def one() -> bool:
-            request = dispatcher.build_request(
-                spec, task_id=uuid.uuid4().hex, run_id=RUN_ID, arguments={}
-            )
-            return not (await dispatcher.call(request, spec.pool)).is_error
-
         started = time.perf_counter()
-        answers = await asyncio.gather(*(one() for _ in range(calls)))
+        failed = await noop_burst(dispatcher, spec, calls)
         elapsed = time.perf_counter() - started
-    failed = answers.count(False)
     if failed:
         raise RuntimeError(f"{failed} of {calls} noop calls failed")
     return calls / elapsed

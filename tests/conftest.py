@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 import redis
@@ -48,6 +48,45 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0, what: str = "
             return
         time.sleep(0.02)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class Clock:
+    """A clock that stands still until the test moves ``now``."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def start_logged(
+    argv: list[str], env: Mapping[str, str], log_path: Path
+) -> subprocess.Popen[bytes]:
+    """``argv`` started as the leader of a process group of its own, its output in ``log_path``."""
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            argv,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+
+def wait_for_file(
+    path: Path, process: subprocess.Popen[bytes], log: Path, what: str, timeout: float = 120
+) -> None:
+    """Until ``process`` has written ``path``, waiting for ``what``; fails with the process's
+    ``log`` if it exits first."""
+
+    def written() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(f"exited without writing {path.name}:\n{log.read_text()}")
+        return path.exists()
+
+    wait_for(written, timeout, what)
 
 
 def tool_spec(name: str, pool: Pool = "tools", **fields: Any) -> ToolSpec:
@@ -131,6 +170,16 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     server.stop()
 
 
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A Redis of the test's own, for what would trouble any test sharing it: a store out of
+    memory, a restart, workers announcing themselves that no other fleet should see."""
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
 def fleet_settings(broker_url: str, workspace_root: Path, **overrides: object) -> WorkerSettings:
     values: dict[str, object] = {
         "broker_url": broker_url,
@@ -206,15 +255,7 @@ class AgentsWorker:
             node=f"{self.node}@%h",
             extra=("--without-gossip", "--without-mingle"),
         )
-        with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen(
-                argv,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        self.process = start_logged(argv, env, self.log_path)
 
     @property
     def process_name(self) -> str:
@@ -275,6 +316,32 @@ def agents_workers(
         worker.stop()
 
 
+class StartModel(Protocol):
+    def __call__(
+        self, steps: list[dict[str, Any]], scripts_dir: Path | None = None
+    ) -> ScriptedServer: ...
+
+
+@pytest.fixture
+def start_model() -> Iterator[StartModel]:
+    """Start scripted models (``start_model(steps)``, and with ``scripts_dir`` the scripts it
+    answers ``scripted:<name>`` from): each is stopped after the test."""
+    from api.scripted.script import Script
+    from api.scripted.server import ScriptedServer
+
+    started: list[ScriptedServer] = []
+
+    def start(steps: list[dict[str, Any]], scripts_dir: Path | None = None) -> ScriptedServer:
+        server = ScriptedServer(Script.from_steps(list(steps)), scripts_dir=scripts_dir)
+        server.start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _python_path() -> Iterator[None]:
     """Worker processes import the test plugins from the repository."""
@@ -327,6 +394,16 @@ class Caller:
             timeout_ms=timeout_ms,
         )
         return await self.dispatcher.call(request, spec.pool)
+
+
+async def assert_files_round_trip(call: Caller, text: str) -> None:
+    """A file the tools pool writes reads back as ``text`` from both pools: ``read_file``, and
+    ``cat`` in ``run_bash``."""
+    written = await call("write_file", {"path": "round-trip.txt", "content": text})
+    assert not written.is_error, written.output
+    assert (await call("read_file", {"path": "round-trip.txt"})).output == text
+    bash = await call("run_bash", {"command": "cat round-trip.txt"})
+    assert json.loads(bash.output)["stdout"] == text
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ of toolq's: it is the floor both stand on.
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,48 @@ def test_the_rule_sees_every_kind_of_import(
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
     found = [entry.split(" ")[1] for entry in breaches("api", "worker", API_MAY_IMPORT)]
     assert found == expected
+
+
+BUILTIN_EXCEPTIONS = {
+    name
+    for name, value in vars(__import__("builtins")).items()
+    if isinstance(value, type) and issubclass(value, BaseException)
+} | {"HTTPException"}
+
+
+def exception_bases() -> dict[str, tuple[str, list[str]]]:
+    """Each class of ``api`` and ``worker`` by name: where it is, and its bases' last names."""
+    classes: dict[str, tuple[str, list[str]]] = {}
+    for folder in ("api", "worker"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ClassDef):
+                    bases = [ast.unparse(base).rsplit(".", 1)[-1] for base in node.bases]
+                    where = f"{path.relative_to(ROOT)}:{node.lineno}"
+                    classes[node.name] = (where, bases)
+    return classes
+
+
+def test_every_toolq_exception_derives_from_toolq_error() -> None:
+    """A caller catches toolq's refusals and faults as one kind: ``except ToolqError``."""
+    classes = exception_bases()
+
+    def reaches(name: str, goal: Callable[[str], bool], seen: frozenset[str] = frozenset()) -> bool:
+        if goal(name):
+            return True
+        if name in seen or name not in classes:
+            return False
+        return any(reaches(base, goal, seen | {name}) for base in classes[name][1])
+
+    exceptions = [
+        name
+        for name in classes
+        if name != "ToolqError" and reaches(name, BUILTIN_EXCEPTIONS.__contains__)
+    ]
+    assert len(exceptions) > 20  # the check sees them
+    apart = [
+        f"{classes[name][0]} {name}"
+        for name in exceptions
+        if not reaches(name, "ToolqError".__eq__)
+    ]
+    assert apart == []

@@ -20,6 +20,17 @@ NUL_PATH_CALLS: tuple[tuple[str, dict[str, Any]], ...] = (
 )
 
 
+def calls_naming(name: str) -> tuple[tuple[str, dict[str, Any]], ...]:
+    """A call of each tool that makes, reads, lists or moves a path, on ``name``."""
+    return (
+        ("write_file", {"path": name, "content": "x"}),
+        ("read_file", {"path": name}),
+        ("mkdir", {"path": f"{name}/sub"}),
+        ("list_dir", {"path": name}),
+        ("move", {"source": name, "destination": "x"}),
+    )
+
+
 def outside_targets(root: Path, paths: Iterable[str]) -> dict[str, tuple[int, int] | None]:
     """What each payload names outside the workspace if taken at face value: that path's size
     and mtime, or None where nothing is. (Symlinks inside the workspace lead only to the

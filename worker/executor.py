@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from worker.contract.errors import ToolqError
 from worker.contract.image_errors import EnvironmentLost
 from worker.contract.keys import keys
 from worker.contract.limits import cap_text
@@ -48,11 +49,11 @@ _WORKSPACES_KEPT = 1024
 _HOLD_TRIES = 3
 
 
-class TimeLimitReached(Exception):
+class TimeLimitReached(ToolqError):
     """Raised into a running tool when its soft time limit passes (mapped from Celery's)."""
 
 
-class NotRunHere(Exception):
+class NotRunHere(ToolqError):
     """This delivery neither ran nor answered its call, which another holds: a message of the
     call that started it (the caller sent the call again), or the caller, which stopped waiting."""
 

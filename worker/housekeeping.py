@@ -16,7 +16,7 @@ from worker.images.pinning import sweep_now as sweep_boxes_now
 from worker.quota import WorkspaceQuota
 from worker.retention import empty_trash, prune
 from worker.sandbox import SandboxConfig, SandboxError, sweep_orphans
-from worker.sandbox.plan import plan_for
+from worker.sandbox.layers import plan_for
 
 log = logging.getLogger(__name__)
 #: How often the commands of dead worker processes are looked for. A worker process that dies

@@ -1,4 +1,5 @@
-"""Results stored once per task_id, and the start marker that makes redelivery safe.
+"""Results stored once per task_id (``worker.contract.jobs``), and the start marker that makes
+redelivery safe.
 
 A stored result counts only if it is the call's own: sealed with the key its request carries
 (``ToolCallRequest.seal_key``). Anyone who can write to Redis can put text at a call's result
@@ -8,7 +9,6 @@ that text on, so such a value is replaced, and said so.
 
 from __future__ import annotations
 
-import functools
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +17,7 @@ import redis
 from redis.commands.core import Script
 from redis.connection import Connection
 
+from worker.contract.jobs.answers import AnswerStore
 from worker.contract.keys import keys
 from worker.contract.runtime.store_refusals import REFUSED_WRITES, until_deadline
 from worker.contract.wire import ToolCallResult, read_start_mark, start_mark
@@ -25,23 +26,6 @@ log = logging.getLogger(__name__)
 #: Values not the call's own a worker replaces at its result key before it gives up: each try is
 #: a race that whoever writes them must win again.
 _UNBOUND_TRIES = 3
-
-# Store the result and push it to the caller's inbox, unless a result is kept already: that one
-# comes back unpushed, for the worker to check that it is the call's own before answering with
-# it (a redelivered call that ran again still answers with its first outcome). ARGV[3] is a
-# kept value found not to be the call's own: it is replaced. (GET then SET rather than SET NX
-# GET: the script is atomic either way, and this runs on Redis 6.2 too.)
-_STORE_ONCE = """
-local stored = redis.call('GET', KEYS[1])
-if stored and stored ~= ARGV[3] then return {'kept', stored} end
-redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
-if KEYS[2] ~= '' then
-  redis.call('RPUSH', KEYS[2], ARGV[1])
-  redis.call('EXPIRE', KEYS[2], ARGV[2])
-end
-return {'stored', ''}
-"""
-
 
 # One round trip before a call runs: its stored result if it finished, else the start marker
 # (set now, or the mark of whoever set it before). ARGV[3] is a stored value found not to be
@@ -74,7 +58,7 @@ class ResultStore:
     def __init__(self, client: redis.Redis, ttl_s: int) -> None:
         self._redis = client
         self._ttl_s = ttl_s
-        self._store = client.register_script(_STORE_ONCE)
+        self._answers = AnswerStore(client, ttl_s, keys.result, "call")
         self._begin = client.register_script(_BEGIN)
 
     def store(
@@ -86,28 +70,23 @@ class ResultStore:
         deadline: float | None = None,
     ) -> ToolCallResult:
         """Keep the first result of this call, sealed with ``seal_key``, and send the kept one
-        to ``reply_to``; a store that refuses is asked again until ``deadline``."""
+        to ``reply_to`` (a redelivered call that ran again still answers with its first
+        outcome); a store that refuses is asked again until ``deadline``."""
         sealed = result.sealed_with(seal_key)
         payload = sealed.model_dump_json()
         unbound: bytes | str = ""
         for _ in range(_UNBOUND_TRIES):
-            state, kept = until_deadline(
-                functools.partial(
-                    self._store,
-                    keys=[keys.result(result.task_id), reply_to or ""],
-                    args=[payload, self._ttl_s, unbound],
-                ),
-                deadline,
-                f"the answer to call {result.task_id}",
+            stored = self._answers.store_once(
+                result.task_id, payload, reply_to, replacing=unbound, deadline=deadline
             )
-            if _text(state) == "stored":
+            if stored.state == "stored":
                 return sealed
-            found = _own_result(kept, seal_key)
+            found = _own_result(stored.kept, seal_key)
             if found is not None:
                 self.reply_again(found, reply_to, deadline=deadline)
                 return found
             _warn_unbound(result.task_id)
-            unbound = kept
+            unbound = stored.kept
         # Written over again each time: the caller still gets the call's own answer.
         self.reply_again(sealed, reply_to, deadline=deadline)
         return sealed
@@ -115,31 +94,10 @@ class ResultStore:
     def reply_again(
         self, result: ToolCallResult, reply_to: str | None, *, deadline: float | None = None
     ) -> None:
-        if not reply_to:
-            return
-        payload = result.model_dump_json()
-
-        def push() -> None:
-            # A pipeline forgets its commands when it runs, refused or not: built per try.
-            pipe = self._redis.pipeline(transaction=False)
-            pipe.rpush(reply_to, payload)
-            pipe.expire(reply_to, self._ttl_s)
-            pipe.execute()
-
-        until_deadline(push, deadline, f"the answer to call {result.task_id}")
-
-    def begin(
-        self,
-        task_id: str,
-        worker: str,
-        send_number: int = 1,
-        seal_key: str | None = None,
-        *,
-        deadline: float | None = None,
-    ) -> Begin:
-        """The stored answer of a finished call, or mark the call started by ``worker``, as
-        message ``send_number`` of the call; a stored answer counts if sealed with ``seal_key``."""
-        return self.begin_ahead(task_id, worker, send_number, seal_key, deadline=deadline).result()
+        if reply_to:
+            self._answers.reply(
+                result.task_id, result.model_dump_json(), reply_to, deadline=deadline
+            )
 
     def begin_ahead(
         self,
@@ -150,8 +108,10 @@ class ResultStore:
         *,
         deadline: float | None = None,
     ) -> PendingBegin:
-        """``begin`` sent now, its answer read by ``PendingBegin.result``: the round trip
-        overlaps whatever the caller does in between, which must start nothing of the call's."""
+        """The stored answer of a finished call, or mark the call started by ``worker``, as
+        message ``send_number`` of the call; a stored answer counts if sealed with ``seal_key``.
+        Sent now, its answer read by ``PendingBegin.result``: the round trip overlaps whatever
+        the caller does in between, which must start nothing of the call's."""
         return PendingBegin(
             self._redis,
             self._begin,
@@ -164,7 +124,7 @@ class ResultStore:
 
 
 class PendingBegin:
-    """A call's ``begin`` on its way: the script's call written on a connection of its own,
+    """A call's ``begin_ahead`` on its way: the script's call written on a connection of its own,
     the answer read once, by ``result``.
 
     Where the connection fails, the server does not know the script yet or refuses the write,

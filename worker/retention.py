@@ -22,6 +22,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from worker.contract.errors import ToolqError
 from worker.contract.wire import RUN_ID_PATTERN
 from worker.quota import STATE_DIR, WorkspaceQuota, measure
 from worker.sandbox.identity import release
@@ -35,7 +36,7 @@ TRASH = "trash"
 IN_FLIGHT = "a call of the run is in flight"
 
 
-class WorkspaceGone(Exception):
+class WorkspaceGone(ToolqError):
     """The workspace folder was removed (or replaced) before the call could hold it."""
 
 

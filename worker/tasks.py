@@ -30,6 +30,7 @@ from celery.signals import (
 )
 
 from worker.app import app
+from worker.contract.errors import ToolqError
 from worker.contract.runtime.celery_guard import ValidatedRequest
 from worker.contract.runtime.heartbeat import Heartbeat
 from worker.contract.runtime.lifeline import VITALS, consumer_lost
@@ -70,7 +71,7 @@ def served_pools(celery_app: Any) -> list[Pool]:
     return [q for q in celery_app.amqp.queues.consume_from if q in POOLS]
 
 
-class ToolCallFailed(Exception):
+class ToolCallFailed(ToolqError):
     """A call answered with an error; its one argument is the outcome's summary."""
 
 

@@ -8,8 +8,8 @@ from typing import Any
 from celery import Celery
 from kombu import Queue
 
-from api.fleet import AGENTS_UNACKED_HASH
 from api.settings import OrchestratorSettings, get_settings
+from worker.contract.keys import AGENTS_UNACKED_HASH, AGENTS_UNACKED_INDEX, AGENTS_UNACKED_MUTEX
 from worker.contract.runtime.lifeline import serve_or_exit
 from worker.contract.runtime.redis_transport import transport_setting
 from worker.contract.wire import AGENTS_QUEUE
@@ -53,8 +53,8 @@ def agents_config(settings: OrchestratorSettings) -> dict[str, Any]:
             # out again; kept apart from the tool pools', whose timeout is much shorter.
             "visibility_timeout": int(settings.conversation_timeout_s) + VISIBILITY_MARGIN_S,
             "unacked_key": AGENTS_UNACKED_HASH,
-            "unacked_index_key": f"{AGENTS_UNACKED_HASH}_index",
-            "unacked_mutex_key": f"{AGENTS_UNACKED_HASH}_mutex",
+            "unacked_index_key": AGENTS_UNACKED_INDEX,
+            "unacked_mutex_key": AGENTS_UNACKED_MUTEX,
         }
     return config
 

@@ -2,8 +2,8 @@
 output lines back, and never wait forever.
 
 Answers come back on one reply list per client, drained by one reader, as tool calls' answers do
-(``api/replies.py``). Every ``tick_s`` one look at all the conversations in flight (one Redis
-transaction) decides, for each, the same way a tool call's deadline does:
+(``worker.contract.jobs``). Every ``tick_s`` one look at all the conversations in flight (one
+Redis transaction) decides, for each, the same way a tool call's deadline does:
 
 - an answer stored but not received (the run finished for an earlier caller): taken from Redis;
 - a run whose lease is gone without an answer (its agents worker died or was cut off): sent
@@ -19,13 +19,13 @@ transaction) decides, for each, the same way a tool call's deadline does:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from celery import Celery
@@ -44,9 +44,10 @@ from api.agents.store import ConversationStore, attempt_of, store_client
 from api.batch.items import BatchItem
 from api.batch.runner import failed_record
 from api.broker import producer_app
-from api.fleet import queue_depths
-from api.replies import read_replies
+from api.fleet import read_queue_depths
 from api.settings import OrchestratorSettings
+from worker.contract.errors import ToolqError
+from worker.contract.jobs.replies import ReplyReader
 from worker.contract.keys import keys
 from worker.contract.runtime.heartbeat import HEARTBEAT_TTL_S
 from worker.contract.wire import AGENTS_QUEUE
@@ -71,7 +72,7 @@ NO_WORKERS = (
 )
 
 
-class NoAgentsError(RuntimeError):
+class NoAgentsError(ToolqError, RuntimeError):
     """No agents worker is live to run conversations."""
 
 
@@ -120,6 +121,14 @@ class ConversationClient:
         self._no_workers_grace_s = no_workers_grace_s
         self._lost_after_s = lost_after_s
         self._flights: dict[str, _Flight] = {}
+        self._replies = ReplyReader(
+            self._redis,
+            self.reply_key,
+            ConversationResult,
+            self._flights,
+            attrgetter("conversation_id"),
+            lambda flight, result: flight.answer.set_result(result.record),
+        )
         # Kombu's producers are not thread-safe and publishing blocks: one thread sends.
         self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toolq-send-agents")
         self._tasks: list[asyncio.Task[None]] = []
@@ -138,16 +147,12 @@ class ConversationClient:
 
     async def start(self) -> None:
         if not self._tasks:
-            self._tasks = [
-                asyncio.create_task(self._read(), name="toolq-conversation-replies"),
-                asyncio.create_task(self._supervise(), name="toolq-conversation-watch"),
-            ]
+            self._replies.start("toolq-conversation-replies")
+            self._tasks = [asyncio.create_task(self._supervise(), name="toolq-conversation-watch")]
 
     async def close(self) -> None:
         self._closing = True
-        # A blocking BLPOP answers a cancel late: closing its connection ends it at once.
-        with contextlib.suppress(RedisError, OSError):
-            await self._redis.connection_pool.disconnect(inuse_connections=True)
+        await self._replies.stop()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -270,25 +275,6 @@ class ConversationClient:
 
     # -- answers -------------------------------------------------------------------------------
 
-    async def _read(self) -> None:
-        await read_replies(
-            self._redis,
-            self.reply_key,
-            self._deliver,
-            others_waiting=lambda: len(self._flights) > 1,
-            closing=lambda: self._closing,
-        )
-
-    def _deliver(self, raw: bytes | str) -> None:
-        try:
-            result = ConversationResult.model_validate_json(raw)
-        except ValueError:
-            log.error("dropping a malformed conversation answer: %.200r", raw)
-            return
-        flight = self._flights.get(result.conversation_id)
-        if flight is not None:
-            _resolve(flight, result.record)
-
     async def _supervise(self) -> None:
         while not self._closing:
             await asyncio.sleep(self._tick_s)
@@ -359,7 +345,7 @@ class ConversationClient:
         ]
         if not late:
             return
-        depth = await asyncio.to_thread(queue_depths, self._settings, [AGENTS_QUEUE])
+        depth = await read_queue_depths(self._settings, [AGENTS_QUEUE])
         backlog_s = self._settings.conversation_timeout_s + self._settings.reply_margin_s
         for flight in late:
             waited = now - flight.sent_at

@@ -20,7 +20,13 @@ from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from api.agents.live_run import run_live
-from api.agents.messages import LEASE_RENEW_S, LEASE_TTL_S, ConversationRequest, ConversationResult
+from api.agents.messages import (
+    LEASE_RENEW_S,
+    LEASE_TTL_S,
+    ConversationRequest,
+    ConversationResult,
+    RunEndLine,
+)
 from api.agents.store import ConversationStore, store_client
 from api.batch.items import BatchItem
 from api.batch.runner import failed_record, process_name, run_item
@@ -31,6 +37,7 @@ from api.http.state.runs import RunStore
 from api.llm import ChatModel
 from api.logs import log_context
 from api.settings import OrchestratorSettings
+from worker.contract.batch_record import BatchLine
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +177,7 @@ class ConversationHost:
 
     async def _record(
         self, request: ConversationRequest, attempt: int, cancel: asyncio.Event | None
-    ) -> dict[str, Any]:
+    ) -> BatchLine | RunEndLine:
         cid = request.conversation_id
         timeout_s = min(request.timeout_s, self._settings.conversation_timeout_s)
         if request.run is not None and cancel is not None:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Coroutine
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from api.agent import Agent, AgentOptions
+from api.agents.messages import RunEnd, RunEndLine, RunOutcome
 from api.batch.runner import time_limit_error
 from api.dispatch import Dispatcher
 from api.events import TextDiscarded, event_to_dict
@@ -28,9 +29,6 @@ from api.settings import OrchestratorSettings
 
 log = logging.getLogger(__name__)
 
-#: How a run on the agents pool ended, as its replica records it.
-RunOutcome = Literal["succeeded", "failed", "cancelled"]
-
 
 def run_record(
     outcome: RunOutcome,
@@ -41,17 +39,18 @@ def run_record(
     stop_reason: str | None = None,
     error: str | None = None,
     tool_calls: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
+) -> RunEndLine:
     """What a run's conversation answers its replica."""
-    return {
-        "status": outcome,
-        "answer": answer,
-        "stop_reason": stop_reason,
-        "error": error,
-        "attempts": attempts,
-        "orchestrator": orchestrator,
-        "tool_calls": tool_calls or [],
-    }
+    end = RunEnd(
+        status=outcome,
+        answer=answer,
+        stop_reason=stop_reason,
+        error=error,
+        attempts=attempts,
+        orchestrator=orchestrator,
+        tool_calls=tool_calls or [],
+    )
+    return end.line()
 
 
 async def run_live(
@@ -68,7 +67,7 @@ async def run_live(
     attempt: int,
     orchestrator: str,
     cancelled: asyncio.Event,
-) -> dict[str, Any]:
+) -> RunEndLine:
     """Run the conversation into the run's record until it ends, ``timeout_s`` passes or
     ``cancelled`` is set; its end as ``run_record``. Raises only ``CancelledError``."""
     try:

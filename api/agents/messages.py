@@ -1,16 +1,17 @@
 """What crosses the agents queue, defined once for callers and agents workers alike: a
-conversation sent to run, its answer, and the Redis keys both sides keep about it.
+conversation sent to run, and its answer (the Redis keys both sides keep about it are
+``worker.contract.keys.conversation_keys``).
 
 No key or secret travels here: an agents worker reads ``OPENAI_*`` from its own environment.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, NewType
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from worker.contract.keys import keys as fleet_keys
+from worker.contract.batch_record import BatchLine
 from worker.contract.wire import RUN_ID_PATTERN
 
 #: The one Celery task a conversation is.
@@ -65,6 +66,31 @@ class ConversationRequest(BaseModel):
         return self
 
 
+#: How a run on the agents pool ended, as its replica records it.
+RunOutcome = Literal["succeeded", "failed", "cancelled"]
+
+#: A ``RunEnd`` as its JSON object, as the caller gets it back: only ``RunEnd.line`` makes one.
+RunEndLine = NewType("RunEndLine", dict[str, Any])
+
+
+class RunEnd(BaseModel):
+    """How a run of the HTTP API ended on an agents worker: what its replica records of it (its
+    events and transcript are in the run's record already)."""
+
+    status: RunOutcome
+    answer: str | None = None
+    stop_reason: str | None = None
+    error: str | None = None
+    attempts: int = Field(1, description="Runs of the conversation, this one included.")
+    orchestrator: str | None = Field(
+        None, description="hostname:pid of the agents worker that ran it last, if one did."
+    )
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+
+    def line(self) -> RunEndLine:
+        return RunEndLine(self.model_dump())
+
+
 class ConversationResult(BaseModel):
     """The answer to one conversation: its output line, and which run of it made the line."""
 
@@ -74,36 +100,7 @@ class ConversationResult(BaseModel):
     task_id: str
     attempt: int = Field(ge=1)
     worker: str = Field(description="hostname:pid of the agents worker that ran it.")
-    record: dict[str, Any] = Field(
-        description="The output line (api/batch/runner.py), or a run's end (live_run.py)."
+    record: BatchLine | RunEndLine = Field(
+        description="A batch item's output line (``worker.contract.batch_record``), or a run's "
+        "end (``RunEnd``)."
     )
-
-
-class ConversationKeys:
-    """The Redis keys of one conversation on the agents queue."""
-
-    PREFIX = f"{fleet_keys.PREFIX}:conversation"
-
-    @staticmethod
-    def result(conversation_id: str) -> str:
-        """The answer, stored once, until the caller has taken it."""
-        return f"{ConversationKeys.PREFIX}:{conversation_id}:result"
-
-    @staticmethod
-    def lease(conversation_id: str) -> str:
-        """``<attempt> <worker>`` while an agents worker runs the conversation."""
-        return f"{ConversationKeys.PREFIX}:{conversation_id}:lease"
-
-    @staticmethod
-    def attempts(conversation_id: str) -> str:
-        """How many runs of the conversation have started since it was sent."""
-        return f"{ConversationKeys.PREFIX}:{conversation_id}:attempts"
-
-    @staticmethod
-    def current(conversation_id: str) -> str:
-        """The task id of the send that may run, or ``written`` once the caller has the answer:
-        a message of any other send is dropped."""
-        return f"{ConversationKeys.PREFIX}:{conversation_id}:current"
-
-
-conversation_keys = ConversationKeys()

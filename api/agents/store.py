@@ -4,7 +4,8 @@ Four keys per conversation (``ConversationKeys``): the send that may run (``curr
 started (``attempts``), the lease of the run going on, and the stored answer. The rules they keep:
 
 - one run at a time: a run starts only without a lease, and only for the current send;
-- an answer is stored once and handed to the caller; a run whose send was superseded stores none;
+- an answer is stored once and handed to the caller, as a tool call's is (``worker.contract.jobs``);
+  a run whose send was superseded stores none;
 - a caller sends again only when no run holds the conversation (the lease is gone) and no answer
   is waiting, so a worker that died costs one more run, never two runs at once.
 """
@@ -16,12 +17,10 @@ from typing import Any, Literal
 
 import redis.asyncio as aioredis
 
-from api.agents.messages import (
-    LEASE_TTL_S,
-    ConversationRequest,
-    ConversationResult,
-    conversation_keys,
-)
+from api.agents.messages import LEASE_TTL_S, ConversationRequest, ConversationResult
+from api.http import redis_clients
+from worker.contract.jobs.answers import AsyncAnswerStore, RunGuard
+from worker.contract.keys import conversation_keys
 
 #: What ``current`` holds once the caller has taken the answer: every later message is stale.
 WRITTEN = "written"
@@ -60,22 +59,6 @@ for i, key in ipairs(KEYS) do
   end
 end
 return lost
-"""
-
-# A run ends: its lease goes, and its answer is stored (unless one is) and sent to the caller,
-# in one step, so that a caller never sees neither. A superseded run's answer is dropped.
-_FINISH = """
-if redis.call('GET', KEYS[3]) == ARGV[3] then redis.call('DEL', KEYS[3]) end
-local current = redis.call('GET', KEYS[1])
-if current and current ~= ARGV[1] then return false end
-local stored = redis.call('GET', KEYS[2])
-if not stored then redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[4]) end
-local answer = stored or ARGV[2]
-if KEYS[4] ~= '' then
-  redis.call('RPUSH', KEYS[4], answer)
-  redis.call('EXPIRE', KEYS[4], ARGV[4])
-end
-return answer
 """
 
 # A caller's first send: an answer already waiting (the run finished while no caller was there),
@@ -132,13 +115,9 @@ class Prepared:
 
 def store_client(redis_url: str) -> aioredis.Redis:
     """A client for ``ConversationStore`` with at most ``STORE_CONNECTIONS`` connections."""
-    pool = aioredis.BlockingConnectionPool.from_url(
-        redis_url,
-        max_connections=STORE_CONNECTIONS,
-        timeout=CONNECTION_WAIT_S,
-        health_check_interval=30,
+    return redis_clients.store_client(
+        redis_url, connections=STORE_CONNECTIONS, wait_s=CONNECTION_WAIT_S
     )
-    return aioredis.Redis(connection_pool=pool)
 
 
 def attempt_of(holder: str) -> int:
@@ -158,7 +137,7 @@ class ConversationStore:
         self._ttl_s = ttl_s
         self._claim = client.register_script(_CLAIM)
         self._renew = client.register_script(_RENEW)
-        self._finish = client.register_script(_FINISH)
+        self._answers = AsyncAnswerStore(client, ttl_s, conversation_keys.result)
         self._prepare = client.register_script(_PREPARE)
         self._supersede = client.register_script(_SUPERSEDE)
 
@@ -201,21 +180,24 @@ class ConversationStore:
     async def finish(
         self, request: ConversationRequest, holder: str, result: ConversationResult
     ) -> bool:
-        """End the run: store and send its answer; False when its send was superseded."""
-        keys = self._keys(request.conversation_id)
-        answer = await self._finish(
-            keys=[*keys[:3], request.reply_to or ""],
-            args=[request.task_id, result.model_dump_json(), holder, self._ttl_s],
+        """End the run: its lease goes, and its answer is stored and sent to the caller, in one
+        step, so that a caller never sees neither; an answer stored before by another run of the
+        send is sent instead. False when its send was superseded: the answer is dropped."""
+        cid = request.conversation_id
+        guard = RunGuard(
+            conversation_keys.current(cid), request.task_id, conversation_keys.lease(cid), holder
         )
-        return answer is not None
+        stored = await self._answers.store_once(
+            cid, result.model_dump_json(), request.reply_to, guard=guard
+        )
+        if stored.state == "kept":
+            # Another run of the same send answered first: its answer is the conversation's.
+            await self._answers.reply(stored.kept, request.reply_to)
+        return stored.state != "superseded"
 
     async def reply(self, reply_to: str | None, result: ConversationResult) -> None:
         """Send a stored answer again, to a delivery whose caller may still wait for it."""
-        if reply_to:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.rpush(reply_to, result.model_dump_json())
-                pipe.expire(reply_to, self._ttl_s)
-                await pipe.execute()
+        await self._answers.reply(result.model_dump_json(), reply_to)
 
     # -- the caller's side -------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from api.agents.app import app
 from api.agents.host import ConversationHost
 from api.agents.messages import CONVERSATION_TASK
 from api.settings import get_settings
+from worker.contract.errors import ToolqError
 from worker.contract.runtime.celery_guard import ValidatedRequest
 from worker.contract.runtime.heartbeat import Heartbeat
 from worker.contract.wire import AGENTS_QUEUE
@@ -28,7 +29,7 @@ _hosts_lock = threading.Lock()
 _heartbeat: list[Heartbeat] = []
 
 
-class AgentsWorkerError(RuntimeError):
+class AgentsWorkerError(ToolqError, RuntimeError):
     """An agents worker cannot start as configured."""
 
 

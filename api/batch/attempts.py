@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from api.batch.results import (
     LineAppender,
     truncate_partial_line,
 )
+from worker.contract.batch_record import BatchLine, BatchRecord
 
 log = logging.getLogger(__name__)
 
@@ -73,13 +75,15 @@ class Attempt:
     earlier_run_ids: list[str] = field(default_factory=list)
     on_fleet: bool = False
 
-    def counted_in(self, record: dict[str, Any]) -> dict[str, Any]:
+    def counted_in(self, line: Mapping[str, Any]) -> BatchLine:
         """An agents pool's output line with this item's earlier attempts counted too: the pool
         counts only the runs of this attempt's conversation."""
-        return record | {
-            "attempts": int(record.get("attempts") or 1) + self.number - 1,
-            "earlier_run_ids": [*self.earlier_run_ids, *record.get("earlier_run_ids", [])],
+        record = BatchRecord.read(line)
+        counted = {
+            "attempts": record.attempts + self.number - 1,
+            "earlier_run_ids": [*self.earlier_run_ids, *record.earlier_run_ids],
         }
+        return record.model_copy(update=counted).line()
 
 
 class AttemptLog(AppendedLog):

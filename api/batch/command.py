@@ -17,7 +17,7 @@ from openai import OpenAIError
 from redis.exceptions import RedisError
 from rich.console import Console
 
-from api.agents.client import ConversationClient, NoAgentsError
+from api.agents.client import ConversationClient
 from api.batch.attempts import Attempt, AttemptLog, attempts_path
 from api.batch.items import BadLine, BatchItem, InputScan, ItemLimits, scan_input
 from api.batch.progress import (
@@ -28,14 +28,16 @@ from api.batch.progress import (
     summary_lines,
 )
 from api.batch.results import OutputBusyError, ResultLog
-from api.batch.runner import batch_run_id, batch_tag_for_output, run_item, run_items
+from api.batch.runner import run_item, run_items
+from api.batch.tag import batch_run_id, batch_tag_for_output
 from api.collector import tuned_for_many_conversations
 from api.dispatch import Dispatcher
-from api.fleet import Fleet, NoWorkersError, load_fleet
+from api.fleet import Fleet, load_fleet
 from api.llm import ChatModel, ModelError, model_api_from_env
-from api.local.stack import LocalStackError, fleet_for
 from api.logs import configure_logging
+from api.placement import AgentsPool, Placement, fleet_started, place
 from api.settings import OrchestratorSettings, get_settings
+from worker.contract.errors import ToolqError
 
 #: Bad input lines printed one by one; past this only their count (the summary has it too).
 BAD_LINES_SHOWN = 100
@@ -70,9 +72,10 @@ def run_batch_command(
     if output.exists() and output.resolve() == input_path.resolve():
         return _usage_error(err, "the output file must not be the input file")
     allow_open_files(concurrency + FILES_BESIDES_CONVERSATIONS, err)
+    placement = place(settings, agents_pool=AgentsPool.REQUIRED if on_fleet else AgentsPool.UNUSED)
     try:
-        chat_model = None if on_fleet else ChatModel.from_env(settings)
-        if on_fleet and settings.local_mode:
+        chat_model = None if placement.on_agents_pool else ChatModel.from_env(settings)
+        if placement.starts_agents_worker:
             model_api_from_env()  # the local agents worker asks the model with this environment
     except (ModelError, OpenAIError) as exc:
         return _usage_error(err, f"no model API configured: {exc}")
@@ -99,13 +102,15 @@ def run_batch_command(
             return _usage_error(err, f"cannot read {input_path}: {_reason(exc)}")
         _report_bad_lines(scan.path, scan.bad_lines, err)
         stats = BatchStats(total=len(scan.pending))
-        run = _BatchRun(scan, results, stats, chat_model, model, concurrency, err, attempts)
+        run = _BatchRun(
+            scan, results, stats, placement, chat_model, model, concurrency, err, attempts
+        )
         resume = _resume_command(input_path, output, concurrency, model, retry_errors, on_fleet)
         broken: BaseException | None = None
         interrupted = False
         try:
             if scan.pending:
-                with fleet_for(settings, agents=on_fleet) as fleet_settings:
+                with fleet_started(settings, placement) as fleet_settings:
                     fleet = load_fleet(fleet_settings.redis_url).require_tools()
                     _report_bad_lines(scan.path, scan.refuse_unserved(fleet.unserved), err)
                     stats.total = len(scan.pending)
@@ -114,15 +119,9 @@ def run_batch_command(
                             interrupted = asyncio.run(run.execute(fleet_settings, fleet))
         except KeyboardInterrupt:  # before the batch's own signal handling was in place
             interrupted = True
-        except (
-            NoWorkersError,
-            NoAgentsError,
-            LocalStackError,
-            RedisError,
-            OperationalError,
-            OSError,
-            ValueError,
-        ) as exc:
+        # toolq's own refusals (no workers, no agents worker, a local stack that would not
+        # start), then what the broker's and the system's libraries raise.
+        except (ToolqError, RedisError, OperationalError, OSError, ValueError) as exc:
             _say(err, f"error: {_reason(exc)}")
             broken = exc
         finally:
@@ -145,12 +144,13 @@ class _BatchRun:
     """The asynchronous part of a batch: every item through one runner, each line written once.
 
     In this process the runner shares one dispatcher, fleet and model among the conversations;
-    on the fleet (``chat_model`` None) it sends each to the agents pool.
+    on the agents pool it sends each there (and has no ``chat_model``).
     """
 
     scan: InputScan
     results: ResultLog
     stats: BatchStats
+    placement: Placement
     chat_model: ChatModel | None
     default_model: str | None
     concurrency: int
@@ -178,7 +178,7 @@ class _BatchRun:
                 ),
                 name="batch",
             )
-            on_fleet = self.chat_model is None
+            on_fleet = self.placement.on_agents_pool
             with _signals_cancel(work, self.err, display, on_fleet) as stopped:
                 self.stats.begin()
                 display.start()
@@ -195,7 +195,7 @@ class _BatchRun:
     @contextlib.asynccontextmanager
     async def _runner(self, settings: OrchestratorSettings, fleet: Fleet) -> AsyncIterator[Runner]:
         tag = batch_tag_for_output(self.results.path)
-        if self.chat_model is None:
+        if self.placement.on_agents_pool:
             async with ConversationClient(settings) as client:
                 await client.require_workers()
 
@@ -208,6 +208,7 @@ class _BatchRun:
 
                 yield on_fleet
             return
+        assert self.chat_model is not None, "a batch run here is given its model"
         async with Dispatcher(settings) as dispatcher, self.chat_model as model:
 
             async def here(item: BatchItem) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from api.batch.figures import nearest_rank, pass_rate_line
-from api.batch.results import outcome_of
+from worker.contract.batch_record import BatchRecord
 
 #: Seconds between progress lines when stderr is not a terminal.
 PLAIN_INTERVAL_S = 5.0
@@ -34,19 +34,19 @@ class BatchStats:
     started: float = field(default_factory=time.monotonic)
     finished: float | None = None
 
-    def add(self, record: Mapping[str, Any]) -> None:
-        if record.get("status") == "ok":
+    def add(self, line: Mapping[str, Any]) -> None:
+        """Count a result line; ``NotABatchRecord`` for an object without an id."""
+        record = BatchRecord.read(line)
+        if record.status == "ok":
             self.ok += 1
         else:
             self.failed += 1
-        calls = record.get("tool_calls") or []
-        self.tool_calls += len(calls)
-        self.tool_errors += sum(1 for call in calls if call.get("is_error"))
-        self.durations.append(float(record.get("duration_s") or 0.0))
-        _, passed = outcome_of(record)
-        if passed is not None:
+        self.tool_calls += len(record.tool_calls)
+        self.tool_errors += record.tool_errors
+        self.durations.append(record.duration_s or 0.0)
+        if record.passed is not None:
             self.scored += 1
-            self.passed += passed
+            self.passed += record.passed
 
     def begin(self) -> None:
         """The clock starts with the first conversation, not with the fleet's start-up."""

@@ -18,8 +18,8 @@ from rich.console import Console
 
 from api.batch.figures import nearest_rank, pass_rate_line, wilson_interval
 from api.batch.results import read_latest
-from api.batch.summary import as_number
 from api.batch.task import CHECK_NOT_RUN, SETUP_FAILED
+from worker.contract.batch_record import BatchRecord, CommandRun
 
 #: How many of the slowest items, and of the ids of each kind of failure, are listed.
 SLOWEST = 10
@@ -42,43 +42,33 @@ class _Item:
     error: str
 
     @classmethod
-    def of(cls, record: dict[str, Any]) -> _Item:
-        score = record.get("score")
-        usage = record.get("usage")
+    def of(cls, record: BatchRecord) -> _Item:
+        score = record.score
         return cls(
-            id=str(record["id"]),
-            status=str(record.get("status", "error")),
-            stop_reason=str(record.get("stop_reason") or "none"),
-            duration_s=_number(record.get("duration_s")),
-            tokens=int(_number(usage.get("total_tokens")) if isinstance(usage, Mapping) else 0),
-            score=(bool(score.get("passed")), str(score.get("method")))
-            if isinstance(score, Mapping)
-            else None,
+            id=record.id,
+            status=record.status,
+            stop_reason=record.stop_reason or "none",
+            duration_s=record.duration_s or 0.0,
+            tokens=record.tokens or 0,
+            score=None if score is None else (score.passed, str(score.method)),
             calls=[
                 (str(c.get("name")), bool(c.get("is_error")), c.get("error_kind"))
-                for c in record.get("tool_calls") or []
-                if isinstance(c, Mapping)
+                for c in record.tool_calls
             ],
-            setup=_command(record.get("setup")),
-            check=_command(record.get("check")),
-            error=str(record.get("error") or ""),
+            setup=_command(record.setup),
+            check=_command(record.check),
+            error=record.error or "",
         )
 
 
-def _result_item(record: dict[str, Any]) -> _Item | None:
+def _result_item(record: BatchRecord) -> _Item | None:
     """A result line as the report needs it; None for a line without a status, which every
     result has and an input line has not."""
-    return _Item.of(record) if "status" in record else None
+    return _Item.of(record) if record.has_status else None
 
 
-def _number(value: object) -> float:
-    return as_number(value) or 0.0
-
-
-def _command(value: object) -> tuple[int, bool] | None:
-    if not isinstance(value, Mapping):
-        return None
-    return int(_number(value.get("exit_code"))), bool(value.get("timed_out"))
+def _command(run: CommandRun | None) -> tuple[int, bool] | None:
+    return None if run is None else (run.exit_code, run.timed_out)
 
 
 @dataclass

@@ -4,7 +4,7 @@ appended, resumable after any kill.
 Each finished conversation is appended as one whole line, so after Ctrl-C, a crash or a kill the
 ids already in the output are the ones that are done, and running the same batch again runs only
 the rest. The file is only ever appended to: an item run again (``--retry-errors``) adds a line,
-and every reader takes the last line of each id (``read_latest``).
+and every reader takes the last line of each id (``read_latest``), as a ``BatchRecord`` reads it.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from types import TracebackType
 from typing import Any, Generic, Self, TypeVar
 
 from api.batch.items import numbered_lines
+from worker.contract.batch_record import BatchRecord, RecordStatus
+from worker.contract.errors import ToolqError
 
 #: How often, at most, finished lines are forced to disk while a batch runs (and once at the end).
 #: A killed process loses nothing either way: every line is in the kernel as soon as it is written.
@@ -83,7 +85,7 @@ class AppendedLog:
         self.close()
 
 
-class OutputBusyError(RuntimeError):
+class OutputBusyError(ToolqError, RuntimeError):
     """Another batch is appending to this output file right now."""
 
 
@@ -97,7 +99,7 @@ class ResultLog(AppendedLog):
     def __init__(self, path: Path, *, fsync_interval_s: float = FSYNC_INTERVAL_S) -> None:
         self.path = path
         #: Each id's status, from its last line.
-        self.done: dict[str, str] = {}
+        self.done: dict[str, RecordStatus] = {}
         #: Whether each scored id passed, from its last line.
         self.passed: dict[str, bool] = {}
         self.truncated_bytes = 0
@@ -117,7 +119,7 @@ class ResultLog(AppendedLog):
                     f"another toolq batch is writing {path}; wait for it or stop it first"
                 ) from None
             results.truncated_bytes = truncate_partial_line(fd)
-            latest = read_latest(path, outcome_of)
+            latest = read_latest(path, _outcome)
             results.unreadable_lines = latest.unreadable
             for item_id, (status, passed) in latest.records.items():
                 results._note(item_id, status, passed)
@@ -128,13 +130,15 @@ class ResultLog(AppendedLog):
         return results
 
     def append(self, record: Mapping[str, Any]) -> None:
-        """Write one record as one line, in one system call, so no reader sees half of it."""
+        """Write one record as one line, in one system call, so no reader sees half of it;
+        ``NotABatchRecord`` for one without an id, which is not written."""
+        result = BatchRecord.read(record)
         if self._lines is None:
             raise ValueError(f"{self.path} is not open")
         self._lines.write(record)
-        self._note(str(record["id"]), *outcome_of(record))
+        self._note(result.id, *_outcome(result))
 
-    def _note(self, item_id: str, status: str, passed: bool | None) -> None:
+    def _note(self, item_id: str, status: RecordStatus, passed: bool | None) -> None:
         self.done[item_id] = status
         if passed is None:
             self.passed.pop(item_id, None)
@@ -170,7 +174,7 @@ class Latest(Generic[_T]):
     unreadable: list[int]
 
 
-def read_latest(path: Path, keep: Callable[[dict[str, Any]], _T]) -> Latest[_T]:
+def read_latest(path: Path, keep: Callable[[BatchRecord], _T]) -> Latest[_T]:
     """The last line of each id in ``path``, as ``keep`` makes of it.
 
     The one rule every reader of a results file follows: an id's later line (an item run again)
@@ -182,22 +186,21 @@ def read_latest(path: Path, keep: Callable[[dict[str, Any]], _T]) -> Latest[_T]:
         if record is None:
             unreadable.append(number)
         else:
-            latest[str(record["id"])] = keep(record)
+            latest[record.id] = keep(record)
     return Latest(latest, unreadable)
 
 
-def _records(path: Path) -> Iterator[tuple[int, dict[str, Any] | None]]:
+def _records(path: Path) -> Iterator[tuple[int, BatchRecord | None]]:
+    """Each line as a result, or None for one that is none: not JSON, not an object, no id."""
     for number, raw in numbered_lines(path):
         try:
-            record = json.loads(raw)
+            line = json.loads(raw)
+            record = BatchRecord.read(line) if isinstance(line, dict) else None
         except ValueError:
             record = None
-        valid = isinstance(record, dict) and isinstance(record.get("id"), str | int)
-        yield number, record if valid else None
+        yield number, record
 
 
-def outcome_of(record: Mapping[str, Any]) -> tuple[str, bool | None]:
-    """A result's status, and whether it passed when it was scored."""
-    score = record.get("score")
-    passed = bool(score.get("passed")) if isinstance(score, Mapping) else None
-    return str(record.get("status", "error")), passed
+def _outcome(record: BatchRecord) -> tuple[RecordStatus, bool | None]:
+    """What resuming needs of a line: its status, and whether it passed when it was scored."""
+    return record.status, record.passed

@@ -4,17 +4,13 @@ many at a time, each to its output line."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import inspect
 import logging
 import os
-import re
 import socket
 import time
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Sequence
-from dataclasses import asdict
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from api.agent import DEFAULT_SYSTEM_PROMPT, Agent, AgentOptions
 from api.batch.items import BatchItem, ItemLimits
@@ -22,33 +18,13 @@ from api.batch.task import Task, TaskFailed, TaskResults
 from api.dispatch import Dispatcher
 from api.fleet import Fleet
 from api.images.environment import RunEnvironment
-from api.llm import ChatModel, ModelError, Usage
+from api.llm import ChatModel, ModelError
 from api.logs import log_context
 from api.run_workspace import RunWorkspace
 from api.settings import OrchestratorSettings
+from worker.contract.batch_record import BatchLine, BatchRecord, TokenUsage
 
 log = logging.getLogger(__name__)
-
-#: Characters of an item id kept in its run_id; the hash suffix keeps shortened ids apart.
-RUN_ID_ITEM_CHARS = 40
-
-#: An output record's status: the conversation answered, or failed (``error`` says why).
-RecordStatus = Literal["ok", "error"]
-
-_NOT_IN_RUN_ID = re.compile(r"[^A-Za-z0-9._-]+")
-
-
-def batch_tag_for_output(output: Path) -> str:
-    """The tag in a batch's run ids, from its output file: reruns with the same output use the
-    same workspaces."""
-    return hashlib.sha256(str(output.resolve()).encode()).hexdigest()[:8]
-
-
-def batch_run_id(batch_tag: str, item_id: str) -> str:
-    """A run_id (and so a workspace) per item: readable, valid, and distinct for distinct ids."""
-    readable = _NOT_IN_RUN_ID.sub("_", item_id)[:RUN_ID_ITEM_CHARS]
-    digest = hashlib.sha256(item_id.encode()).hexdigest()[:6]
-    return f"b-{batch_tag}-{readable}-{digest}"
 
 
 async def run_item(
@@ -63,7 +39,7 @@ async def run_item(
     timeout_s: float | None = None,
     attempt: int = 1,
     earlier_run_ids: Sequence[str] = (),
-) -> dict[str, Any]:
+) -> BatchLine:
     """Run one item to its output record: its workspace prepared, the conversation, then its
     score and artifacts. A failure is a record with status "error".
 
@@ -118,7 +94,7 @@ async def run_item(
                 error = f"unexpected {type(exc).__name__}: {exc}"
         error = await _collect(task, error)
         await _finish(task)
-    return _record(
+    record = _record(
         item,
         run_id,
         model_name,
@@ -130,6 +106,7 @@ async def run_item(
         attempt,
         earlier_run_ids,
     )
+    return record.line()
 
 
 async def _collect(task: Task, error: str | None) -> str | None:
@@ -172,12 +149,14 @@ def failed_record(
     attempts: int,
     ran_on: str | None,
     waited_s: float,
-) -> dict[str, Any]:
+) -> BatchLine:
     """The output line of a conversation whose run never reported back: only why."""
     record = _record(
         item, run_id, model_name, None, time.perf_counter(), TaskResults(), None, error, attempts
     )
-    return record | {"duration_s": round(waited_s, 3), "orchestrator": ran_on}
+    return record.model_copy(
+        update={"duration_s": round(waited_s, 3), "orchestrator": ran_on}
+    ).line()
 
 
 def _record(
@@ -191,7 +170,7 @@ def _record(
     error: str | None,
     attempt: int,
     earlier_run_ids: Sequence[str] = (),
-) -> dict[str, Any]:
+) -> BatchRecord:
     """The output line: what the item's conversation said and did, as far as it got, and how
     the task went."""
     transcript = (
@@ -202,28 +181,27 @@ def _record(
             "stop_reason": None,
             "messages": [],
             "tool_calls": [],
-            "usage": asdict(Usage()),
+            "usage": TokenUsage(),
         }
     )
-    status: RecordStatus = "ok" if error is None else "error"
-    return {
-        "id": item.id,
-        "status": status,
-        "answer": answer,
-        "error": error,
-        "stop_reason": transcript["stop_reason"],
-        "run_id": run_id,
-        "model": transcript["model"],
-        "duration_s": round(time.perf_counter() - started, 3),
-        "attempts": attempt,
-        "earlier_run_ids": list(earlier_run_ids),
-        "orchestrator": process_name(),
-        "usage": transcript["usage"],
+    return BatchRecord(
+        id=item.id,
+        status="ok" if error is None else "error",
+        answer=answer,
+        error=error,
+        stop_reason=transcript["stop_reason"],
+        run_id=run_id,
+        model=transcript["model"],
+        duration_s=round(time.perf_counter() - started, 3),
+        attempts=attempt,
+        earlier_run_ids=list(earlier_run_ids),
+        orchestrator=process_name(),
+        usage=transcript["usage"],
         **results.fields(),
-        "metadata": item.metadata,
-        "tool_calls": transcript["tool_calls"],
-        "messages": transcript["messages"],
-    }
+        metadata=item.metadata,
+        tool_calls=transcript["tool_calls"],
+        messages=transcript["messages"],
+    )
 
 
 async def run_items(

@@ -11,12 +11,18 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from worker.contract.batch_record import BatchRecord, NotABatchRecord
+
+#: The status of a line that is not a result: the table keeps it, so that nothing is lost.
+UNREADABLE = "unreadable"
+
 
 @dataclass(frozen=True, slots=True)
 class ItemSummary:
     """One result line: its outcome, its cost, and its answer (or why it failed)."""
 
     id: str
+    #: The line's (``BatchRecord.status``), or ``UNREADABLE``.
     status: str
     stop_reason: str | None = None
     #: The score's verdict: True passed, False failed, None when the item was not scored.
@@ -29,29 +35,35 @@ class ItemSummary:
     error: str | None = None
 
     @classmethod
-    def of(cls, record: Mapping[str, Any]) -> ItemSummary:
-        """The summary of an output record; fields it lacks or has in another shape are None."""
-        calls = record.get("tool_calls")
-        calls = calls if isinstance(calls, list) else []
-        usage = record.get("usage")
-        score = record.get("score")
+    def of(cls, line: BatchRecord | Mapping[str, Any]) -> ItemSummary:
+        """The summary of a result line, read or as its JSON object (``NotABatchRecord`` for an
+        object without an id)."""
+        record = line if isinstance(line, BatchRecord) else BatchRecord.read(line)
         return cls(
-            id=str(record.get("id", "")),
-            status=str(record.get("status") or "unknown"),
-            stop_reason=as_text(record.get("stop_reason")),
-            passed=_passed(score),
-            duration_s=as_number(record.get("duration_s")),
-            tokens=as_integer(usage.get("total_tokens")) if isinstance(usage, dict) else None,
-            tool_calls=len(calls),
-            tool_errors=sum(1 for call in calls if isinstance(call, dict) and call.get("is_error")),
-            answer=as_text(record.get("answer")),
-            error=as_text(record.get("error")),
+            id=record.id,
+            status=record.status,
+            stop_reason=record.stop_reason,
+            passed=record.passed,
+            duration_s=record.duration_s,
+            tokens=record.tokens,
+            tool_calls=len(record.tool_calls),
+            tool_errors=record.tool_errors,
+            answer=record.answer,
+            error=record.error,
         )
+
+    @classmethod
+    def read(cls, line: Mapping[str, Any], where: str) -> ItemSummary:
+        """The summary of a JSON object read at ``where``, which may not be a result."""
+        try:
+            return cls.of(line)
+        except NotABatchRecord as exc:
+            return cls.unreadable(where, str(exc))
 
     @classmethod
     def unreadable(cls, where: str, reason: str) -> ItemSummary:
         """A line that is not a result record: kept in the table, so nothing is lost."""
-        return cls(id=where, status="unreadable", error=reason)
+        return cls(id=where, status=UNREADABLE, error=reason)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=False)
@@ -66,12 +78,6 @@ class ItemSummary:
         return "\n".join(filter(None, (self.id, self.answer, self.error))).casefold()
 
 
-def _passed(score: object) -> bool | None:
-    if isinstance(score, dict) and isinstance(score.get("passed"), bool):
-        return bool(score["passed"])
-    return None
-
-
 def as_text(value: object) -> str | None:
     """``value`` if it is a string, else None: a record read from a file may hold anything."""
     return value if isinstance(value, str) else None
@@ -82,10 +88,3 @@ def as_number(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value)
-
-
-def as_integer(value: object) -> int | None:
-    """``value`` if it is an integer (not a boolean), else None."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        return None
-    return value

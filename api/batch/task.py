@@ -16,26 +16,23 @@ from api.batch.items import BatchItem, ItemLimits
 from api.fleet import Fleet
 from api.images.environment import ImageUnavailable, RunEnvironment
 from api.run_workspace import CommandResult, FileProblemError, RunWorkspace, ServiceCallError
+from worker.contract.errors import ToolqError
+from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES, MAX_COLLECTED_FILES
+from worker.contract.operations import EXEC
 
 _T = TypeVar("_T")
 
-#: A command's stdout and stderr are each cut here (the score's explanation included).
-COMMAND_OUTPUT_CAP_BYTES = 51_200
 #: Characters of a failed set-up's stderr quoted in the item's error.
 STDERR_TAIL_CHARS = 500
-#: Artifacts come back at most this many files, each cut at this many bytes.
-MAX_ARTIFACTS = 100
-ARTIFACT_MAX_BYTES = 51_200
 #: The answer in the check's environment is cut here: the kernel refuses a longer variable
 #: (131,072 bytes). The check's standard input has the whole answer.
 ANSWER_ENV_MAX_BYTES = 100_000
-EXEC = "toolq.exec"
 #: How the errors of a failed set-up and of a check that could not run begin.
 SETUP_FAILED = "setup failed"
 CHECK_NOT_RUN = "the check could not run"
 
 
-class TaskFailed(Exception):
+class TaskFailed(ToolqError):
     """The task could not go on; the item ends with status error and this message."""
 
 
@@ -137,7 +134,8 @@ class Task:
         }
 
     async def collect(self) -> None:
-        """The files matching the item's artifact patterns, each cut at 50 KB."""
+        """The files matching the item's artifact patterns: at most ``MAX_COLLECTED_FILES``,
+        each cut at the output cap's default."""
         patterns = self.item.artifacts
         if patterns is None:
             return
@@ -147,10 +145,10 @@ class Task:
         collected = await self._service(
             "the artifacts could not be collected",
             self.workspace.collect_files(
-                patterns, max_files=MAX_ARTIFACTS, max_file_bytes=ARTIFACT_MAX_BYTES
+                patterns, max_files=MAX_COLLECTED_FILES, max_file_bytes=DEFAULT_OUTPUT_CAP_BYTES
             ),
         )
-        self.results.artifacts = {path: f.as_dict() for path, f in collected.files.items()}
+        self.results.artifacts = {path: f.model_dump() for path, f in collected.files.items()}
         self.results.artifacts_matched = collected.matched
 
     async def finish(self) -> None:
@@ -167,7 +165,7 @@ class Task:
         env: Mapping[str, str] | None = None,
         input: str | None = None,
     ) -> CommandResult:
-        if not self.fleet.serves(EXEC):
+        if not self.fleet.serves(EXEC.name):
             raise TaskFailed(f"{failure}: no live worker serves the sandbox pool")
         return await self._service(
             failure,
@@ -176,7 +174,8 @@ class Task:
                 env=env,
                 input=input,
                 timeout_ms=round(timeout_s * 1000),
-                output_cap_bytes=COMMAND_OUTPUT_CAP_BYTES,
+                # Each stream is cut here, the score's explanation (the check's stdout) too.
+                output_cap_bytes=DEFAULT_OUTPUT_CAP_BYTES,
             ),
         )
 

@@ -36,7 +36,6 @@ from api.http.redis_clients import own_connection, store_client
 from api.http.routes import batches, runs, service
 from api.http.runner import AgentExecutor, RunExecutor, RunExecutorFactory
 from api.http.services import Services
-from api.http.state.keys import DEFAULT_TENANT
 from api.http.state.replicas import ReplicaLease
 from api.http.state.store import ApiStore
 from api.http.tenants import Tenants
@@ -46,6 +45,7 @@ from api.http.viewer.tickets import StreamTickets
 from api.http.viewer.viewer import Viewer
 from api.llm import ChatModel, ModelError
 from api.settings import OrchestratorSettings, get_settings
+from worker.contract.keys import DEFAULT_TENANT
 from worker.contract.wire import AGENTS_QUEUE, POOLS
 
 if TYPE_CHECKING:

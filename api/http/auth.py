@@ -13,8 +13,9 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.http.services import Svc
-from api.http.state.keys import DEFAULT_TENANT
 from api.http.tenants import Tenants
+from worker.contract.errors import ToolqError
+from worker.contract.keys import DEFAULT_TENANT
 
 bearer_scheme = HTTPBearer(
     auto_error=False,
@@ -87,7 +88,7 @@ class TokenGuard:
         await self.app(scope, receive, send)
 
 
-class BodyTooLarge(HTTPException):
+class BodyTooLarge(ToolqError, HTTPException):
     def __init__(self, limit: int) -> None:
         super().__init__(
             413,

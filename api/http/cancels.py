@@ -10,8 +10,8 @@ from collections.abc import Callable, Collection
 
 from redis.exceptions import RedisError
 
-from api.http.state.keys import CANCEL_CHANNEL
 from api.http.state.runs import RunStore
+from worker.contract.keys import CANCEL_CHANNEL
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ from redis.exceptions import TimeoutError as RedisTimeout
 from redis.typing import KeyT, StreamIdT
 
 from api.http.redis_clients import LONGEST_BLOCK_MS, bounded_block_ms
-from api.http.state.keys import run_events_key
 from api.http.state.records import EVENTS_MAXLEN, text
 from api.http.state.runs import event_entries
+from worker.contract.keys import run_events_key
 
 log = logging.getLogger(__name__)
 

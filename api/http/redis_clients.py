@@ -17,13 +17,13 @@ CONNECTION_WAIT_S = 10.0
 LONGEST_BLOCK_MS = 2000
 
 
-def store_client(redis_url: str) -> aioredis.Redis:
-    """The app's client: at most ``STORE_CONNECTIONS`` connections, waited for when all are busy."""
+def store_client(
+    redis_url: str, *, connections: int = STORE_CONNECTIONS, wait_s: float = CONNECTION_WAIT_S
+) -> aioredis.Redis:
+    """A client of at most ``connections`` connections, each waited for up to ``wait_s`` when all
+    are busy: the app's, unless told otherwise."""
     pool = aioredis.BlockingConnectionPool.from_url(
-        redis_url,
-        max_connections=STORE_CONNECTIONS,
-        timeout=CONNECTION_WAIT_S,
-        health_check_interval=30,
+        redis_url, max_connections=connections, timeout=wait_s, health_check_interval=30
     )
     return aioredis.Redis.from_pool(pool)  # closing the client closes its pool
 

@@ -21,14 +21,17 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, cast
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
 from api.agent import Agent, AgentOptions
 from api.agents.client import ConversationClient, NoAgentsError
+from api.agents.messages import RunEnd
 from api.batch.items import BatchItem
-from api.batch.runner import batch_run_id, process_name, run_item, run_items
+from api.batch.runner import process_name, run_item, run_items
+from api.batch.tag import batch_run_id, batch_tag
 from api.dispatch import Dispatcher
 from api.fleet import CachedFleet, Fleet, load_fleet
 from api.http.cancels import watch_cancels
@@ -40,7 +43,9 @@ from api.http.state.store import ApiStore
 from api.images.environment import ImageUnavailable
 from api.llm import ChatModel, ModelError
 from api.logs import log_context
+from api.placement import AgentsPool, place
 from api.settings import OrchestratorSettings
+from worker.contract.batch_record import BatchRecord
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +56,19 @@ CLOSE_TIMEOUT_S = 10.0
 FINISH_ATTEMPTS = 5
 #: How often a task that has not yet taken its cancellation is cancelled again.
 RECANCEL_S = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSubmission:
+    """A batch the routes hand over to be executed, its record already made."""
+
+    batch_id: str
+    items: Sequence[BatchItem]
+    concurrency: int
+    default_model: str | None = None
+    #: What the workers call each item's workspace (its run_id, by default): the tenant's own
+    #: name of it.
+    workspace_of: Callable[[str], str] | None = None
 
 
 class RunExecutor(Protocol):
@@ -64,18 +82,7 @@ class RunExecutor(Protocol):
 
     def submit_run(self, run_id: str, prompt: str, options: AgentOptions) -> None: ...
 
-    def submit_batch(
-        self,
-        batch_id: str,
-        items: Sequence[BatchItem],
-        concurrency: int,
-        default_model: str | None = None,
-        *,
-        workspace_of: Callable[[str], str] | None = None,
-    ) -> None:
-        """``workspace_of`` gives what the workers call each item's workspace (its run_id, by
-        default): the tenant's own name of it."""
-        ...
+    def submit_batch(self, batch: BatchSubmission) -> None: ...
 
 
 RunExecutorFactory = Callable[[ApiStore, ApiMetrics, str], RunExecutor]
@@ -147,6 +154,11 @@ class AgentExecutor:
             self._known_fleet = fleet
         return fleet
 
+    def _on_agents_pool(self, fleet: Fleet) -> bool:
+        """A conversation goes to the agents pool while ``fleet`` has a live agents worker; if
+        the pool is gone by the time it is sent, it runs here after all."""
+        return place(self._settings, agents_pool=AgentsPool.WHEN_LIVE, fleet=fleet).on_agents_pool
+
     def _chat_model(self) -> ChatModel:
         """The model client; a server without one refuses runs and batches before they start."""
         if self._model is None:
@@ -172,7 +184,7 @@ class AgentExecutor:
                     await self._finish(run_id, "cancelled", None, error=CANCELLED_ERROR)
                     return
                 fleet = await self.fleet()
-                if fleet.agents:
+                if self._on_agents_pool(fleet):
                     remote = True
                     if await self._execute_remotely(run_id, prompt, options):
                         return
@@ -220,17 +232,17 @@ class AgentExecutor:
         except NoAgentsError:
             log.warning("the agents pool is gone: run %s runs here", run_id)
             return False
-        status = cast(RunStatus, ended["status"])
-        self._metrics.record_tool_calls(ended["tool_calls"])
+        end = RunEnd.model_validate(ended)
+        self._metrics.record_tool_calls(end.tool_calls)
         await self._finish(
             run_id,
-            status,
+            end.status,
             None,
-            answer=ended["answer"],
-            stop_reason=ended["stop_reason"],
-            error=ended["error"],
-            orchestrator=ended["orchestrator"],
-            attempts=ended["attempts"],
+            answer=end.answer,
+            stop_reason=end.stop_reason,
+            error=end.error,
+            orchestrator=end.orchestrator,
+            attempts=end.attempts,
         )
         return True
 
@@ -274,39 +286,23 @@ class AgentExecutor:
 
     # -- batches -------------------------------------------------------------------------------
 
-    def submit_batch(
-        self,
-        batch_id: str,
-        items: Sequence[BatchItem],
-        concurrency: int,
-        default_model: str | None = None,
-        *,
-        workspace_of: Callable[[str], str] | None = None,
-    ) -> None:
-        task = asyncio.create_task(
-            self._execute_batch(batch_id, items, concurrency, default_model, workspace_of),
-            name=batch_id,
-        )
+    def submit_batch(self, batch: BatchSubmission) -> None:
+        batch_id = batch.batch_id
+        task = asyncio.create_task(self._execute_batch(batch), name=batch_id)
         self._batches[batch_id] = task
         task.add_done_callback(lambda _: self._batches.pop(batch_id, None))
 
-    async def _execute_batch(
-        self,
-        batch_id: str,
-        items: Sequence[BatchItem],
-        concurrency: int,
-        default_model: str | None,
-        workspace_of: Callable[[str], str] | None,
-    ) -> None:
-        tag = batch_id.removeprefix("batch-")[:8]
+    async def _execute_batch(self, batch: BatchSubmission) -> None:
+        batch_id, items, default_model = batch.batch_id, batch.items, batch.default_model
+        tag = batch_tag(batch_id)
 
         async def run_one(item: BatchItem) -> dict[str, Any]:
             await self._store.batch_item_started(batch_id)
             run_id = batch_run_id(tag, item.id)
-            if workspace_of is not None:
-                run_id = workspace_of(run_id)
+            if batch.workspace_of is not None:
+                run_id = batch.workspace_of(run_id)
             fleet = await self.fleet()
-            if fleet.agents:
+            if self._on_agents_pool(fleet):
                 try:
                     return await self._conversations.run(
                         item, run_id=run_id, default_model=default_model
@@ -325,9 +321,10 @@ class AgentExecutor:
             )
 
         async def record(result: dict[str, Any]) -> None:
+            line = BatchRecord.read(result)
             await self._store.add_batch_result(batch_id, result)
-            self._metrics.record_tool_calls(result.get("tool_calls") or [])
-            self._metrics.record_batch_item(result.get("status") == "ok")
+            self._metrics.record_tool_calls(line.tool_calls)
+            self._metrics.record_batch_item(line.status == "ok")
 
         status: BatchStatus = "succeeded"
         error: str | None = None
@@ -336,7 +333,7 @@ class AgentExecutor:
                 return
             await run_items(
                 items,
-                concurrency=max(1, min(concurrency, len(items))),
+                concurrency=max(1, min(batch.concurrency, len(items))),
                 runner=run_one,
                 on_result=record,
             )

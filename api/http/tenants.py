@@ -23,8 +23,9 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
-from api.http.state.keys import DEFAULT_TENANT
 from api.settings import OrchestratorSettings
+from worker.contract.errors import ToolqError
+from worker.contract.keys import DEFAULT_TENANT
 
 #: A tenant's name: it starts workspace names and Redis keys, so no dot, no colon, no space.
 TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")
@@ -42,7 +43,7 @@ TOKEN_VARIABLE = "TOOLQ_API_TOKEN"  # noqa: S105 - a variable's name, not a secr
 WorkspaceNames = Callable[[str], str]
 
 
-class TokensFileError(ValueError):
+class TokensFileError(ToolqError, ValueError):
     """A tokens file toolq cannot use; the message is one line naming where and what."""
 
 

@@ -5,24 +5,36 @@ the run ends. Used by batch tasks, ``toolq run --image``, the Agent, Inspect and
 
 from __future__ import annotations
 
-import json
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
 
 from api.dispatch import Dispatcher
 from api.fleet import Fleet
 from api.images.fields import ImageFields
 from api.images.pins import PINNED_POOL, Pin
+from api.run_workspace import call_operation
+from worker.contract.deadlines import END_ENVIRONMENT_TIMEOUT_MS
+from worker.contract.errors import ToolqError
+from worker.contract.operations import (
+    END_ENVIRONMENT,
+    START_ENVIRONMENT,
+    ImageRefusal,
+    NoArguments,
+    Operation,
+    OperationRequest,
+    StartEnvironmentRequest,
+    Success,
+    request_problems,
+)
 
-START = "toolq.start_environment"
-END = "toolq.end_environment"
-#: Bound on ending a container.
-END_TIMEOUT_MS = 30_000
+RequestT = TypeVar("RequestT", bound=OperationRequest)
+AnswerT = TypeVar("AnswerT", bound=Success)
 
 
-class ImageUnavailable(RuntimeError):
+class ImageUnavailable(ToolqError, RuntimeError):
     """The run's container could not be started; ``str()`` is one line naming the image and
     the cause."""
 
@@ -107,34 +119,38 @@ class RunEnvironment:
         """Start the run's container (resolving the image to a digest, pulling and unpacking it
         where the worker's cache lacks it) and pin the run's commands to it.
         ``ImageUnavailable`` when it cannot."""
-        spec = self._fleet.tools.get(START)
+        spec = self._fleet.tools.get(START_ENVIRONMENT.name)
         if spec is None:
             raise ImageUnavailable(
-                f"image {self.image!r}: no worker of this fleet runs images ({START} is not "
-                "served: sandbox workers of an older toolq?)"
+                f"image {self.image!r}: no worker of this fleet runs images "
+                f"({START_ENVIRONMENT.name} is not served: sandbox workers of an older toolq?)"
             )
-        if not self._fleet.serves(START):
+        if not self._fleet.serves(START_ENVIRONMENT.name):
             raise ImageUnavailable(f"image {self.image!r}: no live sandbox worker to run it")
+        # Unset, the worker's own limit applies, which the fleet publishes as the tool's.
+        limit = {} if self._timeout_ms is None else {"timeout_ms": self._timeout_ms}
+        try:
+            request = StartEnvironmentRequest(
+                image=self.image, user=self._user, env=self._env, **limit
+            )
+        except ValidationError as exc:
+            raise ImageUnavailable(
+                f"image {self.image!r}: invalid arguments for {START_ENVIRONMENT.name}: "
+                f"{request_problems(exc)}."
+            ) from None
         # A start goes to any sandbox worker; the one that answers holds the container.
         self._dispatcher.pins.unpin(self.run_id)
-        arguments: dict[str, Any] = {"image": self.image, "env": self._env}
-        if self._user is not None:
-            arguments["user"] = self._user
-        if self._timeout_ms is not None:
-            arguments["timeout_ms"] = self._timeout_ms
-        answer = await self._call(START, arguments, spec.pool)
-        if not answer.get("ok"):
-            raise ImageUnavailable(str(answer.get("message") or f"image {self.image!r}: refused"))
+        answer = await self._call(START_ENVIRONMENT, request, spec.pool)
         started = StartedEnvironment(
             image=self.image,
-            digest=str(answer["digest"]),
-            worker=str(answer["worker"]),
-            queue=str(answer["queue"]),
-            environment=str(answer["environment"]),
-            runtime=str(answer["runtime"]),
-            workdir=str(answer["workdir"]),
-            start_ms=int(answer["start_ms"]),
-            pulled=bool(answer["pulled"]),
+            digest=answer.digest,
+            worker=answer.worker,
+            queue=answer.queue,
+            environment=answer.environment,
+            runtime=answer.runtime,
+            workdir=answer.workdir,
+            start_ms=answer.start_ms,
+            pulled=answer.pulled,
         )
         self.started = started
         self._dispatcher.pins.pin(self._pin(started))
@@ -150,7 +166,9 @@ class RunEnvironment:
         if self._dispatcher.pins.get(self.run_id) is None:
             return
         try:
-            await self._call(END, {}, PINNED_POOL, END_TIMEOUT_MS)
+            await self._call(
+                END_ENVIRONMENT, NoArguments(), PINNED_POOL, END_ENVIRONMENT_TIMEOUT_MS
+            )
         except ImageUnavailable:
             pass  # lost already; nothing more to end here
         finally:
@@ -172,24 +190,31 @@ class RunEnvironment:
         return self._pin(started)
 
     async def _call(
-        self, operation: str, arguments: dict[str, Any], pool: str, timeout_ms: int | None = None
-    ) -> dict[str, Any]:
-        spec = self._fleet.tools.get(operation)
+        self,
+        operation: Operation[RequestT, AnswerT, ImageRefusal],
+        request: RequestT,
+        pool: str,
+        timeout_ms: int | None = None,
+    ) -> AnswerT:
+        """The operation's answer; ``ImageUnavailable`` for a refusal or a failed call."""
+        spec = self._fleet.tools.get(operation.name)
         if spec is None:
             raise ImageUnavailable(
-                f"image {self.image!r}: no worker of this fleet offers {operation}"
+                f"image {self.image!r}: no worker of this fleet offers {operation.name}"
             )
-        request = self._dispatcher.build_request(
+        result = await call_operation(
+            self._dispatcher,
             spec,
-            task_id=f"{self.run_id}.{operation}.{uuid.uuid4().hex[:16]}",
-            run_id=self.run_id,
-            arguments=arguments,
+            self.run_id,
+            operation.arguments(request),
+            pool=pool,
             timeout_ms=timeout_ms,
         )
-        result = await self._dispatcher.call(request, pool)
         if result.is_error:
             raise ImageUnavailable(f"image {self.image!r}: {_first_line(result.output)}")
-        answer: dict[str, Any] = json.loads(result.output)
+        answer = operation.read_answer(result.output)
+        if isinstance(answer, ImageRefusal):
+            raise ImageUnavailable(answer.message or f"image {self.image!r}: refused")
         return answer
 
 

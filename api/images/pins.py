@@ -87,7 +87,14 @@ class RunPins:
     ) -> ToolCallResult:
         """``send`` the call where it goes; a container lost before the call ran is started
         again, once, where the run allows it, and the call sent to it."""
-        result = await self._call_once(request, pool, send, redis)
+
+        async def call_once(request: ToolCallRequest) -> ToolCallResult:
+            placed = await self.place(request, pool, redis)
+            if isinstance(placed, ToolCallResult):
+                return placed
+            return self.settle(placed[0], await send(*placed))
+
+        result = await call_once(request)
         if result.error_kind != "environment_lost" or result.output.endswith(_NOT_STARTED):
             return result
         try:
@@ -98,19 +105,7 @@ class RunPins:
             )
         if again is None:
             return result
-        return await self._call_once(again, pool, send, redis)
-
-    async def _call_once(
-        self,
-        request: ToolCallRequest,
-        pool: str,
-        send: Callable[[ToolCallRequest, str], Awaitable[ToolCallResult]],
-        redis: aioredis.Redis,
-    ) -> ToolCallResult:
-        placed = await self.place(request, pool, redis)
-        if isinstance(placed, ToolCallResult):
-            return placed
-        return self.settle(placed[0], await send(*placed))
+        return await call_once(again)
 
     def settle(self, request: ToolCallRequest, result: ToolCallResult) -> ToolCallResult:
         """A pinned call that no worker started: its container's worker is gone."""

@@ -16,6 +16,7 @@ from inspect_ai.util import (
 from inspect_ai.util._sandbox.events import SandboxTimeoutError
 
 from api.run_workspace import CommandResult, FileProblemError, ServiceCallError
+from worker.contract.errors import ToolqError
 
 #: Call failures that mean the sandbox could not be reached, not that the operation failed.
 UNREACHABLE_KINDS = frozenset(
@@ -23,7 +24,7 @@ UNREACHABLE_KINDS = frozenset(
 )
 
 
-class ToolqSandboxError(RuntimeError):
+class ToolqSandboxError(ToolqError, RuntimeError):
     """The fleet refused an operation: the message is the worker's."""
 
 

@@ -16,6 +16,7 @@ import yaml
 from inspect_ai.util import SandboxEnvironmentConfigType
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from worker.contract.errors import validation_problems
 from worker.contract.image_errors import ImageError
 from worker.contract.image_reference import parse_reference
 
@@ -97,10 +98,7 @@ def _validated(data: Any, where: str) -> ToolqSandboxConfig:
     try:
         config = ToolqSandboxConfig.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}"
-            for e in exc.errors(include_url=False)
-        )
+        problems = validation_problems(exc, "config")
         raise ValueError(f"the toolq sandbox configuration {where}: {problems}") from None
     if config.image is not None:
         try:

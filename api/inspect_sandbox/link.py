@@ -23,9 +23,12 @@ from api.fleet import Fleet, load_fleet
 from api.inspect_sandbox.owners import EvalOwner
 from api.local.stack import fleet_for
 from api.settings import OrchestratorSettings
+from worker.contract.operations import EXEC, PUT_FILES, READ_FILE, REMOVE_WORKSPACE
 
 #: What the sandbox environment calls on the workers.
-SERVICE_OPERATIONS = ("toolq.put_files", "toolq.read_file", "toolq.remove_workspace", "toolq.exec")
+SERVICE_OPERATIONS = tuple(
+    operation.name for operation in (PUT_FILES, READ_FILE, REMOVE_WORKSPACE, EXEC)
+)
 
 
 class FleetLink:

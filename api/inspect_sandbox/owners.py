@@ -28,11 +28,11 @@ import redis
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from api.local.processes import ProcessStamp, is_running, stamp, this_machine
+from worker.contract.keys import INSPECT_EVAL_PREFIX, inspect_eval_key
 
 log = logging.getLogger(__name__)
 #: Every toolq sandbox's run id starts so.
 RUN_PREFIX = "inspect-"
-KEY_PREFIX = "toolq:inspect:eval:"
 LEASE_S = 60
 RENEW_S = 20
 _RUN = re.compile(rf"{RUN_PREFIX}.*-([0-9a-f]{{8}})-[0-9a-f]{{8}}")
@@ -98,12 +98,12 @@ class EvalOwner:
         if self._renewer.is_alive():
             self._renewer.join()
         with contextlib.suppress(redis.RedisError):
-            self._client.delete(KEY_PREFIX + self.id)
+            self._client.delete(inspect_eval_key(self.id))
         self._client.close()
         self._file.unlink(missing_ok=True)
 
     def _lease(self) -> None:
-        self._client.set(KEY_PREFIX + self.id, self._record.model_dump_json(), ex=LEASE_S)
+        self._client.set(inspect_eval_key(self.id), self._record.model_dump_json(), ex=LEASE_S)
 
     def _renew(self) -> None:
         while not self._stop.wait(RENEW_S):
@@ -120,7 +120,7 @@ def live_owners(redis_url: str) -> set[str]:
     records: list[OwnerRecord] = []
     client = redis.Redis.from_url(redis_url)
     try:
-        for key in client.scan_iter(f"{KEY_PREFIX}*"):
+        for key in client.scan_iter(f"{INSPECT_EVAL_PREFIX}*"):
             records += _parsed(client.get(key))
     finally:
         client.close()

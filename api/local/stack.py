@@ -21,13 +21,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import TracebackType
 
 import redis
 
+from api.background import Background
 from api.local.children import spawn
 from api.local.leftovers import FOLDER_PREFIX, StackRecorder, clear_leftovers
 from api.settings import OrchestratorSettings
+from worker.contract.errors import ToolqError
 from worker.contract.keys import keys
 from worker.contract.settings import WorkerSettings, get_worker_settings
 from worker.contract.wire import AGENTS_QUEUE, POOLS
@@ -37,7 +38,7 @@ SUPERVISE_INTERVAL_S = 0.5
 log = logging.getLogger(__name__)
 
 
-class LocalStackError(RuntimeError):
+class LocalStackError(ToolqError, RuntimeError):
     """The local stack did not come up; the message carries the failing part's log."""
 
 
@@ -95,7 +96,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class LocalStack:
+class LocalStack(Background):
     """``with LocalStack(settings) as local: local.settings`` is a working fleet on this machine."""
 
     def __init__(
@@ -119,22 +120,6 @@ class LocalStack:
         self._stopping = threading.Event()
         self._supervisor: threading.Thread | None = None
         self.settings = settings
-
-    def __enter__(self) -> LocalStack:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def start(self) -> None:
         """A private Redis when no broker is configured, then one worker per pool."""
@@ -210,7 +195,7 @@ class LocalStack:
         self._spawn("redis", argv, os.environ.copy())
         client = redis.Redis.from_url(url)
         try:
-            self._wait(lambda: _pings(client), "redis")
+            self._wait(lambda: pings(client), "redis")
         finally:
             client.close()
         return url
@@ -280,7 +265,8 @@ def worker_environment(settings: WorkerSettings) -> dict[str, str]:
     }
 
 
-def _pings(client: redis.Redis) -> bool:
+def pings(client: redis.Redis) -> bool:
+    """Whether the Redis server behind ``client`` answers now."""
     try:
         return bool(client.ping())
     except redis.RedisError:

@@ -18,8 +18,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -27,6 +26,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import Receive, Scope, Send
 
+from api.background import Background
 from api.scripted.script import (
     DEFAULT_SCRIPT_PATH,
     SHIPPED_SCRIPTS_DIR,
@@ -270,7 +270,7 @@ def _uvicorn_config(app: FastAPI, **options: Any) -> uvicorn.Config:
     )
 
 
-class ScriptedServer:
+class ScriptedServer(Background):
     """The scripted model on 127.0.0.1 and a free port, served from a background thread."""
 
     def __init__(
@@ -336,18 +336,6 @@ class ScriptedServer:
             return result
         finally:
             connection.close()
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def serve(script_path: Path | None, host: str, port: int) -> None:

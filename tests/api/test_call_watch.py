@@ -21,10 +21,9 @@ import redis.asyncio as aioredis
 
 from api.call_watch import CallWatch, InFlight
 from api.dispatch import Dispatcher
-from api.fleet import UNACKED_HASH
 from api.local.stack import free_port
 from tests.conftest import RedisServer, WorkerFleet, fleet_settings, tool_spec
-from worker.contract.keys import keys
+from worker.contract.keys import UNACKED_HASH, keys
 from worker.contract.settings import WorkerSettings
 from worker.contract.wire import ToolCallRequest, ToolCallResult, start_mark
 from worker.executor import Executor

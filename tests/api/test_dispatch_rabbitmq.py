@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 from collections.abc import AsyncIterator, Iterator
@@ -12,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from api.dispatch import Dispatcher
-from tests.conftest import Caller, RedisServer, WorkerFleet, fleet_settings, wait_for
+from tests.conftest import (
+    Caller,
+    RedisServer,
+    WorkerFleet,
+    assert_files_round_trip,
+    fleet_settings,
+    wait_for,
+)
 from tests.rabbitmq import AMQP_URL, require_rabbitmq
 from worker.app import create_celery_app
 from worker.contract.wire import POOLS
@@ -48,11 +54,7 @@ async def amqp_call(amqp_fleet: WorkerFleet) -> AsyncIterator[Caller]:
 
 
 async def test_tools_round_trip_over_rabbitmq(amqp_call: Caller) -> None:
-    written = await amqp_call("write_file", {"path": "r.txt", "content": "rabbit"})
-    assert not written.is_error, written.output
-    assert (await amqp_call("read_file", {"path": "r.txt"})).output == "rabbit"
-    bash = await amqp_call("run_bash", {"command": "cat r.txt"})
-    assert json.loads(bash.output)["stdout"] == "rabbit"
+    await assert_files_round_trip(amqp_call, "rabbit")
     refused = await amqp_call("run_bash", {"command": "true"}, pool="tools")
     assert refused.error_kind == "wrong_pool"
 

@@ -5,7 +5,6 @@ case 11 measures each share). RabbitMQ as the broker is ``test_dispatch_rabbitmq
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -14,9 +13,15 @@ import pytest
 import redis
 
 from api.dispatch import Dispatcher
-from api.fleet import UNACKED_HASH, queue_depths
-from tests.conftest import Caller, RedisServer, WorkerFleet, fleet_settings
-from worker.contract.keys import keys
+from api.fleet import queue_depths
+from tests.conftest import (
+    Caller,
+    RedisServer,
+    WorkerFleet,
+    assert_files_round_trip,
+    fleet_settings,
+)
+from worker.contract.keys import UNACKED_HASH, keys
 from worker.contract.wire import POOLS
 
 pytestmark = pytest.mark.integration
@@ -52,11 +57,7 @@ async def split_call(split_fleet: SplitFleet) -> AsyncIterator[Caller]:
 
 
 async def test_both_pools_answer_with_the_results_on_their_own_redis(split_call: Caller) -> None:
-    written = await split_call("write_file", {"path": "s.txt", "content": "split"})
-    assert not written.is_error, written.output
-    assert (await split_call("read_file", {"path": "s.txt"})).output == "split"
-    bash = await split_call("run_bash", {"command": "cat s.txt"})
-    assert json.loads(bash.output)["stdout"] == "split"
+    await assert_files_round_trip(split_call, "split")
     results = await asyncio.gather(*(split_call("noop", {}) for _ in range(200)))
     assert all(r.output == "ok" for r in results)
 

@@ -12,6 +12,7 @@ import pytest
 from aiohttp import web
 
 from api.llm import (
+    PLATFORM_HEADERS,
     ChatModel,
     ModelError,
     ModelToolCall,
@@ -22,10 +23,9 @@ from api.llm import (
     StreamText,
     TurnDone,
     Usage,
-    _EncodedTools,
-    chat_body,
     model_client,
 )
+from api.llm_body import EncodedBodies, chat_body
 from api.llm_turn import UnusableAnswer, turn_from_body
 from api.local.stack import free_port
 from api.scripted.server import ScriptedServer
@@ -455,7 +455,7 @@ def test_a_body_that_holds_no_turn_is_unusable(body: bytes) -> None:
 
 
 def test_a_body_is_the_clients_json_with_each_tool_list_encoded_once() -> None:
-    bodies = _EncodedTools()
+    bodies = EncodedBodies()
     messages = user("hi")
     tools: list[dict[str, Any]] = [
         {"type": "function", "function": {"name": "a", "parameters": {"type": "object"}}}
@@ -615,7 +615,8 @@ VOLATILE_HEADERS = {"content-length", "x-stainless-read-timeout"}
 
 @pytest.mark.parametrize("streaming", [False, True], ids=["complete", "stream"])
 async def test_requests_are_what_the_sdks_own_create_sends(streaming: bool) -> None:
-    """ChatModel posts its wire-format body itself: same body, same key, same headers."""
+    """ChatModel posts its wire-format body itself: same body, same key, same headers but the
+    client's description of its own platform, which toolq leaves out."""
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": 'ünïcödé " and {braces}'},
@@ -677,8 +678,11 @@ async def test_requests_are_what_the_sdks_own_create_sends(streaming: bool) -> N
     assert our_body["messages"] == messages
     assert our_body.get("stream", False) is streaming
     assert ours["authorization"] == "Bearer sk-secret"
+    platform = {name.lower() for name in PLATFORM_HEADERS}
+    assert platform <= set(sdks)
+    assert not platform & set(ours)
     assert {k: v for k, v in ours.items() if k not in VOLATILE_HEADERS} == {
-        k: v for k, v in sdks.items() if k not in VOLATILE_HEADERS
+        k: v for k, v in sdks.items() if k not in VOLATILE_HEADERS | platform
     }
 
 

@@ -56,7 +56,8 @@ def remote(
     dispatcher: Dispatcher, snapshots: list[ToolContextSnapshot], timeout_ms: int | None = None
 ) -> RemoteTool:
     sequence = itertools.count(1)
-    return RemoteTool.for_spec(RUN_BASH)(
+    return RemoteTool(
+        RUN_BASH,
         dispatcher,
         "run-1",
         lambda: snapshots[-1],
@@ -151,13 +152,27 @@ async def test_the_registry_hands_the_call_over_as_the_model_made_it(
     assert outcome.worker == "w@host:7"
 
 
-def test_a_remote_tool_is_described_by_its_spec() -> None:
-    tool_class = RemoteTool.for_spec(RUN_BASH)
+def test_a_remote_tool_is_described_by_its_spec(dispatcher: RecordingDispatcher) -> None:
+    tool = remote(dispatcher, [ToolContextSnapshot()])
 
-    assert issubclass(tool_class, RemoteTool)
-    assert tool_class.name == "run_bash"
-    assert tool_class.pool == "sandbox"
-    assert tool_class.idempotent is False
-    assert tool_class.enabled_by_default is False
-    assert tool_class.timeout_argument == "timeout_ms"
-    assert tool_class.get_schema() == RUN_BASH.schema_for_model()
+    assert tool.spec == RUN_BASH
+    assert tool.name == "run_bash"
+    assert tool.description == "Run a command."
+    assert tool.pool == "sandbox"
+    assert tool.idempotent is False
+    assert tool.enabled_by_default is False
+    assert tool.timeout_argument == "timeout_ms"
+    assert tool.default_timeout_ms == RUN_BASH.default_timeout_ms
+    assert tool.get_schema() == RUN_BASH.schema_for_model()
+
+
+def test_every_fleet_tool_is_an_instance_of_one_class(dispatcher: RecordingDispatcher) -> None:
+    weather = tool_spec("get_current_weather", "tools", description="The weather.")
+    context = ToolContextSnapshot()
+    bash = remote(dispatcher, [context])
+    other = RemoteTool(weather, dispatcher, "run-2", lambda: context, lambda: "run-2.a.1")
+
+    assert type(bash) is type(other) is RemoteTool
+    assert (bash.name, other.name) == ("run_bash", "get_current_weather")
+    assert (bash.pool, other.pool) == ("sandbox", "tools")
+    assert other.get_schema() == weather.schema_for_model()

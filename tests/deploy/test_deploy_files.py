@@ -51,93 +51,90 @@ MAPPED_UIDS = range(0, 65536)
 RESERVED_UIDS = (10001, 65534)
 APPARMOR_PROFILE = "toolq-sandbox"
 
-# KEDA's CRD schema is not available offline: these are the ScaledObject fields the files use.
-SCALED_OBJECT_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["apiVersion", "kind", "metadata", "spec"],
-    "properties": {
-        "apiVersion": {"const": "keda.sh/v1alpha1"},
-        "kind": {"const": "ScaledObject"},
-        "metadata": {
-            "type": "object",
-            "required": ["name", "namespace"],
-            "properties": {"name": {"type": "string"}, "namespace": {"type": "string"}},
+
+def keda_schema(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """A KEDA object of ``kind``, named in a namespace, whose spec ``spec`` describes."""
+    return {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "keda.sh/v1alpha1"},
+            "kind": {"const": kind},
+            "metadata": {
+                "type": "object",
+                "required": ["name", "namespace"],
+                "properties": {"name": {"type": "string"}, "namespace": {"type": "string"}},
+            },
+            "spec": {"type": "object", "additionalProperties": False, **spec},
         },
-        "spec": {
-            "type": "object",
-            "required": ["scaleTargetRef", "triggers"],
-            "additionalProperties": False,
-            "properties": {
-                "scaleTargetRef": {
+    }
+
+
+# KEDA's CRD schema is not available offline: these are the fields of its objects the files use.
+SCALED_OBJECT_SCHEMA = keda_schema(
+    "ScaledObject",
+    {
+        "required": ["scaleTargetRef", "triggers"],
+        "properties": {
+            "scaleTargetRef": {
+                "type": "object",
+                "required": ["name"],
+                "additionalProperties": False,
+                "properties": {
+                    "name": {"type": "string"},
+                    "kind": {"const": "Deployment"},
+                    "apiVersion": {"const": "apps/v1"},
+                },
+            },
+            "minReplicaCount": {"type": "integer", "minimum": 0},
+            "maxReplicaCount": {"type": "integer", "minimum": 1},
+            "pollingInterval": {"type": "integer", "minimum": 1},
+            "cooldownPeriod": {"type": "integer", "minimum": 0},
+            "advanced": {"type": "object"},
+            "triggers": {
+                "type": "array",
+                "minItems": 1,
+                "items": {
                     "type": "object",
-                    "required": ["name"],
+                    "required": ["type", "metadata"],
                     "additionalProperties": False,
                     "properties": {
+                        "type": {"const": "redis"},
+                        "authenticationRef": {"type": "object"},
+                        # KEDA takes every trigger metadata value as a string.
+                        "metadata": {
+                            "type": "object",
+                            "required": ["address", "listName", "listLength"],
+                            "additionalProperties": {"type": "string"},
+                        },
+                    },
+                },
+            },
+        },
+    },
+)
+TRIGGER_AUTHENTICATION_SCHEMA = keda_schema(
+    "TriggerAuthentication",
+    {
+        "required": ["secretTargetRef"],
+        "properties": {
+            "secretTargetRef": {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "type": "object",
+                    "required": ["parameter", "name", "key"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "parameter": {"type": "string"},
                         "name": {"type": "string"},
-                        "kind": {"const": "Deployment"},
-                        "apiVersion": {"const": "apps/v1"},
+                        "key": {"type": "string"},
                     },
                 },
-                "minReplicaCount": {"type": "integer", "minimum": 0},
-                "maxReplicaCount": {"type": "integer", "minimum": 1},
-                "pollingInterval": {"type": "integer", "minimum": 1},
-                "cooldownPeriod": {"type": "integer", "minimum": 0},
-                "advanced": {"type": "object"},
-                "triggers": {
-                    "type": "array",
-                    "minItems": 1,
-                    "items": {
-                        "type": "object",
-                        "required": ["type", "metadata"],
-                        "additionalProperties": False,
-                        "properties": {
-                            "type": {"const": "redis"},
-                            "authenticationRef": {"type": "object"},
-                            # KEDA takes every trigger metadata value as a string.
-                            "metadata": {
-                                "type": "object",
-                                "required": ["address", "listName", "listLength"],
-                                "additionalProperties": {"type": "string"},
-                            },
-                        },
-                    },
-                },
-            },
+            }
         },
     },
-}
-
-
-TRIGGER_AUTHENTICATION_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["apiVersion", "kind", "metadata", "spec"],
-    "properties": {
-        "apiVersion": {"const": "keda.sh/v1alpha1"},
-        "kind": {"const": "TriggerAuthentication"},
-        "metadata": SCALED_OBJECT_SCHEMA["properties"]["metadata"],
-        "spec": {
-            "type": "object",
-            "required": ["secretTargetRef"],
-            "additionalProperties": False,
-            "properties": {
-                "secretTargetRef": {
-                    "type": "array",
-                    "minItems": 1,
-                    "items": {
-                        "type": "object",
-                        "required": ["parameter", "name", "key"],
-                        "additionalProperties": False,
-                        "properties": {
-                            "parameter": {"type": "string"},
-                            "name": {"type": "string"},
-                            "key": {"type": "string"},
-                        },
-                    },
-                }
-            },
-        },
-    },
-}
+)
 
 
 @pytest.fixture
@@ -825,6 +822,18 @@ def test_dockerfile_runs_as_an_unprivileged_user() -> None:
         assert files.services()[name]["user"].split(":")[0] == uid
     for name in set(files.toolq_deployments()) - set(POOL_CAPABILITIES):
         assert files.pod_spec(name)["securityContext"]["runAsUser"] == int(uid)
+
+
+def test_dockerfile_installs_what_the_sandbox_pool_runs_images_with() -> None:
+    """A task's own image needs skopeo, umoci, an OCI runtime and catatonit on the worker: a pool
+    started from this image without them would refuse every ``--image`` run."""
+    installs = " ".join(
+        arguments for keyword, arguments in files.dockerfile_instructions() if keyword == "RUN"
+    )
+    wanted = {"skopeo", "umoci", "catatonit", WorkerSettings.model_fields["oci_runtime"].default}
+    wanted.add("runsc")  # gVisor, the runtime docs/deploy.md offers for stronger isolation
+    found = set(re.findall(r"[\w.-]+", installs.split("apt-get install", 1)[-1]))
+    assert wanted <= found, f"not installed: {sorted(wanted - found)}"
 
 
 def test_dockerfile_bakes_in_no_secret() -> None:

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +16,8 @@ import pytest
 
 from api.batch.attempts import attempts_path
 from api.local.stack import worker_environment
-from api.scripted.script import Script
 from api.scripted.server import ScriptedServer
-from tests.conftest import WorkerFleet, wait_for
+from tests.conftest import StartModel, WorkerFleet, wait_for
 from tests.results_file import finished_lines, finished_records, finished_text
 from tests.scripts import WRITE_THEN_READ
 
@@ -54,21 +52,6 @@ SLOW_MODEL_ONE_CALL: list[dict[str, Any]] = [
     },
     {"content": "ok"},
 ]
-
-
-@pytest.fixture
-def model_servers() -> Iterator[list[ScriptedServer]]:
-    servers: list[ScriptedServer] = []
-    yield servers
-    for server in servers:
-        server.stop()
-
-
-def scripted_model(servers: list[ScriptedServer], steps: list[dict[str, Any]]) -> ScriptedServer:
-    server = ScriptedServer(Script.from_steps(list(steps)))
-    server.start()
-    servers.append(server)
-    return server
 
 
 def environment(fleet: WorkerFleet, server: ScriptedServer) -> dict[str, str]:
@@ -121,9 +104,9 @@ def workspace(fleet: WorkerFleet, record: dict[str, Any]) -> Path:
 
 
 def test_a_batch_runs_every_good_line_once_and_reports_the_bad_ones(
-    fleet: WorkerFleet, model_servers: list[ScriptedServer], tmp_path: Path
+    fleet: WorkerFleet, start_model: StartModel, tmp_path: Path
 ) -> None:
-    server = scripted_model(model_servers, WRITE_THEN_READ)
+    server = start_model(WRITE_THEN_READ)
     prompts = {f"item {n}": f"note {n}: ünïcödé" for n in range(6)}
     source = write_items(
         tmp_path / "in.jsonl",
@@ -194,9 +177,9 @@ def tool_runs(fleet: WorkerFleet, output: Path) -> dict[str, int]:
 
 
 def test_an_interrupted_then_killed_batch_resumes_without_losing_or_repeating_work(
-    fleet: WorkerFleet, model_servers: list[ScriptedServer], tmp_path: Path
+    fleet: WorkerFleet, start_model: StartModel, tmp_path: Path
 ) -> None:
-    server = scripted_model(model_servers, SLOW_MARKED_CALL)
+    server = start_model(SLOW_MARKED_CALL)
     total = 40
     source = write_items(
         tmp_path / "in.jsonl", [{"id": f"job-{n}", "prompt": "go"} for n in range(total)]
@@ -271,9 +254,9 @@ def cut_after_their_effect(fleet: WorkerFleet, output: Path) -> list[str]:
 
 
 def test_a_conversation_cut_by_a_kill_runs_again_in_a_workspace_of_its_own(
-    fleet: WorkerFleet, model_servers: list[ScriptedServer], tmp_path: Path
+    fleet: WorkerFleet, start_model: StartModel, tmp_path: Path
 ) -> None:
-    server = scripted_model(model_servers, APPEND_THEN_PAUSE)
+    server = start_model(APPEND_THEN_PAUSE)
     total = 30
     ids = [f"job-{n}" for n in range(total)]
     source = write_items(
@@ -365,9 +348,9 @@ def run_sampling_threads(
 
 
 def test_a_thousand_conversations_run_at_once_without_a_thread_each(
-    fleet: WorkerFleet, model_servers: list[ScriptedServer], tmp_path: Path
+    fleet: WorkerFleet, start_model: StartModel, tmp_path: Path
 ) -> None:
-    server = scripted_model(model_servers, SLOW_MODEL_ONE_CALL)
+    server = start_model(SLOW_MODEL_ONE_CALL)
     env = environment(fleet, server)
     small = write_items(
         tmp_path / "small.jsonl", [{"id": f"s{n}", "prompt": f"s{n}"} for n in range(10)]

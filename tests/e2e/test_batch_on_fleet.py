@@ -8,21 +8,20 @@ import os
 import signal
 import subprocess
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
-from api.agents.messages import conversation_keys
 from api.local.stack import worker_environment
-from api.scripted.script import Script
 from api.scripted.server import ScriptedServer
-from tests.conftest import AgentsWorker, WorkerFleet, wait_for
+from tests.conftest import AgentsWorker, StartModel, WorkerFleet, wait_for
 from tests.e2e.test_batch_cli import batch_argv, run_batch, workspace, write_items
 from tests.results_file import finished_records as records
 from tests.scripts import WRITE_THEN_READ
+from worker.contract.keys import conversation_keys
 
 pytestmark = pytest.mark.e2e
 
@@ -37,22 +36,26 @@ SLOW_CONVERSATION: list[dict[str, Any]] = [
     {"content": "done"},
 ]
 
-StartAgents = Callable[..., AgentsWorker]
+AgentsAsking = Callable[[list[dict[str, Any]], int], tuple[ScriptedServer, list[AgentsWorker]]]
 
 
 @pytest.fixture
-def model() -> Iterator[Callable[[list[dict[str, Any]]], ScriptedServer]]:
-    servers: list[ScriptedServer] = []
+def agents_asking(
+    fleet: WorkerFleet, start_model: StartModel, agents_workers: Callable[..., AgentsWorker]
+) -> AgentsAsking:
+    """``agents_asking(steps, count)``: a model scripted with ``steps``, and ``count`` agents
+    workers on the fleet that ask it."""
 
-    def start(steps: list[dict[str, Any]]) -> ScriptedServer:
-        server = ScriptedServer(Script.from_steps(list(steps)))
-        server.start()
-        servers.append(server)
-        return server
+    def start(steps: list[dict[str, Any]], count: int) -> tuple[ScriptedServer, list[AgentsWorker]]:
+        server = start_model(steps)
+        return server, [agents_workers(fleet.settings, server.base_url) for _ in range(count)]
 
-    yield start
-    for server in servers:
-        server.stop()
+    return start
+
+
+def batch_files(folder: Path, lines: list[dict[str, Any] | str]) -> tuple[Path, Path]:
+    """The batch's input file, of ``lines``, and where its results go."""
+    return write_items(folder / "in.jsonl", lines), folder / "out.jsonl"
 
 
 def batch_env(fleet: WorkerFleet) -> dict[str, str]:
@@ -104,16 +107,11 @@ def marks(fleet: WorkerFleet, record: dict[str, Any]) -> int:
 
 
 def test_a_batch_on_two_agents_workers_runs_every_item_once(
-    fleet: WorkerFleet,
-    model: Callable[[list[dict[str, Any]]], ScriptedServer],
-    agents_workers: StartAgents,
-    tmp_path: Path,
+    fleet: WorkerFleet, agents_asking: AgentsAsking, tmp_path: Path
 ) -> None:
-    server = model(WRITE_THEN_READ)
-    agents = [agents_workers(fleet.settings, server.base_url) for _ in range(2)]
+    server, agents = agents_asking(WRITE_THEN_READ, 2)
     total = 30
-    source = write_items(tmp_path / "in.jsonl", items(total))
-    output = tmp_path / "out.jsonl"
+    source, output = batch_files(tmp_path, items(total))
 
     done = run_on_fleet(source, output, batch_env(fleet))
 
@@ -136,16 +134,11 @@ def test_a_batch_on_two_agents_workers_runs_every_item_once(
 
 
 def test_an_agents_worker_killed_mid_batch_loses_and_repeats_no_line(
-    fleet: WorkerFleet,
-    model: Callable[[list[dict[str, Any]]], ScriptedServer],
-    agents_workers: StartAgents,
-    tmp_path: Path,
+    fleet: WorkerFleet, agents_asking: AgentsAsking, tmp_path: Path
 ) -> None:
-    server = model(SLOW_CONVERSATION)
-    doomed, survivor = (agents_workers(fleet.settings, server.base_url) for _ in range(2))
+    _, (doomed, survivor) = agents_asking(SLOW_CONVERSATION, 2)
     total = 24
-    source = write_items(tmp_path / "in.jsonl", items(total, prefix="k"))
-    output = tmp_path / "out.jsonl"
+    source, output = batch_files(tmp_path, items(total, prefix="k"))
     batch = start_on_fleet(source, output, batch_env(fleet), tmp_path / "batch.log")
     try:
         wait_for(lambda: len(leases_held_by(fleet, doomed)) >= 2, 60, "the doomed worker at work")
@@ -175,8 +168,7 @@ def test_an_agents_worker_killed_mid_batch_loses_and_repeats_no_line(
 
 
 def test_a_batch_with_no_agents_worker_says_so_at_once(fleet: WorkerFleet, tmp_path: Path) -> None:
-    source = write_items(tmp_path / "in.jsonl", items(3))
-    output = tmp_path / "out.jsonl"
+    source, output = batch_files(tmp_path, items(3))
 
     done = run_on_fleet(source, output, batch_env(fleet))
 
@@ -190,16 +182,11 @@ def test_a_batch_with_no_agents_worker_says_so_at_once(fleet: WorkerFleet, tmp_p
 
 
 def test_a_killed_on_fleet_batch_resumes_without_asking_the_model_again(
-    fleet: WorkerFleet,
-    model: Callable[[list[dict[str, Any]]], ScriptedServer],
-    agents_workers: StartAgents,
-    tmp_path: Path,
+    fleet: WorkerFleet, agents_asking: AgentsAsking, tmp_path: Path
 ) -> None:
-    server = model(SLOW_CONVERSATION)
-    agents_workers(fleet.settings, server.base_url)
+    server, _ = agents_asking(SLOW_CONVERSATION, 1)
     total = 20
-    source = write_items(tmp_path / "in.jsonl", items(total, prefix="r"))
-    output = tmp_path / "out.jsonl"
+    source, output = batch_files(tmp_path, items(total, prefix="r"))
     env = batch_env(fleet)
     batch = start_on_fleet(source, output, env, tmp_path / "killed.log", concurrency=6)
     try:

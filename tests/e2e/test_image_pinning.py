@@ -66,14 +66,21 @@ def kill_sandbox_worker(fleet: WorkerFleet) -> None:
         client.close()
 
 
+def new_run(
+    image_fleet: WorkerFleet, dispatcher: Dispatcher, image: str, *, recreate: bool = False
+) -> tuple[RunWorkspace, RunEnvironment]:
+    """A new run's workspace, and its environment in ``image`` (not started yet)."""
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    fleet = load_fleet(image_fleet.settings.redis_url)
+    environment = RunEnvironment(dispatcher, fleet, run_id, image, recreate=recreate)
+    return RunWorkspace(dispatcher, fleet, run_id), environment
+
+
 async def test_a_runs_calls_stay_with_its_container_and_a_dead_worker_loses_it(
     image_fleet: WorkerFleet, dispatcher: Dispatcher, built: tuple[Path, Images]
 ) -> None:
     _, images = built
-    run_id = f"pinned-{uuid.uuid4().hex[:8]}"
-    fleet = load_fleet(image_fleet.settings.redis_url)
-    workspace = RunWorkspace(dispatcher, fleet, run_id)
-    environment = RunEnvironment(dispatcher, fleet, run_id, images.alpha)
+    workspace, environment = new_run(image_fleet, dispatcher, images.alpha)
     started = await environment.start()
     assert started.queue == f"sandbox.{started.worker}"
     # The file tools (tools pool) and the container (sandbox pool) see the same files.
@@ -103,10 +110,7 @@ async def test_a_run_that_allows_it_gets_its_container_again(
     image_fleet: WorkerFleet, dispatcher: Dispatcher, built: tuple[Path, Images]
 ) -> None:
     _, images = built
-    run_id = f"recreated-{uuid.uuid4().hex[:8]}"
-    fleet = load_fleet(image_fleet.settings.redis_url)
-    workspace = RunWorkspace(dispatcher, fleet, run_id)
-    environment = RunEnvironment(dispatcher, fleet, run_id, images.alpha, recreate=True)
+    workspace, environment = new_run(image_fleet, dispatcher, images.alpha, recreate=True)
     first = await environment.start()
     await workspace.run("echo kept > in-workspace.txt; echo gone > /etc/mark")
     kill_sandbox_worker(image_fleet)

@@ -21,7 +21,6 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 
 #: Private addresses: each network takes one random /24 of 10.213.0.0/16. Two networks that pick
 #: the same /24 do not clash: each has its own bridge, and no address is on the machine itself.
@@ -150,12 +149,7 @@ class Network:
             raise
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def add_host(self, role: str, *, reach_only: Host | None = None) -> Host:

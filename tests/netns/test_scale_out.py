@@ -304,9 +304,14 @@ def conversations(seconds: float) -> list[dict[str, Any]]:
     return [{"id": f"c{n:03}", "prompt": str(seconds)} for n in range(CONVERSATIONS)]
 
 
-def test_a_batch_spreads_over_both_tools_hosts(cluster: Cluster) -> None:
+def two_call_batch(
+    cluster: Cluster, name: str, *, on_fleet: bool = False
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A batch of conversations that make TWO_CALLS each, run to its end: its records and their
+    tool calls, once every conversation is found ok, every call run once without error and the
+    model asked three times a conversation."""
     with scripted_model(cluster, TWO_CALLS) as model:
-        batch = start_batch(cluster, "spread", conversations(seconds=0.05))
+        batch = start_batch(cluster, name, conversations(seconds=0.05), on_fleet=on_fleet)
         code = batch.wait()
         requests = model.requests()
     records = batch.records()
@@ -317,11 +322,16 @@ def test_a_batch_spreads_over_both_tools_hosts(cluster: Cluster) -> None:
     assert len(calls) == 2 * CONVERSATIONS
     assert not [c for c in calls if c["is_error"]]
     assert {runs_of(cluster, r, m) for r in records for m in MARKERS} == {1}
+    assert requests == 3 * CONVERSATIONS
+    return records, calls
+
+
+def test_a_batch_spreads_over_both_tools_hosts(cluster: Cluster) -> None:
+    _, calls = two_call_batch(cluster, "spread")
     assert Counter(host_of(c) for c in calls).keys() == {
         cluster.tools_a.hostname,
         cluster.tools_b.hostname,
     }
-    assert requests == 3 * CONVERSATIONS
 
 
 def host_of_record(record: dict[str, Any]) -> str:
@@ -330,25 +340,13 @@ def host_of_record(record: dict[str, Any]) -> str:
 
 
 def test_a_batch_on_the_fleet_spreads_over_both_agents_hosts(cluster: Cluster) -> None:
-    with scripted_model(cluster, TWO_CALLS) as model:
-        batch = start_batch(cluster, "agents", conversations(seconds=0.05), on_fleet=True)
-        code = batch.wait()
-        requests = model.requests()
-    records = batch.records()
-    assert code == 0, f"{batch.started.log_tail()}\n{cluster.logs()}"
-    assert sorted(r["id"] for r in records) == [f"c{n:03}" for n in range(CONVERSATIONS)]
-    assert {r["status"] for r in records} == {"ok"}
+    records, calls = two_call_batch(cluster, "agents", on_fleet=True)
     assert {r["attempts"] for r in records} == {1}
     assert Counter(host_of_record(r) for r in records).keys() == {
         cluster.agents_a.hostname,
         cluster.agents_b.hostname,
     }
-    calls = [call for r in records for call in r["tool_calls"]]
-    assert len(calls) == 2 * CONVERSATIONS
-    assert not [c for c in calls if c["is_error"]]
     assert {host_of(c) for c in calls} <= {cluster.tools_a.hostname, cluster.tools_b.hostname}
-    assert {runs_of(cluster, r, m) for r in records for m in MARKERS} == {1}
-    assert requests == 3 * CONVERSATIONS
 
 
 def test_the_sandbox_host_reaches_the_broker_and_nothing_else(cluster: Cluster) -> None:

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from worker.tools.context import ToolContext
-from worker.tools.interface import ExecutableTool
+from worker.tools.filesystem import WorkspaceTool
 from worker.tools.registry import ToolRegistry
 from worker.tools.runtime import admit_current_call
 from worker.tools.workspace import Workspace
@@ -20,19 +20,16 @@ class LateWriteArgs(BaseModel):
     name: str
 
 
-class LateWriteTool(ExecutableTool):
+class LateWriteTool(WorkspaceTool):
     """Notes that it prepared in <name>.prepared, then, once admitted, writes <name>."""
 
-    name: ClassVar[str] = "late_write"
-    description: ClassVar[str] = "Prepares, then writes a file once the call may start."
+    name = "late_write"
+    description = "Prepares, then writes a file once the call may start."
     Args: ClassVar[type[BaseModel]] = LateWriteArgs
     admits_itself = True
 
-    def __init__(self, workspace: Workspace) -> None:
-        self._workspace = workspace
-
     def execute(self, args: dict[str, Any]) -> str:
-        root = Path(self._workspace.root)
+        root = Path(self.workspace.root)
         (root / f"{args['name']}.prepared").touch()
         admit_current_call()
         (root / args["name"]).write_text("written")

@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from worker.tools.context import ToolContext
+from worker.tools.filesystem import WorkspaceTool
 from worker.tools.functions import tool
 from worker.tools.interface import ExecutableTool
 from worker.tools.registry import ToolRegistry
@@ -25,16 +26,13 @@ class SlowArgs(BaseModel):
     marker: str = "marker"
 
 
-class _Slow(ExecutableTool):
+class _Slow(WorkspaceTool):
     """Appends its pid to <marker>.runs in the workspace, then sleeps."""
 
     Args = SlowArgs
 
-    def __init__(self, workspace: Workspace) -> None:
-        self._workspace = workspace
-
     def execute(self, args: dict[str, Any]) -> str:
-        runs = Path(self._workspace.root) / f"{args['marker']}.runs"
+        runs = Path(self.workspace.root) / f"{args['marker']}.runs"
         with runs.open("a") as f:
             f.write(f"{os.getpid()}\n")
         time.sleep(args["seconds"])
@@ -73,18 +71,15 @@ class RendezvousArgs(BaseModel):
     count: int = 2
 
 
-class RendezvousTool(ExecutableTool):
+class RendezvousTool(WorkspaceTool):
     """Succeeds only if ``count`` calls with the same name run at the same time."""
 
     name = "rendezvous"
     description = "Waits for its peers."
     Args = RendezvousArgs
 
-    def __init__(self, workspace: Workspace) -> None:
-        self._workspace = workspace
-
     def execute(self, args: dict[str, Any]) -> str:
-        root = Path(self._workspace.root)
+        root = Path(self.workspace.root)
         (root / f"{args['name']}.{os.getpid()}.{time.monotonic_ns()}").touch()
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:

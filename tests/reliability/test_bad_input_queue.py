@@ -28,7 +28,7 @@ from api.dispatch import Dispatcher
 from tests.conftest import REPO, Caller
 from tests.reliability.conftest import Stack, start_stack
 from tests.reliability.report import Counts, Report, Row
-from tests.traversal import NUL_PATH_CALLS, outside_targets
+from tests.traversal import NUL_PATH_CALLS, calls_naming, outside_targets
 from tests.worker.tools.conftest import MARKER, SECRET, Layout, make_layout
 from worker.contract.wire import ToolCallResult
 
@@ -420,17 +420,7 @@ async def _nul(probe: Probe, here: Path, rel: str, row: Row) -> None:
 
 @nasty("300-character names", "refused: 'too long (at most 255 bytes per name)'")
 async def _long_names(probe: Probe, here: Path, rel: str, row: Row) -> None:
-    name = f"{rel}/" + "n" * 300
-    answers = [
-        await probe(tool, args)
-        for tool, args in (
-            ("write_file", {"path": name, "content": "x"}),
-            ("read_file", {"path": name}),
-            ("mkdir", {"path": f"{name}/sub"}),
-            ("list_dir", {"path": name}),
-            ("move", {"source": name, "destination": "x"}),
-        )
-    ]
+    answers = [await probe(tool, args) for tool, args in calls_naming(f"{rel}/" + "n" * 300)]
     refused = sum("is too long (at most 255 bytes per name" in a.output for a in answers)
     row.observed = f"{refused}/{len(answers)} refused naming the limit"
     assert refused == len(answers), [a.output for a in answers]

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ import redis
 from api.dispatch import Dispatcher
 from api.fleet import live_workers
 from api.local.stack import worker_argv, worker_environment
-from tests.conftest import Caller, RedisServer, fleet_settings, wait_for
+from tests.conftest import Caller, RedisServer, fleet_settings, start_logged, wait_for
 from tests.plugins.faulty_consumer import STOP_HANGS_VARIABLE
 from tests.reliability.report import Counts, Report
 from worker.contract.runtime.heartbeat import HEARTBEAT_TTL_S
@@ -75,15 +75,8 @@ class LoneWorker:
         )
         argv[argv.index("-A") + 1] = app
         self.log_path = log_dir / f"{node}.log"
-        with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen(
-                argv,
-                env={**os.environ, **worker_environment(settings), **(env or {})},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        env = {**os.environ, **worker_environment(settings), **(env or {})}
+        self.process = start_logged(argv, env, self.log_path)
 
     @property
     def pid(self) -> int:
@@ -128,17 +121,17 @@ class LoneWorker:
 
 
 @pytest.fixture
-def redis_of_its_own(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path)
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def lone_workers() -> Iterator[list[LoneWorker]]:
+def lone_worker(tmp_path: Path) -> Iterator[Callable[..., LoneWorker]]:
+    """Start lone workers (``lone_worker(settings, pool)``, with LoneWorker's options), logging
+    to the test's folder: each is stopped after the test."""
     started: list[LoneWorker] = []
-    yield started
+
+    def start(settings: WorkerSettings, pool: str, **options: Any) -> LoneWorker:
+        worker = LoneWorker(settings, pool, tmp_path, **options)
+        started.append(worker)
+        return worker
+
+    yield start
     for worker in started:
         worker.stop()
 
@@ -148,6 +141,12 @@ def settings_for(server: RedisServer, tmp_path: Path, **overrides: object) -> Wo
     root.mkdir()
     root.chmod(0o755)
     return fleet_settings(server.url, root, **overrides)
+
+
+@pytest.fixture
+def settings(own_redis: RedisServer, tmp_path: Path) -> WorkerSettings:
+    """The settings of workers on the test's own Redis, with workspaces in its folder."""
+    return settings_for(own_redis, tmp_path)
 
 
 def served(results: list[ToolCallResult]) -> int:
@@ -160,23 +159,20 @@ def served(results: list[ToolCallResult]) -> int:
 
 @pytest.mark.timeout(900)
 async def test_through_redis_restarts_a_worker_serves_or_exits(
-    redis_of_its_own: RedisServer,
-    lone_workers: list[LoneWorker],
+    own_redis: RedisServer,
+    lone_worker: Callable[..., LoneWorker],
     tmp_path: Path,
     report: Report,
 ) -> None:
-    server = redis_of_its_own
     settings = settings_for(
-        server,
+        own_redis,
         tmp_path,
         default_timeout_ms=1_500,
         max_timeout_ms=3_000,
         hard_limit_grace_s=0.5,
         reply_margin_s=0.5,
     )
-    worker = LoneWorker(settings, "tools", tmp_path)
-    lone_workers.append(worker)
-    worker.wait_ready()
+    worker = lone_worker(settings, "tools").wait_ready()
     with report.case(
         "Faults",
         f"Redis restarted {2 * RESTART_ROUNDS} times under traffic to a tools worker (quick "
@@ -205,7 +201,7 @@ async def test_through_redis_restarts_a_worker_serves_or_exits(
             slow_runs = Path(settings.workspace_root) / caller.run_id / "slow.runs"
             try:
                 for _ in range(RESTART_ROUNDS):
-                    await asyncio.to_thread(_restart_twice, server, worker, slow_runs)
+                    await asyncio.to_thread(_restart_twice, own_redis, worker, slow_runs)
                     before = served(results)
 
                     def serves_or_exited(before: int = before) -> bool:
@@ -282,15 +278,9 @@ def _lines(path: Path) -> int:
 
 @pytest.mark.timeout(600)
 async def test_a_store_that_refuses_writes_delays_answers_and_no_worker_exits(
-    redis_of_its_own: RedisServer,
-    lone_workers: list[LoneWorker],
-    tmp_path: Path,
-    report: Report,
+    settings: WorkerSettings, lone_worker: Callable[..., LoneWorker], report: Report
 ) -> None:
-    server = redis_of_its_own
-    settings = settings_for(server, tmp_path)
-    workers = [LoneWorker(settings, pool, tmp_path) for pool in ("tools", "sandbox")]
-    lone_workers.extend(workers)
+    workers = [lone_worker(settings, pool) for pool in ("tools", "sandbox")]
     for worker in workers:
         worker.wait_ready()
     per_pool = 20
@@ -373,21 +363,16 @@ def _answered_ok(result: ToolCallResult) -> bool:
 @pytest.mark.parametrize("stop_hangs", [False, True], ids=["stop-returns", "stop-hangs"])
 async def test_an_unrecoverable_error_in_the_consumer_ends_the_worker(
     stop_hangs: bool,
-    redis_of_its_own: RedisServer,
-    lone_workers: list[LoneWorker],
-    tmp_path: Path,
+    settings: WorkerSettings,
+    lone_worker: Callable[..., LoneWorker],
     report: Report,
 ) -> None:
-    settings = settings_for(redis_of_its_own, tmp_path)
-    worker = LoneWorker(
+    worker = lone_worker(
         settings,
         "tools",
-        tmp_path,
         app="tests.plugins.faulty_consumer",
         env={STOP_HANGS_VARIABLE: "1" if stop_hangs else "0"},
-    )
-    lone_workers.append(worker)
-    worker.wait_ready()
+    ).wait_ready()
     how = "its stop never returns (a pool waiting on a child)" if stop_hangs else "it stops"
     with report.case(
         "Faults",

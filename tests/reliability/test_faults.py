@@ -20,9 +20,8 @@ import pytest
 
 from api.dispatch import Dispatcher
 from api.local.stack import worker_environment
-from api.scripted.script import Script
 from api.scripted.server import ScriptedServer
-from tests.conftest import Caller, WorkerFleet, wait_for
+from tests.conftest import Caller, StartModel, WorkerFleet, wait_for
 from tests.reliability.conftest import Stack, alive, ancestors, find_process, start_stack
 from tests.reliability.report import Counts, Report
 from tests.results_file import finished_lines, finished_records, finished_text
@@ -48,23 +47,6 @@ def kill_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     stack = start_stack(tmp_path_factory.mktemp("kill"), hard_limit_grace_s=1.0)
     yield stack
     stack.stop()
-
-
-@pytest.fixture
-def model_servers() -> Iterator[list[ScriptedServer]]:
-    servers: list[ScriptedServer] = []
-    yield servers
-    for server in servers:
-        server.stop()
-
-
-def scripted(
-    servers: list[ScriptedServer], steps: list[dict[str, Any]], scripts_dir: Path | None = None
-) -> ScriptedServer:
-    server = ScriptedServer(Script.from_steps(steps), scripts_dir=scripts_dir)
-    server.start()
-    servers.append(server)
-    return server
 
 
 # --- Worker children killed mid-call -------------------------------------------------------------
@@ -317,7 +299,7 @@ MARKER_OF = {"slow_write": "w", "slow_read": "r"}
 
 
 async def test_a_redis_restart_mid_batch_loses_no_call_and_runs_none_twice(
-    tmp_path: Path, model_servers: list[ScriptedServer], report: Report
+    tmp_path: Path, start_model: StartModel, report: Report
 ) -> None:
     total, outage_s = 200, 1.0
     with report.case(
@@ -339,7 +321,7 @@ async def test_a_redis_restart_mid_batch_loses_no_call_and_runs_none_twice(
             resend_after_s=1.0,
         )
         try:
-            server = scripted(model_servers, MARKED_CALLS)
+            server = start_model(MARKED_CALLS)
             ids = [f"conv-{n}" for n in range(total)]
             source = write_items(tmp_path / "in.jsonl", [{"id": i, "prompt": i} for i in ids])
             output = tmp_path / "out.jsonl"
@@ -479,7 +461,7 @@ def _examples(results: list[dict[str, Any]]) -> str:
 
 
 async def test_a_killed_orchestrator_resumes_without_rerunning_finished_conversations(
-    fleet: WorkerFleet, tmp_path: Path, model_servers: list[ScriptedServer], report: Report
+    fleet: WorkerFleet, tmp_path: Path, start_model: StartModel, report: Report
 ) -> None:
     total = 60
     with report.case(
@@ -490,7 +472,7 @@ async def test_a_killed_orchestrator_resumes_without_rerunning_finished_conversa
         "every id exactly once; one cut by the kill runs again in a new workspace, so no call "
         "with effects runs twice in one",
     ) as row:
-        server = scripted(model_servers, MARKED_CALL)
+        server = start_model(MARKED_CALL)
         ids = [f"job-{n}" for n in range(total)]
         source = write_items(tmp_path / "in.jsonl", [{"id": i, "prompt": "go"} for i in ids])
         output = tmp_path / "out.jsonl"
@@ -645,13 +627,13 @@ MODEL_FAULTS: dict[str, tuple[dict[str, Any] | None, str, int, bool]] = {
 
 
 async def test_model_api_failures_are_retried_then_reported_per_conversation(
-    fleet: WorkerFleet, tmp_path: Path, model_servers: list[ScriptedServer], report: Report
+    fleet: WorkerFleet, tmp_path: Path, start_model: StartModel, report: Report
 ) -> None:
     scripts = tmp_path / "scripts"
     scripts.mkdir()
     for name, (fault, _, _, _) in MODEL_FAULTS.items():
         (scripts / f"{name}.json").write_text(json.dumps({"steps": _faulty(fault)}))
-    server = scripted(model_servers, [{"content": "unused"}], scripts)
+    server = start_model([{"content": "unused"}], scripts)
     items = [
         {"id": f"{name}-{n}", "prompt": f"{name} {n}", "model": f"scripted:{name}"}
         for name in MODEL_FAULTS

@@ -24,7 +24,7 @@ from tests.conftest import Caller, wait_for
 from tests.reliability.conftest import Stack, start_stack
 from tests.reliability.report import Counts, Report
 from worker.sandbox import SandboxConfig
-from worker.sandbox.plan import plan_for
+from worker.sandbox.layers import plan_for
 
 pytestmark = pytest.mark.integration
 

@@ -1,5 +1,6 @@
 """What the worker's tests share: tool call requests as the queue delivers them and the answers
-sent back, each sandbox isolation mode this machine gives, a folder the sandbox user may use."""
+sent back, an executor on fakeredis, each sandbox isolation mode this machine gives, a folder the
+sandbox user may use."""
 
 from __future__ import annotations
 
@@ -14,9 +15,16 @@ from typing import Any
 
 import fakeredis
 import pytest
+import redis
 
+from tests.conftest import TEST_PLUGINS
+from worker.contract.settings import WorkerSettings
+from worker.contract.uid_range import DEFAULT_UID_RANGE, UidRange
 from worker.contract.wire import ToolCallResult
+from worker.executor import Executor
+from worker.results import ResultStore
 from worker.sandbox import SandboxConfig, SandboxError, describe_isolation
+from worker.sandbox.launcher import launcher
 
 #: The built-in tools, in the order a worker registers and publishes them.
 BUILT_INS = [
@@ -37,6 +45,9 @@ REPLY = "toolq:reply:test"
 #: The user commands run as when the tests run as root (SandboxConfig's default).
 NOBODY = pwd.getpwnam("nobody")
 
+#: The uids runs take in the sandbox tests: the workers' default range.
+RUN_UIDS = UidRange.parse(DEFAULT_UID_RANGE)
+
 
 def request(tool: str, arguments: dict[str, Any] | str, **extra: Any) -> dict[str, Any]:
     """A call of ``tool`` in run ``run-1`` as the queue delivers it; ``extra`` overrides."""
@@ -56,6 +67,46 @@ def request(tool: str, arguments: dict[str, Any] | str, **extra: Any) -> dict[st
 def replies(client: fakeredis.FakeRedis) -> list[ToolCallResult]:
     """The answers sent to ``REPLY``, oldest first."""
     return [ToolCallResult.model_validate_json(r) for r in client.lrange(REPLY, 0, -1)]
+
+
+def worker_settings(workspace_root: Path, **overrides: Any) -> WorkerSettings:
+    """A worker's settings with the test plugins, on a broker nobody answers at."""
+    return WorkerSettings(
+        broker_url="redis://localhost:1/0",
+        workspace_root=workspace_root,
+        plugins=TEST_PLUGINS,
+        **overrides,
+    )
+
+
+@pytest.fixture
+def client() -> fakeredis.FakeRedis:
+    """The result store's Redis: fakeredis, unless the module brings a real one."""
+    return fakeredis.FakeRedis()
+
+
+@pytest.fixture
+def store(client: redis.Redis) -> ResultStore:
+    return ResultStore(client, 60)
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> WorkerSettings:
+    return worker_settings(tmp_path)
+
+
+@pytest.fixture
+def executor(settings: WorkerSettings, store: ResultStore) -> Executor:
+    """Worker ``test-worker:1``'s executor: its results go to ``store``."""
+    return Executor(settings, store, "test-worker:1")
+
+
+def assert_cut_short(answer: str, item: str, total: int, what: str) -> None:
+    """``answer`` shows some of ``total`` things (each line of one holds ``item``), not all, and
+    counts the ``what`` it left out."""
+    shown = answer.count(item)
+    assert 0 < shown < total, answer
+    assert f"[{total - shown:,} more {what} not shown" in answer, answer
 
 
 def config_for(mode: str, **options: object) -> SandboxConfig:
@@ -103,3 +154,19 @@ def sandbox_dir() -> Iterator[Path]:
         os.chown(root, NOBODY.pw_uid, NOBODY.pw_gid)
     yield root
     shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(params=["namespaces", "process"])
+def config(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SandboxConfig]:
+    """A sandbox worker's configuration in each mode this machine gives, per-run uids on, its
+    workspaces below ``tmp_path``; the process's ready launches let go after the test."""
+    root = tmp_path / "workspaces"
+    root.mkdir()
+    tmp_path.chmod(0o755)
+    made = SandboxConfig(isolation=request.param, workspace_root=str(root), uid_range=RUN_UIDS)
+    try:
+        describe_isolation(made)
+    except SandboxError as exc:  # the machine cannot give this mode
+        pytest.skip(f"{request.param}: {exc}")
+    yield made
+    launcher.release()

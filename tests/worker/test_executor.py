@@ -13,7 +13,7 @@ import fakeredis
 import pytest
 
 from api.dispatch import Dispatcher
-from tests.worker.conftest import REPLY, replies, request
+from tests.worker.conftest import REPLY, replies, request, worker_settings
 from worker.contract.keys import keys
 from worker.contract.limits import cap_text
 from worker.contract.settings import WorkerSettings
@@ -23,24 +23,8 @@ from worker.results import ResultStore
 
 
 @pytest.fixture
-def client() -> fakeredis.FakeRedis:
-    return fakeredis.FakeRedis()
-
-
-@pytest.fixture
 def settings(tmp_path: Path) -> WorkerSettings:
-    return WorkerSettings(
-        broker_url="redis://localhost:1/0",
-        workspace_root=tmp_path,
-        plugins=["tests.plugins.probe_tools"],
-        disabled_tools=["move"],
-        output_cap_bytes=1000,
-    )
-
-
-@pytest.fixture
-def executor(settings: WorkerSettings, client: fakeredis.FakeRedis) -> Executor:
-    return Executor(settings, ResultStore(client, 60), "test-worker:1")
+    return worker_settings(tmp_path, disabled_tools=["move"], output_cap_bytes=1000)
 
 
 def test_a_call_is_run_stored_and_answered(executor: Executor, client: fakeredis.FakeRedis) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import redis
 
 from api.dispatch import Dispatcher
 from tests.conftest import Caller, RedisServer, WorkerFleet, fleet_settings
-from tests.worker.conftest import request
+from tests.worker.conftest import assert_cut_short, request, worker_settings
 from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES
 from worker.contract.settings import WorkerSettings
 from worker.contract.wire import ToolCallResult
@@ -32,13 +33,8 @@ ENTRIES = 1_000
 
 
 def executor_with(tmp_path: Path, **settings: Any) -> Executor:
-    worker = WorkerSettings(
-        broker_url="redis://localhost:1/0",
-        workspace_root=tmp_path,
-        plugins=["tests.plugins.probe_tools"],
-        **settings,
-    )
-    return Executor(worker, ResultStore(fakeredis.FakeRedis(), 60), "test-worker:1")
+    store = ResultStore(fakeredis.FakeRedis(), 60)
+    return Executor(worker_settings(tmp_path, **settings), store, "test-worker:1")
 
 
 def run_root(tmp_path: Path) -> Path:
@@ -93,39 +89,58 @@ def _many_matches_and_entries(root: Path) -> None:
         (folder / f"{'entry-' * 8}{number:04}.txt").touch()
 
 
+@dataclass(frozen=True)
+class Listing:
+    """A call whose answer lists ``count`` things, each on a line holding ``item``."""
+
+    tool: str
+    arguments: dict[str, Any]
+    item: str
+    count: int
+    what: str
+
+
 LISTINGS = [
-    ("search_text", {"query": "needle", "paths": ["hay.txt"]}, "hay.txt:", MATCHING_LINES),
-    ("list_dir", {"path": "many"}, ".txt (0 bytes)", ENTRIES),
-    ("search_files", {"pattern": "many/*.txt"}, ".txt", ENTRIES),
+    Listing(
+        "search_text",
+        {"query": "needle", "paths": ["hay.txt"]},
+        "hay.txt:",
+        MATCHING_LINES,
+        "matches",
+    ),
+    Listing("list_dir", {"path": "many"}, ".txt (0 bytes)", ENTRIES, "entries"),
+    Listing("search_files", {"pattern": "many/*.txt"}, ".txt", ENTRIES, "paths"),
 ]
 
 
-@pytest.mark.parametrize(("tool", "arguments", "item", "count"), LISTINGS)
-def test_searches_and_listings_stay_within_a_lowered_cap(
-    tmp_path: Path, tool: str, arguments: dict[str, Any], item: str, count: int
-) -> None:
+@pytest.fixture(params=LISTINGS, ids=lambda listing: listing.tool)
+def listing(request: pytest.FixtureRequest, tmp_path: Path) -> Listing:
+    """A listing, with what it lists in the workspace of run ``run-1``."""
     _many_matches_and_entries(run_root(tmp_path))
+    chosen: Listing = request.param
+    return chosen
 
-    answer = call(executor_with(tmp_path, output_cap_bytes=LOW_CAP), tool, arguments)
+
+def test_searches_and_listings_stay_within_a_lowered_cap(tmp_path: Path, listing: Listing) -> None:
+    answer = call(
+        executor_with(tmp_path, output_cap_bytes=LOW_CAP), listing.tool, listing.arguments
+    )
 
     assert len(answer.output.encode()) <= LOW_CAP
     assert answer.truncated
-    shown = answer.output.count(item)
-    assert 0 < shown < count
-    assert f"{count - shown:,} more" in answer.output
+    assert_cut_short(answer.output, listing.item, listing.count, listing.what)
 
 
-@pytest.mark.parametrize(("tool", "arguments", "item", "count"), LISTINGS)
 def test_searches_and_listings_show_everything_under_a_raised_cap(
-    tmp_path: Path, tool: str, arguments: dict[str, Any], item: str, count: int
+    tmp_path: Path, listing: Listing
 ) -> None:
-    _many_matches_and_entries(run_root(tmp_path))
-
-    answer = call(executor_with(tmp_path, output_cap_bytes=HIGH_CAP), tool, arguments)
+    answer = call(
+        executor_with(tmp_path, output_cap_bytes=HIGH_CAP), listing.tool, listing.arguments
+    )
 
     assert len(answer.output.encode()) > DEFAULT_OUTPUT_CAP_BYTES  # more than the default allows
     assert not answer.truncated
-    assert answer.output.count(item) == count
+    assert answer.output.count(listing.item) == listing.count
     assert "not shown" not in answer.output
 
 

@@ -9,21 +9,13 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from tests.conftest import RedisServer, wait_for
+from tests.conftest import Clock, RedisServer, wait_for
 from worker.app import create_celery_app
 from worker.contract.keys import keys
 from worker.contract.runtime import heartbeat
 from worker.contract.runtime.heartbeat import Heartbeat
 from worker.contract.runtime.lifeline import STALE_AFTER_S, ConsumerVitals, LoopTurns, ServingWorker
 from worker.contract.settings import WorkerSettings
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_a_consumer_serves_while_its_loop_turns() -> None:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -133,15 +131,6 @@ def test_a_new_pool_gets_a_new_client(redis_server: RedisServer, queue: Queue) -
             assert second.connection_pool is channel.pool
         bound = queue(channel)
         assert [bound.get(no_ack=True).payload["n"] for _ in range(2)] == [1, 2]
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    # Its own: a server out of memory refuses every test that shares it.
-    server = RedisServer(tmp_path)
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.mark.integration

@@ -24,7 +24,7 @@ from worker.sandbox import (
     describe_isolation,
     run_sandboxed,
 )
-from worker.sandbox import plan as sandbox_plan
+from worker.sandbox import layers as sandbox_layers
 
 as_root = pytest.mark.skipif(
     os.geteuid() != 0, reason="commands run as another user, under rlimits, only for a root worker"
@@ -191,15 +191,15 @@ def test_auto_falls_back_to_process_isolation_without_namespaces(
     sandbox_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reason = "unshare: unshare failed: Operation not permitted"
-    monkeypatch.setattr(sandbox_plan, "namespace_failure", lambda argv: reason)
-    sandbox_plan.plan_for.cache_clear()
+    monkeypatch.setattr(sandbox_layers, "namespace_failure", lambda argv: reason)
+    sandbox_layers.plan_for.cache_clear()
     try:
         layers = describe_isolation(SandboxConfig(isolation="auto"))
         result = run("echo still works", sandbox_dir, SandboxConfig(isolation="auto"))
         with pytest.raises(SandboxError, match="Operation not permitted"):
             describe_isolation(SandboxConfig(isolation="namespaces"))
     finally:
-        sandbox_plan.plan_for.cache_clear()
+        sandbox_layers.plan_for.cache_clear()
 
     assert "pid-namespace" not in layers
     assert "network-namespace" not in layers

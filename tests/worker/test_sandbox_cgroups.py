@@ -20,8 +20,8 @@ from tests.worker.conftest import config_for, sleeps
 from worker import sandbox
 from worker.sandbox import SandboxConfig, SandboxError, describe_isolation, run_sandboxed
 from worker.sandbox.cgroups import CgroupLayout, detect_layout, owner_tag
-from worker.sandbox.launch import READY, launcher
-from worker.sandbox.plan import plan_for
+from worker.sandbox.launcher import READY, launcher
+from worker.sandbox.layers import plan_for
 from worker.sandbox.result import SandboxResult
 
 ROOT = "/sys/fs/cgroup"

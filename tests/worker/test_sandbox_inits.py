@@ -21,8 +21,9 @@ from tests.conftest import wait_for
 from tests.worker.conftest import namespaces_unavailable
 from worker.sandbox import SHELL, SandboxConfig, run_sandboxed
 from worker.sandbox.cgroups import detect_layout
-from worker.sandbox.launch import launcher
-from worker.sandbox.plan import Plan, plan_for
+from worker.sandbox.launcher import launcher
+from worker.sandbox.layers import plan_for
+from worker.sandbox.plan import Plan
 from worker.sandbox.programs import signals_ignored_here
 from worker.sandbox.result import SandboxResult
 

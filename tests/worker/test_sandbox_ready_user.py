@@ -15,8 +15,8 @@ from tests.conftest import wait_for
 from tests.worker.conftest import NOBODY
 from worker.sandbox import SandboxConfig, run_sandboxed
 from worker.sandbox.cgroups import detect_layout
-from worker.sandbox.launch import READY, launcher
-from worker.sandbox.plan import plan_for
+from worker.sandbox.launcher import READY, launcher
+from worker.sandbox.layers import plan_for
 from worker.sandbox.result import SandboxResult
 
 

@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,14 +22,11 @@ from worker.contract.wire import LAYER_RUN_UID
 from worker.retention import prune
 from worker.sandbox import (
     SandboxConfig,
-    SandboxError,
     SandboxResult,
-    describe_isolation,
     run_sandboxed,
 )
 from worker.sandbox.identity import IdentityError, identity_of
-from worker.sandbox.launch import launcher
-from worker.sandbox.plan import LAYER_PRIVATE_TMP, LAYER_QUOTA_FS, LAYER_TMP_CLEANED
+from worker.sandbox.layers import LAYER_PRIVATE_TMP, LAYER_QUOTA_FS, LAYER_TMP_CLEANED
 from worker.sandbox.volumes import volumes_unavailable
 from worker.tasks import EXIT_CANNOT_ISOLATE
 from worker.tools.factory import prepare_workspace
@@ -38,30 +34,6 @@ from worker.tools.workspace import Workspace
 
 RANGE = UidRange.parse(DEFAULT_UID_RANGE)
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="per-run uids need a root worker")
-
-
-@pytest.fixture(params=["namespaces", "process"])
-def config(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SandboxConfig]:
-    root = tmp_path / "workspaces"
-    root.mkdir()
-    tmp_path.chmod(0o755)
-    made = SandboxConfig(isolation=request.param, workspace_root=str(root), uid_range=RANGE)
-    try:
-        describe_isolation(made)
-    except SandboxError as exc:  # the machine cannot give this mode
-        pytest.skip(f"{request.param}: {exc}")
-    yield made
-    launcher.release()
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    """A Redis of the test's own: no other fleet's workers take its calls, nor announce
-    themselves on it."""
-    server = RedisServer(tmp_path)
-    server.start()
-    yield server
-    server.stop()
 
 
 def _bash(

@@ -25,11 +25,6 @@ def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
     client.close()
 
 
-@pytest.fixture
-def store(client: redis.Redis) -> ResultStore:
-    return ResultStore(client, 60)
-
-
 def task() -> str:
     return f"marker-{uuid.uuid4().hex}"
 
@@ -41,7 +36,7 @@ def test_the_first_delivery_marks_the_call_and_a_second_finds_it_cut(
     first = store.begin_ahead(task_id, WORKER)
     assert first.result().stored is None and first.result().previous is None
     assert client.get(keys.started(task_id)) == f"1 {WORKER}".encode()
-    assert store.begin(task_id, "other-worker:2").previous == WORKER
+    assert store.begin_ahead(task_id, "other-worker:2").result().previous == WORKER
 
 
 def test_a_finished_call_is_found_with_its_answer(store: ResultStore) -> None:
@@ -55,8 +50,8 @@ def test_a_server_that_forgot_the_script_still_answers(
     store: ResultStore, client: redis.Redis
 ) -> None:
     client.script_flush()
-    assert store.begin(task(), WORKER).previous is None
-    assert store.begin(task(), WORKER).previous is None  # loaded again by the first
+    assert store.begin_ahead(task(), WORKER).result().previous is None
+    assert store.begin_ahead(task(), WORKER).result().previous is None  # loaded again by the first
 
 
 def test_a_discarded_begin_leaves_no_answer_for_the_next_command(

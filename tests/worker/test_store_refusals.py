@@ -8,14 +8,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import TypeVar
 
 import pytest
 import redis
 from redis.exceptions import OutOfMemoryError, ResponseError
 
-from tests.conftest import RedisServer, wait_for
+from tests.conftest import Clock, RedisServer, wait_for
 from worker.contract.keys import keys
 from worker.contract.runtime.store_refusals import until_deadline
 from worker.contract.wire import ToolCallResult
@@ -29,24 +28,10 @@ T = TypeVar("T")
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[RedisServer]:
-    # Its own: a store out of memory refuses every test that shares it.
-    own = RedisServer(tmp_path)
-    own.start()
-    yield own
-    own.stop()
-
-
-@pytest.fixture
-def client(server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(server.url)
+def client(own_redis: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(own_redis.url)
     yield client
     client.close()
-
-
-@pytest.fixture
-def store(client: redis.Redis) -> ResultStore:
-    return ResultStore(client, 60)
 
 
 def refuse_writes(client: redis.Redis) -> None:
@@ -80,12 +65,21 @@ def while_refused(client: redis.Redis, write: Callable[[], T]) -> T:
     return outcome[0]
 
 
+@pytest.fixture
+def task_id() -> str:
+    return f"refused-{uuid.uuid4().hex}"
+
+
+@pytest.fixture
+def deadline() -> float:
+    """The call's deadline: far past the refusal."""
+    return time.time() + PATIENT_S
+
+
 @pytest.mark.integration
 def test_an_answer_refused_by_a_full_store_is_written_once_it_takes_writes(
-    store: ResultStore, client: redis.Redis
+    store: ResultStore, client: redis.Redis, task_id: str, deadline: float
 ) -> None:
-    task_id = f"refused-{uuid.uuid4().hex}"
-    deadline = time.time() + PATIENT_S
     kept = while_refused(client, lambda: store.store(answer(task_id), REPLY, deadline=deadline))
     assert kept == answer(task_id)
     assert client.lrange(REPLY, 0, -1) == [answer(task_id).model_dump_json().encode()]
@@ -94,10 +88,8 @@ def test_an_answer_refused_by_a_full_store_is_written_once_it_takes_writes(
 
 @pytest.mark.integration
 def test_a_start_marker_refused_by_a_full_store_is_set_once_it_takes_writes(
-    store: ResultStore, client: redis.Redis
+    store: ResultStore, client: redis.Redis, task_id: str, deadline: float
 ) -> None:
-    task_id = f"refused-{uuid.uuid4().hex}"
-    deadline = time.time() + PATIENT_S
     begin = while_refused(
         client, lambda: store.begin_ahead(task_id, WORKER, deadline=deadline).result()
     )
@@ -107,10 +99,8 @@ def test_a_start_marker_refused_by_a_full_store_is_set_once_it_takes_writes(
 
 @pytest.mark.integration
 def test_a_repeated_answer_refused_by_a_full_store_is_sent_once_it_takes_writes(
-    store: ResultStore, client: redis.Redis
+    store: ResultStore, client: redis.Redis, task_id: str, deadline: float
 ) -> None:
-    task_id = f"refused-{uuid.uuid4().hex}"
-    deadline = time.time() + PATIENT_S
     while_refused(client, lambda: store.reply_again(answer(task_id), REPLY, deadline=deadline))
     assert client.lrange(REPLY, 0, -1) == [answer(task_id).model_dump_json().encode()]
 
@@ -128,15 +118,12 @@ def test_past_the_deadline_the_refusal_is_raised(store: ResultStore, client: red
         take_writes(client)
 
 
-class Clock:
+class PausingClock(Clock):
     """Time that passes only when the code under test pauses."""
 
     def __init__(self) -> None:
-        self.now = 1000.0
+        super().__init__(1000.0)
         self.pauses: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
 
     def pause(self, seconds: float) -> None:
         self.pauses.append(seconds)
@@ -144,7 +131,7 @@ class Clock:
 
 
 def test_refusals_are_tried_again_with_growing_pauses_never_past_the_deadline() -> None:
-    clock = Clock()
+    clock = PausingClock()
     refusals = [redis.ConnectionError("blink"), OutOfMemoryError("full"), redis.TimeoutError()]
 
     def attempt() -> str:
@@ -156,7 +143,7 @@ def test_refusals_are_tried_again_with_growing_pauses_never_past_the_deadline() 
     assert len(clock.pauses) == 3
     assert clock.pauses[0] < clock.pauses[2]
 
-    clock = Clock()
+    clock = PausingClock()
 
     def refused() -> str:
         raise OutOfMemoryError("full")
@@ -168,7 +155,7 @@ def test_refusals_are_tried_again_with_growing_pauses_never_past_the_deadline() 
 
 
 def test_other_errors_are_raised_at_once() -> None:
-    clock = Clock()
+    clock = PausingClock()
 
     def broken() -> str:
         raise ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value")

@@ -27,21 +27,16 @@ from worker.results import ResultStore
 
 
 @pytest.fixture
-def client() -> fakeredis.FakeRedis:
-    return fakeredis.FakeRedis()
-
-
-@pytest.fixture
 def settings(tmp_path: Path) -> WorkerSettings:
     return WorkerSettings(broker_url="redis://localhost:1/0", workspace_root=tmp_path)
 
 
 @pytest.fixture
 def executor(
-    settings: WorkerSettings, client: fakeredis.FakeRedis, monkeypatch: pytest.MonkeyPatch
+    settings: WorkerSettings, store: ResultStore, monkeypatch: pytest.MonkeyPatch
 ) -> Executor:
     """The process's executor, on fakeredis."""
-    made = Executor(settings, ResultStore(client, 60), "test-worker:1")
+    made = Executor(settings, store, "test-worker:1")
     monkeypatch.setattr(tasks, "executor", lambda: made)
     return made
 

@@ -11,6 +11,13 @@ from worker.contract.settings import FleetSettings
 
 #: Beyond a limit the call's arguments set: time for the tool to stop itself and report.
 REPORT_MARGIN_MS = 1000
+#: A ``toolq.exec`` command's own time limit when its caller sets none.
+EXEC_TIMEOUT_MS = 30_000
+#: A ``toolq.start_environment`` call's limit when its caller sets none: a first pull of a
+#: large image is slow.
+START_ENVIRONMENT_TIMEOUT_MS = 300_000
+#: How long ending a run's container (``toolq.end_environment``) may take.
+END_ENVIRONMENT_TIMEOUT_MS = 30_000
 
 
 def argument_limit_ms(

@@ -5,9 +5,20 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import ValidationError
+
 
 class ToolqError(Exception):
     """Base of every exception toolq raises on purpose: a refusal or fault it can explain."""
+
+
+def validation_problems(exc: ValidationError, whole: str) -> str:
+    """A validation error as one line: where each problem is (``whole`` for the top level) and
+    what it is."""
+    return "; ".join(
+        f"{'.'.join(str(part) for part in error['loc']) or whole}: {error['msg']}"
+        for error in exc.errors(include_url=False)
+    )
 
 
 #: Why a call failed, as the registry itself tells: it knows nothing of queues or workers.

@@ -6,8 +6,10 @@ traceback reach a caller for bad input.
 
 from __future__ import annotations
 
+from worker.contract.errors import ToolqError
 
-class ImageError(RuntimeError):
+
+class ImageError(ToolqError, RuntimeError):
     """An image could not be resolved, pulled, unpacked or started; ``str()`` is one line
     naming the image and the cause."""
 
@@ -17,6 +19,6 @@ class ImageError(RuntimeError):
         self.cause = cause
 
 
-class EnvironmentLost(RuntimeError):
+class EnvironmentLost(ToolqError, RuntimeError):
     """The run's container is gone (its worker died, it was ended, or its workspace was
     removed): nothing of the run's call ran."""

@@ -1,4 +1,6 @@
-"""The output caps: their defaults, and text cut to a cap on a character boundary, with a notice."""
+"""The size and count limits both sides apply, each stated once: the output caps, the transfer
+limit, how many files or runs one answer lists; and text cut to a cap on a character boundary,
+with a notice."""
 
 from __future__ import annotations
 
@@ -7,6 +9,10 @@ DEFAULT_OUTPUT_CAP_BYTES = 51_200
 #: The most bytes one service operation moves unless ``TOOLQ_TRANSFER_MAX_BYTES`` says: files
 #: read or written whole, a command's output stream. Inspect reads files up to 100 MiB.
 DEFAULT_TRANSFER_MAX_BYTES = 100 * 1024 * 1024
+#: The most files one ``toolq.collect_files`` answer holds (a batch item's artifacts).
+MAX_COLLECTED_FILES = 100
+#: The most run ids one ``toolq.list_workspaces`` answer holds; it says how many matched.
+MAX_LISTED_RUNS = 10_000
 #: Room kept under the cap for the notice a tool adds when it leaves something out.
 NOTICE_RESERVE_BYTES = 512
 

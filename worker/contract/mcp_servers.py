@@ -15,13 +15,14 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from worker.contract.errors import ToolqError, validation_problems
 from worker.contract.wire import Pool
 
 #: Between a server's name and its tool's in the name the fleet gives the tool.
 SEPARATOR = "__"
 
 
-class McpConfigError(ValueError):
+class McpConfigError(ToolqError, ValueError):
     """The servers file cannot be used; the message names the file and the entry."""
 
 
@@ -80,10 +81,7 @@ def load_servers(path: Path) -> list[McpServerConfig]:
         try:
             server = McpServerConfig.model_validate(entry)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in error['loc']) or 'entry'}: {error['msg']}"
-                for error in exc.errors(include_url=False)
-            )
+            problems = validation_problems(exc, "entry")
             raise McpConfigError(f"{path}: {label}: {problems}") from None
         if any(known.name == server.name for known in servers):
             raise McpConfigError(f"{path}: {label}: another server has the name {server.name!r}")

@@ -17,6 +17,7 @@ from typing import TypeVar
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
+from worker.contract.errors import ToolqError
 from worker.contract.settings import (
     DEBUG_VARIABLE,
     ENV_PREFIX,
@@ -32,7 +33,7 @@ EXIT_BAD_SETTINGS = 2
 _T = TypeVar("_T")
 
 
-class SettingsError(ValueError):
+class SettingsError(ToolqError, ValueError):
     """Settings that cannot be used; ``problems`` holds one line for each."""
 
     def __init__(self, problems: list[str]) -> None:

@@ -14,7 +14,6 @@ workspace was removed, is ended by the next sweep on the host (``sweep``).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -38,6 +37,7 @@ from worker.images.inside import (
     init_binary,
     protect_from_oom,
 )
+from worker.images.locks import lock_by
 from worker.images.loopback import loopback_up
 from worker.images.mounts import MountError, host_id, mount_rootfs, remove_bundle
 from worker.images.owner import Owner, current_owner, process_alive
@@ -342,18 +342,11 @@ class Boxes:
 
 
 def _lock(fd: int, deadline: float, image: str) -> None:
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                raise ImageError(
-                    image,
-                    "the run's container was busy with another command until this one's "
-                    "time ran out",
-                ) from None
-            time.sleep(_LOCK_POLL_S)
+    if not lock_by(fd, deadline, _LOCK_POLL_S):
+        raise ImageError(
+            image,
+            "the run's container was busy with another command until this one's time ran out",
+        )
 
 
 def _same_file(fd: int, path: Path) -> bool:

@@ -18,7 +18,6 @@ when even that is not enough the pull fails, saying the cache is full of images 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 import time
@@ -31,6 +30,7 @@ from pydantic import BaseModel
 from worker.contract.image_errors import ImageError
 from worker.contract.image_reference import ImageReference
 from worker.images.fetch import Tools, image_config
+from worker.images.locks import lock_by
 from worker.images.rootfs import has_shell
 
 #: Between two looks at a lock another process holds.
@@ -256,14 +256,8 @@ def _flock(path: Path, deadline: float, ref: ImageReference | None, busy: str) -
     ``busy``) when it does not come."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise ImageError(ref.text if ref else str(path), busy) from None
-                time.sleep(_LOCK_POLL_S)
+        if not lock_by(fd, deadline, _LOCK_POLL_S):
+            raise ImageError(ref.text if ref else str(path), busy)
         yield
     finally:
         os.close(fd)

@@ -3,47 +3,27 @@ box), else on the worker's own file system, as ``run_sandboxed`` runs it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Sequence
+from typing import Unpack
 
 from worker.contract.image_errors import EnvironmentLost, ImageError
 from worker.images.calls import run_in_box
 from worker.images.here import worker_boxes
-from worker.sandbox import SandboxConfig, SandboxResult, run_sandboxed
+from worker.sandbox import CommandCall, SandboxResult, run_sandboxed
 from worker.tools.runtime import current_environment
 
 
-def run_command(
-    command: str | Sequence[str],
-    *,
-    cwd: Path,
-    home: Path,
-    env: Mapping[str, str],
-    timeout_ms: int,
-    config: SandboxConfig,
-    stdin: bytes | None = None,
-    before_start: Callable[[], None] | None = None,
-    identity: tuple[int, int] | None = None,
-) -> SandboxResult:
+def run_command(command: str | Sequence[str], **call: Unpack[CommandCall]) -> SandboxResult:
     """``run_sandboxed``'s contract, in the run's box when the current call names one.
     ``EnvironmentLost`` when it names a box this worker does not hold (any more)."""
     environment = current_environment()
     if environment is None:
-        return run_sandboxed(
-            command,
-            cwd=cwd,
-            home=home,
-            env=env,
-            timeout_ms=timeout_ms,
-            config=config,
-            stdin=stdin,
-            before_start=before_start,
-            identity=identity,
-        )
+        return run_sandboxed(command, **call)
     try:
         boxes = worker_boxes()
     except ImageError as exc:
         raise EnvironmentLost(exc.cause) from None
+    home = call["home"]
     record = boxes.find(home.name)
     if record is None or record.name != environment or record.workspace != str(home):
         raise EnvironmentLost(
@@ -54,10 +34,10 @@ def run_command(
         boxes,
         record,
         command,
-        cwd=cwd,
-        env=env,
-        timeout_ms=timeout_ms,
-        config=config,
-        stdin=stdin,
-        before_start=before_start,
+        cwd=call["cwd"],
+        env=call["env"],
+        timeout_ms=call["timeout_ms"],
+        config=call["config"],
+        stdin=call.get("stdin"),
+        before_start=call.get("before_start"),
     )

@@ -20,6 +20,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+from worker.contract.errors import ToolqError
 from worker.images.spec import IdMap
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
@@ -51,7 +52,7 @@ class _MountAttr(ctypes.Structure):
     ]
 
 
-class MountError(OSError):
+class MountError(ToolqError, OSError):
     """A mount the container needs could not be made; the message says which and why."""
 
 

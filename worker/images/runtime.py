@@ -19,12 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from worker.contract.errors import ToolqError
+
 #: How long a runtime's own bookkeeping command (state, kill, delete) may take.
 _QUICK_S = 30.0
 _LOG_MESSAGE = re.compile(r'msg="(?P<msg>(?:[^"\\]|\\.)*)"')
 
 
-class RuntimeFailed(RuntimeError):
+class RuntimeFailed(ToolqError, RuntimeError):
     """The OCI runtime refused or failed; the message is its own complaint, in one line."""
 
 

@@ -9,66 +9,43 @@ Models never see them. A bad image is an answer, ``{"ok": false, "error": "image
 from __future__ import annotations
 
 import time
-from typing import Any
 
-from pydantic import Field, field_validator
-
+from worker.contract.deadlines import END_ENVIRONMENT_TIMEOUT_MS, START_ENVIRONMENT_TIMEOUT_MS
 from worker.contract.image_errors import ImageError
+from worker.contract.operations import (
+    END_ENVIRONMENT,
+    START_ENVIRONMENT,
+    EndEnvironmentAnswer,
+    ImageRefusal,
+    NoArguments,
+    StartEnvironmentAnswer,
+    StartEnvironmentRequest,
+)
 from worker.images.here import worker_boxes
-from worker.tools.interface import ExecutableTool, ToolArgs
+from worker.tools.interface import ExecutableTool
 from worker.tools.runtime import current_runtime
+from worker.tools.service import OperationTool
 from worker.tools.workspace import Workspace
 
-#: A start's time limit when the caller gives none: a first pull of a large image is slow.
-START_TIMEOUT_MS = 300_000
 
-
-class StartEnvironmentArgs(ToolArgs):
-    image: str = Field(
-        min_length=1,
-        max_length=1024,
-        description="oci:/layout:tag, oci-archive:/x.tar, docker-archive:/x.tar, or a registry "
-        "reference (python:3.12-slim, ghcr.io/org/x@sha256:...).",
-    )
-    user: str | None = Field(
-        None, description="Who commands run as (name or uid[:gid]); default the image's User."
-    )
-    env: dict[str, str] = Field(
-        default_factory=dict, description="Variables set over the image's Env."
-    )
-    timeout_ms: int = Field(START_TIMEOUT_MS, gt=0)
-
-    @field_validator("env")
-    @classmethod
-    def _valid_variables(cls, env: dict[str, str]) -> dict[str, str]:
-        for name, value in env.items():
-            if not name or "=" in name or "\x00" in name or "\x00" in value:
-                raise ValueError(f"{name!r} is not a valid variable (no '=' or NUL, not empty)")
-        return env
-
-
-class StartEnvironmentTool(ExecutableTool):
+class StartEnvironmentTool(OperationTool[StartEnvironmentRequest]):
     """Start the run's box from an image (or find it started)."""
 
-    name = "toolq.start_environment"
+    operation = START_ENVIRONMENT
     description = "Start the run's container from an image; say which worker holds it."
-    Args = StartEnvironmentArgs
-    pool = "sandbox"
     # Starting again finds the box started, or starts one where the first start died.
     idempotent = True
-    caps_own_output = True
-    for_model = False
     timeout_argument = "timeout_ms"
-    default_timeout_ms = START_TIMEOUT_MS
+    default_timeout_ms = START_ENVIRONMENT_TIMEOUT_MS
     # The image's WorkingDir comes into the workspace.
     workspace_effect = "adds"
 
     def __init__(self, workspace: Workspace) -> None:
         self.workspace = workspace
 
-    def execute(self, args: dict[str, Any]) -> dict[str, Any]:
-        deadline = time.monotonic() + args["timeout_ms"] / 1000
-        image = args["image"]
+    def serve(self, request: StartEnvironmentRequest) -> StartEnvironmentAnswer | ImageRefusal:
+        deadline = time.monotonic() + request.timeout_ms / 1000
+        image = request.image
         workspace = current_runtime().workspace
         try:
             if workspace.owner is None:
@@ -80,47 +57,43 @@ class StartEnvironmentTool(ExecutableTool):
                 workspace.owner,
                 image,
                 deadline,
-                user=args.get("user"),
-                env=args.get("env") or {},
+                user=request.user,
+                env=request.env,
             )
         except ImageError as exc:
             message = str(exc) if exc.image else f"image {image!r}: {exc.cause}"
-            return {"ok": False, "error": "image", "message": message}
-        return {
-            "ok": True,
-            "environment": record.name,
-            "image": record.image,
-            "digest": record.digest,
-            "worker": record.owner.worker,
-            "queue": record.owner.queue,
-            "runtime": record.runtime,
-            "workdir": record.workdir,
-            "user": list(record.user),
-            "start_ms": record.start_ms,
-            "pulled": record.pulled,
-        }
+            return ImageRefusal(message=message)
+        return StartEnvironmentAnswer(
+            environment=record.name,
+            image=record.image,
+            digest=record.digest,
+            worker=record.owner.worker,
+            queue=record.owner.queue,
+            runtime=record.runtime,
+            workdir=record.workdir,
+            user=record.user,
+            start_ms=record.start_ms,
+            pulled=record.pulled,
+        )
 
 
-class EndEnvironmentTool(ExecutableTool):
+class EndEnvironmentTool(OperationTool[NoArguments]):
     """End the run's box, if this worker holds one."""
 
-    name = "toolq.end_environment"
+    operation = END_ENVIRONMENT
     description = "End the run's container and remove its writable layer."
-    pool = "sandbox"
     idempotent = True
-    caps_own_output = True
-    for_model = False
 
     def __init__(self, workspace: Workspace) -> None:
         self.workspace = workspace
 
-    def execute(self, args: dict[str, Any]) -> dict[str, Any]:
+    def serve(self, request: NoArguments) -> EndEnvironmentAnswer | ImageRefusal:
         run_id = current_runtime().workspace.root.name
         try:
-            ended = worker_boxes().end(run_id, time.monotonic() + 30)
+            ended = worker_boxes().end(run_id, time.monotonic() + END_ENVIRONMENT_TIMEOUT_MS / 1000)
         except ImageError as exc:
-            return {"ok": False, "error": "image", "message": str(exc)}
-        return {"ok": True, "ended": ended is not None}
+            return ImageRefusal(message=str(exc))
+        return EndEnvironmentAnswer(ended=ended is not None)
 
 
 def image_tools(workspace: Workspace) -> list[ExecutableTool]:

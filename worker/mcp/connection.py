@@ -24,6 +24,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from mcp_types import CONNECTION_CLOSED
 
+from worker.contract.errors import ToolqError
 from worker.contract.mcp_servers import McpServerConfig
 
 log = logging.getLogger(__name__)
@@ -36,11 +37,11 @@ RESTART_DELAYS_S = (0.0, 1.0, 2.0, 5.0, 10.0, 30.0)
 LIVENESS_TIMEOUT_S = 2.0
 
 
-class ServerUnavailableError(RuntimeError):
+class ServerUnavailableError(ToolqError, RuntimeError):
     """The server is not running: it never started, or it stopped and has not started again."""
 
 
-class ServerStoppedError(RuntimeError):
+class ServerStoppedError(ToolqError, RuntimeError):
     """The server stopped while the call was in flight: the call's outcome is unknown."""
 
 

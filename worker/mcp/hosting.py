@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from worker.contract.errors import ToolqError
 from worker.contract.mcp_servers import McpServerConfig, load_servers
 from worker.contract.settings import WorkerSettings
 from worker.contract.wire import Pool
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class McpUnavailableError(RuntimeError):
+class McpUnavailableError(ToolqError, RuntimeError):
     """TOOLQ_MCP_SERVERS is set where the ``mcp`` package is not installed."""
 
 

@@ -12,15 +12,15 @@ or see other processes.
 The parts: ``config`` (what the sandbox is told), ``cgroups`` (which hierarchy does which job on
 this machine), ``callgroup`` (one call's groups), ``launch`` (a call's groups and namespaces, made
 ready before the call), ``spawner`` and ``spawns`` (the small process that makes a root worker's
-launches, and the worker's side of it), ``plan`` (the layers, which of them this machine gives,
-and the command line that sets them up), ``scripts`` (the shell text a launch runs and reads),
-``programs`` (the user and the programs a plan needs), ``identity`` (a uid per run), ``run_guard``
-(what a run leaves where no namespace collects it), ``volumes`` (a file system per run),
-``output`` (the capped streams and the
-pump reading them), ``procfs`` (a launch's processes found in /proc), ``pidfd`` (an exit status
-told through a pidfd), ``ending`` (killing, reaping, counting, or letting a command that ended
-alone answer before its namespace ends), ``result`` (what a run tells and what it used),
-``sweep`` (finding what dead worker processes left), and ``run`` (one command from start to end).
+launches, and the worker's side of it), ``layers`` (the layers, and which of them this machine
+gives), ``plan`` (the command line that sets them up), ``scripts`` (the shell text a launch runs
+and reads), ``programs`` (the user and the programs a plan needs), ``identity`` (a uid per run),
+``run_guard`` (what a run leaves where no namespace collects it), ``volumes`` (a file system per
+run), ``output`` (the capped streams and the pump reading them), ``procfs`` (a launch's processes
+found in /proc), ``pidfd`` (an exit status told through a pidfd), ``ending`` (killing, reaping,
+counting, or letting a command that ended alone answer before its namespace ends), ``result`` (what
+a run tells and what it used), ``sweep`` (finding what dead worker processes left), and ``run``
+(one command from start to end).
 """
 
 from worker.contract.wire import LAYER_RUN_UID
@@ -32,7 +32,7 @@ from worker.sandbox.config import (
     SandboxConfig,
     SandboxError,
 )
-from worker.sandbox.plan import (
+from worker.sandbox.layers import (
     LAYER_CLEAN_ENV,
     LAYER_NET_NS,
     LAYER_NO_NEW_PRIVS,
@@ -46,7 +46,7 @@ from worker.sandbox.plan import (
     describe_isolation,
 )
 from worker.sandbox.result import SandboxResult, Usage
-from worker.sandbox.run import run_sandboxed
+from worker.sandbox.run import CommandCall, run_sandboxed
 from worker.sandbox.sweep import sweep_orphans
 
 __all__ = [
@@ -64,6 +64,7 @@ __all__ = [
     "MARKER_VARIABLE",
     "SAFE_PATH",
     "SHELL",
+    "CommandCall",
     "Isolation",
     "SandboxConfig",
     "SandboxError",

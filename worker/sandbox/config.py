@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, get_args
 
+from worker.contract.errors import ToolqError
 from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES
 from worker.contract.uid_range import UidRange
 from worker.sandbox.identity import identity_of, make_run_tmp
@@ -38,7 +39,7 @@ INPUT_FOLDER = Path(tempfile.gettempdir()) / "toolq-inputs"
 REAP_BOUND_S = 5.0
 
 
-class SandboxError(RuntimeError):
+class SandboxError(ToolqError, RuntimeError):
     """The sandbox cannot run commands as configured; the message says why."""
 
 

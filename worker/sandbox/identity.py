@@ -20,6 +20,7 @@ import os
 import shutil
 from pathlib import Path
 
+from worker.contract.errors import ToolqError
 from worker.contract.uid_range import UidRange
 
 #: Folder beside the run workspaces for toolq's own state (as ``worker.quota.STATE_DIR``).
@@ -33,7 +34,7 @@ SHARED_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm")
 _PROBES = 4096
 
 
-class IdentityError(RuntimeError):
+class IdentityError(ToolqError, RuntimeError):
     """No uid can be given to a run: the range is full or its claims cannot be written."""
 
 

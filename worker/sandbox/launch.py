@@ -18,25 +18,21 @@ exits at once should its worker process die before using it.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import functools
 import json
 import logging
 import os
-import queue
 import shlex
 import socket
 import subprocess
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from worker.sandbox.callgroup import CallGroup
 from worker.sandbox.config import SAFE_PATH, SHELL, SandboxConfig, SandboxError
-from worker.sandbox.ending import Ending
+from worker.sandbox.pidfd import has_exited
 from worker.sandbox.plan import PER_CALL_LIMITS, Plan
 from worker.sandbox.procfs import ForkedCommand, find_forked
 from worker.sandbox.scripts import READ_AND_RUN, numbered, shell_ahead_line
@@ -91,6 +87,14 @@ class Launch:
                 self.channel.settimeout(None)
             if ready:
                 self.forked = find_forked(self.proc.pid)
+
+    @property
+    def waiting(self) -> bool:
+        """Its process forked ahead, which takes the call, is still there (its init outlives it,
+        and would swallow the call's line). Without one, the first process is what waits."""
+        if not self.plan.forks_ahead:
+            return self.proc.poll() is None
+        return self.forked is not None and not has_exited(self.forked.pidfd)
 
     def close(self) -> None:
         """The call is over: its channel and its pidfds go."""
@@ -248,183 +252,13 @@ def _workspace_of(plan: Plan) -> str:
     return next(source for source, target in plan.keep if source == target)
 
 
+def made_now(plan: Plan, config: SandboxConfig) -> Launch:
+    """A launch made on the call's path, none being ready."""
+    made = launch(plan, config)
+    made.confirm(time.monotonic() + CONFIRM_BOUND_S)
+    return made
+
+
 #: How long a call waits for its init's word that it forked ahead: the launch was made during
 #: earlier calls and is usually ready long before.
 CONFIRM_BOUND_S = 10.0
-
-
-def _end(used: Launch, ending: Ending) -> None:
-    try:
-        ending.finish()
-    except OSError:
-        log.exception("a finished call's namespace could not be ended; its group is removed")
-    finally:
-        used.close()
-        used.group.remove()
-
-
-#: Work for the launch thread: a launch to make for a plan and configuration, or a call to end.
-_Job = tuple[Plan, SandboxConfig] | Callable[[], None]
-
-#: Launches kept ready per plan and configuration. Four: calls that come back to back take the
-#: oldest, whose init said long before that it is ready, while the newer ones still wait to join
-#: their groups (the kernel's grace period) or, made at the lowest priority, for a free core.
-READY = 4
-#: Runs whose next call finds a launch made for it alone (``Plan.for_run``), the most recent
-#: ones of this process: a conversation's calls keep coming to the same few processes.
-RUNS_READY = 4
-#: Launches kept ready for each of those runs: a call takes one while the next is made, so
-#: calls that come back to back still find one.
-EACH_RUN = 2
-
-
-class Launcher:
-    """Keeps launches ready per plan and configuration for this process's next calls.
-
-    One thread of this process makes them all and lives as long as the process: a launch's
-    parent-death signal belongs to the thread that started it, so a thread that ended would
-    take the launches it made with it.
-    """
-
-    def __init__(self) -> None:
-        self._ready: dict[tuple[Plan, SandboxConfig], list[Launch]] = {}
-        self._lock = threading.Lock()
-        self._pid = os.getpid()
-        self._wanted: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._pending = 0
-        self._maker: threading.Thread | None = None
-        #: The keys of launches made for one run, least recently used first; each has one.
-        self._runs: dict[tuple[Plan, SandboxConfig], None] = {}
-        self._making: dict[tuple[Plan, SandboxConfig], int] = {}
-
-    def has_ready(self, plan: Plan, config: SandboxConfig) -> bool:
-        with self._lock:
-            self._forget_if_forked()
-            return bool(self._ready.get((plan, config)))
-
-    def prepare_for_run(self, plan: Plan, config: SandboxConfig) -> None:
-        """Make launches in the background until ``EACH_RUN`` are ready for the run of ``plan``
-        (``Plan.for_run``), and let go of those of runs used less recently than the last
-        ``RUNS_READY``."""
-        stale: list[Launch] = []
-        with self._lock:
-            self._forget_if_forked()
-            key = (plan, config)
-            wanted = EACH_RUN - len(self._ready.get(key, [])) - self._making.get(key, 0)
-            self._runs.pop(key, None)
-            self._runs[key] = None
-            while len(self._runs) > RUNS_READY:
-                oldest = next(iter(self._runs))
-                del self._runs[oldest]
-                stale += self._ready.pop(oldest, [])
-            for _ in range(max(0, wanted)):
-                self._pending += 1
-                self._making[key] = self._making.get(key, 0) + 1
-                self._wanted.put(key)
-            self._start_maker()
-        for unused in stale:
-            unused.abandon()
-
-    def take(self, plan: Plan, config: SandboxConfig) -> Launch:
-        """The oldest launch made ready for ``config``, or a new one."""
-        with self._lock:
-            self._forget_if_forked()
-            ready = self._ready.get((plan, config), [])
-            oldest = ready.pop(0) if ready else None
-        if oldest is not None and oldest.proc.poll() is None:
-            oldest.confirm(time.monotonic() + CONFIRM_BOUND_S)
-            if oldest.forked is not None or not plan.forks_ahead:
-                return oldest
-        if oldest is not None:
-            oldest.abandon()
-        made = launch(plan, config)
-        made.confirm(time.monotonic() + CONFIRM_BOUND_S)
-        return made
-
-    def end_later(self, used: Launch, ending: Ending) -> None:
-        """Let a call's init and group end in the background, after its answer went."""
-        with self._lock:
-            self._forget_if_forked()
-            self._start_maker()
-            self._wanted.put(functools.partial(_end, used, ending))
-
-    def ready(self, plan: Plan, config: SandboxConfig) -> list[Launch]:
-        """The launches ready for ``config`` now, oldest first."""
-        with self._lock:
-            return list(self._ready.get((plan, config), []))
-
-    def prepare(self, plan: Plan, config: SandboxConfig) -> None:
-        """Make launches in the background until ``READY`` are ready for ``config``."""
-        with self._lock:
-            self._forget_if_forked()
-            wanted = READY - len(self._ready.get((plan, config), [])) - self._pending
-            for _ in range(max(0, wanted)):
-                self._pending += 1
-                self._wanted.put((plan, config))
-            self._start_maker()
-
-    def _start_maker(self) -> None:
-        if self._maker is None:
-            self._maker = threading.Thread(
-                target=self._make, args=(self._wanted,), name="toolq-launch", daemon=True
-            )
-            self._maker.start()
-
-    def release(self) -> None:
-        """Let every launch kept ready go (their shells exit, their groups are removed)."""
-        with self._lock:
-            maker, self._maker = self._maker, None
-            wanted, self._wanted = self._wanted, queue.SimpleQueue()
-        if maker is not None:
-            wanted.put(None)
-            maker.join()
-        with self._lock:
-            ready, self._ready = [one for kept in self._ready.values() for one in kept], {}
-            self._pending = 0
-        for unused in ready:
-            unused.abandon()
-
-    def _make(self, wanted: queue.SimpleQueue[_Job | None]) -> None:
-        while (asked := wanted.get()) is not None:
-            if callable(asked):
-                asked()
-                continue
-            plan, config = asked
-            try:
-                made: Launch | None = launch(plan, config)
-            except SandboxError:
-                made = None  # the next call makes its own, and says what went wrong
-            if made is not None:
-                # Here rather than when a call takes it: the init's word and the search for
-                # its forked process come off the call's path.
-                made.confirm(time.monotonic() + CONFIRM_BOUND_S)
-            with self._lock:
-                self._pending = max(0, self._pending - 1)
-                key = (plan, config)
-                if self._making.get(key, 0) > 1:
-                    self._making[key] -= 1
-                else:
-                    self._making.pop(key, None)
-                ready = self._ready.setdefault(key, [])
-                if plan.keep:  # made for one run: kept while the run is among the recent ones
-                    kept = made is not None and key in self._runs and len(ready) < EACH_RUN
-                else:
-                    kept = made is not None and len(ready) < READY
-                kept = kept and os.getpid() == self._pid
-                if kept and made is not None:
-                    ready.append(made)
-            if made is not None and not kept:
-                made.abandon()
-
-    def _forget_if_forked(self) -> None:
-        # A forked child inherits the parent's launches, whose shells are not its children,
-        # and not the thread that makes them.
-        if os.getpid() != self._pid:
-            self._ready, self._pid, self._runs, self._making = {}, os.getpid(), {}, {}
-            self._wanted, self._pending, self._maker = queue.SimpleQueue(), 0, None
-
-
-launcher = Launcher()
-# A process that ends normally lets its ready shells go and removes their groups itself; one
-# that is killed leaves them to exit by themselves and its groups to the sweep.
-atexit.register(launcher.release)

@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import functools
 import os
+import select
 import struct
 import subprocess
 
@@ -42,6 +43,14 @@ def exit_status(pidfd: int) -> int | None:
         return os.waitstatus_to_exitcode(status)
     except ValueError:
         return None
+
+
+def has_exited(pidfd: int, timeout_s: float = 0.0) -> bool:
+    """``pidfd``'s process has exited (its pidfd turns readable then), waiting at most
+    ``timeout_s`` for it."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(timeout_s * 1000))
 
 
 @functools.lru_cache(maxsize=1)

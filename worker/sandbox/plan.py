@@ -1,34 +1,24 @@
-"""The isolation plan: which layers this machine gives a command, and the command line that
-puts them in place (the limits, the namespaces, the user to drop to, the environment)."""
+"""The isolation plan: how a command gets the layers this machine gives it (which of them, and
+the programs they need, are found by ``worker.sandbox.layers``): the command line that puts
+them in place (the limits, the namespaces, the user to drop to, the environment), the line a
+ready init runs, and the plan as one call, one run or one folder narrows it.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import shlex
-import shutil
-import stat
-import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from worker.contract.wire import LAYER_RUN_UID
-from worker.sandbox.cgroups import CgroupLayout, detect_layout
+from worker.sandbox.cgroups import CgroupLayout
 from worker.sandbox.config import (
     INPUT_FOLDER,
     MARKER_VARIABLE,
-    SAFE_PATH,
     SHELL,
     SandboxConfig,
     SandboxError,
-)
-from worker.sandbox.pidfd import tells_exit_after_reaping
-from worker.sandbox.programs import (
-    env_restores_signals,
-    require_binary,
-    sandbox_ids,
-    signals_ignored_here,
 )
 from worker.sandbox.scripts import (
     FORK_AHEAD,
@@ -38,35 +28,12 @@ from worker.sandbox.scripts import (
     SHELL_NAME,
     ulimit_flags,
 )
-from worker.sandbox.volumes import volumes_unavailable
 
-#: The layers a command can get, as ``describe_isolation`` and every result name them.
-LAYER_PROCESS_GROUP = "process-group"
-LAYER_CLEAN_ENV = "clean-environment"
-LAYER_RLIMITS = "rlimits"
-LAYER_NO_NEW_PRIVS = "no-new-privileges"
-LAYER_PID_NS = "pid-namespace"
-LAYER_NET_NS = "network-namespace"
-LAYER_USER_NS = "user-namespace"
-#: /tmp, /var/tmp, /dev/shm and /run are the call's own (empty file systems in its mount
-#: namespace, gone with it): nothing written there outlives the call, and no host socket under
-#: them can be reached.
-LAYER_PRIVATE_TMP = "private-tmp"
-#: Without a mount namespace: what the run's uid left in /tmp, /var/tmp and /dev/shm is removed
-#: once the last call of the run on this host ends.
-LAYER_TMP_CLEANED = "tmp-cleaned"
-#: Each run's workspace is a file system of the quota's size (``worker.sandbox.volumes``).
-LAYER_QUOTA_FS = "quota-fs"
 #: The folders a call's mount namespace covers with empty file systems of its own.
 PRIVATE_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm", "/run")
 
 #: The limits that depend on the call (its time limit); the others depend on the configuration.
 PER_CALL_LIMITS = frozenset({"cpu"})
-
-
-def describe_isolation(config: SandboxConfig) -> list[str]:
-    """The layers this machine gives commands under ``config``; raises ``SandboxError``."""
-    return list(plan_for(config, os.geteuid()).layers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,85 +315,6 @@ class Plan:
         return ulimit_flags(limits, bash=self.init_shell != SHELL)
 
 
-@functools.lru_cache(maxsize=8)
-def plan_for(config: SandboxConfig, euid: int) -> Plan:
-    """The plan for ``config`` in a worker whose effective uid is ``euid``, made once per pair;
-    raises ``SandboxError`` when the configuration cannot be met here."""
-    as_root = euid == 0
-    layers = [LAYER_PROCESS_GROUP, LAYER_CLEAN_ENV]
-    drop_to: tuple[int, int] | None = None
-    prlimit = setpriv = ""
-    per_run = as_root and config.uid_range is not None
-    if as_root:
-        # With per-run uids every call names its own; the first of the range stands in for
-        # launches made ahead, which never run a command as it.
-        drop_to = _first_of(config) if per_run else sandbox_ids(config.user)
-        prlimit = require_binary("prlimit", "set resource limits")
-        setpriv = require_binary("setpriv", "drop to the command's user")
-        user = LAYER_RUN_UID if per_run else f"user:{config.user}"
-        layers += [user, LAYER_NO_NEW_PRIVS, LAYER_RLIMITS]
-    else:
-        prlimit = shutil.which("prlimit", path=SAFE_PATH) or ""
-        if prlimit:
-            layers.append(LAYER_RLIMITS)
-    namespace_argv: tuple[str, ...] = ()
-    if config.isolation != "process":
-        argv = _namespace_argv(as_root)
-        failure = namespace_failure(argv)
-        if failure is None:
-            namespace_argv = argv
-            layers += [LAYER_PID_NS, LAYER_NET_NS] + ([] if as_root else [LAYER_USER_NS])
-        elif config.isolation == "namespaces":
-            raise SandboxError(
-                "namespace isolation was requested (sandbox_isolation='namespaces') but this "
-                f"machine does not allow it: {failure}"
-            )
-    env_binary = shutil.which("env", path=SAFE_PATH) or "/usr/bin/env"
-    guard = shutil.which("setpriv", path=SAFE_PATH) or ""
-    cgroups = detect_layout(config.cgroup, config.cgroup_root)
-    if not cgroups.hierarchies and config.cgroup in ("v1", "v2"):
-        reasons = "; ".join(sorted({why for _, why in cgroups.missing}))
-        raise SandboxError(
-            f"cgroup {config.cgroup} was requested (sandbox_cgroup={config.cgroup!r}) but this "
-            f"machine does not give it: {reasons}"
-        )
-    layers += cgroups.layers
-    collected = bool(namespace_argv) or cgroups.doing("kill") is not None
-    collected_by_init = bool(namespace_argv) and bool(cgroups.hierarchies)
-    # An init that reaps its command at once (the spawner's, bash) needs the kernel to tell
-    # the command's exit status through a pidfd.
-    exit_told = collected_by_init and tells_exit_after_reaping()
-    spawned = exit_told and as_root
-    if per_run:
-        layers.append(LAYER_PRIVATE_TMP if namespace_argv else LAYER_TMP_CLEANED)
-        if config.volume_bytes and volumes_unavailable() is None:
-            layers.append(LAYER_QUOTA_FS)
-    # A shell cannot give its jobs back a signal ignored when it started: where this process
-    # ignores SIGINT or SIGQUIT, the dash init and ``env --default-signal`` do.
-    bash_init = exit_told and not spawned and not signals_ignored_here()
-    bash = shutil.which("bash", path=SAFE_PATH) if bash_init else None
-    init_shell = bash or SHELL
-    return Plan(
-        layers=tuple(layers),
-        namespace_argv=namespace_argv,
-        drop_to=drop_to,
-        prlimit=prlimit,
-        setpriv=setpriv,
-        guard=guard,
-        env_binary=env_binary,
-        sweep_uid=None if collected else (drop_to[0] if drop_to else os.getuid()),
-        cgroups=cgroups,
-        restores_signals=collected_by_init
-        and (spawned or init_shell != SHELL or env_restores_signals(env_binary)),
-        ready_in=_ready_in(config.workspace_root, drop_to)
-        if collected_by_init and not per_run
-        else None,
-        init_shell=init_shell,
-        spawned=spawned,
-        per_run=per_run,
-    )
-
-
 def private_binds(
     home: str, run_tmp: str | None, input_folder: str | None
 ) -> tuple[tuple[str, str], ...]:
@@ -441,52 +329,6 @@ def private_binds(
     if input_folder is not None:
         binds.append((input_folder, input_folder))
     return tuple(binds)
-
-
-def _first_of(config: SandboxConfig) -> tuple[int, int]:
-    assert config.uid_range is not None
-    return config.uid_range.first, config.uid_range.first
-
-
-def _namespace_argv(as_root: bool) -> tuple[str, ...]:
-    unshare = shutil.which("unshare", path=SAFE_PATH) or "unshare"
-    user = () if as_root else ("--user", "--map-root-user")
-    return (unshare, *user, "--pid", "--fork", "--kill-child", "--mount-proc", "--net", "--")
-
-
-@functools.lru_cache(maxsize=4)
-def namespace_failure(argv: tuple[str, ...]) -> str | None:
-    """Why ``argv`` cannot make namespaces here, or None when it can; probed once."""
-    try:
-        probe = subprocess.run(
-            [*argv, "/bin/true"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            env={"PATH": SAFE_PATH},
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return str(exc)
-    if probe.returncode != 0:
-        reason = probe.stderr.decode("utf-8", "replace").strip()
-        return reason or f"unshare exited with code {probe.returncode}"
-    return None
-
-
-def _ready_in(workspace_root: str | None, drop_to: tuple[int, int] | None) -> str | None:
-    """``workspace_root`` when the sandbox user may pass through it to a run's folder."""
-    if workspace_root is None or drop_to is None:
-        return None
-    try:
-        info = os.stat(workspace_root)
-    except OSError:
-        return None
-    uid, gid = drop_to
-    search = (
-        stat.S_IXUSR if info.st_uid == uid else stat.S_IXGRP if info.st_gid == gid else stat.S_IXOTH
-    )
-    return workspace_root if info.st_mode & search else None
 
 
 def _is_within(path: str, folder: str) -> bool:

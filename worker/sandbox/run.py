@@ -12,12 +12,15 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import NotRequired, TypedDict, Unpack
 
 from worker.sandbox.config import COMMAND_ENV, INPUT_FOLDER, SHELL, SandboxConfig, SandboxError
 from worker.sandbox.ending import Ending
-from worker.sandbox.launch import launcher, still_bound
+from worker.sandbox.launch import Launch, made_now, still_bound
+from worker.sandbox.launcher import launcher
+from worker.sandbox.layers import plan_for
 from worker.sandbox.output import CappedStream, Notice, Pump
-from worker.sandbox.plan import Plan, plan_for, private_binds
+from worker.sandbox.plan import Plan, private_binds
 from worker.sandbox.result import SandboxResult, build_result
 from worker.sandbox.run_guard import run_guard
 from worker.sandbox.spawns import LaunchedProcess
@@ -28,27 +31,35 @@ from worker.sandbox.volumes import detached_copy
 DRAIN_BOUND_S = 0.5
 
 
-def run_sandboxed(
-    command: str | Sequence[str],
-    *,
-    cwd: Path,
-    home: Path,
-    env: Mapping[str, str],
-    timeout_ms: int,
-    config: SandboxConfig,
-    stdin: bytes | None = None,
-    before_start: Callable[[], None] | None = None,
-    identity: tuple[int, int] | None = None,
-) -> SandboxResult:
+class CommandCall(TypedDict):
+    """How one command runs, beside the command itself: ``run_sandboxed``'s keywords, which
+    ``worker.images.commands.run_command`` takes too and hands on as they are."""
+
+    #: The folder the command starts in.
+    cwd: Path
+    #: The run's workspace: the command's HOME, and what a call with private folders binds.
+    home: Path
+    #: The caller's variables, over the command's own minimal environment.
+    env: Mapping[str, str]
+    timeout_ms: int
+    config: SandboxConfig
+    #: The command's standard input; none by default.
+    stdin: NotRequired[bytes | None]
+    #: Called once all is ready, just before the command is handed over: what it raises stops
+    #: the call with nothing of the command started.
+    before_start: NotRequired[Callable[[], None] | None]
+    #: The uid and gid of the command's run (its workspace's owner), which a root worker with
+    #: per-run uids needs.
+    identity: NotRequired[tuple[int, int] | None]
+
+
+def run_sandboxed(command: str | Sequence[str], **call: Unpack[CommandCall]) -> SandboxResult:
     """Run ``command`` in ``cwd`` (a string through ``/bin/sh -c``, a sequence as the argv),
-    with ``stdin`` as its input (none by default), kill everything it started, report the
-    outcome. ``before_start`` is called once all is ready, just before the command is handed
-    over: what it raises stops the call with nothing of the command started. ``identity``: the
-    uid and gid of the command's run (its workspace's owner), which a root worker with per-run
-    uids needs."""
-    plan = plan_for(config, os.geteuid()).for_folder(str(cwd))
-    call_plan = plan.for_identity(identity)
-    with _input_file(stdin, call_plan.drop_to) as input_path:
+    with ``stdin`` as its input, kill everything it started, report the outcome."""
+    config, home = call["config"], call["home"]
+    plan = plan_for(config, os.geteuid()).for_folder(str(call["cwd"]))
+    call_plan = plan.for_identity(call.get("identity"))
+    with _input_file(call.get("stdin"), call_plan.drop_to) as input_path:
         if input_path is not None:
             # The command's own shell opens its input, as the user it runs as, whatever the
             # layers before it gave it as standard input.
@@ -60,18 +71,7 @@ def run_sandboxed(
             inputs = os.path.dirname(input_path) if input_path else None
             keep = private_binds(str(home), run_tmp, inputs)
         with run_guard(call_plan):
-            return _run(
-                plan,
-                call_plan,
-                keep,
-                command,
-                cwd=cwd,
-                home=home,
-                env=env,
-                timeout_ms=timeout_ms,
-                config=config,
-                before_start=before_start or _nothing,
-            )
+            return _run(plan, call_plan, keep, command, call)
 
 
 def _run(
@@ -79,20 +79,16 @@ def _run(
     call_plan: Plan,
     keep: tuple[tuple[str, str], ...],
     command: str | Sequence[str],
-    *,
-    cwd: Path,
-    home: Path,
-    env: Mapping[str, str],
-    timeout_ms: int,
-    config: SandboxConfig,
-    before_start: Callable[[], None],
+    call: CommandCall,
 ) -> SandboxResult:
+    cwd, home, config, timeout_ms = call["cwd"], call["home"], call["config"], call["timeout_ms"]
+    before_start = call.get("before_start") or _nothing
     # The marker names the worker process too, so a later sweep can tell an orphan (its worker
     # was killed mid-call) from a command still running for a live worker.
     marker = "" if plan.sweep_uid is None else f"{os.getpid()}-{uuid.uuid4().hex}"
     base_env = {**COMMAND_ENV, "HOME": str(home), "PWD": str(cwd)}
     argv, process_env = call_plan.command_line(
-        command, base_env, env, marker, timeout_ms, config, keep
+        command, base_env, call["env"], marker, timeout_ms, config, keep
     )
     if not plan.grouped:
         before_start()
@@ -115,6 +111,10 @@ def _run(
     # A launch made for this run alone, if one is ready: its folders bound, its shell waiting
     # as the run's uid. Else one made for any run, which binds and drops as the call comes.
     for_run = plan.for_run(call_plan.drop_to, str(home), keep[0][0] if keep else None)
+    if for_run is not None:
+        # Its launches bind the folder of the calls' inputs, which must be there before they
+        # are made, though no call here had input yet: else each dies as it starts.
+        _input_folder()
     chosen = for_run if for_run is not None and launcher.has_ready(for_run, config) else plan
     ready = launcher.take(chosen, config)
     if not still_bound(ready):
@@ -129,13 +129,27 @@ def _run(
         started = time.monotonic()
         drop = call_plan.drop_to if plan.per_run else None
         limits = plan.limits(timeout_ms, config)
-        bind = () if chosen.keep else keep
-        attach = _volume_of(chosen, config, home)
+
+        def hand_over(taken: Launch, made_for: Plan) -> None:
+            bind = () if made_for.keep else keep
+            attach = _volume_of(made_for, config, home)
+            try:
+                taken.start(argv, cwd, process_env, limits, drop=drop, bind=bind, attach=attach)
+            finally:
+                if attach is not None:
+                    os.close(attach[0])
+
         try:
-            ready.start(argv, cwd, process_env, limits, drop=drop, bind=bind, attach=attach)
-        finally:
-            if attach is not None:
-                os.close(attach[0])
+            hand_over(ready, chosen)
+        except OSError:
+            # The launch died while it waited (its socket's other end is closed): nothing read
+            # the call's line whole, so nothing of the command started; a launch made now runs it.
+            ready.abandon()
+            chosen, ready = plan, made_now(plan, config)
+            try:
+                hand_over(ready, chosen)
+            except OSError as exc:
+                raise SandboxError(f"the command could not be started: {exc}") from exc
         channel = ready.channel if plan.has_init else None
         ending = Ending(ready.proc, call_plan, marker, ready.group, channel, ready.forked)
         return _follow(ready.proc, ending, started, timeout_ms, config)
@@ -219,9 +233,7 @@ def _input_file(data: bytes | None, owner: tuple[int, int] | None) -> Iterator[s
     if data is None:
         yield None
         return
-    # In a folder of its own, which a call with private folders binds back (each file is its
-    # command's uid's alone, and the folder cannot be listed).
-    INPUT_FOLDER.mkdir(mode=0o711, exist_ok=True)
+    _input_folder()
     fd, path = tempfile.mkstemp(prefix="toolq-input-", dir=INPUT_FOLDER)
     try:
         with os.fdopen(fd, "wb") as file:
@@ -232,3 +244,9 @@ def _input_file(data: bytes | None, owner: tuple[int, int] | None) -> Iterator[s
     finally:
         with contextlib.suppress(OSError):
             os.unlink(path)
+
+
+def _input_folder() -> None:
+    """The folder of the calls' inputs, made if missing: a call with private folders binds it
+    back (each file is its command's uid's alone, and the folder cannot be listed)."""
+    INPUT_FOLDER.mkdir(mode=0o711, exist_ok=True)

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from worker.sandbox.callgroup import sweep_groups
 from worker.sandbox.config import MARKER_VARIABLE, REAP_BOUND_S, SandboxConfig
-from worker.sandbox.plan import plan_for
+from worker.sandbox.layers import plan_for
 from worker.sandbox.run_guard import sweep_idle_uids
 
 

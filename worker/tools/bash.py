@@ -62,8 +62,8 @@ class RunBashArgs(ToolArgs):
 class RunBashTool(ExecutableTool):
     """Runs a shell command in the workspace, isolated, and reports what it printed."""
 
-    name: ClassVar[str] = "run_bash"
-    description: ClassVar[str] = (
+    name = "run_bash"
+    description = (
         "Run a shell command (/bin/sh -c) in the workspace and get back JSON with stdout, "
         "stderr, exit_code, timed_out, duration_ms and usage (cpu_ms, max_rss_kb, pids_peak, "
         "killed_processes, oom_killed). Each stream keeps its first 50 KB. stdin is empty; "

@@ -59,34 +59,39 @@ class ExecutableTool(ABC):
     ``async``. ``execute`` receives the validated arguments as a plain ``dict`` with defaults
     filled in, and returns a ``str`` (a ``TruncatedText`` when it cut its answer to the output
     cap) or any value the registry can serialise to JSON.
+
+    The traits the fleet publishes of a tool (``ToolSpec``: name, description, pool, idempotent,
+    enabled_by_default, default_timeout_ms, timeout_argument, for_model) are set on the class or
+    on an instance: a proxy of a fleet's tool carries those of the spec it was made from, one
+    class for every such tool.
     """
 
-    name: ClassVar[str]
-    description: ClassVar[str]
+    name: str
+    description: str
     Args: ClassVar[type[BaseModel]] = NoArgs
 
     #: Which worker pool runs the tool: ``sandbox`` is for tools that run untrusted commands.
-    pool: ClassVar[Pool] = "tools"
+    pool: Pool = "tools"
     #: Safe to run twice: a call interrupted mid-run (its worker died) is run again only if True.
-    idempotent: ClassVar[bool] = False
+    idempotent: bool = False
     #: The tool calls ``worker.tools.runtime.admit_current_call`` itself, just before its effects
     #: start (run_bash, as its command is handed over): the executor runs it without waiting for
     #: the call's start marker, whose round trip then overlaps the tool's own preparation.
     admits_itself: ClassVar[bool] = False
     #: Offered to the model unless the caller says otherwise; False makes the tool opt-in (the
     #: default factory registers it disabled, and the fleet's manifest says so).
-    enabled_by_default: ClassVar[bool] = True
+    enabled_by_default: bool = True
     #: The tool caps its own output (and keeps it valid JSON); the generic text cap is skipped.
     caps_own_output: ClassVar[bool] = False
     #: Deadline applied when the caller gives none, in milliseconds; None: the fleet's default
     #: (``TOOLQ_DEFAULT_TIMEOUT_MS``).
-    default_timeout_ms: ClassVar[int | None] = None
+    default_timeout_ms: int | None = None
     #: An argument that sets the tool's own time limit in ms (run_bash's ``timeout``): the call's
     #: deadline then follows it, so the tool can stop itself and report before the worker must.
-    timeout_argument: ClassVar[str | None] = None
+    timeout_argument: str | None = None
     #: Offered to models; False for service operations that only callers use (worker/tools/
     #: service.py): the Agent, the API's tool list and the MCP server leave them out.
-    for_model: ClassVar[bool] = True
+    for_model: bool = True
     #: What the tool does to the run's workspace, for its quota (``worker.quota``): ``adds``
     #: (refused while the run is past its quota; the workspace is measured after), ``frees``
     #: (measured after, never refused) or ``none``.

@@ -14,6 +14,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from worker.contract.errors import ToolqError
+
 #: Longest path accepted, in bytes of UTF-8 (Linux's PATH_MAX).
 MAX_PATH_BYTES = 4096
 #: Longest single name Linux file systems accept, in bytes.
@@ -29,7 +31,7 @@ _CONTROL_ESCAPES = {code: f"\\x{code:02x}" for code in [*range(32), 127]} | {
 _MAX_SYMLINKS = 40
 
 
-class WorkspaceError(ValueError):
+class WorkspaceError(ToolqError, ValueError):
     """A path a tool cannot use; the message tells the model which path and why."""
 
 

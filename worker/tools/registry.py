@@ -14,6 +14,7 @@ from typing import Any, Unpack
 
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
+from worker.contract.errors import ToolqError
 from worker.contract.runtime.log_context import current_context
 from worker.tools.functions import FunctionTool, ToolTraits, tool
 from worker.tools.interface import ExecutableTool, ProxyTool, ToolOutcome, TruncatedText
@@ -23,7 +24,7 @@ __all__ = ["DuplicateToolError", "ToolOutcome", "ToolRegistry"]
 log = logging.getLogger(__name__)
 
 
-class DuplicateToolError(ValueError):
+class DuplicateToolError(ToolqError, ValueError):
     """A tool with this name is registered already."""
 
 
@@ -224,7 +225,7 @@ class ToolRegistry:
             raise KeyError(f"No tool named {name!r} is registered")
 
 
-class _DeadlinePassed(Exception):
+class _DeadlinePassed(ToolqError):
     """A tool run here was still running at its deadline."""
 
 

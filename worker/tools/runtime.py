@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
+from worker.contract.errors import ToolqError
 from worker.contract.wire import ResourceUsage, ToolContextSnapshot
 from worker.tools.context import ToolContext
 from worker.tools.paths import _Location
@@ -35,7 +36,7 @@ class CallRuntime:
     environment: str | None = None
 
 
-class NotAdmitted(Exception):
+class NotAdmitted(ToolqError):
     """The call must not start: it was answered before, or started on a worker that stopped
     mid-call. The executor gives the answer."""
 

@@ -16,6 +16,7 @@ from typing import Any, BinaryIO
 import regex
 from pydantic import Field, field_validator
 
+from worker.contract.errors import ToolqError
 from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES, answer_budget
 from worker.contract.wire import glob_segments
 from worker.tools.filesystem import BINARY_PROBE_BYTES, WorkspaceTool
@@ -39,7 +40,7 @@ MAX_LINE_BYTES = 1 << 20
 MAX_SHOWN_LINE_CHARS = 500
 
 
-class SearchTimeUp(Exception):
+class SearchTimeUp(ToolqError):
     """The search spent its time budget."""
 
 

@@ -4,8 +4,9 @@ input and output limit, for callers that prepare and inspect runs (batch tasks, 
 They are tools like the others, so they go through the queue with the same deadlines and
 at-most-once rules, but models never see them: their names start with ``toolq.``, which no
 model-facing tool name can, and the fleet publishes them with ``for_model`` false. Their answers
-are JSON; a path that cannot be used is an answer (``{"ok": false, "error": ..., "message":
-...}``) the caller can act on, not a tool error.
+are the JSON of their typed answers (``worker.contract.operations``); a path that cannot be used is
+an answer (``{"ok": false, "error": ..., "message": ...}``) the caller can act on, not a tool
+error.
 """
 
 from __future__ import annotations
@@ -13,17 +14,46 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import json
 import os
 import stat
-from typing import Any, Literal
+from abc import abstractmethod
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
-from pydantic import Field, field_validator
-
+from worker.contract.limits import MAX_LISTED_RUNS
+from worker.contract.operations import (
+    COLLECT_FILES,
+    EXEC,
+    LIST_WORKSPACES,
+    PUT_FILES,
+    READ_FILE,
+    REMOVE_WORKSPACE,
+    CollectedFile,
+    CollectFilesAnswer,
+    CollectFilesRequest,
+    Content,
+    ExecAnswer,
+    ExecRequest,
+    FileProblem,
+    FileRefusal,
+    ListWorkspacesAnswer,
+    ListWorkspacesRequest,
+    NoArguments,
+    Operation,
+    OperationRequest,
+    PutFilesAnswer,
+    PutFilesRefusal,
+    PutFilesRequest,
+    ReadFileAnswer,
+    ReadFileRequest,
+    RemoveWorkspaceAnswer,
+    WireAnswer,
+)
 from worker.images.commands import run_command
 from worker.retention import remove_held, run_ids
 from worker.sandbox import SandboxConfig
 from worker.tools.bash import command_answer, working_directory
-from worker.tools.interface import ExecutableTool, ToolArgs
+from worker.tools.interface import ExecutableTool
 from worker.tools.paths import PathNotFoundError, WorkspaceError, shown
 from worker.tools.runtime import current_runtime
 from worker.tools.search import Glob
@@ -31,13 +61,8 @@ from worker.tools.workspace import Workspace
 
 #: The prefix of every service operation's name.
 SERVICE_PREFIX = "toolq."
-#: The most files one ``collect_files`` call returns.
-MAX_COLLECTED_FILES = 100
-#: The most run ids one ``list_workspaces`` call returns (with how many matched).
-MAX_LISTED_RUNS = 10_000
 
-Content = str | dict[str, str]
-FileProblem = Literal["not_found", "is_a_directory", "not_a_regular_file", "too_large", "refused"]
+RequestT = TypeVar("RequestT", bound=OperationRequest)
 
 
 def decode_content(content: Content, where: str) -> bytes:
@@ -66,32 +91,53 @@ def encode_content(data: bytes, *, cut: bool = False) -> tuple[str, Literal["utf
         return base64.b64encode(data).decode("ascii"), "base64"
 
 
-class ServiceTool(ExecutableTool):
+class OperationTool(ExecutableTool, Generic[RequestT]):
+    """A tool that serves one service operation: its name, pool and arguments are the
+    operation's, and it answers with one of the operation's answers."""
+
+    operation: ClassVar[Operation[Any, Any, Any]]
+    caps_own_output = True
+    for_model = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "operation" in vars(cls):
+            cls.name, cls.pool = cls.operation.name, cls.operation.pool
+            cls.Args = cls.operation.request
+
+    def execute(self, args: dict[str, Any]) -> dict[str, Any]:
+        return self.serve(self.operation.request.model_validate(args)).wire()
+
+    @abstractmethod
+    def serve(self, request: RequestT) -> WireAnswer:
+        """Carry out the operation; a refusal is an answer, any other failure raises."""
+
+    def with_notice(self, output: str, notice: str) -> str:
+        # A field of the answer: callers read the answer as JSON.
+        try:
+            answer = json.loads(output)
+        except ValueError:  # an error, in words
+            return super().with_notice(output, notice)
+        return json.dumps({**answer, "notice": notice}, ensure_ascii=False)
+
+
+class ServiceTool(OperationTool[RequestT]):
     """A service operation on the current run's workspace."""
 
     idempotent = True
-    caps_own_output = True
-    for_model = False
 
     def __init__(self, workspace: Workspace, transfer_max_bytes: int) -> None:
         self.workspace = workspace
         self.transfer_max_bytes = transfer_max_bytes
 
 
-class PutFilesArgs(ToolArgs):
-    files: dict[str, Content] = Field(
-        description='Workspace-relative path -> UTF-8 text, or {"base64": "..."} for bytes.'
-    )
-
-
-class PutFilesTool(ServiceTool):
-    name = "toolq.put_files"
+class PutFilesTool(ServiceTool[PutFilesRequest]):
+    operation = PUT_FILES
     description = "Write files into the run's workspace, replacing any that exist."
-    Args = PutFilesArgs
     workspace_effect = "adds"
 
-    def execute(self, args: dict[str, Any]) -> dict[str, Any]:
-        contents = {path: decode_content(c, shown(path)) for path, c in args["files"].items()}
+    def serve(self, request: PutFilesRequest) -> PutFilesAnswer | PutFilesRefusal:
+        contents = {path: decode_content(c, shown(path)) for path, c in request.files.items()}
         total = sum(len(data) for data in contents.values())
         if total > self.transfer_max_bytes:
             raise ValueError(
@@ -105,9 +151,11 @@ class PutFilesTool(ServiceTool):
                 self.workspace.write_file(target, data)
             except WorkspaceError as exc:
                 # Those before it stay written, and the answer says which they are.
-                return {**_problem(self._unwritable(path), str(exc)), "written": written}
+                return PutFilesRefusal(
+                    error=self._unwritable(path), message=str(exc), written=written
+                )
             written[path] = len(data)
-        return {"ok": True, "written": written}
+        return PutFilesAnswer(written=written)
 
     def _unwritable(self, path: str) -> FileProblem:
         """Why ``path`` could not be written: what is there, or that it may not be used."""
@@ -122,77 +170,62 @@ class PutFilesTool(ServiceTool):
         return "refused"
 
 
-class ReadFileArgs(ToolArgs):
-    path: str = Field(min_length=1, description="Workspace-relative path of a regular file.")
-    max_bytes: int | None = Field(None, gt=0, description="Refuse a larger file.")
-
-
-class ReadWholeFileTool(ServiceTool):
-    name = "toolq.read_file"
+class ReadWholeFileTool(ServiceTool[ReadFileRequest]):
+    operation = READ_FILE
     description = "Read one whole file of the run's workspace, as base64."
-    Args = ReadFileArgs
 
-    def execute(self, args: dict[str, Any]) -> dict[str, Any]:
-        path: str = args["path"]
-        limit = min(args.get("max_bytes") or self.transfer_max_bytes, self.transfer_max_bytes)
+    def serve(self, request: ReadFileRequest) -> ReadFileAnswer | FileRefusal:
+        path = request.path
+        limit = min(request.max_bytes or self.transfer_max_bytes, self.transfer_max_bytes)
         try:
             target = self.workspace.resolve(path)
             found = self.workspace.lstat(target)
             if found is None:
-                return _problem("not_found", f"{shown(path)} does not exist")
+                return _refusal("not_found", f"{shown(path)} does not exist")
             if stat.S_ISDIR(found.st_mode):
-                return _problem("is_a_directory", f"{shown(path)} is a directory")
+                return _refusal("is_a_directory", f"{shown(path)} is a directory")
             if not stat.S_ISREG(found.st_mode):
-                return _problem("not_a_regular_file", f"{shown(path)} is not a regular file")
+                return _refusal("not_a_regular_file", f"{shown(path)} is not a regular file")
             with self.workspace.open_for_reading(target) as (file, info):
                 if info.st_size > limit:
-                    return _problem(
+                    return _refusal(
                         "too_large",
                         f"{shown(path)} has {info.st_size:,} bytes, more than the {limit:,} "
                         "this read may take",
                     )
                 data = file.read(limit + 1)
         except PathNotFoundError as exc:
-            return _problem("not_found", str(exc))
+            return _refusal("not_found", str(exc))
         except WorkspaceError as exc:  # outside the workspace, or changed while it was opened
-            return _problem("refused", str(exc))
+            return _refusal("refused", str(exc))
         if len(data) > limit:  # grew while it was read
-            return _problem("too_large", f"{shown(path)} has more than {limit:,} bytes")
-        return {"ok": True, "size": len(data), "base64": base64.b64encode(data).decode("ascii")}
+            return _refusal("too_large", f"{shown(path)} has more than {limit:,} bytes")
+        return ReadFileAnswer(size=len(data), base64=base64.b64encode(data).decode("ascii"))
 
 
-class CollectFilesArgs(ToolArgs):
-    patterns: list[str] = Field(
-        min_length=1, description="Workspace-relative globs, e.g. 'out/*.txt' or '**/*.json'."
-    )
-    max_files: int = Field(MAX_COLLECTED_FILES, gt=0, le=MAX_COLLECTED_FILES)
-    max_file_bytes: int = Field(51_200, gt=0, description="Each file's content is cut here.")
-
-
-class CollectFilesTool(ServiceTool):
-    name = "toolq.collect_files"
+class CollectFilesTool(ServiceTool[CollectFilesRequest]):
+    operation = COLLECT_FILES
     description = "The regular files whose paths match globs, each cut at a size."
-    Args = CollectFilesArgs
 
-    def execute(self, args: dict[str, Any]) -> dict[str, Any]:
-        globs = [Glob.parse(pattern) for pattern in args["patterns"]]
-        cap = min(args["max_file_bytes"], self.transfer_max_bytes)
+    def serve(self, request: CollectFilesRequest) -> CollectFilesAnswer:
+        globs = [Glob.parse(pattern) for pattern in request.patterns]
+        cap = min(request.max_file_bytes, self.transfer_max_bytes)
         matched = sorted(self._matching(globs))
-        files: dict[str, dict[str, Any]] = {}
-        for path in matched[: args["max_files"]]:
+        files: dict[str, CollectedFile] = {}
+        for path in matched[: request.max_files]:
             try:
                 with self.workspace.open_for_reading(self.workspace.resolve(path)) as (f, info):
                     data = f.read(cap)
             except WorkspaceError:
                 continue  # removed or swapped for something else since the walk saw it
             content, encoding = encode_content(data, cut=info.st_size > len(data))
-            files[path] = {
-                "content": content,
-                "encoding": encoding,
-                "size": info.st_size,
-                "truncated": info.st_size > len(data),
-            }
-        return {"ok": True, "files": files, "matched": len(matched)}
+            files[path] = CollectedFile(
+                content=content,
+                encoding=encoding,
+                size=info.st_size,
+                truncated=info.st_size > len(data),
+            )
+        return CollectFilesAnswer(files=files, matched=len(matched))
 
     def _matching(self, globs: list[Glob]) -> set[str]:
         found: set[str] = set()
@@ -214,63 +247,35 @@ class CollectFilesTool(ServiceTool):
         return found
 
 
-class RemoveWorkspaceTool(ServiceTool):
-    name = "toolq.remove_workspace"
+class RemoveWorkspaceTool(ServiceTool[NoArguments]):
+    operation = REMOVE_WORKSPACE
     description = "Remove the run's whole workspace, unless another call of the run is in flight."
     workspace_effect = "frees"  # measured after: a quota mark goes with the workspace
 
-    def execute(self, args: dict[str, Any]) -> dict[str, Any]:
+    def serve(self, request: NoArguments) -> RemoveWorkspaceAnswer:
         runtime = current_runtime()
         if runtime.workspace_lock is None:
             raise RuntimeError("a workspace is removed only by a worker's call, which holds it")
         root = runtime.workspace.root
         kept = remove_held(root.parent, root.name, runtime.workspace_lock)
-        if kept is not None:
-            return {"ok": True, "removed": False, "kept": kept}
-        return {"ok": True, "removed": True}
+        return RemoveWorkspaceAnswer(removed=kept is None, kept=kept)
 
 
-class ListWorkspacesArgs(ToolArgs):
-    prefix: str = Field(min_length=1, description="Only the runs whose ids start with this.")
-
-
-class ListWorkspacesTool(ServiceTool):
-    name = "toolq.list_workspaces"
+class ListWorkspacesTool(ServiceTool[ListWorkspacesRequest]):
+    operation = LIST_WORKSPACES
     description = "The other runs with a workspace beside this run's, by the start of their ids."
-    Args = ListWorkspacesArgs
 
-    def execute(self, args: dict[str, Any]) -> dict[str, Any]:
+    def serve(self, request: ListWorkspacesRequest) -> ListWorkspacesAnswer:
         root = self.workspace.root
-        runs = [run for run in run_ids(root.parent, args["prefix"]) if run != root.name]
-        return {"ok": True, "runs": runs[:MAX_LISTED_RUNS], "matched": len(runs)}
+        runs = [run for run in run_ids(root.parent, request.prefix) if run != root.name]
+        return ListWorkspacesAnswer(runs=runs[:MAX_LISTED_RUNS], matched=len(runs))
 
 
-class ExecArgs(ToolArgs):
-    argv: list[str] | None = Field(None, min_length=1, description="The program and arguments.")
-    command: str | None = Field(None, min_length=1, description="Or a /bin/sh -c command line.")
-    input: Content | None = Field(None, description="Standard input: text or {'base64': ...}.")
-    cwd: str | None = Field(None, description="Workspace-relative directory; default the root.")
-    env: dict[str, str] = Field(default_factory=dict)
-    timeout_ms: int = Field(30_000, gt=0)
-    output_cap_bytes: int = Field(
-        51_200, gt=0, description="Each stream keeps this many bytes, then a notice of the cut."
-    )
-
-    @field_validator("argv")
-    @classmethod
-    def _no_nul(cls, argv: list[str] | None) -> list[str] | None:
-        if argv and any("\x00" in part for part in argv):
-            raise ValueError("an argument contains a NUL byte, which no command line can hold")
-        return argv
-
-
-class ExecTool(ServiceTool):
+class ExecTool(ServiceTool[ExecRequest]):
     """A command in the sandbox, as run_bash runs one, with an argv, input and caps of its own."""
 
-    name = "toolq.exec"
+    operation = EXEC
     description = "Run a program in the sandbox with its own argv, input and output limit."
-    Args = ExecArgs
-    pool = "sandbox"
     idempotent = False
     timeout_argument = "timeout_ms"
     workspace_effect = "adds"
@@ -281,30 +286,29 @@ class ExecTool(ServiceTool):
         super().__init__(workspace, transfer_max_bytes)
         self._sandbox = sandbox
 
-    def execute(self, args: dict[str, Any]) -> dict[str, Any]:
-        argv, command = args.get("argv"), args.get("command")
+    def serve(self, request: ExecRequest) -> ExecAnswer:
+        argv, command, stdin = request.argv, request.command, request.input
         if (argv is None) == (command is None):
             raise ValueError("give exactly one of 'argv' and 'command'")
-        stdin = args.get("input")
-        cwd = working_directory(self.workspace, args.get("cwd"))
-        cap = min(args["output_cap_bytes"], self.transfer_max_bytes)
+        cwd = working_directory(self.workspace, request.cwd)
+        cap = min(request.output_cap_bytes, self.transfer_max_bytes)
         result = run_command(
             argv if argv is not None else command or "",
             cwd=cwd,
             home=self.workspace.root,
-            env=args["env"],
-            timeout_ms=args["timeout_ms"],
+            env=request.env,
+            timeout_ms=request.timeout_ms,
             config=dataclasses.replace(self._sandbox, output_cap_bytes=cap),
             stdin=decode_content(stdin, "input") if stdin is not None else None,
             identity=self.workspace.owner,
         )
-        return {"ok": True, **command_answer(result).model_dump(exclude_none=True)}
+        return ExecAnswer.model_validate(dict(command_answer(result)))
 
 
 def service_tools(
     workspace: Workspace, sandbox: SandboxConfig, transfer_max_bytes: int
 ) -> list[ExecutableTool]:
-    """Every service operation, for a worker's registry."""
+    """Every service operation on a run's workspace, for a worker's registry."""
     return [
         PutFilesTool(workspace, transfer_max_bytes),
         ReadWholeFileTool(workspace, transfer_max_bytes),
@@ -315,8 +319,8 @@ def service_tools(
     ]
 
 
-def _problem(kind: FileProblem, message: str) -> dict[str, Any]:
-    return {"ok": False, "error": kind, "message": message}
+def _refusal(kind: FileProblem, message: str) -> FileRefusal:
+    return FileRefusal(error=kind, message=message)
 
 
 def _is_regular_at(dir_fd: int, name: str) -> bool:

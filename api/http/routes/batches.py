@@ -24,6 +24,7 @@ from api.http.bodies import (
     refusal,
 )
 from api.http.routes.paging import ListParams
+from api.http.runner import BatchSubmission
 from api.http.services import Svc, require_model, tool_errors, working_fleet
 from api.http.state.batches import BatchState, BatchStatus, BatchSummary
 
@@ -72,11 +73,13 @@ async def _create_batch(
         tags=body.tags,
     )
     services.executor.submit_batch(
-        batch_id,
-        body.items,
-        body.concurrency,
-        body.model,
-        workspace_of=services.tenants.workspaces(tenant),
+        BatchSubmission(
+            batch_id,
+            body.items,
+            body.concurrency,
+            body.model,
+            workspace_of=services.tenants.workspaces(tenant),
+        )
     )
     response.headers["Location"] = f"/v1/batches/{batch_id}"
     return Accepted(id=batch_id, status="queued")

@@ -25,8 +25,8 @@ from api.http.bodies import (
 from api.http.routes.paging import ListParams
 from api.http.services import Svc, require_model, tool_errors, working_fleet
 from api.http.sse import event_stream_response
-from api.http.state.keys import ACTIVE
 from api.http.state.runs import RunState, RunStatus
+from api.http.state.statuses import ACTIVE
 
 #: How long ``POST /cancel`` waits for the run to stop before answering 202 "cancelling".
 CANCEL_WAIT_S = 5.0

@@ -3,6 +3,7 @@ list of their summaries (what the viewer's table shows, without the transcripts)
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -11,8 +12,10 @@ from typing import Any, Literal, cast
 from pydantic import BaseModel, Field
 
 from api.batch.summary import ItemSummary
-from api.http.state.keys import (
-    ACTIVE,
+from api.http.state.listing import Listed, ListQuery, list_current, record_tags
+from api.http.state.records import HashFields, RecordStore, lost_error, optional_float
+from api.http.state.statuses import ACTIVE
+from worker.contract.keys import (
     ACTIVE_BATCHES,
     DEFAULT_TENANT,
     batch_results_key,
@@ -20,8 +23,6 @@ from api.http.state.keys import (
     batch_summaries_key,
     batches_index_key,
 )
-from api.http.state.listing import Listed, ListQuery, list_records, record_tags
-from api.http.state.records import HashFields, RecordStore, lost_error, optional_float, owned_by
 
 BatchStatus = Literal["queued", "running", "succeeded", "failed"]
 
@@ -158,14 +159,10 @@ class BatchStore(RecordStore):
     ) -> Listed[ScoredBatch]:
         """A page of ``tenant``'s batches still kept, newest first, as ``query`` filters them."""
         index = batches_index_key(tenant)
-        listed = await list_records(self.redis, index, batch_state_key, query, tenant)
-        found = [
-            # Only a batch still going may need its replica's lease looked at.
-            await self.scored_batch(fields["id"]) if fields["status"] in ACTIVE else _scored(fields)
-            for fields in listed.rows
-        ]
-        batches = [batch for batch in found if batch is not None]
-        return Listed(batches, listed.total, listed.start, listed.next_cursor)
+        listed = await list_current(
+            self.redis, index, batch_state_key, query, tenant, self._batch_fields
+        )
+        return listed.map(_scored)
 
     async def batch_summaries(self, batch_id: str, start: int, stop: int) -> list[ItemSummary]:
         """The summaries of results ``start`` to ``stop`` (inclusive; -1 for the last)."""
@@ -189,12 +186,8 @@ class BatchStore(RecordStore):
     async def _batch_fields(
         self, batch_id: str, tenant: str | None = None
     ) -> dict[str, str] | None:
-        fields = await self._hash(batch_state_key(batch_id))
-        if not fields or not owned_by(fields, tenant):
-            return None
-        if fields["status"] in ACTIVE and await self._reap_batch(batch_id, fields["replica"]):
-            fields = await self._hash(batch_state_key(batch_id))
-        return fields
+        reap = functools.partial(self._reap_batch, batch_id)
+        return await self._current(batch_state_key(batch_id), reap, tenant)
 
     async def _reap_batch(self, batch_id: str, replica: str) -> bool:
         """Fail an active batch whose replica's lease expired; True if this ended it."""

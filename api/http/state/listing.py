@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar, cast
 
 import redis.asyncio as aioredis
 
 from api.http.state.records import owned_by, text
+from api.http.state.statuses import ACTIVE
 
 #: A cursor: the creation time (epoch seconds) and the id of the last record of a page.
 CURSOR_PATTERN = r"^\d{1,12}(\.\d{1,20})?~[A-Za-z0-9._-]{1,200}$"
@@ -123,6 +124,26 @@ async def list_records(
     more = start + query.limit < len(matching)
     next_cursor = encode_cursor(*page[-1]) if page and more else None
     return Listed(rows, len(matching), start, next_cursor)
+
+
+async def list_current(
+    redis: aioredis.Redis,
+    index: str,
+    state_key: Callable[[str], str],
+    query: ListQuery,
+    tenant: str,
+    current: Callable[[str], Awaitable[dict[str, str] | None]],
+) -> Listed[dict[str, str]]:
+    """As ``list_records``, each record still going read again by ``current`` (given its id),
+    which may find its replica gone; one that expired meanwhile (None) is left out."""
+    listed = await list_records(redis, index, state_key, query, tenant)
+    rows = [
+        # Only a record still going may need its replica's lease looked at.
+        await current(fields["id"]) if fields["status"] in ACTIVE else fields
+        for fields in listed.rows
+    ]
+    kept = [fields for fields in rows if fields is not None]
+    return Listed(kept, listed.total, listed.start, listed.next_cursor)
 
 
 def _matches(fields: dict[str, str], query: ListQuery, tenant: str) -> bool:

@@ -9,19 +9,22 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.typing import EncodableT, FieldT
 
-from api.http.state.keys import ACTIVE_RUNS, DEFAULT_TENANT, INDEX_SIZE, replica_lease_key
+from api.http.state.statuses import ACTIVE
+from worker.contract.keys import ACTIVE_RUNS, DEFAULT_TENANT, replica_lease_key
 
 #: A hash's fields and values, as redis-py writes them.
 HashFields = dict[FieldT, EncodableT]
 
 #: Events kept per run; a late reader of a longer run misses the oldest text deltas only.
 EVENTS_MAXLEN = 10_000
+#: How many runs and batches each index keeps; older ones drop out of the lists.
+INDEX_SIZE = 10_000
 
 # KEYS: state hash, companion key (events stream or results list), active set, then any other
 #       key that expires with the record.
@@ -117,6 +120,18 @@ class RecordStore:
         set_key = active[0] if active else ACTIVE_RUNS
         applied = await self._transition(keys=[key, companion, set_key, *expiring], args=args)
         return bool(applied)
+
+    async def _current(
+        self, key: str, reap: Callable[[str], Awaitable[bool]], tenant: str | None = None
+    ) -> dict[str, str] | None:
+        """The record's fields; None when there is none, or when it is not ``tenant``'s (None:
+        whoever's). One still active is read again if ``reap`` (given its replica) ended it."""
+        fields = await self._hash(key)
+        if not fields or not owned_by(fields, tenant):
+            return None
+        if fields["status"] in ACTIVE and await reap(fields["replica"]):
+            fields = await self._hash(key)
+        return fields
 
     async def _hash(self, key: str) -> dict[str, str]:
         raw = await self.redis.hgetall(key)

@@ -6,6 +6,7 @@ never waits on a run nobody executes.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -14,25 +15,23 @@ from typing import Any, Literal, cast
 from pydantic import BaseModel, Field
 
 from api.http.redis_clients import bounded_block_ms
-from api.http.state.keys import (
-    ACTIVE,
-    ACTIVE_RUNS,
-    CANCEL_CHANNEL,
-    DEFAULT_TENANT,
-    DONE,
-    run_cancel_key,
-    run_events_key,
-    run_state_key,
-    runs_index_key,
-)
-from api.http.state.listing import Listed, ListQuery, list_records, record_tags
+from api.http.state.listing import Listed, ListQuery, list_current, record_tags
 from api.http.state.records import (
     HashFields,
     RecordStore,
     lost_error,
     optional_float,
-    owned_by,
     text,
+)
+from api.http.state.statuses import ACTIVE, DONE
+from worker.contract.keys import (
+    ACTIVE_RUNS,
+    CANCEL_CHANNEL,
+    DEFAULT_TENANT,
+    run_cancel_key,
+    run_events_key,
+    run_state_key,
+    runs_index_key,
 )
 
 RunStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
@@ -104,26 +103,18 @@ class RunStore(RecordStore):
     async def get_run(self, run_id: str, *, tenant: str | None = None) -> RunState | None:
         """The run, or None when there is none, or when it is not ``tenant``'s (None: whoever's):
         another tenant's run is answered as an unknown one is."""
-        fields = await self._hash(run_state_key(run_id))
-        if not fields or not owned_by(fields, tenant):
-            return None
-        if fields["status"] in ACTIVE and await self._reap_run(run_id, fields["replica"]):
-            fields = await self._hash(run_state_key(run_id))
-        return _run_state(fields)
+        fields = await self._run_fields(run_id, tenant)
+        return None if fields is None else _run_state(fields)
 
     async def list_runs(
         self, query: ListQuery, *, tenant: str = DEFAULT_TENANT
     ) -> Listed[RunSummary]:
         """A page of ``tenant``'s runs still kept, newest first, as ``query`` filters them."""
         index = runs_index_key(tenant)
-        listed = await list_records(self.redis, index, run_state_key, query, tenant)
-        runs = [
-            # Only a run still going may need its replica's lease looked at.
-            await self.get_run(fields["id"]) if fields["status"] in ACTIVE else _run_state(fields)
-            for fields in listed.rows
-        ]
-        summaries = [_summary(run) for run in runs if run is not None]
-        return Listed(summaries, listed.total, listed.start, listed.next_cursor)
+        listed = await list_current(
+            self.redis, index, run_state_key, query, tenant, self._run_fields
+        )
+        return listed.map(lambda fields: _summary(_run_state(fields)))
 
     async def mark_running(self, run_id: str) -> bool:
         """queued -> running; False when it was cancelled or reaped before it could start."""
@@ -253,6 +244,10 @@ class RunStore(RecordStore):
                 pipe.exists(run_cancel_key(run_id))
             found = await pipe.execute()
         return {run_id for run_id, hit in zip(run_ids, found, strict=True) if hit}
+
+    async def _run_fields(self, run_id: str, tenant: str | None = None) -> dict[str, str] | None:
+        reap = functools.partial(self._reap_run, run_id)
+        return await self._current(run_state_key(run_id), reap, tenant)
 
     async def _reap_run(self, run_id: str, replica: str) -> bool:
         """Fail an active run whose replica's lease expired; True if this ended it."""

@@ -9,15 +9,15 @@ from __future__ import annotations
 import time
 
 from api.http.state.batches import BatchStore
-from api.http.state.keys import (
-    ACTIVE,
+from api.http.state.runs import RunStore
+from api.http.state.statuses import ACTIVE
+from worker.contract.keys import (
     ACTIVE_BATCHES,
     ACTIVE_RUNS,
     batch_state_key,
     replica_lease_key,
     run_state_key,
 )
-from api.http.state.runs import RunStore
 
 
 class ApiStore(RunStore, BatchStore):
@@ -34,16 +34,15 @@ class ApiStore(RunStore, BatchStore):
     async def reap_orphans(self) -> int:
         """Fail the runs and batches of replicas whose lease expired; returns how many."""
         reaped = 0
-        for run_id in await self._members(ACTIVE_RUNS):
-            fields = await self._hash(run_state_key(run_id))
-            if not fields:
-                await self.redis.srem(ACTIVE_RUNS, run_id)  # expired or deleted by hand
-            elif fields["status"] in ACTIVE:
-                reaped += await self._reap_run(run_id, fields["replica"])
-        for batch_id in await self._members(ACTIVE_BATCHES):
-            fields = await self._hash(batch_state_key(batch_id))
-            if not fields:
-                await self.redis.srem(ACTIVE_BATCHES, batch_id)
-            elif fields["status"] in ACTIVE:
-                reaped += await self._reap_batch(batch_id, fields["replica"])
+        kinds = (
+            (ACTIVE_RUNS, run_state_key, self._reap_run),
+            (ACTIVE_BATCHES, batch_state_key, self._reap_batch),
+        )
+        for active_set, state_key, reap in kinds:
+            for record_id in await self._members(active_set):
+                fields = await self._hash(state_key(record_id))
+                if not fields:
+                    await self.redis.srem(active_set, record_id)  # expired or deleted by hand
+                elif fields["status"] in ACTIVE:
+                    reaped += await reap(record_id, fields["replica"])
         return reaped

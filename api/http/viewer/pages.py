@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from api.batch.summary import as_integer, as_number, as_text
-from api.http.state.keys import ACTIVE
+from api.batch.summary import UNREADABLE, as_text
+from api.http.state.listing import Listed, ListQuery
+from api.http.state.statuses import ACTIVE
 from api.http.viewer import conversation
 from api.http.viewer.charts import rate_chart
 from api.http.viewer.conversation import Text
@@ -25,6 +26,7 @@ from api.http.viewer.table import (
     select,
 )
 from api.http.viewer.viewer import Page, Viewer, not_found
+from worker.contract.batch_record import BatchRecord, CommandRun, Score
 
 #: The item fields the item page shows on their own; the rest of a record is in "more fields".
 SHOWN_FIELDS = {
@@ -49,18 +51,8 @@ SHOWN_FIELDS = {
 
 
 async def batches_page(viewer: Viewer, params: Mapping[str, str]) -> Page:
-    filters, problems = ListFilters.parse(params, BATCH_STATUSES)
-    listed = await viewer.batches.batches(filters.query())
-    return Page(
-        "batches.html",
-        "Batches",
-        {
-            "batches": listed.rows,
-            "pager": pager(listed, filters),
-            "filters": filters,
-            "problems": problems,
-            "choices": {"status": BATCH_STATUSES, "per_page": LIST_PER_PAGE},
-        },
+    return await _list_page(
+        "batches.html", "Batches", params, BATCH_STATUSES, viewer.batches.batches
     )
 
 
@@ -103,35 +95,28 @@ async def item_page(viewer: Viewer, batch_id: str, number: int, params: Mapping[
     record = await viewer.batches.record(batch_id, number - 1) if batch and number > 0 else None
     if batch is None or record is None:
         return not_found(f"item {number} of batch {batch_id!r}")
-    messages = record.get("messages")
-    calls = record.get("tool_calls")
-    view = conversation.from_transcript(
-        messages if isinstance(messages, list) else [], calls if isinstance(calls, list) else []
-    )
-    artifacts = record.get("artifacts")
-    metadata = record.get("metadata")
+    # Every source answers a result line here, or a stand-in with an id that says why not.
+    line = BatchRecord.read(record)
+    view = conversation.from_transcript(line.messages, line.tool_calls)
+    steps = (("Set-up", line.setup), ("Check", line.check))
     return Page(
         "item.html",
-        f"Item {record.get('id')}",
+        f"Item {line.id}",
         {
             "batch": batch,
             "number": number,
-            "item": _item_facts(record),
+            "item": _item_facts(line, record),
             "back": "?" + urlencode(params) if params else "",
             "has_next": number < batch.done,
             "view": view,
             "failed_calls": sum(call.is_error for call in view.tool_calls),
-            "answer": Text.of(record["answer"]) if isinstance(record.get("answer"), str) else None,
-            "score": _score(record["score"]) if isinstance(record.get("score"), dict) else None,
-            "steps": [
-                (title, _step(record[key]))
-                for title, key in (("Set-up", "setup"), ("Check", "check"))
-                if isinstance(record.get(key), dict)
-            ],
-            "artifacts": _artifacts(artifacts) if isinstance(artifacts, dict) else [],
+            "answer": None if line.answer is None else Text.of(line.answer),
+            "score": None if line.score is None else _score(line.score),
+            "steps": [(title, _step(run)) for title, run in steps if run is not None],
+            "artifacts": _artifacts(line.artifacts or {}),
             "metadata": [
                 (str(key), value if isinstance(value, str) else json.dumps(value))
-                for key, value in (metadata.items() if isinstance(metadata, dict) else [])
+                for key, value in (line.metadata or {}).items()
             ],
             "more": {k: Text.of(v) for k, v in record.items() if k not in SHOWN_FIELDS},
         },
@@ -141,19 +126,7 @@ async def item_page(viewer: Viewer, batch_id: str, number: int, params: Mapping[
 async def runs_page(viewer: Viewer, params: Mapping[str, str]) -> Page:
     if viewer.runs is None:
         return not_found("runs: this viewer reads a results file")
-    filters, problems = ListFilters.parse(params, RUN_STATUSES)
-    listed = await viewer.runs.runs(filters.query())
-    return Page(
-        "runs.html",
-        "Runs",
-        {
-            "runs": listed.rows,
-            "pager": pager(listed, filters),
-            "filters": filters,
-            "problems": problems,
-            "choices": {"status": RUN_STATUSES, "per_page": LIST_PER_PAGE},
-        },
-    )
+    return await _list_page("runs.html", "Runs", params, RUN_STATUSES, viewer.runs.runs)
 
 
 async def run_page(viewer: Viewer, run_id: str) -> Page:
@@ -193,43 +166,65 @@ async def fleet_page(viewer: Viewer) -> Page:
     return Page("fleet.html", "Fleet", {"fleet": fleet, "chart": rate_chart(fleet.rates)})
 
 
-def _item_facts(record: Mapping[str, Any]) -> dict[str, Any]:
-    """The scalars of an output record, each None when missing or of another type."""
-    usage = record.get("usage")
-    usage = usage if isinstance(usage, dict) else {}
+async def _list_page(
+    template: str,
+    title: str,
+    params: Mapping[str, str],
+    statuses: Sequence[str],
+    read: Callable[[ListQuery], Awaitable[Listed[Any]]],
+) -> Page:
+    """A page of the runs or the batches, as ``read`` answers the address's filters."""
+    filters, problems = ListFilters.parse(params, statuses)
+    listed = await read(filters.query())
+    return Page(
+        template,
+        title,
+        {
+            "rows": listed.rows,
+            "pager": pager(listed, filters),
+            "filters": filters,
+            "problems": problems,
+            "choices": {"status": statuses, "per_page": LIST_PER_PAGE},
+        },
+    )
+
+
+def _item_facts(line: BatchRecord, record: Mapping[str, Any]) -> dict[str, Any]:
+    """The scalars of an output record; a field it lacks, or has in another shape, is None. The
+    stand-in for a line that is not a result (``results_file``) keeps its status and its text."""
+    usage = line.usage
+    unreadable = record.get("status") == UNREADABLE
     return {
-        "id": str(record.get("id", "")),
-        "status": as_text(record.get("status")) or "unknown",
-        "stop_reason": as_text(record.get("stop_reason")),
-        "model": as_text(record.get("model")),
-        "run_id": as_text(record.get("run_id")),
-        "duration_s": as_number(record.get("duration_s")),
-        "total_tokens": as_integer(usage.get("total_tokens")),
-        "prompt_tokens": as_integer(usage.get("prompt_tokens")),
-        "completion_tokens": as_integer(usage.get("completion_tokens")),
-        "error": as_text(record.get("error")),
+        "id": line.id,
+        "status": UNREADABLE if unreadable else line.status,
+        "stop_reason": line.stop_reason,
+        "model": line.model,
+        "run_id": line.run_id,
+        "duration_s": line.duration_s,
+        "total_tokens": None if usage is None else usage.total_tokens,
+        "prompt_tokens": None if usage is None else usage.prompt_tokens,
+        "completion_tokens": None if usage is None else usage.completion_tokens,
+        "error": line.error,
         "line": as_text(record.get("line")),
     }
 
 
-def _score(score: Mapping[str, Any]) -> dict[str, Any]:
-    passed = score.get("passed")
-    explanation = score.get("explanation")
+def _score(score: Score) -> dict[str, Any]:
     return {
-        "passed": passed if isinstance(passed, bool) else None,
-        "method": as_text(score.get("method")),
-        "explanation": Text.of(explanation) if explanation not in (None, "") else None,
+        "passed": score.passed,
+        "method": score.method,
+        "explanation": Text.of(score.explanation) if score.explanation else None,
     }
 
 
-def _step(step: Mapping[str, Any]) -> dict[str, Any]:
+def _step(run: CommandRun) -> dict[str, Any]:
     """A set-up or check command's result, its streams folded."""
     return {
-        "exit_code": step.get("exit_code") if isinstance(step.get("exit_code"), int) else None,
-        "duration_ms": as_number(step.get("duration_ms")),
-        "timed_out": bool(step.get("timed_out")),
-        "stdout": Text.of(str(step.get("stdout") or "")),
-        "stderr": Text.of(str(step.get("stderr") or "")),
+        "exit_code": run.exit_code,
+        "duration_ms": run.duration_ms,
+        "timed_out": run.timed_out,
+        "stdout": Text.of(run.stdout),
+        "stderr": Text.of(run.stderr),
     }
 
 

@@ -17,9 +17,10 @@ from array import array
 from pathlib import Path
 from typing import Any
 
-from api.batch.summary import ItemSummary
+from api.batch.summary import UNREADABLE, ItemSummary
 from api.http.state.listing import Listed, ListQuery
 from api.http.viewer.sources import BatchView
+from worker.contract.batch_record import BatchRecord, NotABatchRecord
 
 #: Bytes read at a time while indexing.
 CHUNK_BYTES = 1 << 20
@@ -108,6 +109,10 @@ class ResultsFile:
             return _unreadable_record(number, f"not JSON: {exc}", line)
         if not isinstance(record, dict):
             return _unreadable_record(number, "not a JSON object", line)
+        try:
+            BatchRecord.read(record)
+        except NotABatchRecord as exc:
+            return _unreadable_record(number, str(exc), line)
         return record
 
     def _index_from(self, position: int) -> None:
@@ -156,13 +161,13 @@ def _summary(line: bytes, number: int) -> ItemSummary:
         return ItemSummary.unreadable(f"line {number}", f"not JSON: {exc}")
     if not isinstance(record, dict):
         return ItemSummary.unreadable(f"line {number}", "not a JSON object")
-    return ItemSummary.of(record)
+    return ItemSummary.read(record, f"line {number}")
 
 
 def _unreadable_record(number: int, reason: str, line: bytes) -> dict[str, Any]:
     return {
         "id": f"line {number}",
-        "status": "unreadable",
+        "status": UNREADABLE,
         "error": f"line {number} is {reason}",
         "line": line.decode("utf-8", "replace"),
     }

@@ -22,7 +22,7 @@ from fastapi.templating import Jinja2Templates
 from starlette.responses import Response
 
 from api.http.sse import STREAM_HEADERS
-from api.http.state.keys import ACTIVE
+from api.http.state.statuses import ACTIVE
 from api.http.viewer import pages
 from api.http.viewer.viewer import STATIC_DIR, Page, Viewer, render, templates
 

@@ -14,10 +14,10 @@ from api.fleet import Fleet
 from api.http.services import Services, read_queue_depths
 from api.http.sse import run_event_stream
 from api.http.state.batches import ScoredBatch
-from api.http.state.keys import ACTIVE
 from api.http.state.listing import Listed, ListQuery
 from api.http.state.records import EVENTS_MAXLEN
 from api.http.state.runs import RunState, RunSummary
+from api.http.state.statuses import ACTIVE
 from api.http.viewer.sources import BatchView, FleetView, PoolView, RunEvents, WorkerView
 from worker.contract.wire import POOLS
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from api.agents.app import agents_config, create_agents_app
 from api.agents.messages import CONVERSATION_TASK
-from api.fleet import AGENTS_UNACKED_HASH, UNACKED_HASH
 from api.local.stack import worker_argv
 from api.settings import OrchestratorSettings
 from worker.app import celery_config
+from worker.contract.keys import AGENTS_UNACKED_HASH, UNACKED_HASH
 from worker.contract.settings import WorkerSettings
 
 

@@ -15,11 +15,11 @@ from api.agent_options import AgentOptions
 from api.agents.client import ConversationClient, NoAgentsError
 from api.agents.live_run import run_record
 from api.agents.messages import ConversationRequest, ConversationResult
-from api.agents.messages import conversation_keys as k
 from api.agents.store import ConversationStore
 from api.batch.items import BatchItem
 from api.settings import OrchestratorSettings
 from tests.conftest import RedisServer
+from worker.contract.keys import conversation_keys as k
 from worker.contract.keys import keys
 from worker.contract.wire import AGENTS_QUEUE
 

@@ -17,10 +17,10 @@ import redis.asyncio as aioredis
 
 from api.agents.host import ConversationHost
 from api.agents.messages import LEASE_RENEW_S, ConversationRequest, ConversationResult
-from api.agents.messages import conversation_keys as k
 from api.http.state.store import ApiStore
 from api.scripted.server import ScriptedServer
 from tests.conftest import WorkerFleet, orchestrator_settings, scripted_server, wait_for
+from worker.contract.keys import conversation_keys as k
 
 pytestmark = pytest.mark.integration
 

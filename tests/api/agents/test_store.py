@@ -7,8 +7,8 @@ import fakeredis
 import pytest
 
 from api.agents.messages import LEASE_TTL_S, ConversationRequest, ConversationResult
-from api.agents.messages import conversation_keys as k
 from api.agents.store import ConversationStore, attempt_of
+from worker.contract.keys import conversation_keys as k
 
 CID = "b-12345678-q1-abcdef"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from api.batch.attempts import AttemptLog, attempt_run_id, attempts_path
-from api.batch.runner import batch_run_id, batch_tag_for_output
+from api.batch.tag import batch_run_id, batch_tag_for_output
 from worker.contract.wire import RUN_ID_PATTERN
 
 FIRST = "b-12345678-q1-abcdef"

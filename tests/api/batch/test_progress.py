@@ -25,9 +25,9 @@ def stats_over(seconds: float, total: int, *durations: float, failed: int = 0) -
     """A finished clock of ``seconds``, one ok conversation per duration, ``failed`` errors."""
     stats = BatchStats(total=total, started=1000.0, finished=1000.0 + seconds)
     for duration in durations:
-        stats.add({"status": "ok", "duration_s": duration})
+        stats.add({"id": "q", "status": "ok", "duration_s": duration})
     for _ in range(failed):
-        stats.add({"status": "error", "duration_s": 1.0})
+        stats.add({"id": "q", "status": "error", "duration_s": 1.0})
     return stats
 
 
@@ -40,11 +40,10 @@ def console() -> Console:
 
 def test_records_are_counted_by_status_with_their_tool_calls_and_times() -> None:
     stats = BatchStats(total=4)
-    stats.add(
-        {"status": "ok", "duration_s": 1.5, "tool_calls": [{"is_error": False}, {"is_error": True}]}
-    )
-    stats.add({"status": "error", "duration_s": None, "tool_calls": None})
-    stats.add({"status": "ok", "duration_s": 3})
+    calls = [{"is_error": False}, {"is_error": True}]
+    stats.add({"id": "a", "status": "ok", "duration_s": 1.5, "tool_calls": calls})
+    stats.add({"id": "b", "status": "error", "duration_s": None, "tool_calls": None})
+    stats.add({"id": "c", "status": "ok", "duration_s": 3})
     assert (stats.ok, stats.failed, stats.done) == (2, 1, 3)
     assert (stats.tool_calls, stats.tool_errors) == (2, 1)
     assert stats.durations == [1.5, 0.0, 3.0]
@@ -144,7 +143,9 @@ async def test_the_bar_shows_the_counts_when_it_stops() -> None:
 
 def test_a_finished_batch_is_summed_up_with_what_was_done_before() -> None:
     stats = stats_over(125.0, 4, 1.0, 3.0, failed=1)
-    stats.add({"status": "ok", "duration_s": 2.0, "tool_calls": [{}, {"is_error": True}]})
+    stats.add(
+        {"id": "a", "status": "ok", "duration_s": 2.0, "tool_calls": [{}, {"is_error": True}]}
+    )
     outcome = BatchOutcome(output="out.jsonl", bad_lines=1, already_done=4, already_failed=2)
     assert summary_lines(stats, outcome) == [
         "Finished: 3 ok, 1 error, 1 bad lines skipped, 4 already done "
@@ -184,7 +185,12 @@ def test_a_batch_stopped_by_an_error_says_so_and_how_to_resume() -> None:
 
 
 def scored(passed: bool) -> dict[str, object]:
-    return {"status": "ok", "duration_s": 1.0, "score": {"passed": passed, "method": "check"}}
+    return {
+        "id": "q",
+        "status": "ok",
+        "duration_s": 1.0,
+        "score": {"passed": passed, "method": "check"},
+    }
 
 
 def test_scored_items_show_passed_of_scored_as_they_come() -> None:

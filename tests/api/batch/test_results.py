@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from api.batch.results import OutputBusyError, ResultLog, outcome_of, read_latest
+from api.batch.results import OutputBusyError, ResultLog, read_latest
 from tests.api.batch.conftest import record, write_lines
 
 
@@ -73,7 +73,7 @@ def test_an_id_run_again_is_known_by_its_last_line(tmp_path: Path) -> None:
             "[1, 2]",
         ],
     )
-    latest = read_latest(out, lambda r: r["status"])
+    latest = read_latest(out, lambda r: r.status)
     assert latest.records == {"a": "ok", "b": "ok", "c": "ok"}
     assert latest.unreadable == [5]
     with ResultLog.open(out) as results:
@@ -82,9 +82,3 @@ def test_an_id_run_again_is_known_by_its_last_line(tmp_path: Path) -> None:
         results.append(record("b", "error"))  # run again; its score is gone with its old line
         assert results.passed == {"a": True}
         assert results.done["b"] == "error"
-
-
-def test_a_record_outcome_is_its_status_and_whether_it_passed() -> None:
-    assert outcome_of({"status": "ok", "score": {"passed": True}}) == ("ok", True)
-    assert outcome_of({"status": "ok", "score": None}) == ("ok", None)
-    assert outcome_of({}) == ("error", None)

@@ -17,13 +17,15 @@ import pytest
 
 from api.batch.items import BatchItem, scan_input
 from api.batch.results import ResultLog
-from api.batch.runner import batch_run_id, batch_tag_for_output, run_item, run_items
+from api.batch.runner import run_item, run_items
+from api.batch.tag import batch_run_id, batch_tag_for_output
 from api.dispatch import Dispatcher
 from api.fleet import Fleet
 from api.llm import ChatModel, ModelError, ModelToolCall, ModelTurn, RetryPolicy, Usage
 from api.logs import current_context
 from api.settings import OrchestratorSettings
 from tests.api.batch.conftest import record, write_lines
+from worker.contract.batch_record import BatchRecord
 from worker.contract.wire import RUN_ID_PATTERN, ToolCallResult, ToolSpec, WorkerInfo
 
 # --- Run ids -------------------------------------------------------------------------------------
@@ -51,29 +53,8 @@ def test_the_batch_tag_follows_the_file_not_the_spelling(
 # --- One conversation ----------------------------------------------------------------------------
 
 
-RECORD_KEYS = {
-    "id",
-    "status",
-    "answer",
-    "error",
-    "stop_reason",
-    "run_id",
-    "model",
-    "duration_s",
-    "attempts",
-    "earlier_run_ids",
-    "orchestrator",
-    "usage",
-    "image",
-    "score",
-    "setup",
-    "check",
-    "artifacts",
-    "artifacts_matched",
-    "metadata",
-    "tool_calls",
-    "messages",
-}
+#: A complete record: every field of a result line, none besides.
+RECORD_KEYS = set(BatchRecord.model_fields)
 
 
 class FakeModel(ChatModel):

@@ -34,7 +34,7 @@ def test_a_record_is_summarised_by_its_outcome_cost_and_answer() -> None:
 def test_fields_missing_or_of_another_shape_are_left_out() -> None:
     odd = {"id": 7, "status": None, "usage": "lots", "tool_calls": "none", "duration_s": True}
     summary = ItemSummary.of({**odd, "score": {"passed": "yes"}, "answer": ["a"]})
-    assert summary == ItemSummary(id="7", status="unknown")
+    assert summary == ItemSummary(id="7", status="error")
 
 
 def test_search_looks_in_the_id_answer_and_error_whatever_their_case() -> None:

@@ -2,28 +2,32 @@
 
 Redis is fakeredis; runs execute either nowhere (a stub executor, to look at the HTTP surface)
 or on the real executor against a scripted model and a fleet view whose tools are never called.
+Some modules use a real Redis instead, or a real `toolq serve` on real workers and a scripted
+model.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager, contextmanager
-from pathlib import Path
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager
 from typing import Any
 
 import fakeredis
 import httpx
 import pytest
+import redis.asyncio as aioredis
 from fastapi import FastAPI
 
 from api.agent import AgentOptions
 from api.batch.items import BatchItem
 from api.fleet import Fleet
 from api.http.app import create_app
-from api.scripted.script import Script
+from api.http.runner import BatchSubmission
 from api.scripted.server import ScriptedServer
 from api.settings import OrchestratorSettings
+from tests.api.http.serving import Replica, serve_environment
+from tests.conftest import RedisServer, WorkerFleet, scripted_server
 from worker.contract.wire import Pool, ToolSpec, WorkerInfo
 
 TOKEN = "correct-horse-battery-staple"
@@ -84,17 +88,9 @@ class StubExecutor:
     def submit_run(self, run_id: str, prompt: str, options: AgentOptions) -> None:
         self.runs.append((run_id, prompt, options))
 
-    def submit_batch(
-        self,
-        batch_id: str,
-        items: Sequence[BatchItem],
-        concurrency: int,
-        default_model: str | None = None,
-        *,
-        workspace_of: Callable[[str], str] | None = None,
-    ) -> None:
-        self.batches.append((batch_id, list(items), concurrency))
-        self.batch_workspaces[batch_id] = workspace_of
+    def submit_batch(self, batch: BatchSubmission) -> None:
+        self.batches.append((batch.batch_id, list(batch.items), batch.concurrency))
+        self.batch_workspaces[batch.batch_id] = batch.workspace_of
 
 
 @asynccontextmanager
@@ -133,16 +129,35 @@ async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
         yield api
 
 
-@contextmanager
-def scripted_model(
-    scripts: Mapping[str, list[dict[str, Any]]], where: Path
+@asynccontextmanager
+async def emptied_database(server: RedisServer, database: int) -> AsyncIterator[aioredis.Redis]:
+    """A client of ``database`` on ``server``, emptied first: one a module keeps to itself."""
+    client = aioredis.Redis.from_url(f"redis://127.0.0.1:{server.port}/{database}")
+    await client.flushdb()
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture(scope="module")
+def model(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ScriptedServer]:
-    """A model server that answers ``scripted:<name>`` from ``scripts`` (written to ``where``)
-    and any other model with "default"."""
-    for name, steps in scripts.items():
-        (where / f"{name}.json").write_text(json.dumps({"steps": steps}))
-    with ScriptedServer(Script.from_steps([{"content": "default"}]), scripts_dir=where) as server:
+    """The module's scripted model: ``scripted:<name>`` answers with the module's
+    ``SCRIPTS[name]``, any other model "default"."""
+    scripts: Mapping[str, list[dict[str, Any]]] = getattr(request.module, "SCRIPTS", {})
+    with scripted_server(tmp_path_factory.mktemp("scripts"), scripts) as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def server(
+    fleet: WorkerFleet, model: ScriptedServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Replica]:
+    """A `toolq serve` of the module's own on the session's fleet and the module's model,
+    behind TOKEN."""
+    env = serve_environment(fleet, model, TOKEN)
+    with Replica(env, tmp_path_factory.mktemp("serve"), "serve", TOKEN).running() as replica:
+        yield replica
 
 
 def sse_events(text: str) -> list[dict[str, Any]]:

@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,15 @@ class Replica:
     def start(self) -> Replica:
         self.launch()
         return self.ready()
+
+    @contextmanager
+    def running(self) -> Iterator[Replica]:
+        """Started; stopped, its client closed, however the block ends."""
+        try:
+            yield self.start()
+        finally:
+            self.stop()
+            self.client.close()
 
     def launch(self) -> None:
         with self.log_path.open("ab") as log:

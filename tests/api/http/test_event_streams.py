@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import json
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +27,12 @@ from api.http.app import create_app
 from api.llm import ChatModel, RetryPolicy
 from api.local.stack import free_port
 from api.scripted.server import ScriptedServer
-from tests.api.http.conftest import scripted_model
-from tests.api.http.serving import Replica, serve_environment
+from tests.api.http.conftest import TOKEN
+from tests.api.http.serving import Replica
 from tests.conftest import WorkerFleet, orchestrator_settings, wait_for
 
 pytestmark = pytest.mark.integration
 
-TOKEN = "event-streams-token"
 #: Seconds the model thinks between its turns in the test that 200 clients follow.
 LONG_PAUSE_S = 30
 #: A pause well past redis-py's socket timeout (5 s) and the keep-alive interval (5 s).
@@ -57,24 +56,6 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
 
 #: What a stream gave: its events, and its comments as their text.
 Frame = dict[str, Any] | str
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScriptedServer]:
-    with scripted_model(SCRIPTS, tmp_path_factory.mktemp("stream-scripts")) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def replica(
-    fleet: WorkerFleet, model: ScriptedServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Replica]:
-    env = serve_environment(fleet, model, TOKEN)
-    server = Replica(env, tmp_path_factory.mktemp("stream-logs"), "streams", TOKEN)
-    try:
-        yield server.start()
-    finally:
-        server.stop()
 
 
 class Milestone:
@@ -165,12 +146,12 @@ def open_client(base_url: str, headers: dict[str, str] | None = None) -> httpx.A
 
 @pytest.mark.timeout(300)
 async def test_two_hundred_followers_see_keep_alives_while_the_model_thinks_and_then_done(
-    replica: Replica, tmp_path: Path
+    server: Replica, tmp_path: Path
 ) -> None:
     gate = tmp_path / "gate"
-    run_id = replica.create_run("ponder", str(gate))
+    run_id = server.create_run("ponder", str(gate))
     in_before_the_pause = Milestone(200)
-    async with open_client(replica.url, {"Authorization": f"Bearer {TOKEN}"}) as client:
+    async with open_client(server.url, {"Authorization": f"Bearer {TOKEN}"}) as client:
         followers = [
             asyncio.create_task(
                 follow(
@@ -203,11 +184,11 @@ async def test_two_hundred_followers_see_keep_alives_while_the_model_thinks_and_
 
 @pytest.mark.timeout(300)
 async def test_a_thousand_followers_leave_new_streams_and_health_working(
-    replica: Replica,
+    server: Replica,
 ) -> None:
-    run_id = replica.create_run("stuck")
+    run_id = server.create_run("stuck")
     waiting = Milestone(1000)
-    async with open_client(replica.url, {"Authorization": f"Bearer {TOKEN}"}) as client:
+    async with open_client(server.url, {"Authorization": f"Bearer {TOKEN}"}) as client:
         followers = [
             asyncio.create_task(follow(client, f"/v1/runs/{run_id}/events", is_keep_alive, waiting))
             for _ in range(1000)
@@ -218,7 +199,7 @@ async def test_a_thousand_followers_leave_new_streams_and_health_working(
         health = await client.get("/healthz")
         assert health.status_code == 200, health.text
         assert health.json()["redis"] is True
-        another = replica.create_run("answer")
+        another = server.create_run("answer")
         newcomer = await follow(
             client, f"/v1/runs/{another}/events", has_type("done"), Milestone(1)
         )

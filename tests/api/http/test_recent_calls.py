@@ -6,14 +6,7 @@ import pytest
 
 from api.http.recent_calls import RecentCalls, quantile
 from api.http.viewer.charts import rate_chart
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.conftest import Clock
 
 
 def test_calls_are_counted_per_bucket_and_old_ones_leave_the_window() -> None:

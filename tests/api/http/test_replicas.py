@@ -13,13 +13,12 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.agents.messages import ConversationResult
-from api.agents.messages import conversation_keys as k
 from api.fleet import FLEET_TTL_S
 from api.http.runner import SHUTDOWN_ERROR
 from api.scripted.server import ScriptedServer
-from tests.api.http.conftest import scripted_model
 from tests.api.http.serving import Replica, serve_environment
 from tests.conftest import AgentsWorker, WorkerFleet, wait_for
+from worker.contract.keys import conversation_keys as k
 
 pytestmark = pytest.mark.integration
 
@@ -38,12 +37,6 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
     "answer": [{"content": "A plain answer, with no tools at all."}],
     "stall": [{"content": "too late", "fault": {"kind": "stall", "seconds": 60}}],
 }
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScriptedServer]:
-    with scripted_model(SCRIPTS, tmp_path_factory.mktemp("api-scripts")) as server:
-        yield server
 
 
 @pytest.fixture(scope="module")
@@ -151,16 +144,24 @@ def test_a_batch_reports_progress_and_every_result(replicas: tuple[Replica, Repl
     assert len(page["results"]) == 1
 
 
+@pytest.fixture
+def agents(
+    fleet: WorkerFleet, model: ScriptedServer, agents_workers: Callable[..., AgentsWorker]
+) -> Iterator[AgentsWorker]:
+    """An agents worker asking the module's model, one the replicas see: a replica reuses its
+    view of the fleet FLEET_TTL_S, past it the next item sees the worker. After the test it is
+    stopped as long, so that the next tests' runs run in the replicas again."""
+    worker = agents_workers(fleet.settings, model.base_url)
+    time.sleep(FLEET_TTL_S + 0.2)
+    yield worker
+    worker.stop()
+    time.sleep(FLEET_TTL_S + 0.2)
+
+
 def test_a_batch_goes_to_the_agents_pool_while_an_agents_worker_is_live(
-    replicas: tuple[Replica, Replica],
-    fleet: WorkerFleet,
-    model: ScriptedServer,
-    agents_workers: Callable[..., AgentsWorker],
+    replicas: tuple[Replica, Replica], agents: AgentsWorker
 ) -> None:
     a, _ = replicas
-    agents = agents_workers(fleet.settings, model.base_url)
-    # A replica reuses its view of the fleet this long: past it, the next item sees the worker.
-    time.sleep(FLEET_TTL_S + 0.2)
     items = [{"id": f"n{n}", "prompt": f"note {uuid.uuid4().hex}"} for n in range(4)]
     response = a.client.post(
         "/v1/batches", json={"items": items, "concurrency": 4, "model": "scripted:notes"}
@@ -182,14 +183,9 @@ def test_a_batch_goes_to_the_agents_pool_while_an_agents_worker_is_live(
 
 
 def test_a_run_goes_to_the_agents_pool_and_stops_there_when_cancelled(
-    replicas: tuple[Replica, Replica],
-    fleet: WorkerFleet,
-    model: ScriptedServer,
-    agents_workers: Callable[..., AgentsWorker],
+    replicas: tuple[Replica, Replica], fleet: WorkerFleet, agents: AgentsWorker
 ) -> None:
     a, b = replicas
-    agents = agents_workers(fleet.settings, model.base_url)
-    time.sleep(FLEET_TTL_S + 0.2)  # past the replica's view of the fleet without the worker
     prompt = f"remember {uuid.uuid4().hex}"
     run_id = a.create_run("notes", prompt)
 
@@ -223,8 +219,6 @@ def test_a_run_goes_to_the_agents_pool_and_stops_there_when_cancelled(
     assert stored.record["status"] == "cancelled"
     assert a.run(stalled)["status"] == "cancelled"
     client.close()
-    agents.stop()
-    time.sleep(FLEET_TTL_S + 0.2)  # the next tests' runs run in the replicas again
 
 
 def test_tools_lists_the_fleet_with_its_live_workers(replicas: tuple[Replica, Replica]) -> None:

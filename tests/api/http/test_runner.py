@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import fakeredis
@@ -30,7 +30,6 @@ from tests.api.http.conftest import (
     StubExecutor,
     api_settings,
     fake_redis,
-    scripted_model,
     serving,
     sse_events,
 )
@@ -68,12 +67,6 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
 }
 
 
-@pytest.fixture(scope="module")
-def model_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScriptedServer]:
-    with scripted_model(SCRIPTS, tmp_path_factory.mktemp("scripts")) as server:
-        yield server
-
-
 def real_executor(server: ScriptedServer, settings: OrchestratorSettings) -> RunExecutorFactory:
     def make(store: ApiStore, metrics: ApiMetrics, replica: str) -> RunExecutor:
         client = AsyncOpenAI(base_url=server.base_url, api_key="test", max_retries=0, timeout=90)
@@ -92,12 +85,12 @@ def real_executor(server: ScriptedServer, settings: OrchestratorSettings) -> Run
 
 
 @pytest.fixture
-def live_app(model_server: ScriptedServer, fake_server: fakeredis.FakeServer) -> FastAPI:
+def live_app(model: ScriptedServer, fake_server: fakeredis.FakeServer) -> FastAPI:
     settings = api_settings()
     return create_app(
         settings,
         redis=fake_redis(fake_server),
-        executor=real_executor(model_server, settings),
+        executor=real_executor(model, settings),
         queue_depths=lambda _: {"tools": 0, "sandbox": 0},
     )
 
@@ -190,11 +183,11 @@ async def test_a_running_run_is_cancelled_on_request(live_app: FastAPI) -> None:
 
 
 async def test_shutting_down_fails_the_runs_in_flight_and_keeps_finished_ones(
-    model_server: ScriptedServer, fake_server: fakeredis.FakeServer
+    model: ScriptedServer, fake_server: fakeredis.FakeServer
 ) -> None:
     settings = api_settings()
     first = create_app(
-        settings, redis=fake_redis(fake_server), executor=real_executor(model_server, settings)
+        settings, redis=fake_redis(fake_server), executor=real_executor(model, settings)
     )
     async with serving(first) as api:
         done = (await api.post("/v1/runs", json=ask("answer"))).json()["id"]

@@ -4,7 +4,8 @@ finds nothing against a real `toolq serve` on real workers.
 Bounded: a fixed number of examples per operation and a fixed seed, so a failure can be replayed
 (the output says how) and the run stays well under a minute. Schemathesis' warnings (say, an
 operation that only ever answered 404) are not failures of the contract; its failures and
-errors are.
+errors are. The model has no scripts: it answers every model at once, so runs and batches end
+quickly, and streams of their events do.
 """
 
 from __future__ import annotations
@@ -12,40 +13,18 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from api.scripted.server import ScriptedServer
-from tests.api.http.conftest import scripted_model
-from tests.api.http.serving import Replica, serve_environment
-from tests.conftest import WorkerFleet
+from tests.api.http.conftest import TOKEN
+from tests.api.http.serving import Replica
 
 pytestmark = pytest.mark.integration
 
-TOKEN = "contract-token"
 SCHEMATHESIS = str(Path(sys.executable).parent / "schemathesis")
 EXAMPLES_PER_OPERATION = 25
 SEED = 17
-
-
-@pytest.fixture(scope="module")
-def server(fleet: WorkerFleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replica]:
-    # Every model answers at once: runs and batches end quickly, so streams of their events do.
-    model: ScriptedServer
-    with scripted_model({}, tmp_path_factory.mktemp("contract-scripts")) as model:
-        replica = Replica(
-            serve_environment(fleet, model, TOKEN),
-            tmp_path_factory.mktemp("contract"),
-            "serve",
-            TOKEN,
-        )
-        try:
-            yield replica.start()
-        finally:
-            replica.stop()
-            replica.client.close()
 
 
 @pytest.mark.timeout(300)

@@ -23,15 +23,21 @@ from pydantic import SecretStr
 
 from api.http.app import create_app
 from api.http.server import serve
-from api.http.state.keys import run_state_key
 from api.http.state.store import ApiStore
 from api.http.tenants import RUN_ID_CHARS, Tenants
 from api.http.viewer.tickets import StreamTickets
 from api.local.stack import free_port
 from api.scripted.server import ScriptedServer
-from tests.api.http.conftest import TOKEN, StubExecutor, api_settings, scripted_model, serving
+from tests.api.http.conftest import (
+    TOKEN,
+    StubExecutor,
+    api_settings,
+    emptied_database,
+    serving,
+)
 from tests.api.http.serving import Replica, serve_environment
 from tests.conftest import RedisServer, WorkerFleet
+from worker.contract.keys import run_state_key
 from worker.contract.wire import RUN_ID_PATTERN
 
 ALICE = "alice-0123456789abcdef"
@@ -64,10 +70,8 @@ class Callers:
 
 @pytest.fixture
 async def state(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(f"redis://127.0.0.1:{redis_server.port}/{DATABASE}")
-    await client.flushdb()
-    yield client
-    await client.aclose()
+    async with emptied_database(redis_server, DATABASE) as client:
+        yield client
 
 
 @pytest.fixture
@@ -336,22 +340,16 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
 
 @pytest.fixture(scope="module")
 def served(
-    fleet: WorkerFleet, tmp_path_factory: pytest.TempPathFactory
+    fleet: WorkerFleet, model: ScriptedServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Replica, httpx.Client]]:
     """`toolq serve` with a tokens file: Alice's client, and Bob's."""
-    model: ScriptedServer
-    with scripted_model(SCRIPTS, tmp_path_factory.mktemp("tenant-scripts")) as model:
-        env = serve_environment(fleet, model, ALICE)
-        del env["TOOLQ_API_TOKEN"]
-        env["TOOLQ_API_TOKENS_FILE"] = str(tokens_file(tmp_path_factory.mktemp("tenants")))
-        replica = Replica(env, tmp_path_factory.mktemp("tenant-logs"), "serve", ALICE)
-        bob = httpx.Client(base_url=replica.url, headers=bearer(BOB), timeout=30)
-        try:
-            yield replica.start(), bob
-        finally:
-            replica.stop()
-            replica.client.close()
-            bob.close()
+    env = serve_environment(fleet, model, ALICE)
+    del env["TOOLQ_API_TOKEN"]
+    env["TOOLQ_API_TOKENS_FILE"] = str(tokens_file(tmp_path_factory.mktemp("tenants")))
+    replica = Replica(env, tmp_path_factory.mktemp("tenant-logs"), "serve", ALICE)
+    bob = httpx.Client(base_url=replica.url, headers=bearer(BOB), timeout=30)
+    with replica.running(), bob:
+        yield replica, bob
 
 
 def run_to_end(client: httpx.Client, script: str, prompt: str) -> dict[str, Any]:

@@ -44,15 +44,28 @@ async def redis() -> fakeredis.aioredis.FakeRedis:
     return fakeredis.aioredis.FakeRedis()
 
 
-async def test_a_pinned_runs_sandbox_calls_go_to_its_workers_queue(
-    redis: fakeredis.aioredis.FakeRedis,
-) -> None:
-    await redis.set(keys.worker_heartbeat("sandbox", WORKER), "{}")
+@pytest.fixture
+def pins() -> RunPins:
+    """Run ``run-1`` pinned to the container WORKER holds."""
     pins = RunPins()
     pins.pin(pin())
+    return pins
+
+
+async def placed_while_live(
+    pins: RunPins, redis: fakeredis.aioredis.FakeRedis
+) -> tuple[ToolCallRequest, str]:
+    """A sandbox call of ``run-1`` placed while WORKER is live: what is sent, and where."""
+    await redis.set(keys.worker_heartbeat("sandbox", WORKER), "{}")
     placed = await pins.place(request(), "sandbox", redis)
     assert not isinstance(placed, ToolCallResult)
-    sent, queue = placed
+    return placed
+
+
+async def test_a_pinned_runs_sandbox_calls_go_to_its_workers_queue(
+    pins: RunPins, redis: fakeredis.aioredis.FakeRedis
+) -> None:
+    sent, queue = await placed_while_live(pins, redis)
     assert queue == "sandbox.sandbox-1a2b3c@host" and sent.environment == "toolq-abc"
     assert pool_of_queue(queue) == "sandbox"
     # Its tools pool calls, and other runs' calls, go as they are.
@@ -63,10 +76,8 @@ async def test_a_pinned_runs_sandbox_calls_go_to_its_workers_queue(
 
 
 async def test_a_gone_worker_is_environment_lost_at_once(
-    redis: fakeredis.aioredis.FakeRedis,
+    pins: RunPins, redis: fakeredis.aioredis.FakeRedis
 ) -> None:
-    pins = RunPins()
-    pins.pin(pin())
     sent: list[str] = []
 
     async def send(req: ToolCallRequest, queue: str) -> ToolCallResult:
@@ -103,14 +114,10 @@ async def test_a_run_that_allows_it_is_sent_to_its_container_started_again(
 
 
 async def test_a_call_no_worker_took_says_environment_lost(
-    redis: fakeredis.aioredis.FakeRedis,
+    pins: RunPins, redis: fakeredis.aioredis.FakeRedis
 ) -> None:
-    await redis.set(keys.worker_heartbeat("sandbox", WORKER), "{}")
-    pins = RunPins()
-    pins.pin(pin())
-    placed = await pins.place(request(), "sandbox", redis)
-    assert not isinstance(placed, ToolCallResult)
-    unanswered = ToolCallResult.failure(placed[0], "no_answer", "Error: no worker took it")
-    settled = pins.settle(placed[0], unanswered)
+    sent, _ = await placed_while_live(pins, redis)
+    unanswered = ToolCallResult.failure(sent, "no_answer", "Error: no worker took it")
+    settled = pins.settle(sent, unanswered)
     assert settled.error_kind == "environment_lost"
     assert "its worker stopped" in settled.output

@@ -1,18 +1,35 @@
 """What the Inspect sandbox tests share: a fleet of their own, named by TOOLQ_* variables as an
-Inspect user names theirs."""
+Inspect user names theirs, and the task and sandbox Inspect's own conformance checks take."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
+from inspect_ai.util import SandboxEnvironment
 
+from api.inspect_sandbox import ToolqSandboxEnvironment
 from tests.conftest import RedisServer, WorkerFleet, fleet_settings
 from worker.contract.settings import FleetSettings
+
+_WORKER_RIGHTS = (
+    "files go in and out through the tools pool with the worker's rights, as Docker's do with a "
+    "root default user: mode bits a command sets for the sandbox user do not bind them"
+)
+#: Inspect's conformance checks the toolq sandbox does not meet by design, each with why.
+KNOWN_FAILURES = {
+    "test_exec_as_user": "commands run as the fleet's sandbox user only: user= is refused",
+    "test_read_file_not_allowed": _WORKER_RIGHTS,
+    "test_write_text_file_without_permissions": _WORKER_RIGHTS,
+    "test_write_binary_file_without_permissions": _WORKER_RIGHTS,
+}
+#: An Inspect task: its name, and the image its samples run in (None: none).
+Task = tuple[str, str | None]
 
 
 def fleet_variables(fleet: WorkerFleet) -> dict[str, str]:
@@ -96,3 +113,27 @@ def image_env(image_fleet: tuple[WorkerFleet, str]) -> Iterator[tuple[WorkerFlee
         for name, value in fleet_variables(image_fleet[0]).items():
             patch.setenv(name, value)
         yield image_fleet
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def toolq_task(conformance_task: Task) -> AsyncIterator[Task]:
+    """The module's ``conformance_task``, begun before its tests and cleaned up after them."""
+    name, image = conformance_task
+    await ToolqSandboxEnvironment.task_init(name, image)
+    yield conformance_task
+    await ToolqSandboxEnvironment.task_cleanup(name, image, True)
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def sandbox_env(
+    toolq_task: Task, request: pytest.FixtureRequest
+) -> AsyncIterator[SandboxEnvironment]:
+    """A sample's sandbox in the module's task, for Inspect's conformance checks: those in
+    KNOWN_FAILURES are expected to fail."""
+    reason = KNOWN_FAILURES.get(request.node.originalname)
+    if reason is not None:
+        request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
+    name, image = toolq_task
+    environments = await ToolqSandboxEnvironment.sample_init(name, image, {})
+    yield environments["default"]
+    await ToolqSandboxEnvironment.sample_cleanup(name, image, environments, False)

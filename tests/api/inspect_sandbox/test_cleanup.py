@@ -13,7 +13,7 @@ import pytest
 from api.inspect_sandbox.environment import ToolqSandboxEnvironment
 from tests.api.inspect_sandbox.conftest import fleet_variables
 from tests.api.inspect_sandbox.evals import INSPECT_WARNINGS
-from tests.conftest import WorkerFleet, wait_for
+from tests.conftest import WorkerFleet, wait_for_file
 from tests.e2e.commands import clean_env, run_command
 
 pytestmark = [pytest.mark.integration, INSPECT_WARNINGS]
@@ -64,13 +64,7 @@ async def test_cleanup_removes_what_a_killed_eval_left_and_nothing_a_running_one
             stderr=subprocess.STDOUT,
         )
     try:
-
-        def sample_ran_its_command() -> bool:
-            if killed.poll() is not None:
-                raise AssertionError(f"the eval ended before it was killed:\n{log.read_text()}")
-            return ready.exists()
-
-        wait_for(sample_ran_its_command, timeout=120, what="the eval's sample to run a command")
+        wait_for_file(ready, killed, log, "the eval's sample to run a command")
     finally:
         killed.kill()
         killed.wait()

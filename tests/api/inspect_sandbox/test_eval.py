@@ -22,6 +22,7 @@ from tests.api.inspect_sandbox.evals import (
     workers_that_ran,
 )
 from tests.conftest import WorkerFleet
+from tests.reliability.conftest import alive
 from worker.contract.uid_range import UidRange
 
 pytestmark = [pytest.mark.integration, INSPECT_WARNINGS]
@@ -121,15 +122,6 @@ def test_output_past_inspects_limit_is_an_output_limit_and_the_worker_goes_on(
     flooded_on = {int(worker.rsplit(":", 1)[1]) for worker in workers_that_ran(flood)}
     assert flooded_on and flooded_on <= evaluated.sandbox_pids
     assert all(alive(pid) for pid in flooded_on), flooded_on
-
-
-def alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
 
 
 def test_a_missing_file_is_file_not_found(evaluated: Evaluated) -> None:

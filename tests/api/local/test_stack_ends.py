@@ -17,7 +17,7 @@ import pytest
 from api.local.leftovers import FOLDER_PREFIX, RECORD, StackRecord
 from api.local.processes import is_running, kill_all, stamp, this_machine
 from api.local.stack import LocalStack, free_port, redis_server_argv
-from tests.conftest import fleet_settings, wait_for
+from tests.conftest import fleet_settings, wait_for, wait_for_file
 from tests.e2e.commands import clean_env
 
 pytestmark = pytest.mark.integration
@@ -62,13 +62,7 @@ def test_a_stack_whose_process_is_killed_leaves_nothing_running(tmp_path: Path) 
         )
     stamps = []
     try:
-
-        def stack_is_up() -> bool:
-            if owner.poll() is not None:
-                raise AssertionError(f"the stack's process exited:\n{log.read_text()}")
-            return ready.exists()
-
-        wait_for(stack_is_up, timeout=120, what="the local stack to start")
+        wait_for_file(ready, owner, log, "the local stack to start")
         pids = json.loads(ready.read_text())
         stamps = [stamp(pid) for pid in pids]
         # Redis and both workers (with their pool processes), running after the thread that

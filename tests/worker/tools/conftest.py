@@ -121,3 +121,12 @@ def make_registry(
 @pytest.fixture
 def registry(workspace: Workspace) -> ToolRegistry:
     return make_registry(workspace)
+
+
+async def assert_arguments_refused(
+    registry: ToolRegistry, tool: str, args: dict[str, object] | str, message: str
+) -> None:
+    """``tool`` refuses ``args`` as invalid arguments, saying ``message`` of them."""
+    answer = await registry.execute(tool, args)
+    assert answer.startswith(f"Error: invalid arguments for {tool}:"), answer
+    assert message in answer, answer

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.traversal import NUL_PATH_CALLS
-from tests.worker.tools.conftest import SECRET, Layout
+from tests.traversal import NUL_PATH_CALLS, calls_naming
+from tests.worker.conftest import assert_cut_short
+from tests.worker.tools.conftest import SECRET, Layout, assert_arguments_refused
 from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES
 from worker.tools.filesystem import (
     ListDirTool,
@@ -217,14 +218,7 @@ async def test_a_device_inside_the_workspace_is_refused(
 async def test_three_hundred_character_names_get_a_clear_message(
     registry: ToolRegistry,
 ) -> None:
-    name = "n" * 300
-    for tool, args in (
-        ("write_file", {"path": name, "content": "x"}),
-        ("read_file", {"path": name}),
-        ("mkdir", {"path": f"{name}/sub"}),
-        ("list_dir", {"path": name}),
-        ("move", {"source": name, "destination": "x"}),
-    ):
+    for tool, args in calls_naming("n" * 300):
         answer = await registry.execute(tool, args)
         assert answer.startswith(f"Error executing {tool}:"), answer
         assert "is too long (at most 255 bytes per name" in answer, answer
@@ -260,9 +254,7 @@ async def test_unicode_look_alike_dots_are_plain_names(
 async def test_wrong_arguments_are_named(
     registry: ToolRegistry, tool: str, args: dict[str, object] | str, message: str
 ) -> None:
-    answer = await registry.execute(tool, args)
-    assert answer.startswith(f"Error: invalid arguments for {tool}:"), answer
-    assert message in answer
+    await assert_arguments_refused(registry, tool, args, message)
 
 
 async def test_nul_bytes_in_paths_are_refused_by_every_tool(registry: ToolRegistry) -> None:
@@ -314,9 +306,7 @@ async def test_a_huge_directory_listing_is_capped(
     answer = await registry.execute("list_dir", {})
     assert fits_the_cap(answer)
     assert answer.startswith(". (300 entries):\n")
-    shown_count = answer.count(".txt (0 bytes)")
-    assert 0 < shown_count < 300
-    assert f"[{300 - shown_count:,} more entries not shown" in answer
+    assert_cut_short(answer, ".txt (0 bytes)", 300, "entries")
 
 
 # -- mkdir -------------------------------------------------------------------------------------

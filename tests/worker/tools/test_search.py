@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.worker.tools.conftest import MARKER, SECRET, Layout
+from tests.worker.conftest import assert_cut_short
+from tests.worker.tools.conftest import MARKER, SECRET, Layout, assert_arguments_refused
 from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES
 from worker.tools.registry import ToolRegistry
 from worker.tools.search import SearchFilesTool, SearchTextTool
@@ -105,9 +106,7 @@ async def test_search_text_errors(
 async def test_search_text_argument_errors(
     registry: ToolRegistry, args: dict[str, object], message: str
 ) -> None:
-    answer = await registry.execute("search_text", args)
-    assert answer.startswith("Error: invalid arguments for search_text:"), answer
-    assert message in answer
+    await assert_arguments_refused(registry, "search_text", args, message)
 
 
 async def test_a_missing_path_among_others_is_reported(registry: ToolRegistry, tree: Path) -> None:
@@ -121,9 +120,7 @@ async def test_many_matches_are_capped_with_a_count(
     (workspace.root / "many.txt").write_text("match this line, it is long enough\n" * 5000)
     answer = await registry.execute("search_text", {"query": "match", "paths": ["many.txt"]})
     assert len(answer.encode()) <= DEFAULT_OUTPUT_CAP_BYTES
-    shown = answer.count("many.txt:")
-    assert 0 < shown < 5000
-    assert f"[{5000 - shown:,} more matches not shown" in answer
+    assert_cut_short(answer, "many.txt:", 5000, "matches")
 
 
 async def test_long_lines_are_cut_and_numbered_right(
@@ -217,8 +214,7 @@ async def test_many_paths_are_capped_with_a_count(
         (workspace.root / "many" / f"{long_name}-{number:03}.txt").touch()
     answer = await registry.execute("search_files", {"pattern": "**/*.txt"})
     assert len(answer.encode()) <= DEFAULT_OUTPUT_CAP_BYTES
-    shown = answer.count("many/generated")
-    assert f"[{300 - shown:,} more paths not shown" in answer
+    assert_cut_short(answer, "many/generated", 300, "paths")
     assert answer.split("\n")[:2] == [f"many/{long_name}-000.txt", f"many/{long_name}-001.txt"]
 
 

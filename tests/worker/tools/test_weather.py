@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.worker.tools.conftest import assert_arguments_refused
 from worker.contract.settings import WorkerSettings
 from worker.manifest import fleet_tool_specs
 from worker.plugins import ENTRY_POINT_GROUP, load_plugins, register_plugins
@@ -50,9 +51,7 @@ async def test_the_same_place_gets_the_same_answer(weather: ToolRegistry) -> Non
 async def test_bad_arguments_name_the_parameter(
     weather: ToolRegistry, args: dict[str, object], message: str
 ) -> None:
-    answer = await weather.execute("get_current_weather", args)
-    assert answer.startswith("Error: invalid arguments for get_current_weather:"), answer
-    assert message in answer
+    await assert_arguments_refused(weather, "get_current_weather", args, message)
 
 
 def test_schema_describes_location() -> None:

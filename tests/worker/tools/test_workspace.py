@@ -7,7 +7,7 @@ import contextlib
 import os
 import shutil
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -140,65 +140,62 @@ def swap_after_check(
     monkeypatch.setattr(os, "lstat", lstat_then_swap)
 
 
+#: Calls that read, write or search sub/secret.txt.
+SECRET_CALLS: list[tuple[str, dict[str, object]]] = [
+    ("read_file", {"path": "sub/secret.txt"}),
+    ("write_file", {"path": "sub/secret.txt", "content": "overwritten"}),
+    ("search_text", {"query": "canary", "paths": ["sub/secret.txt"]}),
+]
+CallAfterSwap = Callable[[str, str, dict[str, object]], Awaitable[str]]
+
+
 @pytest.fixture
-def secret_setup(workspace: Workspace, layout: Layout) -> ToolRegistry:
+def call_after_swap(
+    workspace: Workspace, layout: Layout, monkeypatch: pytest.MonkeyPatch
+) -> CallAfterSwap:
+    """``call_after_swap(swapped, tool, args)``: with sub/secret.txt in the workspace, the
+    refusal of ``tool`` when ``swapped`` (sub, or a path in it) is swapped for a link to its twin
+    in the sentinel right after the workspace checked it; it tells nothing of what is outside,
+    and the swap did happen."""
     (workspace.root / "sub").mkdir()
     (workspace.root / "sub" / "secret.txt").write_text("inside\n")
-    return make_registry(workspace)
+    registry = make_registry(workspace)
+
+    async def call(swapped: str, tool: str, args: dict[str, object]) -> str:
+        path = workspace.root / swapped
+        target = layout.sentinel / Path(swapped).relative_to("sub")
+        swap_after_check(monkeypatch, f"/{path.name}", lambda: swap_for_link(path, target))
+        answer = await registry.execute(tool, args)
+        assert answer.startswith(f"Error executing {tool}:"), answer
+        assert SECRET not in answer
+        assert path.is_symlink()
+        return answer
+
+    return call
 
 
 @pytest.mark.parametrize(
     ("tool", "args"),
     [
-        ("read_file", {"path": "sub/secret.txt"}),
-        ("write_file", {"path": "sub/secret.txt", "content": "overwritten"}),
+        *SECRET_CALLS,
         ("remove", {"path": "sub/secret.txt"}),
         ("move", {"source": "sub/secret.txt", "destination": "moved.txt"}),
-        ("search_text", {"query": "canary", "paths": ["sub/secret.txt"]}),
     ],
 )
 async def test_a_directory_swapped_for_a_symlink_after_the_check_is_not_followed(
-    secret_setup: ToolRegistry,
-    workspace: Workspace,
-    layout: Layout,
-    monkeypatch: pytest.MonkeyPatch,
-    tool: str,
-    args: dict[str, object],
+    call_after_swap: CallAfterSwap, tool: str, args: dict[str, object]
 ) -> None:
-    sub = workspace.root / "sub"
-    swap_after_check(monkeypatch, "/sub", lambda: swap_for_link(sub, layout.sentinel))
-    answer = await secret_setup.execute(tool, args)
+    answer = await call_after_swap("sub", tool, args)
     assert answer.startswith(f"Error executing {tool}: 'sub'"), answer
     assert "symbolic link" in answer
-    assert SECRET not in answer
-    assert sub.is_symlink()  # the swap did happen
     # The layout fixture checks the sentinel (with its own secret.txt) is unchanged.
 
 
-@pytest.mark.parametrize(
-    ("tool", "args"),
-    [
-        ("read_file", {"path": "sub/secret.txt"}),
-        ("write_file", {"path": "sub/secret.txt", "content": "overwritten"}),
-        ("search_text", {"query": "canary", "paths": ["sub/secret.txt"]}),
-    ],
-)
+@pytest.mark.parametrize(("tool", "args"), SECRET_CALLS)
 async def test_a_file_swapped_for_a_symlink_after_the_check_is_not_followed(
-    secret_setup: ToolRegistry,
-    workspace: Workspace,
-    layout: Layout,
-    monkeypatch: pytest.MonkeyPatch,
-    tool: str,
-    args: dict[str, object],
+    call_after_swap: CallAfterSwap, tool: str, args: dict[str, object]
 ) -> None:
-    link = workspace.root / "sub" / "secret.txt"
-    swap_after_check(
-        monkeypatch, "/secret.txt", lambda: swap_for_link(link, layout.sentinel / "secret.txt")
-    )
-    answer = await secret_setup.execute(tool, args)
-    assert answer.startswith(f"Error executing {tool}:"), answer
-    assert SECRET not in answer
-    assert link.is_symlink()
+    await call_after_swap("sub/secret.txt", tool, args)
 
 
 def test_a_directory_found_outside_through_proc_is_refused(

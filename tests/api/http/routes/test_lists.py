@@ -16,10 +16,10 @@ import pytest
 import redis.asyncio as aioredis
 
 from api.http.app import create_app
-from api.http.state.keys import run_state_key
 from api.http.state.store import ApiStore
-from tests.api.http.conftest import StubExecutor, api_settings
+from tests.api.http.conftest import StubExecutor, api_settings, emptied_database
 from tests.conftest import RedisServer
+from worker.contract.keys import run_state_key
 
 #: A database of the session's redis-server that only these tests use.
 DATABASE = 12
@@ -29,10 +29,8 @@ BOB = "bob-fedcba9876543210xyz"
 
 @pytest.fixture
 async def state(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(f"redis://127.0.0.1:{redis_server.port}/{DATABASE}")
-    await client.flushdb()
-    yield client
-    await client.aclose()
+    async with emptied_database(redis_server, DATABASE) as client:
+        yield client
 
 
 @pytest.fixture

@@ -7,18 +7,16 @@ from __future__ import annotations
 import re
 import subprocess
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from api.scripted.server import ScriptedServer
 from bench.viewer import write_results
-from tests.api.http.conftest import scripted_model
-from tests.api.http.serving import TOOLQ, Replica, serve_environment
+from tests.api.http.conftest import TOKEN
+from tests.api.http.serving import TOOLQ, Replica
 from tests.api.http.viewer.conftest import Screenshots
-from tests.conftest import WorkerFleet, wait_for
+from tests.conftest import wait_for
 
 if TYPE_CHECKING:
     from playwright.sync_api import Page
@@ -26,7 +24,6 @@ if TYPE_CHECKING:
 # The first test waits for a batch of 300 conversations as well.
 pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(300)]
 
-TOKEN = "viewer-token"
 XSS = '<script>window.pwned = 1</script><img src=x onerror="window.pwned = 2">'
 ITEMS = 300
 #: Runs for the runs list: more than its first page of 25.
@@ -82,26 +79,6 @@ def script_of(n: int) -> str:
     if n == 7:
         return "html"
     return {3: "fails_late", 5: "notes"}.get(n % 10, "answer")
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScriptedServer]:
-    with scripted_model(SCRIPTS, tmp_path_factory.mktemp("viewer-scripts")) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def server(
-    fleet: WorkerFleet, model: ScriptedServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Replica]:
-    replica = Replica(
-        serve_environment(fleet, model, TOKEN), tmp_path_factory.mktemp("viewer"), "serve", TOKEN
-    )
-    try:
-        yield replica.start()
-    finally:
-        replica.stop()
-        replica.client.close()
 
 
 @pytest.fixture(scope="module")

@@ -5,44 +5,27 @@ the tools' latency, and the service operations apart from the tools."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from html import unescape
 from typing import Any
 
 import pytest
 
-from api.scripted.server import ScriptedServer
-from tests.api.http.conftest import scripted_model
-from tests.api.http.serving import Replica, serve_environment
-from tests.conftest import WorkerFleet
+from tests.api.http.serving import Replica
 
 pytestmark = pytest.mark.integration
 
-TOKEN = "fleet-page-token"
-CALLS: list[dict[str, Any]] = [
-    {
-        "tool_calls": [
-            {"name": "run_bash", "arguments": {"command": "true"}},  # off unless enabled
-            {"name": "remove_everything", "arguments": {}},  # no worker serves it
-            {"name": "write_file", "arguments": {"path": "a.txt", "content": "a"}},
-        ]
-    },
-    {"content": "Done."},
-]
-
-
-@pytest.fixture(scope="module")
-def server(fleet: WorkerFleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replica]:
-    model: ScriptedServer
-    with scripted_model({"calls": CALLS}, tmp_path_factory.mktemp("fleet-scripts")) as model:
-        replica = Replica(
-            serve_environment(fleet, model, TOKEN), tmp_path_factory.mktemp("fleet"), "serve", TOKEN
-        )
-        try:
-            yield replica.start()
-        finally:
-            replica.stop()
-            replica.client.close()
+SCRIPTS: dict[str, list[dict[str, Any]]] = {
+    "calls": [
+        {
+            "tool_calls": [
+                {"name": "run_bash", "arguments": {"command": "true"}},  # off unless enabled
+                {"name": "remove_everything", "arguments": {}},  # no worker serves it
+                {"name": "write_file", "arguments": {"path": "a.txt", "content": "a"}},
+            ]
+        },
+        {"content": "Done."},
+    ]
+}
 
 
 def latency_rows(page: str) -> dict[str, list[str]]:

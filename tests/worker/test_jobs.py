@@ -1,0 +1,211 @@
+"""Send a job, store its answer once, reply (``worker.contract.jobs``), on a real Redis: the first
+answer stored wins, a run superseded stores nothing, each answer reaches the waiter of its job,
+and a store refused for a while is tried again until the deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from operator import attrgetter
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+from pydantic import BaseModel
+from redis.exceptions import OutOfMemoryError
+
+from tests.conftest import RedisServer
+from tests.worker.test_store_refusals import PATIENT_S, refuse_writes, take_writes, while_refused
+from worker.contract.jobs.answers import AnswerStore, AsyncAnswerStore, RunGuard, Stored
+from worker.contract.jobs.replies import ReplyReader
+
+TTL_S = 60
+
+
+def result_key(job_id: str) -> str:
+    return f"jobs-test:{job_id}:answer"
+
+
+def unique(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex}"
+
+
+@pytest.fixture
+def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_server.url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+async def async_client(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_server.url)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+def answers(client: redis.Redis) -> AnswerStore:
+    return AnswerStore(client, TTL_S, result_key, "job")
+
+
+def test_the_first_answer_stored_wins_and_only_it_is_pushed(
+    answers: AnswerStore, client: redis.Redis
+) -> None:
+    job, reply_to = unique("job"), unique("reply")
+
+    assert answers.store_once(job, "first", reply_to) == Stored("stored")
+    # A run that ends later (a redelivery) gets the first answer back, pushed to nobody.
+    assert answers.store_once(job, "second", reply_to) == Stored("kept", b"first")
+
+    assert client.get(result_key(job)) == b"first"
+    assert client.lrange(reply_to, 0, -1) == [b"first"]
+    assert 0 < client.ttl(result_key(job)) <= TTL_S
+    assert 0 < client.ttl(reply_to) <= TTL_S
+
+
+def test_a_kept_value_named_as_not_the_jobs_own_is_replaced(
+    answers: AnswerStore, client: redis.Redis
+) -> None:
+    job, reply_to = unique("job"), unique("reply")
+    client.set(result_key(job), "planted")
+
+    assert answers.store_once(job, "real", reply_to, replacing=b"planted") == Stored("stored")
+    assert client.get(result_key(job)) == b"real"
+    assert client.lrange(reply_to, 0, -1) == [b"real"]
+
+
+def test_an_answer_without_a_reply_list_is_stored_only(
+    answers: AnswerStore, client: redis.Redis
+) -> None:
+    job = unique("job")
+    assert answers.store_once(job, "quiet", None) == Stored("stored")
+    assert client.get(result_key(job)) == b"quiet"
+
+
+def test_a_kept_answer_is_sent_again_on_request(answers: AnswerStore, client: redis.Redis) -> None:
+    reply_to = unique("reply")
+    answers.reply("job", b"kept", reply_to)
+    answers.reply("job", b"ignored", None)
+    assert client.lrange(reply_to, 0, -1) == [b"kept"]
+    assert 0 < client.ttl(reply_to) <= TTL_S
+
+
+def guard(job: str, send_id: str, holder: str) -> RunGuard:
+    return RunGuard(f"{result_key(job)}:current", send_id, f"{result_key(job)}:lease", holder)
+
+
+async def test_a_run_of_a_superseded_send_stores_nothing_and_lets_its_lease_go(
+    async_client: aioredis.Redis,
+) -> None:
+    store = AsyncAnswerStore(async_client, TTL_S, result_key)
+    job, reply_to = unique("job"), unique("reply")
+    old = guard(job, "send-1", "1 host:a")
+    await async_client.set(old.current_key, "send-2")
+    await async_client.set(old.lease_key, old.holder)
+
+    assert await store.store_once(job, "late", reply_to, guard=old) == Stored(
+        "superseded", b"send-2"
+    )
+    assert not await async_client.exists(result_key(job), reply_to, old.lease_key)
+
+
+async def test_the_current_send_stores_its_answer_and_keeps_a_lease_not_its_own(
+    async_client: aioredis.Redis,
+) -> None:
+    store = AsyncAnswerStore(async_client, TTL_S, result_key)
+    job, reply_to = unique("job"), unique("reply")
+    current = guard(job, "send-1", "1 host:a")
+    await async_client.set(current.current_key, "send-1")
+    await async_client.set(current.lease_key, "2 host:b")  # the run after this one's lease
+
+    assert await store.store_once(job, "answer", reply_to, guard=current) == Stored("stored")
+    assert await store.store_once(job, "again", reply_to, guard=current) == Stored(
+        "kept", b"answer"
+    )
+    assert await async_client.lrange(reply_to, 0, -1) == [b"answer"]
+    assert await async_client.get(current.lease_key) == b"2 host:b"
+
+
+class Answer(BaseModel):
+    job: str
+    text: str
+
+
+@dataclass
+class Waiting:
+    answer: asyncio.Future[str] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+async def test_each_answer_reaches_the_waiter_of_its_job(async_client: aioredis.Redis) -> None:
+    reply_to = unique("reply")
+    waiting = {"a": Waiting(), "b": Waiting()}
+    malformed: list[bytes | str] = []
+    reader: ReplyReader[Answer, Waiting] = ReplyReader(
+        async_client,
+        reply_to,
+        Answer,
+        waiting,
+        attrgetter("job"),
+        lambda waiter, answer: waiter.answer.set_result(answer.text),
+        malformed=malformed.append,
+    )
+    reader.start("jobs-test-replies")
+    try:
+        pushed = [
+            Answer(job="gone", text="nobody waits").model_dump_json(),
+            "not an answer",
+            Answer(job="b", text="for b").model_dump_json(),
+            Answer(job="a", text="for a").model_dump_json(),
+            Answer(job="a", text="a second answer, dropped").model_dump_json(),
+        ]
+        await async_client.rpush(reply_to, *pushed)
+        texts = await asyncio.wait_for(asyncio.gather(*(w.answer for w in waiting.values())), 10)
+    finally:
+        await reader.stop()
+    assert texts == ["for a", "for b"]
+    assert malformed == [b"not an answer"]
+    assert not reader.started
+    assert await async_client.llen(reply_to) == 0
+
+
+@pytest.fixture
+def own_client(own_redis: RedisServer) -> Iterator[redis.Redis]:
+    # On a Redis of its own: a store out of memory refuses every test that shares it.
+    client = redis.Redis.from_url(own_redis.url)
+    yield client
+    client.close()
+
+
+@pytest.mark.integration
+def test_an_answer_refused_for_a_while_is_stored_once_the_store_takes_writes(
+    own_client: redis.Redis,
+) -> None:
+    answers = AnswerStore(own_client, TTL_S, result_key, "job")
+    deadline = time.time() + PATIENT_S
+
+    stored = while_refused(
+        own_client, lambda: answers.store_once("refused", "answer", "reply", deadline=deadline)
+    )
+
+    assert stored == Stored("stored")
+    assert own_client.lrange("reply", 0, -1) == [b"answer"]
+
+
+@pytest.mark.integration
+def test_an_answer_refused_past_its_deadline_is_given_up(own_client: redis.Redis) -> None:
+    answers = AnswerStore(own_client, TTL_S, result_key, "job")
+    refuse_writes(own_client)
+    started = time.monotonic()
+    try:
+        with pytest.raises(OutOfMemoryError):
+            answers.store_once("late", "answer", "reply", deadline=time.time() + 0.3)
+    finally:
+        take_writes(own_client)
+    assert 0.3 <= time.monotonic() - started < 5
+    assert not own_client.exists(result_key("late"))
