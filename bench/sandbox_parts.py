@@ -8,7 +8,7 @@ seen (``Pump.until_exit``), and the answer. The hand-over is told apart by the l
 took: one made for its run (its shell already waits as the run's uid) or one made for any run.
 Calls go at once, as the bench's worker-ready calls come, and after a pause, as an agent's next
 command follows a model turn. After the answer, off the call's path, the launcher's thread ends
-the call's namespace (``launch._end``) and makes the next launches (``launch.launch``, then the
+the call's namespace (``launcher._end``) and makes the next launches (``launch.launch``, then the
 init's word, ``Launch.confirm``). Two parts are timed on their own, in forked children:
 exec of ``/bin/sh -c true`` by a process forked ahead (what a call costs where no shell waits
 for it already as its run's uid), and the private folders' mounts (a tmpfs on each, and a bind
@@ -80,8 +80,8 @@ class _Probes:
     def __init__(self) -> None:
         self.take = WallProbe(launchers.Launcher, "take", _launch_kind)
         self.exit = WallProbe(pumping.Pump, "until_exit")
-        self.ended = WallProbe(launching, "_end")
-        self.made = WallProbe(launching, "launch")
+        self.ended = WallProbe(launchers, "_end")
+        self.made = WallProbe(launchers, "launch")
         self.confirmed = WallProbe(launching.Launch, "confirm")
         self.all = (self.take, self.exit, self.ended, self.made, self.confirmed)
 
