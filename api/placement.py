@@ -59,6 +59,8 @@ class AgentsPool(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Placement:
+    """Where one conversation runs, and where its tools run (``place`` decides)."""
+
     conversation: ConversationSite
     tools: ToolSite
 
