@@ -9,7 +9,7 @@ import pwd
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +23,15 @@ from worker.contract.uid_range import DEFAULT_UID_RANGE, UidRange
 from worker.contract.wire import ToolCallResult
 from worker.executor import Executor
 from worker.results import ResultStore
-from worker.sandbox import SandboxConfig, SandboxError, describe_isolation
+from worker.sandbox import (
+    SandboxConfig,
+    SandboxError,
+    SandboxResult,
+    describe_isolation,
+    run_sandboxed,
+)
 from worker.sandbox.launcher import launcher
+from worker.tools.workspace import Workspace
 
 #: The built-in tools, in the order a worker registers and publishes them.
 BUILT_INS = [
@@ -170,3 +177,24 @@ def config(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SandboxCo
         pytest.skip(f"{request.param}: {exc}")
     yield made
     launcher.release()
+
+
+def run_in_workspace(
+    config: SandboxConfig,
+    workspace: Workspace,
+    command: str,
+    stdin: bytes | None = None,
+    before_start: Callable[[], None] | None = None,
+) -> SandboxResult:
+    """``command`` as run_bash runs it in ``workspace``: as the run's uid, in its folder."""
+    return run_sandboxed(
+        command,
+        cwd=workspace.root,
+        home=workspace.root,
+        env={},
+        timeout_ms=10_000,
+        config=config,
+        identity=workspace.owner,
+        stdin=stdin,
+        before_start=before_start,
+    )

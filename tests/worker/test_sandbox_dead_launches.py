@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import wait_for
+from tests.worker.conftest import run_in_workspace
 from worker.contract.uid_range import DEFAULT_UID_RANGE, UidRange
 from worker.sandbox import SandboxConfig, SandboxResult
 from worker.sandbox import plan as planning
@@ -59,26 +59,6 @@ def _run_plan(config: SandboxConfig, workspace: Workspace) -> Plan:
     return for_run
 
 
-def _bash(
-    config: SandboxConfig,
-    workspace: Workspace,
-    command: str,
-    stdin: bytes | None = None,
-    before_start: Callable[[], None] | None = None,
-) -> SandboxResult:
-    return running.run_sandboxed(
-        command,
-        cwd=workspace.root,
-        home=workspace.root,
-        env={},
-        timeout_ms=10_000,
-        config=config,
-        identity=workspace.owner,
-        stdin=stdin,
-        before_start=before_start,
-    )
-
-
 def _answers(result: SandboxResult, workspace: Workspace) -> None:
     """``result`` is that of ``echo ran; id -u`` run as ``workspace``'s run."""
     assert workspace.owner is not None
@@ -97,11 +77,11 @@ def test_a_runs_launches_live_though_no_call_had_input_yet(
     workspace = _workspace(config, "run-first")
     for_run = _run_plan(config, workspace)
 
-    _answers(_bash(config, workspace, "echo ran; id -u"), workspace)
+    _answers(run_in_workspace(config, workspace, "echo ran; id -u"), workspace)
     wait_for(lambda: launcher.has_ready(for_run, config), BOUND_S, "a launch made for the run")
     for made in launcher.ready(for_run, config):  # each one's shell waits for the call
         assert made.forked is not None and not has_exited(made.forked.pidfd)
-    result = _bash(config, workspace, "cat; id -u", stdin=b"ran\n")
+    result = run_in_workspace(config, workspace, "cat; id -u", stdin=b"ran\n")
 
     assert taken[-1].plan == for_run
     _answers(result, workspace)
@@ -112,7 +92,7 @@ def test_a_launch_whose_waiting_shell_died_is_not_taken(
 ) -> None:
     workspace = _workspace(config, "run-shell-killed")
     for_run = _run_plan(config, workspace)
-    _answers(_bash(config, workspace, "echo ran; id -u"), workspace)
+    _answers(run_in_workspace(config, workspace, "echo ran; id -u"), workspace)
     wait_for(
         lambda: len(launcher.ready(for_run, config)) == EACH_RUN,
         BOUND_S,
@@ -133,7 +113,7 @@ def test_a_launch_whose_waiting_shell_died_is_not_taken(
         forked = taken[-1].forked
         handed.extend([] if forked is None else [forked.pid])
 
-    result = _bash(config, workspace, "echo ran; id -u", before_start=note_the_shell)
+    result = run_in_workspace(config, workspace, "echo ran; id -u", before_start=note_the_shell)
 
     _answers(result, workspace)
     assert len(handed) == 1 and handed[0] not in killed
@@ -144,7 +124,7 @@ def test_a_launch_dead_at_the_hand_over_leaves_the_call_to_a_fresh_one(
 ) -> None:
     workspace = _workspace(config, "run-dead-launch")
     for _ in range(2):  # the second call may take a launch made for the run
-        _answers(_bash(config, workspace, "echo ran; id -u"), workspace)
+        _answers(run_in_workspace(config, workspace, "echo ran; id -u"), workspace)
 
     def kill_the_taken_launch() -> None:
         # Everything of the launch the call took dies after it was taken, before the call's
@@ -158,7 +138,9 @@ def test_a_launch_dead_at_the_hand_over_leaves_the_call_to_a_fresh_one(
             os.close(pidfd)
         dead.proc.wait(BOUND_S)
 
-    result = _bash(config, workspace, "echo ran; id -u", before_start=kill_the_taken_launch)
+    result = run_in_workspace(
+        config, workspace, "echo ran; id -u", before_start=kill_the_taken_launch
+    )
 
     _answers(result, workspace)
     assert taken[-1].proc.returncode is not None

@@ -16,39 +16,22 @@ import redis
 from api.dispatch import Dispatcher
 from api.local.stack import worker_argv, worker_environment
 from tests.conftest import Caller, RedisServer, WorkerFleet, fleet_settings, wait_for
+from tests.worker.conftest import run_in_workspace
 from worker.contract.keys import keys
 from worker.contract.uid_range import DEFAULT_UID_RANGE, UidRange
 from worker.contract.wire import LAYER_RUN_UID
 from worker.retention import prune
 from worker.sandbox import (
     SandboxConfig,
-    SandboxResult,
-    run_sandboxed,
 )
 from worker.sandbox.identity import IdentityError, identity_of
 from worker.sandbox.layers import LAYER_PRIVATE_TMP, LAYER_QUOTA_FS, LAYER_TMP_CLEANED
 from worker.sandbox.volumes import volumes_unavailable
 from worker.tasks import EXIT_CANNOT_ISOLATE
 from worker.tools.factory import prepare_workspace
-from worker.tools.workspace import Workspace
 
 RANGE = UidRange.parse(DEFAULT_UID_RANGE)
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="per-run uids need a root worker")
-
-
-def _bash(
-    config: SandboxConfig, workspace: Workspace, command: str, stdin: bytes | None = None
-) -> SandboxResult:
-    return run_sandboxed(
-        command,
-        cwd=workspace.root,
-        home=workspace.root,
-        env={},
-        timeout_ms=10_000,
-        config=config,
-        identity=workspace.owner,
-        stdin=stdin,
-    )
 
 
 def test_each_run_is_a_uid_of_its_own_on_every_call(config: SandboxConfig) -> None:
@@ -61,12 +44,14 @@ def test_each_run_is_a_uid_of_its_own_on_every_call(config: SandboxConfig) -> No
     # Several calls in turn: after the first, a launch may be made ahead for each run.
     for turn in range(4):
         for workspace in (first, second):
-            result = _bash(config, workspace, f"id -u; echo {turn} >> turns; cat turns | wc -l")
+            result = run_in_workspace(
+                config, workspace, f"id -u; echo {turn} >> turns; cat turns | wc -l"
+            )
             assert result.exit_code == 0, result.stderr
             uid, count = result.stdout.split()
             assert (int(uid), int(uid)) == workspace.owner
             assert int(count) == turn + 1
-    layers = _bash(config, first, "true").isolation
+    layers = run_in_workspace(config, first, "true").isolation
     assert LAYER_RUN_UID in layers
     assert (LAYER_PRIVATE_TMP if config.isolation == "namespaces" else LAYER_TMP_CLEANED) in layers
 
@@ -75,11 +60,11 @@ def test_a_workspace_made_again_is_the_one_a_call_sees(config: SandboxConfig) ->
     root = Path(str(config.workspace_root))
     workspace = prepare_workspace(root / "run-again", config)
     for _ in range(2):  # the second call leaves a launch made ahead for this run
-        assert _bash(config, workspace, "echo old > mark").exit_code == 0
+        assert run_in_workspace(config, workspace, "echo old > mark").exit_code == 0
     shutil.rmtree(workspace.root)
     workspace = prepare_workspace(root / "run-again", config)
 
-    result = _bash(config, workspace, "ls; echo new > mark; cat mark")
+    result = run_in_workspace(config, workspace, "ls; echo new > mark; cat mark")
 
     assert result.stdout.split() == ["new"], result.stderr
     assert (workspace.root / "mark").read_text() == "new\n"
@@ -89,7 +74,7 @@ def test_input_reaches_the_command_as_the_runs_uid(config: SandboxConfig) -> Non
     root = Path(str(config.workspace_root))
     workspace = prepare_workspace(root / "run-input", config)
     for _ in range(3):
-        result = _bash(config, workspace, "cat; id -u", stdin=b"from the caller\n")
+        result = run_in_workspace(config, workspace, "cat; id -u", stdin=b"from the caller\n")
         assert workspace.owner is not None
         assert result.stdout.splitlines() == ["from the caller", str(workspace.owner[0])]
 
@@ -98,7 +83,7 @@ def test_a_run_cannot_open_its_folder_to_other_runs(config: SandboxConfig) -> No
     root = Path(str(config.workspace_root))
     workspace = prepare_workspace(root / "run-chmod", config)
 
-    result = _bash(config, workspace, "chmod 777 .")
+    result = run_in_workspace(config, workspace, "chmod 777 .")
 
     assert result.exit_code != 0
     assert (workspace.root.stat().st_mode & 0o777) == 0o770
@@ -198,10 +183,10 @@ def test_a_run_volume_stops_a_write_past_the_quota(config: SandboxConfig) -> Non
     with_volumes = dataclasses.replace(config, volume_bytes=quota)
     root = Path(str(config.workspace_root))
     first = prepare_workspace(root / "run-fills", with_volumes)
-    _bash(with_volumes, first, "true")  # launches are made ahead for the next runs
+    run_in_workspace(with_volumes, first, "true")  # launches are made ahead for the next runs
     workspace = prepare_workspace(root / "run-overflows", with_volumes)
     try:
-        result = _bash(with_volumes, workspace, "head -c 62914560 /dev/zero > big")
+        result = run_in_workspace(with_volumes, workspace, "head -c 62914560 /dev/zero > big")
         assert "No space left on device" in result.stderr
         assert (workspace.root / "big").stat().st_size < quota
         assert LAYER_QUOTA_FS in result.isolation
