@@ -45,6 +45,9 @@ def userns_unavailable() -> str | None:
     """Why the deploy-like worker cannot run here, or None."""
     if os.geteuid() != 0:
         return "making a user namespace with a mapped range needs root"
+    if closed := _closed_folder_above(REPO):
+        # The workers run this checkout's .venv as a mapped uid, which cannot pass through it.
+        return f"this checkout is behind {closed}, a folder others cannot pass through (chmod o+x)"
     probe = subprocess.run(
         [sys.executable, "-m", "tests.reliability.userns", "--", "/bin/true"],
         cwd=REPO,
@@ -227,12 +230,17 @@ def _python_behind_a_closed_folder() -> tuple[str | None, str]:
     """The first folder above this interpreter's installation that others cannot pass through
     (None if there is none), and the installation's folder."""
     python = os.path.realpath(sys.base_prefix)
-    parts = Path(python).parts
+    return _closed_folder_above(Path(python)), python
+
+
+def _closed_folder_above(path: Path) -> str | None:
+    """The first folder from the root down to ``path`` that others cannot pass through."""
+    parts = Path(os.path.realpath(path)).parts
     for depth in range(2, len(parts) + 1):
         folder = os.path.join(*parts[:depth])
         if not os.stat(folder).st_mode & 0o001:
-            return folder, python
-    return None, python
+            return folder
+    return None
 
 
 def _mount(
