@@ -15,42 +15,20 @@ import contextlib
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from pydantic import ValidationError
 
 from api.dispatch import Dispatcher
 from api.fleet import Fleet
+from worker.contract import operations
 from worker.contract.deadlines import EXEC_TIMEOUT_MS
 from worker.contract.errors import ErrorKind, ToolqError
 from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES, MAX_COLLECTED_FILES
-from worker.contract.operations import (
-    COLLECT_FILES,
-    EXEC,
-    LIST_WORKSPACES,
-    PUT_FILES,
-    READ_FILE,
-    REMOVE_WORKSPACE,
-    CollectFilesAnswer,
-    CollectFilesRequest,
-    Content,
-    ExecRequest,
-    FileProblem,
-    FileRefusal,
-    ListWorkspacesRequest,
-    NoArguments,
-    Operation,
-    OperationRequest,
-    PutFilesRequest,
-    ReadFileRequest,
-    Success,
-    request_problems,
-)
+from worker.contract.operations import AnswerT, Operation, RequestT
 from worker.contract.settings import FleetSettings
 from worker.contract.wire import CommandAnswer, ToolCallResult, ToolSpec
 
-RequestT = TypeVar("RequestT", bound=OperationRequest)
-AnswerT = TypeVar("AnswerT", bound=Success)
 #: Between two tries at removing a workspace another call of the run holds.
 _FIRST_PAUSE_S = 0.1
 _LONGEST_PAUSE_S = 2.0
@@ -68,7 +46,7 @@ class ServiceCallError(ToolqError, RuntimeError):
 class FileProblemError(ToolqError, RuntimeError):
     """A path the operation could not use; ``kind`` says why."""
 
-    def __init__(self, kind: FileProblem, message: str) -> None:
+    def __init__(self, kind: operations.FileProblem, message: str) -> None:
         super().__init__(message)
         self.kind = kind
 
@@ -123,18 +101,20 @@ class RunWorkspace:
         ``FileProblemError`` for a path that cannot be written (a directory, outside the
         workspace...); the files before it in ``files`` are written.
         """
-        with _checked(PUT_FILES):
-            request = PutFilesRequest(files={path: _content(c) for path, c in files.items()})
-        answer, _ = await self._call(PUT_FILES, request, timeout_ms)
+        with _checked(operations.PUT_FILES):
+            request = operations.PutFilesRequest(
+                files={path: _content(c) for path, c in files.items()}
+            )
+        answer, _ = await self._call(operations.PUT_FILES, request, timeout_ms)
         return answer.written
 
     async def read_file(
         self, path: str, *, max_bytes: int | None = None, timeout_ms: int | None = None
     ) -> bytes:
         """One whole file; ``FileProblemError`` when it is missing, a directory, too large..."""
-        with _checked(READ_FILE):
-            request = ReadFileRequest(path=path, max_bytes=max_bytes)
-        answer, _ = await self._call(READ_FILE, request, timeout_ms)
+        with _checked(operations.READ_FILE):
+            request = operations.ReadFileRequest(path=path, max_bytes=max_bytes)
+        answer, _ = await self._call(operations.READ_FILE, request, timeout_ms)
         return answer.data()
 
     async def collect_files(
@@ -144,14 +124,14 @@ class RunWorkspace:
         max_files: int = MAX_COLLECTED_FILES,
         max_file_bytes: int = DEFAULT_OUTPUT_CAP_BYTES,
         timeout_ms: int | None = None,
-    ) -> CollectFilesAnswer:
+    ) -> operations.CollectFilesAnswer:
         """The regular files matching workspace-relative globs, each cut at ``max_file_bytes``,
         and how many matched."""
-        with _checked(COLLECT_FILES):
-            request = CollectFilesRequest(
+        with _checked(operations.COLLECT_FILES):
+            request = operations.CollectFilesRequest(
                 patterns=list(patterns), max_files=max_files, max_file_bytes=max_file_bytes
             )
-        answer, _ = await self._call(COLLECT_FILES, request, timeout_ms)
+        answer, _ = await self._call(operations.COLLECT_FILES, request, timeout_ms)
         return answer
 
     async def run(
@@ -166,8 +146,8 @@ class RunWorkspace:
     ) -> CommandResult:
         """Run a shell command line (a string) or an argv (a sequence) in the sandbox pool, with
         run_bash's isolation, in the workspace (or ``cwd`` below it)."""
-        with _checked(EXEC):
-            request = ExecRequest(
+        with _checked(operations.EXEC):
+            request = operations.ExecRequest(
                 command=command if isinstance(command, str) else None,
                 argv=None if isinstance(command, str) else list(command),
                 input=None if input is None else _content(input),
@@ -176,7 +156,7 @@ class RunWorkspace:
                 timeout_ms=timeout_ms,
                 output_cap_bytes=output_cap_bytes,
             )
-        answer, worker = await self._call(EXEC, request, None)
+        answer, worker = await self._call(operations.EXEC, request, None)
         return CommandResult.model_validate({**dict(answer), "worker": worker})
 
     async def remove(self, *, timeout_ms: int | None = None, wait_s: float = 0.0) -> bool:
@@ -189,7 +169,9 @@ class RunWorkspace:
         give_up = time.monotonic() + wait_s
         pause = _FIRST_PAUSE_S
         while True:
-            answer, _ = await self._call(REMOVE_WORKSPACE, NoArguments(), timeout_ms)
+            answer, _ = await self._call(
+                operations.REMOVE_WORKSPACE, operations.NoArguments(), timeout_ms
+            )
             if answer.kept is None:
                 return answer.removed
             if time.monotonic() + pause > give_up:
@@ -202,14 +184,14 @@ class RunWorkspace:
     async def runs_beside(self, prefix: str, *, timeout_ms: int | None = None) -> list[str]:
         """The other runs with a workspace on the fleet whose ids start with ``prefix`` (at
         most ``MAX_LISTED_RUNS`` at a time: remove some and ask again for the rest)."""
-        with _checked(LIST_WORKSPACES):
-            request = ListWorkspacesRequest(prefix=prefix)
-        answer, _ = await self._call(LIST_WORKSPACES, request, timeout_ms)
+        with _checked(operations.LIST_WORKSPACES):
+            request = operations.ListWorkspacesRequest(prefix=prefix)
+        answer, _ = await self._call(operations.LIST_WORKSPACES, request, timeout_ms)
         return answer.runs
 
     async def _call(
         self,
-        operation: Operation[RequestT, AnswerT, FileRefusal],
+        operation: Operation[RequestT, AnswerT, operations.FileRefusal],
         request: RequestT,
         timeout_ms: int | None,
     ) -> tuple[AnswerT, str | None]:
@@ -233,7 +215,7 @@ class RunWorkspace:
         # An answer of another form (a worker of another version) is no refusal: its
         # ValueError goes up as the fault it is.
         answer = operation.read_answer(result.output)
-        if isinstance(answer, FileRefusal):
+        if isinstance(answer, operations.FileRefusal):
             raise FileProblemError(answer.error, answer.message)
         return answer, result.worker
 
@@ -245,12 +227,12 @@ def _checked(operation: Operation[Any, Any, Any]) -> Iterator[None]:
         yield
     except ValidationError as exc:
         raise ServiceCallError(
-            f"Error: invalid arguments for {operation.name}: {request_problems(exc)}.",
+            f"Error: invalid arguments for {operation.name}: {operations.request_problems(exc)}.",
             "invalid_arguments",
         ) from None
 
 
-def _content(content: str | bytes) -> Content:
+def _content(content: str | bytes) -> operations.Content:
     """Text as it is; bytes as base64."""
     if isinstance(content, str):
         return content

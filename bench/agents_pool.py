@@ -147,25 +147,25 @@ def agents_pool_case(
     for label, run in runs.items():
         if label == HERE:
             continue
-        result.comparisons.append(
+        result.comparisons += [
             Comparison(
-                metric=f"conversations/s on {label}",
-                value=run["conversations_per_s"],
-                baseline=here["conversations_per_s"],
+                metric=metric,
+                value=run[figure],
+                baseline=here[figure],
                 baseline_name=f"toolq batch in {HERE}",
-                unit="conversations/s",
-                higher_is_better=True,
+                unit=unit,
+                higher_is_better=higher_is_better,
             )
-        )
-        result.comparisons.append(
-            Comparison(
-                metric=f"orchestration CPU per tool call on {label} (batch process + agents)",
-                value=run["orchestration_cpu_ms_per_tool_call"],
-                baseline=here["orchestration_cpu_ms_per_tool_call"],
-                baseline_name=f"toolq batch in {HERE}",
-                unit="ms",
+            for figure, metric, unit, higher_is_better in (
+                ("conversations_per_s", f"conversations/s on {label}", "conversations/s", True),
+                (
+                    "orchestration_cpu_ms_per_tool_call",
+                    f"orchestration CPU per tool call on {label} (batch process + agents)",
+                    "ms",
+                    False,
+                ),
             )
-        )
+        ]
     result.notes.append(cpu_note(runs))
     return result
 

@@ -15,6 +15,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 from bench.stats import CaseResult, Comparison, summarize
@@ -54,7 +55,12 @@ def images_case(runs: int, calls: int) -> CaseResult:
         baseline = _run_bash_ms(sandbox, workspaces, calls)
         result.figures["run_bash_true"] = summarize(baseline)
         result.samples_ms["run_bash 'true' (today's sandbox)"] = baseline
-        base_p50 = result.figures["run_bash_true"]["p50_ms"]
+        against_run_bash = partial(
+            Comparison,
+            baseline=result.figures["run_bash_true"]["p50_ms"],
+            baseline_name="run_bash 'true' on the worker's files",
+            unit="ms",
+        )
         for runtime in RUNTIMES:
             if shutil.which(runtime) is None:
                 result.notes.append(f"{runtime} not measured: it is not installed")
@@ -69,21 +75,15 @@ def images_case(runs: int, calls: int) -> CaseResult:
             result.samples_ms[f"{runtime}: first call (start + exec)"] = firsts
             result.samples_ms[f"{runtime}: exec 'true'"] = execs
             result.comparisons += [
-                Comparison(
+                against_run_bash(
                     metric=f"{runtime}: a run's first call, container started (p50)",
                     value=figures["first_call"]["p50_ms"],
-                    baseline=base_p50,
-                    baseline_name="run_bash 'true' on the worker's files",
-                    unit="ms",
                     goal=FIRST_CALL_GOAL_MS if runtime == "runc" else None,
                     goal_on="value",
                 ),
-                Comparison(
+                against_run_bash(
                     metric=f"{runtime}: a later call, exec 'true' into the container (p50)",
                     value=figures["exec_true"]["p50_ms"],
-                    baseline=base_p50,
-                    baseline_name="run_bash 'true' on the worker's files",
-                    unit="ms",
                 ),
             ]
     result.notes.append(

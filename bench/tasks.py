@@ -109,19 +109,21 @@ def tasks_case(settings: WorkerSettings, count: int, repeats: int) -> CaseResult
     )
     result.comparisons += [
         Comparison(
-            metric="batch wall time per item, as tasks",
-            value=round(per_item_ms["tasks"], 3),
-            baseline=round(per_item_ms["plain"], 3),
-            baseline_name="the same items as plain prompts",
-            unit="ms/item",
-        ),
-        Comparison(
-            metric="one item's duration (p50), as a task",
-            value=round(p50["tasks"], 3),
-            baseline=round(p50["plain"], 3),
-            baseline_name="the same item as a plain prompt",
-            unit="ms",
-        ),
+            metric=metric,
+            value=round(figure["tasks"], 3),
+            baseline=round(figure["plain"], 3),
+            baseline_name=baseline_name,
+            unit=unit,
+        )
+        for metric, figure, baseline_name, unit in (
+            (
+                "batch wall time per item, as tasks",
+                per_item_ms,
+                "the same items as plain prompts",
+                "ms/item",
+            ),
+            ("one item's duration (p50), as a task", p50, "the same item as a plain prompt", "ms"),
+        )
     ]
     ratio = per_item_ms["tasks"] / per_item_ms["plain"]
     longer = p50["tasks"] - p50["plain"]

@@ -3,6 +3,7 @@ a scripted model."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -12,6 +13,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -50,11 +52,20 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0, what: str = "
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+async def until(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    """``wait_for`` in a coroutine: the event loop runs on between the polls of ``condition``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+@dataclass
 class Clock:
     """A clock that stands still until the test moves ``now``."""
 
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
+    now: float = 1000.0
 
     def __call__(self) -> float:
         return self.now

@@ -12,7 +12,7 @@ from typing import Any, Literal, NewType
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from worker.contract.batch_record import BatchLine
-from worker.contract.wire import RUN_ID_PATTERN
+from worker.contract.wire import RUN_ID_PATTERN, TaskId
 
 #: The one Celery task a conversation is.
 CONVERSATION_TASK = "toolq.run_conversation"
@@ -42,10 +42,8 @@ class ConversationRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    task_id: str = Field(
-        min_length=1,
-        max_length=256,
-        description="The message's id on the wire, also its Celery task id: new for every send.",
+    task_id: TaskId = Field(
+        description="The message's id on the wire, also its Celery task id: new for every send."
     )
     conversation_id: str = Field(
         pattern=RUN_ID_PATTERN,

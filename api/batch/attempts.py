@@ -15,7 +15,6 @@ The file is only appended to, one whole line per attempt, as the output is (``re
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,12 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from api.batch.items import numbered_lines
-from api.batch.results import (
-    FSYNC_INTERVAL_S,
-    AppendedLog,
-    LineAppender,
-    truncate_partial_line,
-)
+from api.batch.results import FSYNC_INTERVAL_S, AppendedLog
 from worker.contract.batch_record import BatchLine, BatchRecord
 
 log = logging.getLogger(__name__)
@@ -94,25 +88,9 @@ class AttemptLog(AppendedLog):
     """
 
     def __init__(self, path: Path, *, fsync_interval_s: float = FSYNC_INTERVAL_S) -> None:
-        self.path = path
+        super().__init__(path, fsync_interval_s=fsync_interval_s)
         #: Each item's attempts, oldest first.
         self.started: dict[str, list[StartedAttempt]] = {}
-        self.truncated_bytes = 0
-        self._fsync_interval_s = fsync_interval_s
-        self._lines: LineAppender | None = None
-
-    @classmethod
-    def open(cls, path: Path, *, fsync_interval_s: float = FSYNC_INTERVAL_S) -> AttemptLog:
-        attempts = cls(path, fsync_interval_s=fsync_interval_s)
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            attempts.truncated_bytes = truncate_partial_line(fd)
-            attempts._read()
-        except BaseException:
-            os.close(fd)
-            raise
-        attempts._lines = LineAppender(path, fd, fsync_interval_s)
-        return attempts
 
     def _read(self) -> None:
         for number, raw in numbered_lines(self.path):
@@ -154,6 +132,4 @@ class AttemptLog(AppendedLog):
 
     def _append(self, attempt: StartedAttempt) -> None:
         """One line in one system call, as ``ResultLog.append`` writes a result."""
-        if self._lines is None:
-            raise ValueError(f"{self.path} is not open")
-        self._lines.write(attempt.model_dump(mode="json"))
+        self._write(attempt.model_dump(mode="json"))

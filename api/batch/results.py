@@ -65,9 +65,44 @@ class LineAppender:
 
 
 class AppendedLog:
-    """A log whose lines a ``LineAppender`` writes: closed once, or as a context manager."""
+    """A log whose lines a ``LineAppender`` writes: opened by ``open``, which reads what it
+    holds; closed once, or as a context manager."""
 
-    _lines: LineAppender | None = None
+    def __init__(self, path: Path, *, fsync_interval_s: float = FSYNC_INTERVAL_S) -> None:
+        self.path = path
+        #: What ``open`` cut off the end: the partial line of a write a kill interrupted.
+        self.truncated_bytes = 0
+        self._fsync_interval_s = fsync_interval_s
+        self._lines: LineAppender | None = None
+
+    @classmethod
+    def open(cls, path: Path, *, fsync_interval_s: float = FSYNC_INTERVAL_S) -> Self:
+        """The log at ``path`` (made if missing), its partial last line dropped and its lines
+        read, open for appending."""
+        opened = cls(path, fsync_interval_s=fsync_interval_s)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            opened._claim(fd)
+            opened.truncated_bytes = truncate_partial_line(fd)
+            opened._read()
+        except BaseException:
+            os.close(fd)
+            raise
+        opened._lines = LineAppender(path, fd, opened._fsync_interval_s)
+        return opened
+
+    def _claim(self, fd: int) -> None:
+        """Runs before anything in the file is touched: a log that must be its only writer
+        locks it here."""
+
+    def _read(self) -> None:
+        """Takes in the lines already in the file, for a log that keeps what they say."""
+
+    def _write(self, record: object) -> None:
+        """One line in one system call, so no reader sees half of it."""
+        if self._lines is None:
+            raise ValueError(f"{self.path} is not open")
+        self._lines.write(record)
 
     def close(self) -> None:
         if self._lines is not None:
@@ -97,45 +132,32 @@ class ResultLog(AppendedLog):
     """
 
     def __init__(self, path: Path, *, fsync_interval_s: float = FSYNC_INTERVAL_S) -> None:
-        self.path = path
+        super().__init__(path, fsync_interval_s=fsync_interval_s)
         #: Each id's status, from its last line.
         self.done: dict[str, RecordStatus] = {}
         #: Whether each scored id passed, from its last line.
         self.passed: dict[str, bool] = {}
-        self.truncated_bytes = 0
         self.unreadable_lines: list[int] = []
-        self._fsync_interval_s = fsync_interval_s
-        self._lines: LineAppender | None = None
 
-    @classmethod
-    def open(cls, path: Path, *, fsync_interval_s: float = FSYNC_INTERVAL_S) -> ResultLog:
-        results = cls(path, fsync_interval_s=fsync_interval_s)
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    def _claim(self, fd: int) -> None:
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise OutputBusyError(
-                    f"another toolq batch is writing {path}; wait for it or stop it first"
-                ) from None
-            results.truncated_bytes = truncate_partial_line(fd)
-            latest = read_latest(path, _outcome)
-            results.unreadable_lines = latest.unreadable
-            for item_id, (status, passed) in latest.records.items():
-                results._note(item_id, status, passed)
-        except BaseException:
-            os.close(fd)
-            raise
-        results._lines = LineAppender(path, fd, fsync_interval_s)
-        return results
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OutputBusyError(
+                f"another toolq batch is writing {self.path}; wait for it or stop it first"
+            ) from None
+
+    def _read(self) -> None:
+        latest = read_latest(self.path, _outcome)
+        self.unreadable_lines = latest.unreadable
+        for item_id, (status, passed) in latest.records.items():
+            self._note(item_id, status, passed)
 
     def append(self, record: Mapping[str, Any]) -> None:
         """Write one record as one line, in one system call, so no reader sees half of it;
         ``NotABatchRecord`` for one without an id, which is not written."""
         result = BatchRecord.read(record)
-        if self._lines is None:
-            raise ValueError(f"{self.path} is not open")
-        self._lines.write(record)
+        self._write(record)
         self._note(result.id, *_outcome(result))
 
     def _note(self, item_id: str, status: RecordStatus, passed: bool | None) -> None:

@@ -9,7 +9,7 @@ so a task runs the same where the orchestrator shares no disk with the workers.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
 from api.batch.items import BatchItem, ItemLimits
@@ -49,35 +49,22 @@ class TaskResults:
     image: dict[str, Any] | None = None
 
     def fields(self) -> dict[str, Any]:
-        return {
-            "image": self.image,
-            "score": self.score,
-            "setup": self.setup,
-            "check": self.check,
-            "artifacts": self.artifacts,
-            "artifacts_matched": self.artifacts_matched,
-        }
+        """The results by name: each is the result line's field of that name."""
+        return asdict(self)
 
 
+@dataclass(eq=False)
 class Task:
     """The task part of one item, on the workspace of its run."""
 
-    def __init__(
-        self,
-        item: BatchItem,
-        workspace: RunWorkspace,
-        fleet: Fleet,
-        limits: ItemLimits,
-        environment: RunEnvironment | None = None,
-    ) -> None:
-        self.item = item
-        self.workspace = workspace
-        self.fleet = fleet
-        self.limits = limits
-        #: The run's container, when the item has an image: started before its files are
-        #: written, so that what the image has at its WorkingDir is there first.
-        self.environment = environment
-        self.results = TaskResults()
+    item: BatchItem
+    workspace: RunWorkspace
+    fleet: Fleet
+    limits: ItemLimits
+    #: The run's container, when the item has an image: started before its files are
+    #: written, so that what the image has at its WorkingDir is there first.
+    environment: RunEnvironment | None = None
+    results: TaskResults = field(default_factory=TaskResults, init=False)
 
     async def prepare(self) -> None:
         """A fresh workspace with the item's files, then its set-up command; ``TaskFailed``

@@ -11,15 +11,8 @@ from openai import AsyncOpenAI, OpenAIError
 from rich.console import Console
 from rich.markup import escape
 
+from api import events
 from api.agent import Agent, AgentOptions
-from api.events import (
-    AgentEvent,
-    FinalAnswer,
-    TextDelta,
-    TextDiscarded,
-    ToolCallFinished,
-    ToolCallStarted,
-)
 from api.fleet import NoWorkersError
 from api.images.environment import ImageUnavailable
 from api.llm import ChatModel, ModelError, model_client
@@ -141,7 +134,7 @@ async def _converse(
     prompt: str,
     stream: bool,
     console: Console,
-    observers: list[Callable[[AgentEvent], None]] | None = None,
+    observers: list[Callable[[events.AgentEvent], None]] | None = None,
 ) -> dict[str, Any]:
     try:
         async with Agent(client, options, settings=settings) as agent:
@@ -150,7 +143,7 @@ async def _converse(
             if stream:
                 async for event in agent.stream_chat(prompt):
                     render_event(event, console)
-                    if isinstance(event, FinalAnswer):
+                    if isinstance(event, events.FinalAnswer):
                         answer = event.text
             else:
                 answer = await agent.chat(prompt)
@@ -160,14 +153,14 @@ async def _converse(
         await (client.aclose() if isinstance(client, ChatModel) else client.close())
 
 
-def render_event(event: AgentEvent, console: Console) -> None:
-    if isinstance(event, TextDelta):
+def render_event(event: events.AgentEvent, console: Console) -> None:
+    if isinstance(event, events.TextDelta):
         console.print(event.text, end="", markup=False)
-    elif isinstance(event, TextDiscarded):
+    elif isinstance(event, events.TextDiscarded):
         console.print(f"\n[yellow](stream interrupted: {event.reason}; retrying)[/yellow]")
-    elif isinstance(event, ToolCallStarted):
+    elif isinstance(event, events.ToolCallStarted):
         console.print(f"\n[cyan]→ {event.name}[/cyan] {event.arguments}", markup=True)
-    elif isinstance(event, ToolCallFinished):
+    elif isinstance(event, events.ToolCallFinished):
         mark = (
             f"[red]✗[/red] {event.name} ({event.error_kind})"
             if event.is_error
@@ -177,16 +170,16 @@ def render_event(event: AgentEvent, console: Console) -> None:
             f"{mark} in {event.duration_ms:.1f} ms on {event.worker or '?'}: "
             f"[dim]{escape(_first_line(event.output)[:100])}[/dim]"
         )
-    elif isinstance(event, FinalAnswer):
+    elif isinstance(event, events.FinalAnswer):
         console.print()
 
 
-def failed_call_printer(err: Console) -> Callable[[AgentEvent], None]:
+def failed_call_printer(err: Console) -> Callable[[events.AgentEvent], None]:
     """An agent observer that prints each failed tool call in one line: the tool, why it failed
     (the error kind) and the first line of its message."""
 
-    def print_failure(event: AgentEvent) -> None:
-        if isinstance(event, ToolCallFinished) and event.is_error:
+    def print_failure(event: events.AgentEvent) -> None:
+        if isinstance(event, events.ToolCallFinished) and event.is_error:
             message = _first_line(event.output)[:FAILURE_SHOWN_CHARS]
             err.print(
                 f"✗ {event.name} failed ({event.error_kind}): {message}",

@@ -23,6 +23,12 @@ Tags = Annotated[
     ),
 ]
 
+#: Where a list's page ended, for the next one.
+NextCursor = Annotated[
+    str | None,
+    Field(description="Pass it as ?cursor= for the next page; null on the last one."),
+]
+
 
 class RunRequest(BaseModel):
     """A conversation to run: the user's message and the agent's options."""
@@ -76,9 +82,7 @@ class RunList(BaseModel):
     runs: list[RunSummary]
     total: int = Field(description="Runs matching the filters, on every page.")
     limit: int
-    next_cursor: str | None = Field(
-        description="Pass it as ?cursor= for the next page; null on the last one."
-    )
+    next_cursor: NextCursor
 
 
 class BatchList(BaseModel):
@@ -87,9 +91,7 @@ class BatchList(BaseModel):
     batches: list[BatchSummary]
     total: int = Field(description="Batches matching the filters, on every page.")
     limit: int
-    next_cursor: str | None = Field(
-        description="Pass it as ?cursor= for the next page; null on the last one."
-    )
+    next_cursor: NextCursor
 
 
 class Accepted(BaseModel):

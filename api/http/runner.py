@@ -21,7 +21,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from redis.exceptions import RedisError
@@ -38,7 +38,7 @@ from api.http.cancels import watch_cancels
 from api.http.metrics import ApiMetrics
 from api.http.run_stream import stream_into_run
 from api.http.state.batches import BatchStatus
-from api.http.state.runs import CANCELLED_ERROR, RunStatus
+from api.http.state.runs import CANCELLED_ERROR, RunEnding
 from api.http.state.store import ApiStore
 from api.images.environment import ImageUnavailable
 from api.llm import ChatModel, ModelError
@@ -181,7 +181,7 @@ class AgentExecutor:
                 if not await self._store.mark_running(run_id):
                     return  # cancelled before it started
                 if await self._store.cancels_requested([run_id]):
-                    await self._finish(run_id, "cancelled", None, error=CANCELLED_ERROR)
+                    await self._finish(run_id, RunEnding("cancelled", error=CANCELLED_ERROR))
                     return
                 fleet = await self.fleet()
                 if self._on_agents_pool(fleet):
@@ -199,7 +199,9 @@ class AgentExecutor:
                 agent.observers.append(observer)
                 answer = await stream_into_run(self._store, run_id, agent, prompt)
                 await self._finish(
-                    run_id, "succeeded", agent, answer=answer, stop_reason=agent.stop_reason
+                    run_id,
+                    RunEnding("succeeded", answer=answer, stop_reason=agent.stop_reason),
+                    agent,
                 )
             except asyncio.CancelledError:
                 self._winding_down.add(run_id)
@@ -207,16 +209,20 @@ class AgentExecutor:
                     if remote:  # the agents worker stops it too, rather than run it for nobody
                         with contextlib.suppress(RedisError, OSError):
                             await self._store.request_cancel(run_id)
-                    await self._finish(run_id, "failed", agent, error=SHUTDOWN_ERROR)
+                    await self._finish(run_id, RunEnding("failed", error=SHUTDOWN_ERROR), agent)
                 else:
-                    await self._finish(run_id, "cancelled", agent, error=CANCELLED_ERROR)
+                    await self._finish(run_id, RunEnding("cancelled", error=CANCELLED_ERROR), agent)
             except ModelError as exc:
-                await self._finish(run_id, "failed", agent, error=f"the model API failed: {exc}")
+                await self._finish(
+                    run_id, RunEnding("failed", error=f"the model API failed: {exc}"), agent
+                )
             except ImageUnavailable as exc:  # one line naming the image and the cause
-                await self._finish(run_id, "failed", agent, error=str(exc))
+                await self._finish(run_id, RunEnding("failed", error=str(exc)), agent)
             except Exception as exc:
                 log.exception("run %s failed", run_id)
-                await self._finish(run_id, "failed", agent, error=f"{type(exc).__name__}: {exc}")
+                await self._finish(
+                    run_id, RunEnding("failed", error=f"{type(exc).__name__}: {exc}"), agent
+                )
             finally:
                 observer.close()
                 self._cancel_requested.discard(run_id)
@@ -234,46 +240,24 @@ class AgentExecutor:
             return False
         end = RunEnd.model_validate(ended)
         self._metrics.record_tool_calls(end.tool_calls)
-        await self._finish(
-            run_id,
+        ending = RunEnding(
             end.status,
-            None,
             answer=end.answer,
             stop_reason=end.stop_reason,
             error=end.error,
             orchestrator=end.orchestrator,
             attempts=end.attempts,
         )
+        await self._finish(run_id, ending)
         return True
 
-    async def _finish(
-        self,
-        run_id: str,
-        status: RunStatus,
-        agent: Agent | None,
-        *,
-        error: str | None = None,
-        answer: str | None = None,
-        stop_reason: str | None = None,
-        orchestrator: str | None = None,
-        attempts: int | None = None,
-    ) -> None:
+    async def _finish(self, run_id: str, ending: RunEnding, agent: Agent | None = None) -> None:
         """Record the run's end; ``agent`` is the one that ran it here, if it ran here."""
-        transcript = agent.transcript() if agent is not None else None
         if agent is not None:
-            orchestrator = process_name()
+            ending = replace(ending, transcript=agent.transcript(), orchestrator=process_name())
         for attempt in range(1, FINISH_ATTEMPTS + 1):
             try:
-                ended = await self._store.finish_run(
-                    run_id,
-                    status,
-                    error=error,
-                    answer=answer,
-                    stop_reason=stop_reason,
-                    transcript=transcript,
-                    orchestrator=orchestrator,
-                    attempts=attempts,
-                )
+                ended = await self._store.finish_run(run_id, ending)
             except (RedisError, OSError) as exc:
                 if attempt == FINISH_ATTEMPTS:
                     log.error("could not record the end of run %s: %s", run_id, exc)
@@ -281,7 +265,7 @@ class AgentExecutor:
                 await asyncio.sleep(0.2 * 2**attempt)
             else:
                 if ended:
-                    self._metrics.record_run(status)
+                    self._metrics.record_run(ending.status)
                 return
 
     # -- batches -------------------------------------------------------------------------------

@@ -6,8 +6,8 @@ the run ends. Used by batch tasks, ``toolq run --image``, the Agent, Inspect and
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -21,17 +21,14 @@ from worker.contract.errors import ToolqError
 from worker.contract.operations import (
     END_ENVIRONMENT,
     START_ENVIRONMENT,
+    AnswerT,
     ImageRefusal,
     NoArguments,
     Operation,
-    OperationRequest,
+    RequestT,
     StartEnvironmentRequest,
-    Success,
     request_problems,
 )
-
-RequestT = TypeVar("RequestT", bound=OperationRequest)
-AnswerT = TypeVar("AnswerT", bound=Success)
 
 
 class ImageUnavailable(ToolqError, RuntimeError):
@@ -65,34 +62,26 @@ class StartedEnvironment:
         }
 
 
+@dataclass(eq=False)
 class RunEnvironment:
     """The container of run ``run_id`` from ``image`` on the fleet ``fleet`` describes.
 
     ``user`` and ``env`` replace the image's User and add to its Env; ``recreate`` lets a
     container lost mid-run (its worker died) start again from the image, where otherwise the
-    run's next command fails with "environment lost"."""
+    run's next command fails with "environment lost"; ``timeout_ms`` bounds its start (None:
+    the worker's own limit)."""
 
-    def __init__(
-        self,
-        dispatcher: Dispatcher,
-        fleet: Fleet,
-        run_id: str,
-        image: str,
-        *,
-        user: str | None = None,
-        env: Mapping[str, str] | None = None,
-        recreate: bool = False,
-        timeout_ms: int | None = None,
-    ) -> None:
-        self._dispatcher = dispatcher
-        self._fleet = fleet
-        self.run_id = run_id
-        self.image = image
-        self._user = user
-        self._env = dict(env or {})
-        self._recreate = recreate
-        self._timeout_ms = timeout_ms
-        self.started: StartedEnvironment | None = None
+    dispatcher: Dispatcher = field(repr=False)
+    fleet: Fleet = field(repr=False)
+    run_id: str
+    image: str
+    _: KW_ONLY
+    user: str | None = None
+    env: Mapping[str, str] | None = None
+    recreate: bool = False
+    timeout_ms: int | None = None
+    #: The container once it has started.
+    started: StartedEnvironment | None = field(default=None, init=False)
 
     @classmethod
     def for_run(
@@ -119,19 +108,19 @@ class RunEnvironment:
         """Start the run's container (resolving the image to a digest, pulling and unpacking it
         where the worker's cache lacks it) and pin the run's commands to it.
         ``ImageUnavailable`` when it cannot."""
-        spec = self._fleet.tools.get(START_ENVIRONMENT.name)
+        spec = self.fleet.tools.get(START_ENVIRONMENT.name)
         if spec is None:
             raise ImageUnavailable(
                 f"image {self.image!r}: no worker of this fleet runs images "
                 f"({START_ENVIRONMENT.name} is not served: sandbox workers of an older toolq?)"
             )
-        if not self._fleet.serves(START_ENVIRONMENT.name):
+        if not self.fleet.serves(START_ENVIRONMENT.name):
             raise ImageUnavailable(f"image {self.image!r}: no live sandbox worker to run it")
         # Unset, the worker's own limit applies, which the fleet publishes as the tool's.
-        limit = {} if self._timeout_ms is None else {"timeout_ms": self._timeout_ms}
+        limit = {} if self.timeout_ms is None else {"timeout_ms": self.timeout_ms}
         try:
             request = StartEnvironmentRequest(
-                image=self.image, user=self._user, env=self._env, **limit
+                image=self.image, user=self.user, env=dict(self.env or {}), **limit
             )
         except ValidationError as exc:
             raise ImageUnavailable(
@@ -139,7 +128,7 @@ class RunEnvironment:
                 f"{request_problems(exc)}."
             ) from None
         # A start goes to any sandbox worker; the one that answers holds the container.
-        self._dispatcher.pins.unpin(self.run_id)
+        self.dispatcher.pins.unpin(self.run_id)
         answer = await self._call(START_ENVIRONMENT, request, spec.pool)
         started = StartedEnvironment(
             image=self.image,
@@ -153,7 +142,7 @@ class RunEnvironment:
             pulled=answer.pulled,
         )
         self.started = started
-        self._dispatcher.pins.pin(self._pin(started))
+        self.dispatcher.pins.pin(self._pin(started))
         return started
 
     def record(self) -> dict[str, Any] | None:
@@ -163,7 +152,7 @@ class RunEnvironment:
     async def end(self) -> None:
         """End the run's container (nothing when it has none, or its worker is gone: the
         worker's next sweep ends it)."""
-        if self._dispatcher.pins.get(self.run_id) is None:
+        if self.dispatcher.pins.get(self.run_id) is None:
             return
         try:
             await self._call(
@@ -172,7 +161,7 @@ class RunEnvironment:
         except ImageUnavailable:
             pass  # lost already; nothing more to end here
         finally:
-            self._dispatcher.pins.unpin(self.run_id)
+            self.dispatcher.pins.unpin(self.run_id)
 
     def _pin(self, started: StartedEnvironment) -> Pin:
         return Pin(
@@ -182,7 +171,7 @@ class RunEnvironment:
             queue=started.queue,
             image=self.image,
             digest=started.digest,
-            restart=self._restart if self._recreate else None,
+            restart=self._restart if self.recreate else None,
         )
 
     async def _restart(self) -> Pin:
@@ -197,13 +186,13 @@ class RunEnvironment:
         timeout_ms: int | None = None,
     ) -> AnswerT:
         """The operation's answer; ``ImageUnavailable`` for a refusal or a failed call."""
-        spec = self._fleet.tools.get(operation.name)
+        spec = self.fleet.tools.get(operation.name)
         if spec is None:
             raise ImageUnavailable(
                 f"image {self.image!r}: no worker of this fleet offers {operation.name}"
             )
         result = await call_operation(
-            self._dispatcher,
+            self.dispatcher,
             spec,
             self.run_id,
             operation.arguments(request),

@@ -10,7 +10,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 from api.call_watch import CallWatch, InFlight
 from api.dispatch import Dispatcher
 from api.local.stack import free_port
-from tests.conftest import RedisServer, WorkerFleet, fleet_settings, tool_spec
+from tests.conftest import RedisServer, WorkerFleet, fleet_settings, tool_spec, until
 from worker.contract.keys import UNACKED_HASH, keys
 from worker.contract.settings import WorkerSettings
 from worker.contract.wire import ToolCallRequest, ToolCallResult, start_mark
@@ -54,13 +54,6 @@ def client(settings: WorkerSettings) -> redis.Redis:
 async def dispatcher(settings: WorkerSettings) -> AsyncIterator[Dispatcher]:
     async with Dispatcher(settings) as dispatcher:
         yield dispatcher
-
-
-async def until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 def queued_requests(client: redis.Redis, pool: str = "tools") -> list[dict[str, Any]]:

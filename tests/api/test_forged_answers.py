@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from api.events import AgentEvent, ToolCallFinished
 from api.llm import ChatModel, RetryPolicy
 from api.scripted.script import Script
 from api.scripted.server import ScriptedServer
-from tests.conftest import WorkerFleet, orchestrator_settings
+from tests.conftest import WorkerFleet, orchestrator_settings, until
 from worker.contract.keys import keys
 from worker.contract.wire import ToolCallResult
 
@@ -44,13 +43,6 @@ def model(tmp_path: Path) -> Iterator[tuple[ScriptedServer, Path]]:
     server.start()
     yield server, gate
     server.stop()
-
-
-async def until(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 def forged(task_id: str, tool: str) -> str:

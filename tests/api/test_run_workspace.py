@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -17,7 +16,7 @@ from api.run_workspace import (
     ServiceCallError,
     calls_end_within_s,
 )
-from tests.conftest import WorkerFleet
+from tests.conftest import WorkerFleet, until
 
 pytestmark = pytest.mark.integration
 
@@ -90,15 +89,6 @@ async def test_a_workspace_is_removed_only_once_its_call_in_flight_has_ended(
     assert (await command).stdout == "went\n"
     assert await removal is True
     assert not folder.exists()
-
-
-async def until(condition: Callable[[], bool], what: str, timeout: float = 60) -> None:
-    """Until ``condition`` holds, giving the event loop its turn; fails after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def test_an_operation_nobody_serves_is_a_clear_error(fleet: WorkerFleet) -> None:

@@ -17,7 +17,7 @@ import fakeredis
 import pytest
 import redis
 
-from tests.conftest import TEST_PLUGINS
+from tests.conftest import TEST_PLUGINS, RedisServer
 from worker.contract.settings import WorkerSettings
 from worker.contract.uid_range import DEFAULT_UID_RANGE, UidRange
 from worker.contract.wire import ToolCallResult
@@ -90,6 +90,20 @@ def worker_settings(workspace_root: Path, **overrides: Any) -> WorkerSettings:
 def client() -> fakeredis.FakeRedis:
     """The result store's Redis: fakeredis, unless the module brings a real one."""
     return fakeredis.FakeRedis()
+
+
+@pytest.fixture
+def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """A client of the session's real Redis."""
+    with redis.Redis.from_url(redis_server.url) as made:
+        yield made
+
+
+@pytest.fixture
+def own_redis_client(own_redis: RedisServer) -> Iterator[redis.Redis]:
+    """A client of a Redis of the test's own: one out of memory refuses every test sharing it."""
+    with redis.Redis.from_url(own_redis.url) as made:
+        yield made
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from operator import attrgetter
 
@@ -34,13 +34,6 @@ def unique(name: str) -> str:
 
 
 @pytest.fixture
-def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_server.url)
-    yield client
-    client.close()
-
-
-@pytest.fixture
 async def async_client(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
     client = aioredis.Redis.from_url(redis_server.url)
     yield client
@@ -48,12 +41,12 @@ async def async_client(redis_server: RedisServer) -> AsyncIterator[aioredis.Redi
 
 
 @pytest.fixture
-def answers(client: redis.Redis) -> AnswerStore:
-    return AnswerStore(client, TTL_S, result_key, "job")
+def answers(redis_client: redis.Redis) -> AnswerStore:
+    return AnswerStore(redis_client, TTL_S, result_key, "job")
 
 
 def test_the_first_answer_stored_wins_and_only_it_is_pushed(
-    answers: AnswerStore, client: redis.Redis
+    answers: AnswerStore, redis_client: redis.Redis
 ) -> None:
     job, reply_to = unique("job"), unique("reply")
 
@@ -61,69 +54,78 @@ def test_the_first_answer_stored_wins_and_only_it_is_pushed(
     # A run that ends later (a redelivery) gets the first answer back, pushed to nobody.
     assert answers.store_once(job, "second", reply_to) == Stored("kept", b"first")
 
-    assert client.get(result_key(job)) == b"first"
-    assert client.lrange(reply_to, 0, -1) == [b"first"]
-    assert 0 < client.ttl(result_key(job)) <= TTL_S
-    assert 0 < client.ttl(reply_to) <= TTL_S
+    assert redis_client.get(result_key(job)) == b"first"
+    assert redis_client.lrange(reply_to, 0, -1) == [b"first"]
+    assert 0 < redis_client.ttl(result_key(job)) <= TTL_S
+    assert 0 < redis_client.ttl(reply_to) <= TTL_S
 
 
 def test_a_kept_value_named_as_not_the_jobs_own_is_replaced(
-    answers: AnswerStore, client: redis.Redis
+    answers: AnswerStore, redis_client: redis.Redis
 ) -> None:
     job, reply_to = unique("job"), unique("reply")
-    client.set(result_key(job), "planted")
+    redis_client.set(result_key(job), "planted")
 
     assert answers.store_once(job, "real", reply_to, replacing=b"planted") == Stored("stored")
-    assert client.get(result_key(job)) == b"real"
-    assert client.lrange(reply_to, 0, -1) == [b"real"]
+    assert redis_client.get(result_key(job)) == b"real"
+    assert redis_client.lrange(reply_to, 0, -1) == [b"real"]
 
 
 def test_an_answer_without_a_reply_list_is_stored_only(
-    answers: AnswerStore, client: redis.Redis
+    answers: AnswerStore, redis_client: redis.Redis
 ) -> None:
     job = unique("job")
     assert answers.store_once(job, "quiet", None) == Stored("stored")
-    assert client.get(result_key(job)) == b"quiet"
+    assert redis_client.get(result_key(job)) == b"quiet"
 
 
-def test_a_kept_answer_is_sent_again_on_request(answers: AnswerStore, client: redis.Redis) -> None:
+def test_a_kept_answer_is_sent_again_on_request(
+    answers: AnswerStore, redis_client: redis.Redis
+) -> None:
     reply_to = unique("reply")
     answers.reply("job", b"kept", reply_to)
     answers.reply("job", b"ignored", None)
-    assert client.lrange(reply_to, 0, -1) == [b"kept"]
-    assert 0 < client.ttl(reply_to) <= TTL_S
+    assert redis_client.lrange(reply_to, 0, -1) == [b"kept"]
+    assert 0 < redis_client.ttl(reply_to) <= TTL_S
 
 
-def guard(job: str, send_id: str, holder: str) -> RunGuard:
-    return RunGuard(f"{result_key(job)}:current", send_id, f"{result_key(job)}:lease", holder)
+@pytest.fixture
+def async_answers(async_client: aioredis.Redis) -> AsyncAnswerStore:
+    return AsyncAnswerStore(async_client, TTL_S, result_key)
+
+
+async def guard_of_send_1(client: aioredis.Redis, job: str, current: str, lease: str) -> RunGuard:
+    """The guard of ``job``'s run as its ``send-1`` holding lease ``1 host:a``, with Redis
+    naming ``current`` the job's current send and ``lease`` the holder of its lease."""
+    guard = RunGuard(f"{result_key(job)}:current", "send-1", f"{result_key(job)}:lease", "1 host:a")
+    await client.set(guard.current_key, current)
+    await client.set(guard.lease_key, lease)
+    return guard
 
 
 async def test_a_run_of_a_superseded_send_stores_nothing_and_lets_its_lease_go(
-    async_client: aioredis.Redis,
+    async_answers: AsyncAnswerStore, async_client: aioredis.Redis
 ) -> None:
-    store = AsyncAnswerStore(async_client, TTL_S, result_key)
     job, reply_to = unique("job"), unique("reply")
-    old = guard(job, "send-1", "1 host:a")
-    await async_client.set(old.current_key, "send-2")
-    await async_client.set(old.lease_key, old.holder)
+    old = await guard_of_send_1(async_client, job, current="send-2", lease="1 host:a")
 
-    assert await store.store_once(job, "late", reply_to, guard=old) == Stored(
+    assert await async_answers.store_once(job, "late", reply_to, guard=old) == Stored(
         "superseded", b"send-2"
     )
     assert not await async_client.exists(result_key(job), reply_to, old.lease_key)
 
 
 async def test_the_current_send_stores_its_answer_and_keeps_a_lease_not_its_own(
-    async_client: aioredis.Redis,
+    async_answers: AsyncAnswerStore, async_client: aioredis.Redis
 ) -> None:
-    store = AsyncAnswerStore(async_client, TTL_S, result_key)
     job, reply_to = unique("job"), unique("reply")
-    current = guard(job, "send-1", "1 host:a")
-    await async_client.set(current.current_key, "send-1")
-    await async_client.set(current.lease_key, "2 host:b")  # the run after this one's lease
+    # The lease is held by the run after this one.
+    current = await guard_of_send_1(async_client, job, current="send-1", lease="2 host:b")
 
-    assert await store.store_once(job, "answer", reply_to, guard=current) == Stored("stored")
-    assert await store.store_once(job, "again", reply_to, guard=current) == Stored(
+    assert await async_answers.store_once(job, "answer", reply_to, guard=current) == Stored(
+        "stored"
+    )
+    assert await async_answers.store_once(job, "again", reply_to, guard=current) == Stored(
         "kept", b"answer"
     )
     assert await async_client.lrange(reply_to, 0, -1) == [b"answer"]
@@ -174,38 +176,31 @@ async def test_each_answer_reaches_the_waiter_of_its_job(async_client: aioredis.
     assert await async_client.llen(reply_to) == 0
 
 
-@pytest.fixture
-def own_client(own_redis: RedisServer) -> Iterator[redis.Redis]:
-    # On a Redis of its own: a store out of memory refuses every test that shares it.
-    client = redis.Redis.from_url(own_redis.url)
-    yield client
-    client.close()
-
-
 @pytest.mark.integration
 def test_an_answer_refused_for_a_while_is_stored_once_the_store_takes_writes(
-    own_client: redis.Redis,
+    own_redis_client: redis.Redis,
 ) -> None:
-    answers = AnswerStore(own_client, TTL_S, result_key, "job")
+    answers = AnswerStore(own_redis_client, TTL_S, result_key, "job")
     deadline = time.time() + PATIENT_S
 
     stored = while_refused(
-        own_client, lambda: answers.store_once("refused", "answer", "reply", deadline=deadline)
+        own_redis_client,
+        lambda: answers.store_once("refused", "answer", "reply", deadline=deadline),
     )
 
     assert stored == Stored("stored")
-    assert own_client.lrange("reply", 0, -1) == [b"answer"]
+    assert own_redis_client.lrange("reply", 0, -1) == [b"answer"]
 
 
 @pytest.mark.integration
-def test_an_answer_refused_past_its_deadline_is_given_up(own_client: redis.Redis) -> None:
-    answers = AnswerStore(own_client, TTL_S, result_key, "job")
-    refuse_writes(own_client)
+def test_an_answer_refused_past_its_deadline_is_given_up(own_redis_client: redis.Redis) -> None:
+    answers = AnswerStore(own_redis_client, TTL_S, result_key, "job")
+    refuse_writes(own_redis_client)
     started = time.monotonic()
     try:
         with pytest.raises(OutOfMemoryError):
             answers.store_once("late", "answer", "reply", deadline=time.time() + 0.3)
     finally:
-        take_writes(own_client)
+        take_writes(own_redis_client)
     assert 0.3 <= time.monotonic() - started < 5
-    assert not own_client.exists(result_key("late"))
+    assert not own_redis_client.exists(result_key("late"))

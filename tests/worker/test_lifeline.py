@@ -4,12 +4,11 @@ exits themselves, on real worker processes, are in tests/reliability/test_deaf_w
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 
 import pytest
 import redis
 
-from tests.conftest import Clock, RedisServer, wait_for
+from tests.conftest import Clock, wait_for
 from worker.app import create_celery_app
 from worker.contract.keys import keys
 from worker.contract.runtime import heartbeat
@@ -45,16 +44,9 @@ def test_the_workers_app_serves_or_exits() -> None:
     assert LoopTurns in app.steps["consumer"]
 
 
-@pytest.fixture
-def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_server.url)
-    yield client
-    client.close()
-
-
 @pytest.mark.integration
 def test_a_heartbeat_beats_only_while_the_worker_serves(
-    client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(heartbeat, "HEARTBEAT_INTERVAL_S", 0.02)
     serves = threading.Event()
@@ -66,18 +58,18 @@ def test_a_heartbeat_beats_only_while_the_worker_serves(
         refused.release()
         return False
 
-    beat = Heartbeat(client, "lifeline-test@host", ["tools"], [], serving=serving)
+    beat = Heartbeat(redis_client, "lifeline-test@host", ["tools"], [], serving=serving)
     key = keys.worker_heartbeat("tools", "lifeline-test@host")
     serves.set()
     beat.start()
     try:
         serves.clear()
         assert refused.acquire(timeout=10)  # a beat on its way as it stopped serving is done
-        client.delete(key)
+        redis_client.delete(key)
         assert refused.acquire(timeout=10)  # and a whole turn went by since, with no beat
-        assert client.get(key) is None
+        assert redis_client.get(key) is None
         serves.set()
-        wait_for(lambda: client.get(key) is not None, what="the heartbeat to beat again")
+        wait_for(lambda: redis_client.get(key) is not None, what="the heartbeat to beat again")
     finally:
         beat.stop()
-    assert client.get(key) is None
+    assert redis_client.get(key) is None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -37,6 +37,8 @@ TASK_NAME = "toolq.execute_tool"
 LAYER_RUN_UID = "run-uid"
 
 RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+#: A message's id on the wire, which is also its Celery task id: a call's, or a conversation's.
+TaskId = Annotated[str, Field(min_length=1, max_length=256)]
 
 #: A message of the conversation, as the chat API has it.
 Message = dict[str, Any]
@@ -139,10 +141,8 @@ class ToolCallRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    task_id: str = Field(
-        min_length=1,
-        max_length=256,
-        description="The call's id on the wire, also its Celery task id: unique per attempt.",
+    task_id: TaskId = Field(
+        description="The call's id on the wire, also its Celery task id: unique per attempt."
     )
     tool_call_id: str | None = Field(
         None, max_length=256, description="The model's id for the call, for logs."

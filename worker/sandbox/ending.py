@@ -16,6 +16,7 @@ import selectors
 import signal
 import socket
 import time
+from dataclasses import InitVar, dataclass
 
 from worker.sandbox.callgroup import CallGroup, poll_until
 from worker.sandbox.cgroups import stat_fields
@@ -32,24 +33,20 @@ from worker.sandbox.sweep import sweep_marked
 _UNSHARE_SAW_SIGKILL = b"unshare: sigprocmask unblock failed: Invalid argument\n"
 
 
+@dataclass(eq=False)
 class Ending:
     """How one started command ends: ``kill_everything`` once it exited or its time is up, then
     ``reap`` for its exit status and ``usage`` for what it used."""
 
-    def __init__(
-        self,
-        proc: LaunchedProcess,
-        plan: Plan,
-        marker: str,
-        group: CallGroup | None,
-        init_socket: socket.socket | None,
-        forked: ForkedCommand | None = None,
-    ) -> None:
-        self._proc = proc
-        self.plan = plan
-        self._marker = marker
-        self._group = group
-        self.init_socket = init_socket
+    proc: LaunchedProcess
+    plan: Plan
+    marker: str
+    group: CallGroup | None
+    init_socket: socket.socket | None
+    #: The command the init forked ahead, when it did (``Plan.forks_ahead``).
+    forked: InitVar[ForkedCommand | None] = None
+
+    def __post_init__(self, forked: ForkedCommand | None) -> None:
         #: The command under the namespace's init, once the init said it started it, or from
         #: the start when the init forked it ahead.
         self._init_pid = None if forked is None else forked.init_pid
@@ -69,7 +66,7 @@ class Ending:
         with contextlib.suppress(OSError):
             if not self.init_socket.recv(16):
                 return None
-            self._init_pid = next(iter(children(self._proc.pid)), None)
+            self._init_pid = next(iter(children(self.proc.pid)), None)
             if self._init_pid is not None:
                 self._command_pid = first_child_in_namespace(self._init_pid)
             if self._command_pid is not None:
@@ -82,13 +79,13 @@ class Ending:
     def kill_everything(self) -> None:
         """Kill the started process and every process the command left behind; wait until gone."""
         deadline = time.monotonic() + REAP_BOUND_S
-        if self._group is None:
-            _kill_without_group(self._proc, self.plan, self._marker)
+        if self.group is None:
+            _kill_without_group(self.proc, self.plan, self.marker)
             return
         if self.plan.has_init and self._init_pid is None:
-            self._init_pid = next(iter(children(self._proc.pid)), None)
+            self._init_pid = next(iter(children(self.proc.pid)), None)
         # The plan's own processes (unshare and the init) are killed with the rest, not counted.
-        machinery = {self._proc.pid, self._init_pid} if self.plan.has_init else set()
+        machinery = {self.proc.pid, self._init_pid} if self.plan.has_init else set()
         command = self._command_pid
         if command is not None and self.init_socket is not None and not _running(command):
             # The command has ended: its status is read from the zombie while the init has not
@@ -96,33 +93,33 @@ class Ending:
             # to go: it reaps the command, exits with its status, and the namespace dies with
             # it, leftovers and all.
             self._command_status = self._ended_status(command)
-            left = [pid for pid in self._group.members() if pid not in machinery]
+            left = [pid for pid in self.group.members() if pid not in machinery]
             self._killed = len(left)
             self.init_socket.close()
             with contextlib.suppress(OSError):
-                exited = os.pidfd_open(self._proc.pid)
+                exited = os.pidfd_open(self.proc.pid)
                 try:
                     _wait_readable([exited], deadline)
                 finally:
                     os.close(exited)
-            self._group.kill(deadline)
+            self.group.kill(deadline)
         else:
-            killed = self._group.kill(deadline)
+            killed = self.group.kill(deadline)
             self._killed = len([pid for pid in killed if pid not in machinery])
-        self._group.wait_empty(deadline)
+        self.group.wait_empty(deadline)
 
     def ended_alone(self) -> bool:
         """The command has exited, its status is known, and nothing it started is left: all it
         printed is in its pipes, and the rest (the init, the namespace, the group) may end after
         the answer (``finish``). Only the init's own processes hold the pipes then, and they
         write nothing."""
-        command, group = self._command_pid, self._group
+        command, group = self._command_pid, self.group
         if command is None or group is None or self.init_socket is None:
             return False
         status = self._ended_status(command)
         if status is None:
             return False
-        machinery = {self._proc.pid, self._init_pid}
+        machinery = {self.proc.pid, self._init_pid}
         if any(pid not in machinery for pid in group.members()):
             return False
         self._command_status, self._killed = status, 0
@@ -132,12 +129,12 @@ class Ending:
     def finish(self) -> None:
         """After ``ended_alone``: let the init go (it exits, and the namespace with it), reap
         the launch, and leave the group empty."""
-        assert self.init_socket is not None and self._group is not None
+        assert self.init_socket is not None and self.group is not None
         deadline = time.monotonic() + REAP_BOUND_S
         self.init_socket.close()
         self._wait()
-        self._group.kill(deadline)
-        self._group.wait_empty(deadline)
+        self.group.kill(deadline)
+        self.group.wait_empty(deadline)
         self.ends_later = False
 
     @property
@@ -175,8 +172,8 @@ class Ending:
         """What the command used: from its control group, or without one the CPU time the
         kernel counted for the processes the command waited for. (Not their peak memory: a
         child started by vfork counts the worker's own memory until it execs.)"""
-        if self._group is not None:
-            counted = self._group.usage()
+        if self.group is not None:
+            counted = self.group.usage()
             peak = counted.pids_peak
             return Usage(
                 cpu_ms=counted.cpu_ms,
@@ -194,7 +191,7 @@ class Ending:
     def _wait(self) -> int | None:
         """Reap the started process, keeping what the kernel counted for it and what it
         waited for; None if it is not gone in time (stuck in the kernel even after SIGKILL)."""
-        proc = self._proc
+        proc = self.proc
         if proc.returncode is None:
             try:
                 poll_until(self._reaped, time.monotonic() + REAP_BOUND_S)
@@ -203,9 +200,9 @@ class Ending:
         return proc.returncode
 
     def _reaped(self) -> bool:
-        pid, status, rusage = os.wait4(self._proc.pid, os.WNOHANG)
+        pid, status, rusage = os.wait4(self.proc.pid, os.WNOHANG)
         if pid:
-            self._proc.returncode = os.waitstatus_to_exitcode(status)
+            self.proc.returncode = os.waitstatus_to_exitcode(status)
             self._rusage = rusage
         return bool(pid)
 

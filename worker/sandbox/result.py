@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from worker.sandbox.output import CappedStream
 
@@ -36,13 +36,7 @@ class Usage:
     oom_killed: bool = False
 
     def as_dict(self) -> dict[str, int | bool | None]:
-        return {
-            "cpu_ms": self.cpu_ms,
-            "max_rss_kb": self.max_rss_kb,
-            "pids_peak": self.pids_peak,
-            "killed_processes": self.killed_processes,
-            "oom_killed": self.oom_killed,
-        }
+        return asdict(self)
 
 
 NO_USAGE = Usage(cpu_ms=None, max_rss_kb=None, pids_peak=None, killed_processes=None)

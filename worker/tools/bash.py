@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field, field_validator
 
 from worker.contract.settings import get_worker_settings
-from worker.contract.wire import CommandAnswer, ResourceUsage, StreamsCut
+from worker.contract.wire import CommandAnswer, StreamsCut
 from worker.images.commands import run_command
 from worker.sandbox import SandboxConfig, SandboxResult
 from worker.tools.interface import ExecutableTool, ToolArgs
@@ -118,17 +119,10 @@ class RunBashTool(ExecutableTool):
 
 
 def command_answer(result: SandboxResult) -> CommandAnswer:
-    """A sandboxed command's result as the wire contract has it."""
-    return CommandAnswer(
-        stdout=result.stdout,
-        stderr=result.stderr,
-        exit_code=result.exit_code,
-        timed_out=result.timed_out,
-        duration_ms=result.duration_ms,
-        truncated=StreamsCut(stdout=result.stdout_truncated, stderr=result.stderr_truncated),
-        isolation=list(result.isolation),
-        usage=ResourceUsage(**result.usage.as_dict()),
-    )
+    """A sandboxed command's result as the wire contract has it: its fields by name, but for
+    which streams were cut."""
+    truncated = StreamsCut(stdout=result.stdout_truncated, stderr=result.stderr_truncated)
+    return CommandAnswer.model_validate({**asdict(result), "truncated": truncated})
 
 
 def working_directory(workspace: Workspace, cwd: str | None) -> Path:

@@ -143,10 +143,8 @@ class ToolRegistry:
             return ToolOutcome(
                 f"Error: {name} timed out after {timeout_ms} ms and was stopped.", "timeout"
             )
-        except self._passthrough:
-            raise
         except Exception as exc:
-            return _raised(name, exc)
+            return self._error_answer(name, exc)
         return serialise_result(name, result)
 
     def run_blocking(
@@ -166,10 +164,8 @@ class ToolRegistry:
                 result = tool.execute(validated)
                 if inspect.isawaitable(result):
                     result = loop.run_until_complete(result)
-        except self._passthrough:
-            raise
         except Exception as exc:
-            return _raised(name, exc)
+            return self._error_answer(name, exc)
         return serialise_result(name, result)
 
     def _prepare(
@@ -192,6 +188,13 @@ class ToolRegistry:
         if isinstance(validated, str):
             return ToolOutcome(validated, "invalid_arguments")
         return tool, validated
+
+    def _error_answer(self, name: str, exc: Exception) -> ToolOutcome:
+        """The answer to tool ``name``, which raised ``exc``; an exception to pass through
+        (``passthrough``) goes on to the caller instead."""
+        if isinstance(exc, self._passthrough):
+            raise exc
+        return _raised(name, exc)
 
     async def _call(self, tool: ExecutableTool, args: dict[str, Any]) -> Any:
         if inspect.iscoroutinefunction(tool.execute):

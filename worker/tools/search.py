@@ -19,16 +19,9 @@ from pydantic import Field, field_validator
 from worker.contract.errors import ToolqError
 from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES, answer_budget
 from worker.contract.wire import glob_segments
+from worker.tools import paths
 from worker.tools.filesystem import BINARY_PROBE_BYTES, WorkspaceTool
 from worker.tools.interface import ToolArgs, TruncatedText
-from worker.tools.paths import (
-    PathNotFoundError,
-    WorkspaceError,
-    counted,
-    file_kind,
-    printable,
-    shown,
-)
 from worker.tools.ripgrep import files_holding
 from worker.tools.workspace import Workspace
 
@@ -151,26 +144,26 @@ class SearchTextTool(SearchTool):
         for target in targets:
             try:
                 search.path(target)
-            except WorkspaceError as exc:
+            except paths.WorkspaceError as exc:
                 problems.append(str(exc))
             except SearchTimeUp:
                 timed_out = True
                 break
         if len(problems) == len(targets):
-            raise WorkspaceError("; ".join(problems))
+            raise paths.WorkspaceError("; ".join(problems))
         notes = [f"[not searched: {problem}]" for problem in problems]
         if search.binary_skipped:
-            notes.append(f"[{counted(search.binary_skipped, 'binary file')} skipped]")
+            notes.append(f"[{paths.counted(search.binary_skipped, 'binary file')} skipped]")
         if found.left_out:
             more = "at least " if timed_out else ""
-            left_out = more + counted(found.left_out, "more match", "more matches")
+            left_out = more + paths.counted(found.left_out, "more match", "more matches")
             notes.append(self._left_out_note(left_out, "Narrow the search."))
         if timed_out:
             notes.append(self._time_up_note("Search fewer files or use a simpler pattern."))
         if not found.lines and not found.left_out:
             what = "the regular expression" if args["regex"] else "the text"
-            where = ", ".join(shown(self.workspace.relative(t)) for t in targets)
-            return "\n".join([f"No lines match {what} {shown(query)} in {where}.", *notes])
+            where = ", ".join(paths.shown(self.workspace.relative(t)) for t in targets)
+            return "\n".join([f"No lines match {what} {paths.shown(query)} in {where}.", *notes])
         return found.answer(notes)
 
 
@@ -180,7 +173,7 @@ def _line_matcher(query: str, is_regex: bool) -> LineMatcher:
     try:
         pattern = regex.compile(query)
     except (regex.error, OverflowError, RecursionError, ValueError) as exc:
-        raise ValueError(f"invalid regular expression {shown(query)}: {exc}") from None
+        raise ValueError(f"invalid regular expression {paths.shown(query)}: {exc}") from None
 
     def search(line: str, timeout: float) -> bool:
         try:
@@ -207,14 +200,14 @@ class _TextSearch:
         info = self.workspace.lstat(target)
         where = self.workspace.relative(target)
         if info is None:
-            raise PathNotFoundError(f"{shown(where)} does not exist")
+            raise paths.PathNotFoundError(f"{paths.shown(where)} does not exist")
         if stat.S_ISDIR(info.st_mode):
             self.tree(target)
         elif stat.S_ISREG(info.st_mode):
             with self.workspace.parent(target) as (dir_fd, name):
                 self.file(dir_fd, name, where)
         else:
-            raise WorkspaceError(f"{shown(where)} is {file_kind(info.st_mode)}")
+            raise paths.WorkspaceError(f"{paths.shown(where)} is {paths.file_kind(info.st_mode)}")
 
     def tree(self, top: Path) -> None:
         if self.literal is not None:
@@ -232,7 +225,7 @@ class _TextSearch:
                 where = self.workspace.relative(top / rel / name)
                 try:
                     self.file(dir_fd, name, where)
-                except WorkspaceError:
+                except paths.WorkspaceError:
                     continue  # a link, pipe or device in a tree is passed over
 
     def listed(self, top: Path, relatives: list[str]) -> None:
@@ -246,9 +239,9 @@ class _TextSearch:
                         path = top / relative
                         try:
                             self.file(dir_fd, path.name, self.workspace.relative(path))
-                        except WorkspaceError:
+                        except paths.WorkspaceError:
                             continue
-            except WorkspaceError:
+            except paths.WorkspaceError:
                 continue  # the directory went, or became a link, since ripgrep listed it
 
     def file(self, dir_fd: int, name: str, where: str) -> None:
@@ -335,15 +328,15 @@ class SearchFilesTool(SearchTool):
             collected.add(hit)
         notes: list[str] = []
         if collected.left_out:
-            more = counted(collected.left_out, "more path")
+            more = paths.counted(collected.left_out, "more path")
             notes.append(self._left_out_note(more, "Use a narrower pattern."))
         if timed_out:
             notes.append(self._time_up_note("Use a narrower pattern or path."))
         if not collected.lines and not collected.left_out:
             where = self.workspace.relative(base)
-            line = f"No paths match {shown(pattern)} in {shown(where)}."
+            line = f"No paths match {paths.shown(pattern)} in {paths.shown(where)}."
             if "/" not in pattern.rstrip("/") and not timed_out:
-                line += f" ('*' stays in one directory: try '**/{printable(pattern)}'.)"
+                line += f" ('*' stays in one directory: try '**/{paths.printable(pattern)}'.)"
             return "\n".join([line, *notes])
         return collected.answer(notes)
 
@@ -364,7 +357,7 @@ class Glob:
         try:
             segments = glob_segments(pattern)
         except ValueError as exc:
-            raise WorkspaceError(f"the pattern {shown(pattern)} {exc}") from None
+            raise paths.WorkspaceError(f"the pattern {paths.shown(pattern)} {exc}") from None
         return cls(segments, dirs_only=pattern.endswith("/"))
 
     def start(self) -> frozenset[int]:

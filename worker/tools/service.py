@@ -20,14 +20,9 @@ import stat
 from abc import abstractmethod
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
+from worker.contract import operations
 from worker.contract.limits import MAX_LISTED_RUNS
 from worker.contract.operations import (
-    COLLECT_FILES,
-    EXEC,
-    LIST_WORKSPACES,
-    PUT_FILES,
-    READ_FILE,
-    REMOVE_WORKSPACE,
     CollectedFile,
     CollectFilesAnswer,
     CollectFilesRequest,
@@ -132,7 +127,7 @@ class ServiceTool(OperationTool[RequestT]):
 
 
 class PutFilesTool(ServiceTool[PutFilesRequest]):
-    operation = PUT_FILES
+    operation = operations.PUT_FILES
     description = "Write files into the run's workspace, replacing any that exist."
     workspace_effect = "adds"
 
@@ -171,7 +166,7 @@ class PutFilesTool(ServiceTool[PutFilesRequest]):
 
 
 class ReadWholeFileTool(ServiceTool[ReadFileRequest]):
-    operation = READ_FILE
+    operation = operations.READ_FILE
     description = "Read one whole file of the run's workspace, as base64."
 
     def serve(self, request: ReadFileRequest) -> ReadFileAnswer | FileRefusal:
@@ -204,7 +199,7 @@ class ReadWholeFileTool(ServiceTool[ReadFileRequest]):
 
 
 class CollectFilesTool(ServiceTool[CollectFilesRequest]):
-    operation = COLLECT_FILES
+    operation = operations.COLLECT_FILES
     description = "The regular files whose paths match globs, each cut at a size."
 
     def serve(self, request: CollectFilesRequest) -> CollectFilesAnswer:
@@ -248,7 +243,7 @@ class CollectFilesTool(ServiceTool[CollectFilesRequest]):
 
 
 class RemoveWorkspaceTool(ServiceTool[NoArguments]):
-    operation = REMOVE_WORKSPACE
+    operation = operations.REMOVE_WORKSPACE
     description = "Remove the run's whole workspace, unless another call of the run is in flight."
     workspace_effect = "frees"  # measured after: a quota mark goes with the workspace
 
@@ -262,7 +257,7 @@ class RemoveWorkspaceTool(ServiceTool[NoArguments]):
 
 
 class ListWorkspacesTool(ServiceTool[ListWorkspacesRequest]):
-    operation = LIST_WORKSPACES
+    operation = operations.LIST_WORKSPACES
     description = "The other runs with a workspace beside this run's, by the start of their ids."
 
     def serve(self, request: ListWorkspacesRequest) -> ListWorkspacesAnswer:
@@ -274,7 +269,7 @@ class ListWorkspacesTool(ServiceTool[ListWorkspacesRequest]):
 class ExecTool(ServiceTool[ExecRequest]):
     """A command in the sandbox, as run_bash runs one, with an argv, input and caps of its own."""
 
-    operation = EXEC
+    operation = operations.EXEC
     description = "Run a program in the sandbox with its own argv, input and output limit."
     idempotent = False
     timeout_argument = "timeout_ms"

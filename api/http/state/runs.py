@@ -10,6 +10,7 @@ import functools
 import json
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 from pydantic import BaseModel, Field
@@ -35,6 +36,23 @@ from worker.contract.keys import (
 )
 
 RunStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunEnding:
+    """How a run ended, as its record keeps it."""
+
+    status: RunStatus
+    error: str | None = None
+    answer: str | None = None
+    stop_reason: str | None = None
+    #: The conversation, when this replica ran it (the agents pool writes its own).
+    transcript: Mapping[str, Any] | None = None
+    #: hostname:pid of the process that ran it.
+    orchestrator: str | None = None
+    #: Runs of the conversation on the agents pool; None when it ran in a replica.
+    attempts: int | None = None
+
 
 #: A cancelled run's error, wherever it ran.
 CANCELLED_ERROR = "cancelled on request"
@@ -147,33 +165,27 @@ class RunStore(RecordStore):
         )
         return text(entry)
 
-    async def finish_run(
-        self,
-        run_id: str,
-        status: RunStatus,
-        *,
-        error: str | None = None,
-        answer: str | None = None,
-        stop_reason: str | None = None,
-        transcript: Mapping[str, Any] | None = None,
-        orchestrator: str | None = None,
-        attempts: int | None = None,
-    ) -> bool:
+    async def finish_run(self, run_id: str, ending: RunEnding) -> bool:
         """End an active run and append its ``done`` event; False if it had already ended."""
-        fields: dict[str, str] = {"status": status}
-        if orchestrator is not None:
-            fields["orchestrator"] = orchestrator
-        if attempts is not None:
-            fields["attempts"] = str(attempts)
-        if error is not None:
-            fields["error"] = error
-        if answer is not None:
-            fields["answer"] = answer
-        if stop_reason is not None:
-            fields["stop_reason"] = stop_reason
-        if transcript is not None:
-            fields["transcript"] = json.dumps(transcript)
-        done = {"type": DONE, "status": status, "error": error, "stop_reason": stop_reason}
+        fields: dict[str, str] = {"status": ending.status}
+        if ending.orchestrator is not None:
+            fields["orchestrator"] = ending.orchestrator
+        if ending.attempts is not None:
+            fields["attempts"] = str(ending.attempts)
+        if ending.error is not None:
+            fields["error"] = ending.error
+        if ending.answer is not None:
+            fields["answer"] = ending.answer
+        if ending.stop_reason is not None:
+            fields["stop_reason"] = ending.stop_reason
+        if ending.transcript is not None:
+            fields["transcript"] = json.dumps(ending.transcript)
+        done = {
+            "type": DONE,
+            "status": ending.status,
+            "error": ending.error,
+            "stop_reason": ending.stop_reason,
+        }
         return await self._apply(
             run_state_key(run_id),
             run_events_key(run_id),
@@ -253,7 +265,7 @@ class RunStore(RecordStore):
         """Fail an active run whose replica's lease expired; True if this ended it."""
         if not await self._lease_expired(replica):
             return False
-        return await self.finish_run(run_id, "failed", error=lost_error(replica, "run"))
+        return await self.finish_run(run_id, RunEnding("failed", error=lost_error(replica, "run")))
 
 
 def event_entries(

@@ -10,17 +10,20 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
-from urllib.parse import urlencode
 
 from api.http.state.listing import TAG_PATTERN, Listed, ListQuery, is_cursor
+from api.http.viewer.query import QueryReader, query_link
 
 PER_PAGE_CHOICES = (25, 50, 100, 200)
 RUN_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 BATCH_STATUSES = ("queued", "running", "succeeded", "failed")
 _TAG = re.compile(TAG_PATTERN)
+_A_TAG = "a tag: 1 to 64 letters, digits or ._:/=- (starting with a letter or digit)"
+_A_DAY = "a date such as 2024-05-31"
+_NOT_A_PAGE = "the page asked for is not one of this list: showing the first"
 
 
 @dataclass(frozen=True)
@@ -40,39 +43,14 @@ class ListFilters:
         cls, params: Mapping[str, str], statuses: Sequence[str]
     ) -> tuple[ListFilters, list[str]]:
         """The query in ``params``; what could not be read is left out and said why."""
-        problems: list[str] = []
-        values: dict[str, Any] = {}
-        status = params.get("status", "").strip()
-        if status and status not in statuses:
-            problems.append(f"status {status!r} is not one of {', '.join(statuses)}")
-        elif status:
-            values["status"] = status
-        tag = params.get("tag", "").strip()
-        if tag and not _TAG.match(tag):
-            problems.append(
-                f"tag {tag!r} is not a tag: 1 to 64 letters, digits or ._:/=- (starting with a "
-                "letter or digit)"
-            )
-        elif tag:
-            values["tag"] = tag
-        for name, label in (("created_from", "from"), ("created_to", "to")):
-            day = params.get(name, "").strip()
-            if day and _day(day) is None:
-                problems.append(f"{label} {day!r} is not a date such as 2024-05-31")
-            elif day:
-                values[name] = day
-        per_page = params.get("per_page", "").strip()
-        if per_page and per_page not in [str(n) for n in PER_PAGE_CHOICES]:
-            choices = ", ".join(str(n) for n in PER_PAGE_CHOICES)
-            problems.append(f"rows per page {per_page!r} is not one of {choices}")
-        elif per_page:
-            values["per_page"] = int(per_page)
-        cursor = params.get("cursor", "").strip()
-        if cursor and not is_cursor(cursor):
-            problems.append("the page asked for is not one of this list: showing the first")
-        elif cursor:
-            values["cursor"] = cursor
-        return cls(**values), problems
+        read = QueryReader(params)
+        read.choice("status", statuses, "status")
+        read.check("tag", _TAG.match, lambda tag: f"tag {tag!r} is not {_A_TAG}")
+        read.check("created_from", _day, lambda day: f"from {day!r} is not {_A_DAY}")
+        read.check("created_to", _day, lambda day: f"to {day!r} is not {_A_DAY}")
+        read.per_page(PER_PAGE_CHOICES)
+        read.check("cursor", is_cursor, lambda _: _NOT_A_PAGE)
+        return cls(**read.values), read.problems
 
     @property
     def filtered(self) -> bool:
@@ -93,20 +71,7 @@ class ListFilters:
 
     def link(self, **changes: Any) -> str:
         """``?...`` for this query with ``changes``; empty values are left out."""
-        changed = replace(self, **changes)
-        pairs = [
-            (name, str(value))
-            for name, value in (
-                ("status", changed.status),
-                ("tag", changed.tag),
-                ("created_from", changed.created_from),
-                ("created_to", changed.created_to),
-                ("per_page", changed.per_page if changed.per_page != PER_PAGE_CHOICES[0] else ""),
-                ("cursor", changed.cursor),
-            )
-            if value != ""
-        ]
-        return "?" + urlencode(pairs) if pairs else ""
+        return query_link(self, **changes)
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any
-from urllib.parse import urlencode
 
 from api.batch.summary import ItemSummary
+from api.http.viewer.query import QueryReader, query_link
 
 PER_PAGE_CHOICES = (25, 50, 100, 200)
 STATUSES = ("ok", "error", "unreadable")
@@ -56,48 +56,21 @@ class ItemQuery:
     @classmethod
     def parse(cls, params: Mapping[str, str]) -> tuple[ItemQuery, list[str]]:
         """The query in ``params``; what could not be read is left out and said why."""
-        problems: list[str] = []
-        values: dict[str, Any] = {}
-
-        def choice(name: str, allowed: Sequence[str], label: str) -> None:
-            value = params.get(name, "").strip()
-            if value and value not in allowed:
-                problems.append(f"{label} {value!r} is not one of {', '.join(allowed)}")
-            elif value:
-                values[name] = value
-
-        def number(name: str, label: str, kind: type[int] | type[float]) -> None:
-            raw = params.get(name, "").strip()
-            if not raw:
-                return
-            try:
-                value = kind(raw)
-            except ValueError:
-                what = "a whole number" if kind is int else "a number"
-                problems.append(f"{label} {raw!r} is not {what}")
-                return
-            if value < 0 or not math.isfinite(value):
-                problems.append(f"{label} {raw!r} must be zero or more")
-                return
-            values[name] = value
-
-        choice("status", STATUSES, "status")
-        choice("stop_reason", (*STOP_REASONS, "none"), "stop reason")
-        choice("score", SCORES, "score")
-        choice("tool_errors", TOOL_ERRORS, "tool errors")
-        choice("sort", (FINISHED, *SORT_KEYS), "sort")
-        choice("order", ("asc", "desc"), "order")
-        number("min_duration", "shortest duration", float)
-        number("max_duration", "longest duration", float)
-        number("min_tokens", "fewest tokens", int)
-        number("max_tokens", "most tokens", int)
-        number("page", "page", int)
-        choice("per_page", [str(n) for n in PER_PAGE_CHOICES], "rows per page")
-        if "per_page" in values:
-            values["per_page"] = int(values["per_page"])
-        values["page"] = max(int(values.get("page", 1)), 1)
-        values["q"] = params.get("q", "").strip()
-        return cls(**values), problems
+        read = QueryReader(params)
+        read.choice("status", STATUSES, "status")
+        read.choice("stop_reason", (*STOP_REASONS, "none"), "stop reason")
+        read.choice("score", SCORES, "score")
+        read.choice("tool_errors", TOOL_ERRORS, "tool errors")
+        read.choice("sort", (FINISHED, *SORT_KEYS), "sort")
+        read.choice("order", ("asc", "desc"), "order")
+        read.number("min_duration", "shortest duration", float)
+        read.number("max_duration", "longest duration", float)
+        read.number("min_tokens", "fewest tokens", int)
+        read.number("max_tokens", "most tokens", int)
+        read.number("page", "page", int)
+        read.per_page(PER_PAGE_CHOICES)
+        page = max(int(read.values.pop("page", 1)), 1)
+        return cls(**read.values, page=page, q=read.given("q")), read.problems
 
     @property
     def filtered(self) -> bool:
@@ -126,14 +99,7 @@ class ItemQuery:
 
     def link(self, **changes: Any) -> str:
         """This query with ``changes``, as a query string (only what differs from defaults)."""
-        query = replace(self, **changes)
-        default = ItemQuery()
-        pairs = {
-            f.name: getattr(query, f.name)
-            for f in fields(query)
-            if getattr(query, f.name) != getattr(default, f.name)
-        }
-        return "?" + urlencode(pairs) if pairs else ""
+        return query_link(self, **changes)
 
     def sort_link(self, column: str) -> str:
         """Sort by ``column``; a second click on the sorted column reverses the order."""

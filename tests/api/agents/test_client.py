@@ -4,8 +4,7 @@ played by the test, through the same store scripts a worker uses."""
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -18,7 +17,7 @@ from api.agents.messages import ConversationRequest, ConversationResult
 from api.agents.store import ConversationStore
 from api.batch.items import BatchItem
 from api.settings import OrchestratorSettings
-from tests.conftest import RedisServer
+from tests.conftest import RedisServer, until
 from worker.contract.keys import conversation_keys as k
 from worker.contract.keys import keys
 from worker.contract.wire import AGENTS_QUEUE
@@ -77,12 +76,14 @@ def client_for(settings: OrchestratorSettings, sent: Sent, **options: Any) -> Co
     return ConversationClient(settings, celery_app=sent, **(values | options))
 
 
-async def until(condition: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
+async def sent_run(
+    caller: tuple[ConversationClient, Sent], run_id: str
+) -> tuple[asyncio.Task[dict[str, Any]], ConversationRequest]:
+    """``ITEM`` run as ``run_id`` by the caller's client, and its request once it is sent."""
+    client, sent = caller
+    running = asyncio.create_task(client.run(ITEM, run_id=run_id))
+    await until(lambda: bool(sent.requests), "the send")
+    return running, sent.requests[0]
 
 
 def answer(request: ConversationRequest, attempt: int) -> ConversationResult:
@@ -141,26 +142,22 @@ async def test_a_run_whose_worker_died_is_sent_again_then_given_up(
 async def test_a_run_past_its_limit_is_answered_with_an_error(
     caller: tuple[ConversationClient, Sent], worker_store: ConversationStore
 ) -> None:
-    client, sent = caller
-    running = asyncio.create_task(client.run(ITEM, run_id="r-3"))
-    await until(lambda: bool(sent.requests), "the send")
-    await worker_store.claim(sent.requests[0], "host:7")  # and then it hangs
+    running, request = await sent_run(caller, "r-3")
+    await worker_store.claim(request, "host:7")  # and then it hangs
     record = await asyncio.wait_for(running, 5)
     assert record["status"] == "error"
     assert record["orchestrator"] == "host:7"
     assert "never answered" in record["error"]
     # The hung run's answer, should it come, belongs to a taken conversation.
-    stale = await worker_store.claim(sent.requests[0], "host:8")
+    stale = await worker_store.claim(request, "host:8")
     assert stale.why == "stale"
 
 
 async def test_an_answer_sent_elsewhere_is_taken_from_redis(
     caller: tuple[ConversationClient, Sent], worker_store: ConversationStore
 ) -> None:
-    client, sent = caller
-    running = asyncio.create_task(client.run(ITEM, run_id="r-4"))
-    await until(lambda: bool(sent.requests), "the send")
-    request = sent.requests[0].model_copy(update={"reply_to": "toolq:reply:someone-else"})
+    running, first = await sent_run(caller, "r-4")
+    request = first.model_copy(update={"reply_to": "toolq:reply:someone-else"})
     claim = await worker_store.claim(request, "host:1")
     assert claim.holder is not None
     await worker_store.finish(request, claim.holder, answer(request, 1))

@@ -52,27 +52,33 @@ def host(
     made.close()
 
 
-def message(script: str, reply_to: str) -> dict[str, Any]:
+@pytest.fixture
+def client(fleet: WorkerFleet) -> Iterator[redis.Redis]:
+    made = redis.Redis.from_url(fleet.settings.redis_url)
+    yield made
+    made.close()
+
+
+def message(script: str) -> dict[str, Any]:
+    """A conversation of the batch, sent as a caller sends it, to be answered on its own list."""
     cid = f"host-{uuid.uuid4().hex[:12]}"
     return ConversationRequest(
         task_id=f"{cid}:1",
         conversation_id=cid,
         item={"id": "q", "prompt": "p", "model": f"scripted:{script}"},
         timeout_s=60,
-        reply_to=reply_to,
+        reply_to=f"toolq:reply:{uuid.uuid4().hex}",
     ).model_dump(mode="json")
 
 
 def test_a_conversation_runs_on_the_host_and_answers_its_caller(
-    host: ConversationHost, fleet: WorkerFleet
+    host: ConversationHost, fleet: WorkerFleet, client: redis.Redis
 ) -> None:
-    client = redis.Redis.from_url(fleet.settings.redis_url)
-    reply_to = f"toolq:reply:{uuid.uuid4().hex}"
-    sent = message("note", reply_to)
+    sent = message("note")
 
     host.run(sent)
 
-    raw = client.lpop(reply_to)
+    raw = client.lpop(sent["reply_to"])
     assert raw is not None
     result = ConversationResult.model_validate_json(raw)  # type: ignore[arg-type]
     assert (result.attempt, result.worker) == (1, host.name)
@@ -81,15 +87,12 @@ def test_a_conversation_runs_on_the_host_and_answers_its_caller(
     assert result.record["tool_calls"][0]["worker"] != "orchestrator"
     assert (Path(fleet.settings.workspace_root) / sent["conversation_id"] / "n.txt").exists()
     assert not client.exists(k.lease(sent["conversation_id"]))
-    client.close()
 
 
 def test_a_conversation_whose_lease_is_taken_stops_without_an_answer(
-    host: ConversationHost, fleet: WorkerFleet
+    host: ConversationHost, client: redis.Redis
 ) -> None:
-    client = redis.Redis.from_url(fleet.settings.redis_url)
-    reply_to = f"toolq:reply:{uuid.uuid4().hex}"
-    sent = message("stall", reply_to)
+    sent = message("stall")
     cid = sent["conversation_id"]
     running = threading.Thread(target=host.run, args=(sent,))
     running.start()
@@ -100,17 +103,9 @@ def test_a_conversation_whose_lease_is_taken_stops_without_an_answer(
 
     assert not running.is_alive()
     assert host.running == 0
-    assert client.llen(reply_to) == 0
+    assert client.llen(sent["reply_to"]) == 0
     assert not client.exists(k.result(cid))
     assert client.get(k.lease(cid)) == b"2 elsewhere:1"
-    client.close()
-
-
-@pytest.fixture
-def client(fleet: WorkerFleet) -> Iterator[redis.Redis]:
-    made = redis.Redis.from_url(fleet.settings.redis_url)
-    yield made
-    made.close()
 
 
 def live_run(fleet: WorkerFleet, script: str) -> dict[str, Any]:

@@ -11,15 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from worker.tools import filesystem
 from worker.tools.context import ToolContext
-from worker.tools.filesystem import (
-    ListDirTool,
-    MkdirTool,
-    MoveTool,
-    ReadFileTool,
-    RemoveTool,
-    WriteFileTool,
-)
 from worker.tools.registry import ToolRegistry
 from worker.tools.search import SearchFilesTool, SearchTextTool
 from worker.tools.session_context import SaveSessionContextTool
@@ -103,12 +96,12 @@ def make_registry(
     """Every tool of this package, all enabled (remove too)."""
     registry = ToolRegistry(sync_in_thread=sync_in_thread)
     for tool in (
-        ReadFileTool(workspace),
-        WriteFileTool(workspace),
-        ListDirTool(workspace),
-        MkdirTool(workspace),
-        RemoveTool(workspace),
-        MoveTool(workspace),
+        filesystem.ReadFileTool(workspace),
+        filesystem.WriteFileTool(workspace),
+        filesystem.ListDirTool(workspace),
+        filesystem.MkdirTool(workspace),
+        filesystem.RemoveTool(workspace),
+        filesystem.MoveTool(workspace),
         SearchTextTool(workspace, time_budget_s=search_budget_s),
         SearchFilesTool(workspace, time_budget_s=search_budget_s),
         SaveSessionContextTool(context or ToolContext("You are a test."), workspace),

@@ -14,14 +14,7 @@ from tests.traversal import NUL_PATH_CALLS, calls_naming
 from tests.worker.conftest import assert_cut_short
 from tests.worker.tools.conftest import SECRET, Layout, assert_arguments_refused
 from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES
-from worker.tools.filesystem import (
-    ListDirTool,
-    MkdirTool,
-    MoveTool,
-    ReadFileTool,
-    RemoveTool,
-    WriteFileTool,
-)
+from worker.tools import filesystem
 from worker.tools.registry import ToolRegistry
 from worker.tools.workspace import Workspace
 
@@ -33,10 +26,17 @@ def fits_the_cap(answer: str) -> bool:
 
 
 def test_tool_flags() -> None:
-    idempotent = {ReadFileTool, ListDirTool, MkdirTool}
-    for tool in (ReadFileTool, WriteFileTool, ListDirTool, MkdirTool, RemoveTool, MoveTool):
+    idempotent = {filesystem.ReadFileTool, filesystem.ListDirTool, filesystem.MkdirTool}
+    for tool in (
+        filesystem.ReadFileTool,
+        filesystem.WriteFileTool,
+        filesystem.ListDirTool,
+        filesystem.MkdirTool,
+        filesystem.RemoveTool,
+        filesystem.MoveTool,
+    ):
         assert tool.idempotent is (tool in idempotent), tool.name
-        assert tool.enabled_by_default is (tool is not RemoveTool), tool.name
+        assert tool.enabled_by_default is (tool is not filesystem.RemoveTool), tool.name
         schema = tool.get_schema()["function"]["parameters"]
         assert schema["additionalProperties"] is False
         assert all(field.get("description") for field in schema["properties"].values())

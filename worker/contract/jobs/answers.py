@@ -132,17 +132,12 @@ class AsyncAnswerStore:
         self._script = client.register_script(_STORE_ONCE)
 
     async def store_once(
-        self,
-        job_id: str,
-        answer: str,
-        reply_to: str | None,
-        *,
-        replacing: bytes | str = "",
-        guard: RunGuard | None = None,
+        self, job_id: str, answer: str, reply_to: str | None, *, guard: RunGuard | None = None
     ) -> Stored:
-        """As ``AnswerStore.store_once``."""
+        """As ``AnswerStore.store_once``, for jobs whose stored answers are always their own
+        (nothing to replace)."""
         keys, args = _script_call(
-            self._result_key(job_id), answer, reply_to, self._ttl_s, replacing, guard
+            self._result_key(job_id), answer, reply_to, self._ttl_s, "", guard
         )
         state, kept = await self._script(keys=keys, args=args)
         return _stored(state, kept)
