@@ -6,19 +6,24 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from pydantic import ValidationError
 
 from api.dispatch import Dispatcher
 from api.fleet import Fleet
+from api.images.fields import ImageFields
 from api.run_workspace import RunWorkspace, ServiceCallError
 from worker.contract import operations as ops
 from worker.contract.operations import OPERATIONS, Operation, Refusal, Success
 from worker.contract.settings import WorkerSettings
 from worker.contract.wire import ResourceUsage, StreamsCut
 from worker.manifest import fleet_tool_specs
+from worker.tools.bash import RunBashArgs
 from worker.tools.interface import parameters_schema
 from worker.tools.service import PutFilesTool
 
@@ -180,3 +185,27 @@ async def test_a_caller_refuses_a_request_the_worker_would_refuse_and_sends_noth
     )
     with pytest.raises(ServiceCallError, match="'argv': Value error, an argument contains a NUL"):
         await nowhere.run(["echo", "a\x00b"])
+
+
+@pytest.mark.parametrize(
+    ("env", "problem"),
+    [
+        ({"A=B": "c"}, "'A=B' is not a valid variable name (no '=' or NUL, not empty)"),
+        ({"": "c"}, "'' is not a valid variable name"),
+        ({"A\x00": "c"}, "is not a valid variable name"),
+        ({"A": "b\x00c"}, "the value of A contains a NUL byte"),
+    ],
+)
+def test_every_request_that_sets_variables_refuses_the_same_ones_in_the_same_words(
+    env: dict[str, str], problem: str
+) -> None:
+    requests: list[Callable[[], object]] = [
+        lambda: ops.ExecRequest(command="true", env=env),
+        lambda: ops.StartEnvironmentRequest(image="busybox", env=env),
+        lambda: RunBashArgs(command="true", env=env),
+        lambda: ImageFields(image="busybox", env=env),
+    ]
+    for request in requests:
+        with pytest.raises(ValidationError, match=re.escape(problem)):
+            request()
+    assert ops.ExecRequest(command="true", env={"A": "b c=d"}).env == {"A": "b c=d"}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from pydantic import BaseModel, Field, StrictBool, field_validator
+from pydantic import AfterValidator, BaseModel, Field, StrictBool, field_validator
 
 from worker.contract.image_errors import ImageError
 from worker.contract.image_reference import (
@@ -15,6 +15,7 @@ from worker.contract.image_reference import (
     MAX_REFERENCE_CHARS,
     parse_reference,
 )
+from worker.contract.variables import settable_variables
 
 #: A user as an image's ``User`` names one: a name or uid, with ``:group`` or ``:gid``.
 USER_PATTERN = r"^[^\x00-\x20\x7f:]+(?::[^\x00-\x20\x7f:]+)?$"
@@ -45,7 +46,7 @@ class ImageFields(BaseModel):
         description="With image: who its commands run as (a name or uid[:gid] of the image), "
         "instead of the image's User.",
     )
-    env: dict[str, VariableValue] | None = Field(
+    env: Annotated[dict[str, VariableValue], AfterValidator(settable_variables)] | None = Field(
         None,
         description="With image: variables every command of the run gets, over its Env.",
         json_schema_extra={"propertyNames": {"pattern": VARIABLE_NAME_PATTERN}},
@@ -72,11 +73,3 @@ class ImageFields(BaseModel):
         if user is not None and not re.fullmatch(USER_PATTERN, user):
             raise ValueError("a user is a name or uid, with :group or :gid, e.g. 1000:1000")
         return user
-
-    @field_validator("env")
-    @classmethod
-    def _variables(cls, env: dict[str, str] | None) -> dict[str, str] | None:
-        for name, value in (env or {}).items():
-            if not name or "=" in name or "\x00" in name or "\x00" in value:
-                raise ValueError(f"{name!r} is not a variable name (no '=' or NUL, not empty)")
-        return env

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from worker.contract.deadlines import EXEC_TIMEOUT_MS, START_ENVIRONMENT_TIMEOUT_MS
 from worker.contract.image_reference import MAX_REFERENCE_CHARS
 from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES, MAX_COLLECTED_FILES
+from worker.contract.variables import Variables
 from worker.contract.wire import CommandAnswer, Pool
 
 #: A file's content on the wire: UTF-8 text, or ``{"base64": "..."}`` for bytes.
@@ -72,7 +73,7 @@ class ExecRequest(OperationRequest):
     command: str | None = Field(None, min_length=1, description="Or a /bin/sh -c command line.")
     input: Content | None = Field(None, description="Standard input: text or {'base64': ...}.")
     cwd: str | None = Field(None, description="Workspace-relative directory; default the root.")
-    env: dict[str, str] = Field(default_factory=dict)
+    env: Variables = Field(default_factory=dict)
     timeout_ms: int = Field(EXEC_TIMEOUT_MS, gt=0)
     output_cap_bytes: int = Field(
         DEFAULT_OUTPUT_CAP_BYTES,
@@ -98,18 +99,8 @@ class StartEnvironmentRequest(OperationRequest):
     user: str | None = Field(
         None, description="Who commands run as (name or uid[:gid]); default the image's User."
     )
-    env: dict[str, str] = Field(
-        default_factory=dict, description="Variables set over the image's Env."
-    )
+    env: Variables = Field(default_factory=dict, description="Variables set over the image's Env.")
     timeout_ms: int = Field(START_ENVIRONMENT_TIMEOUT_MS, gt=0)
-
-    @field_validator("env")
-    @classmethod
-    def _valid_variables(cls, env: dict[str, str]) -> dict[str, str]:
-        for name, value in env.items():
-            if not name or "=" in name or "\x00" in name or "\x00" in value:
-                raise ValueError(f"{name!r} is not a valid variable (no '=' or NUL, not empty)")
-        return env
 
 
 class WireAnswer(BaseModel):

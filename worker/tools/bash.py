@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, Field, field_validator
 
 from worker.contract.settings import get_worker_settings
+from worker.contract.variables import Variables
 from worker.contract.wire import CommandAnswer, StreamsCut
 from worker.images.commands import run_command
 from worker.sandbox import SandboxConfig, SandboxResult
@@ -32,7 +33,7 @@ class RunBashArgs(ToolArgs):
     cwd: str | None = Field(
         None, description="Directory to run in, relative to the workspace; default the workspace."
     )
-    env: dict[str, str] | None = Field(
+    env: Variables | None = Field(
         None, description='Extra environment variables, e.g. {"DEBUG": "1"}.'
     )
     timeout: int = Field(
@@ -48,16 +49,6 @@ class RunBashArgs(ToolArgs):
         if "\x00" in command:
             raise ValueError("the command contains a NUL byte, which no command line can hold")
         return command
-
-    @field_validator("env")
-    @classmethod
-    def _valid_variables(cls, env: dict[str, str] | None) -> dict[str, str] | None:
-        for name, value in (env or {}).items():
-            if not name or "=" in name or "\x00" in name:
-                raise ValueError(f"{name!r} is not a valid variable name (no '=', not empty)")
-            if "\x00" in value:
-                raise ValueError(f"the value of {name} contains a NUL byte")
-        return env
 
 
 class RunBashTool(ExecutableTool):
