@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from worker.contract.batch_record import BatchRecord, NotABatchRecord
@@ -39,9 +39,18 @@ class ItemSummary:
         """The summary of a result line, read or as its JSON object (``NotABatchRecord`` for an
         object without an id)."""
         record = line if isinstance(line, BatchRecord) else BatchRecord.read(line)
-        # Every field but the count of tool calls is the record's field or property of its name.
-        same = {f.name: getattr(record, f.name) for f in fields(cls) if f.name != "tool_calls"}
-        return cls(**same, tool_calls=len(record.tool_calls))
+        return cls(
+            id=record.id,
+            status=record.status,
+            stop_reason=record.stop_reason,
+            passed=record.passed,
+            duration_s=record.duration_s,
+            tokens=record.tokens,
+            tool_calls=len(record.tool_calls),
+            tool_errors=record.tool_errors,
+            answer=record.answer,
+            error=record.error,
+        )
 
     @classmethod
     def read(cls, line: Mapping[str, Any], where: str) -> ItemSummary:

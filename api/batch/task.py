@@ -9,7 +9,7 @@ so a task runs the same where the orchestrator shares no disk with the workers.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from api.batch.items import BatchItem, ItemLimits
@@ -49,8 +49,16 @@ class TaskResults:
     image: dict[str, Any] | None = None
 
     def fields(self) -> dict[str, Any]:
-        """The results by name: each is the result line's field of that name."""
-        return asdict(self)
+        """The results by name, each the result line's field of that name (not copied, as
+        ``asdict`` would copy the artifacts)."""
+        return {
+            "image": self.image,
+            "score": self.score,
+            "setup": self.setup,
+            "check": self.check,
+            "artifacts": self.artifacts,
+            "artifacts_matched": self.artifacts_matched,
+        }
 
 
 @dataclass(eq=False)
