@@ -132,9 +132,16 @@ class RedisServer:
     """A redis-server of the test's own on a free port; can be stopped and started again."""
 
     def __init__(
-        self, workdir: Path, password: str | None = None, *, appendonly: bool = False
+        self,
+        workdir: Path,
+        password: str | None = None,
+        *,
+        appendonly: bool = False,
+        binary: str | None = None,
     ) -> None:
         self.port = free_port()
+        #: The redis-server to run: toolq's local stack's choice unless given.
+        self.binary = binary
         self.password = password
         #: Keep an append-only file, as deployed: what was written survives a restart.
         self.appendonly = appendonly
@@ -145,8 +152,11 @@ class RedisServer:
 
     def start(self) -> None:
         persist = ["--appendonly", "yes"] if self.appendonly else []
+        argv = redis_server_argv(self.port, self._dir, self.password)
+        if self.binary is not None:
+            argv[0] = self.binary
         self._proc = subprocess.Popen(
-            [*redis_server_argv(self.port, self._dir, self.password), *persist],
+            [*argv, *persist],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

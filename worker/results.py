@@ -19,7 +19,7 @@ from redis.connection import Connection
 
 from worker.contract.jobs.answers import AnswerStore
 from worker.contract.keys import keys
-from worker.contract.runtime.store_refusals import REFUSED_WRITES, until_deadline
+from worker.contract.runtime.store_refusals import REFUSED_WRITES, as_refusal, until_deadline
 from worker.contract.wire import ToolCallResult, read_start_mark, start_mark
 
 log = logging.getLogger(__name__)
@@ -184,7 +184,10 @@ class PendingBegin:
         except redis.exceptions.NoScriptError:
             self._give_back(broken=False)
             return self._ask_again()
-        except REFUSED_WRITES:
+        except redis.ResponseError as exc:
+            if not isinstance(as_refusal(exc), REFUSED_WRITES):
+                self._give_back(broken=True)
+                raise
             # Refused, and said so in full: the connection is fine.
             self._give_back(broken=False)
             return self._ask_again()

@@ -30,6 +30,13 @@ REFUSALS: tuple[type[redis.RedisError], ...] = (
     redis.TimeoutError,
     *REFUSED_WRITES,
 )
+#: Redis before 7 reports a write refused inside a script as the script's failure, the refusal's
+#: own code in its text (``Error running script (...): @user_script:9: -OOM command not
+#: allowed ...``); Redis 7 answers with the refusal's code, which redis-py raises as its class.
+_CODES_IN_SCRIPTS: tuple[tuple[str, type[redis.ResponseError]], ...] = (
+    ("-OOM ", OutOfMemoryError),
+    ("-READONLY ", ReadOnlyError),
+)
 #: Short at first (a blink is over in milliseconds), then at most a second apart, so that an
 #: answer goes out soon after the store takes writes again; jitter keeps the worker processes
 #: that were refused together from all coming back at the same instant.
@@ -50,11 +57,16 @@ def until_deadline(
     while True:
         try:
             return attempt()
-        except REFUSALS as exc:
+        except redis.RedisError as raised:
+            exc = as_refusal(raised)
+            if not isinstance(exc, REFUSALS):
+                raise
             failures += 1
             left = (deadline or 0.0) - clock()
             if left <= 0:
-                raise
+                if exc is raised:
+                    raise
+                raise exc from raised
             if failures == 1:
                 log.warning(
                     "the result store refused %s (%s: %s); trying again for up to %.1f s",
@@ -64,3 +76,13 @@ def until_deadline(
                     left,
                 )
             pause(min(PAUSES.delay(failures), left))
+
+
+def as_refusal(exc: redis.RedisError) -> redis.RedisError:
+    """``exc``; a write refused inside a script on Redis before 7 as the class Redis 7 gives."""
+    if type(exc) is redis.ResponseError:
+        text = str(exc)
+        for code, refusal in _CODES_IN_SCRIPTS:
+            if code in text:
+                return refusal(text[text.index(code) + len(code) :])
+    return exc
