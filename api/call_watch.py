@@ -20,7 +20,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -53,27 +53,20 @@ class InFlight:
     saw_foreign_result: bool = False
 
 
+@dataclass(eq=False)
 class CallWatch:
     """Looks at the calls in flight every half ``resend_after_s``, and gives each its last word.
 
     ``send_again`` sends the next message of a call; ``caller`` names this caller in the start
     marker it sets at a deadline."""
 
-    def __init__(
-        self,
-        client: aioredis.Redis,
-        settings: FleetSettings,
-        in_flight: Mapping[str, InFlight],
-        send_again: Callable[[InFlight], None],
-        caller: str,
-    ) -> None:
-        self._redis = client
-        self._settings = settings
-        self._in_flight = in_flight
-        self._send_again = send_again
-        self._caller = caller
-        #: Answers refused because they were not the call's own (forged, or malformed).
-        self.refused = 0
+    redis: aioredis.Redis
+    settings: FleetSettings
+    in_flight: Mapping[str, InFlight]
+    send_again: Callable[[InFlight], None]
+    caller: str
+    #: Answers refused because they were not the call's own (forged, or malformed).
+    refused: int = field(default=0, init=False)
 
     def refuse(self, task_id: str, what: str) -> None:
         """Count and report an answer to ``task_id`` that is not its own; the call waits on."""
@@ -105,7 +98,7 @@ class CallWatch:
     async def watch(self, closing: Callable[[], bool]) -> None:
         """Look at the calls in flight until ``closing()``."""
         while not closing():
-            await asyncio.sleep(self._settings.resend_after_s / 2)
+            await asyncio.sleep(self.settings.resend_after_s / 2)
             try:
                 await self.look()
             except (RedisError, OSError) as exc:
@@ -118,16 +111,16 @@ class CallWatch:
         now = time.monotonic()
         due = [
             flight
-            for flight in self._in_flight.values()
+            for flight in self.in_flight.values()
             if not flight.answer.done()
             and flight.sent_at is not None
-            and now - flight.sent_at >= self._settings.resend_after_s
+            and now - flight.sent_at >= self.settings.resend_after_s
         ]
         if not due:
             return
         # Two commands however many calls are due (under load, most of them still wait in
         # their queue): their stored answers, and their start markers.
-        async with self._redis.pipeline(transaction=False) as pipe:
+        async with self.redis.pipeline(transaction=False) as pipe:
             pipe.mget([keys.result(flight.request.task_id) for flight in due])
             pipe.mget([keys.started(flight.request.task_id) for flight in due])
             stored, marks = await pipe.execute()
@@ -147,7 +140,7 @@ class CallWatch:
         # says it is not waiting. A queue that cannot be read sends nothing now.
         pools = sorted({flight.pool for flight in unstarted})
         try:
-            depths = await read_queue_depths(self._settings, pools)
+            depths = await read_queue_depths(self.settings, pools)
         except Exception as exc:  # any broker's own errors: look again next time
             log.warning("cannot read the depth of the %s queues: %s", ", ".join(pools), exc)
             return
@@ -168,7 +161,7 @@ class CallWatch:
                     flight.request.task_id,
                     flight.pool,
                 )
-                self._send_again(flight)
+                self.send_again(flight)
 
     async def last_word(self, flight: InFlight, waited: float) -> ToolCallResult:
         """The answer to a call whose deadline passed without one: its stored answer, else what
@@ -178,13 +171,13 @@ class CallWatch:
         try:
             # One transaction: a worker that starts the call now finds the caller's mark, and
             # one that started it before is found.
-            async with self._redis.pipeline(transaction=True) as pipe:
+            async with self.redis.pipeline(transaction=True) as pipe:
                 pipe.get(keys.result(request.task_id))
                 pipe.set(
                     keys.started(request.task_id),
-                    start_mark(CALLER_GAVE_UP, f"caller:{self._caller}"),
+                    start_mark(CALLER_GAVE_UP, f"caller:{self.caller}"),
                     nx=True,
-                    ex=self._settings.result_ttl_s,
+                    ex=self.settings.result_ttl_s,
                 )
                 pipe.get(keys.started(request.task_id))
                 stored, claimed, mark = await pipe.execute()
@@ -218,7 +211,7 @@ class CallWatch:
 
     async def _not_started_why(self, pool: str) -> str:
         try:
-            workers = [k async for k in self._redis.scan_iter(keys.worker_heartbeats(pool))]
+            workers = [k async for k in self.redis.scan_iter(keys.worker_heartbeats(pool))]
         except (RedisError, OSError) as exc:
             return f"the result store became unreachable ({exc})"
         if not workers:

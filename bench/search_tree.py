@@ -78,7 +78,7 @@ def search_case(files: int, runs: int) -> CaseResult:
             f"search_text found {found} and grep {grep_found} lines, expected {expected}: "
             f"{answers[-1][-500:]}"
         )
-    result = CaseResult(
+    return CaseResult(
         key="search_text",
         title=f"6. search_text over {files:,} files next to grep -rn",
         figures={
@@ -89,15 +89,14 @@ def search_case(files: int, runs: int) -> CaseResult:
             "grep_median_s": round(grep_s, 4),
             "runs": runs,
         },
+        comparisons=[
+            Comparison.from_seconds(
+                f"search_text over {files:,} files (median)",
+                tool_s,
+                grep_s,
+                "grep -rn",
+                digits=2,
+                goal=GOAL_RATIO,
+            )
+        ],
     )
-    result.comparisons.append(
-        Comparison(
-            metric=f"search_text over {files:,} files (median)",
-            value=round(tool_s * 1000, 2),
-            baseline=round(grep_s * 1000, 2),
-            baseline_name="grep -rn",
-            unit="ms",
-            goal=GOAL_RATIO,
-        )
-    )
-    return result

@@ -50,6 +50,27 @@ class Comparison:
     higher_is_better: bool = False
     goal_on: str = "ratio"
 
+    @classmethod
+    def from_seconds(
+        cls,
+        metric: str,
+        seconds: float,
+        baseline_seconds: float,
+        baseline_name: str,
+        *,
+        digits: int,
+        goal: float | None = None,
+    ) -> Comparison:
+        """Two durations timed in seconds, compared in milliseconds rounded to ``digits``."""
+        return cls(
+            metric=metric,
+            value=round(seconds * 1000, digits),
+            baseline=round(baseline_seconds * 1000, digits),
+            baseline_name=baseline_name,
+            unit="ms",
+            goal=goal,
+        )
+
     @property
     def ratio(self) -> float | None:
         return self.value / self.baseline if self.baseline else None

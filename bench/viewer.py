@@ -152,7 +152,7 @@ def viewer_case(lines: int, runs: int) -> CaseResult:
             view_times.append(first_page_seconds(path))
     jq_s = statistics.median(jq_times)
     view_s = statistics.median(view_times)
-    result = CaseResult(
+    return CaseResult(
         key="viewer",
         title=f"8. toolq view's first page of a {lines:,}-line results file, next to jq -s length",
         figures={
@@ -162,15 +162,14 @@ def viewer_case(lines: int, runs: int) -> CaseResult:
             "jq_median_s": round(jq_s, 3),
             "runs": runs,
         },
+        comparisons=[
+            Comparison.from_seconds(
+                f"first page of {lines:,} lines (median, from the command's start)",
+                view_s,
+                jq_s,
+                "jq -s length",
+                digits=1,
+                goal=GOAL_RATIO,
+            )
+        ],
     )
-    result.comparisons.append(
-        Comparison(
-            metric=f"first page of {lines:,} lines (median, from the command's start)",
-            value=round(view_s * 1000, 1),
-            baseline=round(jq_s * 1000, 1),
-            baseline_name="jq -s length",
-            unit="ms",
-            goal=GOAL_RATIO,
-        )
-    )
-    return result

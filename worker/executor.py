@@ -9,6 +9,7 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -93,31 +94,31 @@ def build_registry(
     return registry
 
 
+@dataclass(eq=False)
 class Executor:
     """Runs requests for one worker process. ``time_limit`` names the exception the host raises
     when a call's soft limit passes, so it can travel through the registry untouched."""
 
-    def __init__(
-        self,
-        settings: WorkerSettings,
-        store: ResultStore,
-        worker_name: str,
-        time_limit: tuple[type[BaseException], ...] = (TimeLimitReached,),
-        clock: Callable[[], float] = time.time,
-        pools: Iterable[Pool] = POOLS,
-    ) -> None:
-        self._settings = settings
-        self._store = store
-        self._worker = worker_name
-        self._time_limit = time_limit
-        self._clock = clock
-        self._sandbox = SandboxConfig.from_settings(settings)
-        # One loop per process, for coroutine tools: a new loop per call would cost more than
-        # a small tool does.
-        self._loop = asyncio.new_event_loop()
-        self._workspaces: OrderedDict[str, Workspace] = OrderedDict()
-        self._registry = build_registry(settings, time_limit, pools)
-        self._quota = WorkspaceQuota(settings.workspace_root, settings.workspace_quota_bytes)
+    settings: WorkerSettings
+    store: ResultStore
+    worker_name: str
+    time_limit: tuple[type[BaseException], ...] = (TimeLimitReached,)
+    clock: Callable[[], float] = time.time
+    pools: InitVar[Iterable[Pool]] = POOLS
+    _sandbox: SandboxConfig = field(init=False)
+    # One loop per process, for coroutine tools: a new loop per call would cost more than a
+    # small tool does.
+    _loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop, init=False)
+    _workspaces: OrderedDict[str, Workspace] = field(default_factory=OrderedDict, init=False)
+    _registry: ToolRegistry = field(init=False)
+    _quota: WorkspaceQuota = field(init=False)
+
+    def __post_init__(self, pools: Iterable[Pool]) -> None:
+        self._sandbox = SandboxConfig.from_settings(self.settings)
+        self._registry = build_registry(self.settings, self.time_limit, pools)
+        self._quota = WorkspaceQuota(
+            self.settings.workspace_root, self.settings.workspace_quota_bytes
+        )
 
     def handle(self, raw: Any, pool: str | None) -> ToolCallResult:
         """Answer one message from the queue of ``pool``; never raises for bad input."""
@@ -138,9 +139,9 @@ class Executor:
         # before its answer is back (``admit``).
         gated = tool is not None and not tool.idempotent
         # A store that refuses for a while is asked again for as long as the caller waits.
-        marker = self._store.begin_ahead(
+        marker = self.store.begin_ahead(
             request.task_id,
-            self._worker,
+            self.worker_name,
             request.send_number,
             request.seal_key,
             deadline=request.deadline,
@@ -154,11 +155,11 @@ class Executor:
             raise
         begin = marker.result()
         if begin.stored is not None:
-            self._store.reply_again(begin.stored, request.reply_to, deadline=request.deadline)
+            self.store.reply_again(begin.stored, request.reply_to, deadline=request.deadline)
             return begin.stored
         if tool is None or not gated:
             assert result is not None  # only a call with effects waits for admission
-            return self._store.store(
+            return self.store.store(
                 result, request.reply_to, request.seal_key, deadline=request.deadline
             )
         if begin.held_by is not None:
@@ -169,10 +170,10 @@ class Executor:
                 "interrupted",
                 f"Error: {tool.name} was interrupted (worker {begin.previous} stopped mid-call); "
                 "its outcome is unknown and it was not run again because it has effects.",
-                self._worker,
+                self.worker_name,
             )
         assert result is not None  # only a stored answer or a cut call refuses admission
-        return self._store.store(
+        return self.store.store(
             result, request.reply_to, request.seal_key, deadline=request.deadline
         )
 
@@ -194,7 +195,7 @@ class Executor:
                 "workspace_unavailable",
                 f"Error: {request.tool} did not run: the run's workspace could not be made "
                 f"ready on this worker ({exc}).",
-                self._worker,
+                self.worker_name,
             )
         try:
             admit = None if marker is None else functools.partial(_admit, marker)
@@ -223,11 +224,11 @@ class Executor:
             "timeout",
             f"Error: {request.tool} did not stop by its hard time limit of {limit_s:g} s; "
             "the worker process running it was replaced.",
-            self._worker,
+            self.worker_name,
         )
         # One try, with no wait: this runs in the worker's main process, whose event loop takes
         # the calls and must not stop for a store that refuses.
-        self._store.store(result, request.reply_to, request.seal_key)
+        self.store.store(result, request.reply_to, request.seal_key)
 
     def _run(
         self,
@@ -236,20 +237,20 @@ class Executor:
         tool: ExecutableTool | None,
         runtime: CallRuntime,
     ) -> ToolCallResult:
-        if self._clock() > request.deadline:
+        if self.clock() > request.deadline:
             return ToolCallResult.failure(
                 request,
                 "timeout",
                 f"Error: {request.tool} was not started: its deadline passed while it waited in "
                 "the queue.",
-                self._worker,
+                self.worker_name,
             )
-        if request.tool in self._settings.disabled_tools:
+        if request.tool in self.settings.disabled_tools:
             return ToolCallResult.failure(
                 request,
                 "tool_disabled",
                 f"Error: tool {request.tool!r} is not available (disabled on this fleet).",
-                self._worker,
+                self.worker_name,
             )
         if tool is not None:
             refusal = self._refusal(request, tool, pool)
@@ -264,18 +265,18 @@ class Executor:
                 request,
                 "environment_lost",
                 f"Error: environment lost: {exc}. Nothing of {request.tool} ran.",
-                self._worker,
+                self.worker_name,
             )
-        except self._time_limit:
+        except self.time_limit:
             return ToolCallResult.failure(
                 request,
                 "timeout",
                 f"Error: {request.tool} timed out after {request.timeout_ms} ms and was stopped.",
-                self._worker,
+                self.worker_name,
             )
         output, truncated = outcome.output, outcome.truncated
         if tool is None or not tool.caps_own_output:
-            output, cut = cap_text(output, self._settings.output_cap_bytes)
+            output, cut = cap_text(output, self.settings.output_cap_bytes)
             truncated = truncated or cut
         if tool is not None and tool.workspace_effect != "none":
             notice = self._quota.account(request.run_id, runtime.workspace.root)
@@ -288,7 +289,7 @@ class Executor:
             is_error=outcome.is_error,
             error_kind=outcome.error_kind,
             truncated=truncated,
-            worker=self._worker,
+            worker=self.worker_name,
             usage=runtime.usage,
         )
 
@@ -301,7 +302,7 @@ class Executor:
                 "wrong_pool",
                 f"Error: tool {tool.name!r} runs only on the {tool.pool!r} pool; this worker "
                 f"serves {pool!r}. The call was refused.",
-                self._worker,
+                self.worker_name,
             )
         if tool.workspace_effect == "adds":
             full = self._quota.refusal(request.run_id)
@@ -310,7 +311,7 @@ class Executor:
                     request,
                     "over_quota",
                     f"Error: {tool.name} was not started: {full}.",
-                    self._worker,
+                    self.worker_name,
                 )
         return None
 
@@ -335,7 +336,7 @@ class Executor:
             self._workspaces.move_to_end(run_id)
             return known
         # The run's own folder, not those above it: run_bash's user works only in here.
-        workspace = prepare_workspace(Path(self._settings.workspace_root) / run_id, self._sandbox)
+        workspace = prepare_workspace(Path(self.settings.workspace_root) / run_id, self._sandbox)
         self._workspaces[run_id] = workspace
         if len(self._workspaces) > _WORKSPACES_KEPT:
             self._workspaces.popitem(last=False)
@@ -353,13 +354,13 @@ class Executor:
             output=f"Error: the worker received an invalid request ({fields}).",
             is_error=True,
             error_kind="bad_request",
-            worker=self._worker,
+            worker=self.worker_name,
         )
         reply_to = data.get("reply_to")
         if isinstance(reply_to, str) and keys.is_reply(reply_to):
             seal_key = data.get("seal_key")
             if isinstance(seal_key, str):
                 result = result.sealed_with(seal_key)
-            self._store.reply_again(result, reply_to)
+            self.store.reply_again(result, reply_to)
         log.error("invalid tool call request: %s", fields)
         return result

@@ -10,7 +10,7 @@ that text on, so such a value is replaced, and said so.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import redis
@@ -123,6 +123,7 @@ class ResultStore:
         )
 
 
+@dataclass(eq=False)
 class PendingBegin:
     """A call's ``begin_ahead`` on its way: the script's call written on a connection of its own,
     the answer read once, by ``result``.
@@ -132,30 +133,22 @@ class PendingBegin:
     script loaded), until ``deadline``; an exception while the answer is awaited drops the
     connection, whose next reply would otherwise be this one's."""
 
-    def __init__(
-        self,
-        client: redis.Redis,
-        script: Script,
-        keys: list[str],
-        args: list[str | int | bytes],
-        *,
-        send_number: int = 1,
-        seal_key: str | None = None,
-        deadline: float | None = None,
-    ) -> None:
-        self._client = client
-        self._script = script
-        self._keys = keys
-        self._args = args
-        self._send_number = send_number
-        self._seal_key = seal_key
-        self._deadline = deadline
-        self._begin: Begin | None = None
-        self._connection: Connection | None = None
+    client: redis.Redis
+    script: Script
+    keys: list[str]
+    args: list[str | int | bytes]
+    _: KW_ONLY
+    send_number: int = 1
+    seal_key: str | None = None
+    deadline: float | None = None
+    _begin: Begin | None = field(default=None, init=False)
+    _connection: Connection | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
         try:
-            self._connection = client.connection_pool.get_connection()
+            self._connection = self.client.connection_pool.get_connection()
             self._connection.send_command(  # type: ignore[no-untyped-call]
-                "EVALSHA", script.sha, len(keys), *keys, *args
+                "EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args
             )
         except BaseException as exc:
             self._give_back(broken=True)
@@ -207,25 +200,25 @@ class PendingBegin:
                 return Begin()
             if state == "cut":
                 number, starter = read_start_mark(value)
-                if number == self._send_number:
+                if number == self.send_number:
                     return Begin(previous=starter)
                 return Begin(held_by=starter)
-            stored = _own_result(value, self._seal_key)
+            stored = _own_result(value, self.seal_key)
             if stored is not None:
                 return Begin(stored=stored)
-            _warn_unbound(self._keys[0].removeprefix(keys.result("")))
+            _warn_unbound(self.keys[0].removeprefix(keys.result("")))
             if not tries_left:
                 break
-            self._args[2] = value
+            self.args[2] = value
             answer = self._ask_again()
         return Begin(held_by="whoever keeps writing results that are not its own")
 
     def _ask_again(self) -> Any:
         """Through the client, as any script call: loaded if missing, with its retries."""
         return until_deadline(
-            lambda: self._script(keys=self._keys, args=self._args),
-            self._deadline,
-            f"the start of call {self._keys[0].removeprefix(keys.result(''))}",
+            lambda: self.script(keys=self.keys, args=self.args),
+            self.deadline,
+            f"the start of call {self.keys[0].removeprefix(keys.result(''))}",
         )
 
     def _give_back(self, *, broken: bool) -> None:
@@ -234,7 +227,7 @@ class PendingBegin:
             return
         if broken:
             connection.disconnect()  # type: ignore[no-untyped-call]
-        self._client.connection_pool.release(connection)
+        self.client.connection_pool.release(connection)
 
 
 def _own_result(raw: bytes | str, seal_key: str | None) -> ToolCallResult | None:

@@ -31,7 +31,7 @@ from celery.signals import (
 
 from worker.app import app
 from worker.contract.errors import ToolqError
-from worker.contract.runtime.celery_guard import ValidatedRequest
+from worker.contract.jobs.delivery import JobTask
 from worker.contract.runtime.heartbeat import Heartbeat
 from worker.contract.runtime.lifeline import VITALS, consumer_lost
 from worker.contract.runtime.log_context import show_ids
@@ -86,9 +86,7 @@ def outcome_summary(result: ToolCallResult) -> str:
     )
 
 
-class ToolTask(Task):  # type: ignore[misc]
-    Request = ValidatedRequest
-
+class ToolTask(JobTask):
     def on_failure(
         self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
     ) -> None:
@@ -102,11 +100,6 @@ class ToolTask(Task):  # type: ignore[misc]
     name=TASK_NAME,
     bind=True,
     base=ToolTask,
-    acks_late=True,
-    reject_on_worker_lost=True,
-    # The answer goes to toolq's own store and the caller's reply list; the return value is
-    # only for task events.
-    ignore_result=True,
     throws=(ToolCallFailed,),
     # A result store that is down mid-call: try again; the start marker keeps it at-most-once
     # for tools with effects.

@@ -9,7 +9,6 @@ import threading
 from typing import Any
 
 import redis
-from celery import Task
 from celery.concurrency import get_implementation
 from celery.concurrency.thread import TaskPool as ThreadsPool
 from celery.signals import worker_init, worker_ready, worker_shutdown
@@ -19,7 +18,7 @@ from api.agents.host import ConversationHost
 from api.agents.messages import CONVERSATION_TASK
 from api.settings import get_settings
 from worker.contract.errors import ToolqError
-from worker.contract.runtime.celery_guard import ValidatedRequest
+from worker.contract.jobs.delivery import JobTask
 from worker.contract.runtime.heartbeat import Heartbeat
 from worker.contract.wire import AGENTS_QUEUE
 
@@ -42,17 +41,7 @@ def host() -> ConversationHost:
         return found
 
 
-class ConversationTask(Task):  # type: ignore[misc]
-    Request = ValidatedRequest
-
-
-@app.task(  # type: ignore[untyped-decorator]
-    name=CONVERSATION_TASK,
-    base=ConversationTask,
-    acks_late=True,
-    reject_on_worker_lost=True,
-    ignore_result=True,
-)
+@app.task(name=CONVERSATION_TASK, base=JobTask)  # type: ignore[untyped-decorator]
 def run_conversation(request: Any) -> None:
     host().run(request)
 

@@ -13,7 +13,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import mcp_types as types
@@ -66,44 +66,37 @@ class _Session:
     environment: RunEnvironment | None = None
 
 
+@dataclass(eq=False)
 class SessionRuns:
     """One run per MCP session: made at the session's first request, ended when the session
     ends or has been idle for ``idle_timeout_s``, and its workspace removed then. Every
     session's calls share one ``Dispatcher``."""
 
-    def __init__(
-        self,
-        fleet: Callable[[], Awaitable[Fleet]],
-        dispatcher: Dispatcher,
-        *,
-        idle_timeout_s: float = SESSION_IDLE_TIMEOUT_S,
-        removal_wait_s: float = 0.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._fleet = fleet
-        self._dispatcher = dispatcher
-        self._idle_timeout_s = idle_timeout_s
-        self._removal_wait_s = removal_wait_s
-        self._clock = clock
-        self._sessions: dict[str, _Session] = {}
-        self._lock = asyncio.Lock()
-        #: The workspaces of ended sessions being removed, by the task removing each.
-        self._removals: dict[asyncio.Task[None], str] = {}
+    fleet: Callable[[], Awaitable[Fleet]]
+    dispatcher: Dispatcher
+    _: KW_ONLY
+    idle_timeout_s: float = SESSION_IDLE_TIMEOUT_S
+    removal_wait_s: float = 0.0
+    clock: Callable[[], float] = time.monotonic
+    _sessions: dict[str, _Session] = field(default_factory=dict, init=False)
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
+    #: The workspaces of ended sessions being removed, by the task removing each.
+    _removals: dict[asyncio.Task[None], str] = field(default_factory=dict, init=False)
 
     async def tools(self, session: str, choice: ToolChoice, *, calling: bool = False) -> RunTools:
         """The session's tools, made with ``choice`` on its first request; ``calling``: for a
         call of a tool."""
         async with self._lock:
-            now = self._clock()
+            now = self.clock()
             self._end_idle(now)
             known = self._sessions.get(session)
             if known is None:
                 tools = await self.preview(choice)
                 known = _Session(tools, now)
                 if choice.image is not None:
-                    fleet = await self._fleet()
+                    fleet = await self.fleet()
                     known.environment = RunEnvironment(
-                        self._dispatcher, fleet, tools.run_id, choice.image
+                        self.dispatcher, fleet, tools.run_id, choice.image
                     )
                 self._sessions[session] = known
             known.last_used = now
@@ -117,12 +110,12 @@ class SessionRuns:
     async def preview(self, choice: ToolChoice) -> RunTools:
         """Tools as a new session with ``choice`` would have them; ``ValueError`` names a tool
         ``choice`` asks for that the fleet does not serve, ``NoWorkersError`` an empty fleet."""
-        fleet = (await self._fleet()).require_tools()
+        fleet = (await self.fleet()).require_tools()
         # Started with the first session: a server nobody connects to reads no replies.
-        await self._dispatcher.start()
+        await self.dispatcher.start()
         return RunTools(
             fleet,
-            self._dispatcher,
+            self.dispatcher,
             f"mcp-{uuid.uuid4().hex[:16]}",
             ToolContextSnapshot,
             timeout_ms=choice.tool_timeout_ms,
@@ -138,7 +131,7 @@ class SessionRuns:
             return
         run_id = ended.tools.run_id
         removal = asyncio.create_task(
-            self._remove(run_id, self._removal_wait_s, ended.environment),
+            self._remove(run_id, self.removal_wait_s, ended.environment),
             name=f"toolq-mcp-remove-{run_id}",
         )
         self._removals[removal] = run_id
@@ -146,7 +139,7 @@ class SessionRuns:
 
     def end_idle(self) -> None:
         """End the sessions unused for longer than ``idle_timeout_s``."""
-        self._end_idle(self._clock())
+        self._end_idle(self.clock())
 
     async def close(self) -> None:
         """Every session ends (the server stops). Their workspaces are removed now, but for
@@ -166,7 +159,7 @@ class SessionRuns:
         return len(self._sessions)
 
     def _end_idle(self, now: float) -> None:
-        idle = [k for k, s in self._sessions.items() if now - s.last_used > self._idle_timeout_s]
+        idle = [k for k, s in self._sessions.items() if now - s.last_used > self.idle_timeout_s]
         for key in idle:
             self.end(key)
 
@@ -176,7 +169,7 @@ class SessionRuns:
         try:
             if environment is not None:
                 await environment.end()
-            workspace = RunWorkspace(self._dispatcher, await self._fleet(), run_id)
+            workspace = RunWorkspace(self.dispatcher, await self.fleet(), run_id)
             await workspace.remove(wait_s=wait_s)
         except (ServiceCallError, FileProblemError, NoWorkersError, RedisError) as exc:
             log.warning("the workspace of MCP run %s stays: %s", run_id, exc)

@@ -7,6 +7,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,32 +44,35 @@ def scripted() -> Iterator[list[ScriptedServer]]:
         server.stop()
 
 
-def make_agent(
-    fleet: WorkerFleet,
-    servers: list[ScriptedServer],
-    steps: list[Any],
-    policy: RetryPolicy | None = None,
-    **options: Any,
-) -> Agent:
-    server = ScriptedServer(Script.from_steps(steps))
-    server.start()
-    servers.append(server)
-    client = AsyncOpenAI(base_url=server.base_url, api_key="test", max_retries=0, timeout=10)
-    provider = ChatModel(client, policy or RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.05))
-    return Agent(
-        provider,
-        AgentOptions(model="scripted", **options),
-        settings=orchestrator_settings(fleet.settings),
-    )
+@dataclass
+class Agents:
+    """Agents on the session's fleet, each talking to a scripted model of its own."""
+
+    fleet: WorkerFleet
+    servers: list[ScriptedServer]
+
+    def make(self, steps: list[Any], policy: RetryPolicy | None = None, **options: Any) -> Agent:
+        server = ScriptedServer(Script.from_steps(steps))
+        server.start()
+        self.servers.append(server)
+        client = AsyncOpenAI(base_url=server.base_url, api_key="test", max_retries=0, timeout=10)
+        retries = policy or RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.05)
+        return Agent(
+            ChatModel(client, retries),
+            AgentOptions(model="scripted", **options),
+            settings=orchestrator_settings(self.fleet.settings),
+        )
+
+    def workspace(self, agent: Agent) -> Path:
+        return Path(self.fleet.settings.workspace_root) / agent.run_id
 
 
-def workspace(fleet: WorkerFleet, agent: Agent) -> Path:
-    return Path(fleet.settings.workspace_root) / agent.run_id
+@pytest.fixture
+def agents(fleet: WorkerFleet, scripted: list[ScriptedServer]) -> Agents:
+    return Agents(fleet, scripted)
 
 
-async def test_a_turn_of_parallel_calls_runs_at_once_and_answers_in_order(
-    fleet: WorkerFleet, scripted: list[ScriptedServer]
-) -> None:
+async def test_a_turn_of_parallel_calls_runs_at_once_and_answers_in_order(agents: Agents) -> None:
     steps = [
         {
             "tool_calls": [
@@ -80,7 +84,7 @@ async def test_a_turn_of_parallel_calls_runs_at_once_and_answers_in_order(
         {"tool_calls": [call("read_file", {"path": "a.txt"}, id="c-4")]},
         {"content": "All done."},
     ]
-    async with make_agent(fleet, scripted, steps) as agent:
+    async with agents.make(steps) as agent:
         answer = await agent.chat("go")
     assert answer == "All done."
     tool_messages = [m for m in agent.messages if m["role"] == "tool"]
@@ -93,7 +97,7 @@ async def test_a_turn_of_parallel_calls_runs_at_once_and_answers_in_order(
 
 
 async def test_streaming_assembles_split_arguments_and_reports_tool_activity(
-    fleet: WorkerFleet, scripted: list[ScriptedServer]
+    agents: Agents,
 ) -> None:
     long_text = "streamed " * 40
     steps = [
@@ -103,10 +107,10 @@ async def test_streaming_assembles_split_arguments_and_reports_tool_activity(
         },
         {"content": "The file is written and says what you asked."},
     ]
-    agent = make_agent(fleet, scripted, steps)
+    agent = agents.make(steps)
     events = [e async for e in agent.stream_chat("write it")]
     await agent.close()
-    assert (workspace(fleet, agent) / "s.txt").read_text() == long_text
+    assert (agents.workspace(agent) / "s.txt").read_text() == long_text
     text = "".join(e.text for e in events if isinstance(e, TextDelta))
     assert "Writing now." in text
     assert "The file is written" in text
@@ -121,7 +125,7 @@ async def test_streaming_assembles_split_arguments_and_reports_tool_activity(
 
 
 async def test_a_commands_usage_reaches_the_record_its_event_and_the_transcript(
-    fleet: WorkerFleet, scripted: list[ScriptedServer]
+    agents: Agents,
 ) -> None:
     steps = [
         {
@@ -132,7 +136,7 @@ async def test_a_commands_usage_reaches_the_record_its_event_and_the_transcript(
         },
         {"content": "Done."},
     ]
-    agent = make_agent(fleet, scripted, steps, enable=["run_bash"])
+    agent = agents.make(steps, enable=["run_bash"])
     events = [e async for e in agent.stream_chat("go")]
     await agent.close()
 
@@ -149,9 +153,7 @@ async def test_a_commands_usage_reaches_the_record_its_event_and_the_transcript(
     assert agent.transcript()["tool_calls"][0]["usage"] == bash.usage
 
 
-async def test_failing_calls_reach_the_model_and_the_rest_of_the_turn_runs(
-    fleet: WorkerFleet, scripted: list[ScriptedServer]
-) -> None:
+async def test_failing_calls_reach_the_model_and_the_rest_of_the_turn_runs(agents: Agents) -> None:
     steps = [
         {
             "tool_calls": [
@@ -166,7 +168,7 @@ async def test_failing_calls_reach_the_model_and_the_rest_of_the_turn_runs(
         },
         {"content": "Recovered."},
     ]
-    async with make_agent(fleet, scripted, steps, tool_timeout_ms=1500) as agent:
+    async with agents.make(steps, tool_timeout_ms=1500) as agent:
         answer = await agent.chat("try things")
     assert answer == "Recovered."
     out = {m["tool_call_id"]: m["content"] for m in agent.messages if m["role"] == "tool"}
@@ -176,7 +178,7 @@ async def test_failing_calls_reach_the_model_and_the_rest_of_the_turn_runs(
     assert "'path'" in out["t"]
     assert "missing.txt" in out["e"]
     assert "timed out" in out["s"]
-    assert (workspace(fleet, agent) / "ok.txt").read_text() == "fine"
+    assert (agents.workspace(agent) / "ok.txt").read_text() == "fine"
     kinds = {r.id: r.error_kind for r in agent.tool_calls}
     assert kinds == {
         "u": "unknown_tool",
@@ -197,12 +199,12 @@ class Shout(ExecutableTool):
         return "HEY"
 
 
-async def test_tool_management(fleet: WorkerFleet, scripted: list[ScriptedServer]) -> None:
+async def test_tool_management(agents: Agents) -> None:
     steps = [
         {"tool_calls": [call("shout", {}), call("remove", {"path": "gone"})]},
         {"content": "ok"},
     ]
-    agent = make_agent(fleet, scripted, steps)
+    agent = agents.make(steps)
     names = [t["function"]["name"] for t in agent.get_tools()]
     assert "read_file" in names
     assert "remove" not in names
@@ -216,54 +218,48 @@ async def test_tool_management(fleet: WorkerFleet, scripted: list[ScriptedServer
     assert "shout" in names
     assert "remove" in names
     assert "read_file" not in names
-    (workspace(fleet, agent)).mkdir(parents=True, exist_ok=True)
-    (workspace(fleet, agent) / "gone").write_text("x")
+    (agents.workspace(agent)).mkdir(parents=True, exist_ok=True)
+    (agents.workspace(agent) / "gone").write_text("x")
     await agent.chat("go")
     records = {r.name: r for r in agent.tool_calls}
     assert records["shout"].output == "HEY"
     assert records["shout"].worker == "orchestrator"
     assert not records["remove"].is_error
-    assert not (workspace(fleet, agent) / "gone").exists()
+    assert not (agents.workspace(agent) / "gone").exists()
     agent.remove_tool("shout")
     assert "shout" not in [t["function"]["name"] for t in agent.get_tools()]
     await agent.close()
 
 
-async def test_context_changes_are_seen_by_the_next_call(
-    fleet: WorkerFleet, scripted: list[ScriptedServer]
-) -> None:
-    agent = make_agent(fleet, scripted, [{"content": "hello there"}], system_prompt="first")
+async def test_context_changes_are_seen_by_the_next_call(agents: Agents) -> None:
+    agent = agents.make([{"content": "hello there"}], system_prompt="first")
     await agent.chat("hi")
     agent.set_system_prompt("second")
     where = await agent.save_context("before clearing")
     assert "session_context.json" in where
-    saved = json.loads((workspace(fleet, agent) / "session_context.json").read_text())
+    saved = json.loads((agents.workspace(agent) / "session_context.json").read_text())
     assert saved["system_prompt"] == "second"
     assert saved["reason"] == "before clearing"
     assert [m["content"] for m in saved["session_context"]] == ["hi", "hello there"]
     agent.clear_context()
     await agent.save_context("after clearing")
-    saved = json.loads((workspace(fleet, agent) / "session_context.json").read_text())
+    saved = json.loads((agents.workspace(agent) / "session_context.json").read_text())
     assert saved["session_context"] == []
     await agent.close()
 
 
-async def test_the_turn_limit_stops_a_model_that_never_answers(
-    fleet: WorkerFleet, scripted: list[ScriptedServer]
-) -> None:
+async def test_the_turn_limit_stops_a_model_that_never_answers(agents: Agents) -> None:
     steps = [{"tool_calls": [call("noop", {})]}] * 10
-    async with make_agent(fleet, scripted, steps, max_turns=3) as agent:
+    async with agents.make(steps, max_turns=3) as agent:
         answer = await agent.chat("loop")
     assert "turn limit of 3" in answer
     assert agent.stop_reason == "max_turns"
     assert len(agent.tool_calls) == 3
 
 
-async def test_the_token_limit_stops_before_the_next_model_request(
-    fleet: WorkerFleet, scripted: list[ScriptedServer]
-) -> None:
+async def test_the_token_limit_stops_before_the_next_model_request(agents: Agents) -> None:
     steps = [{"tool_calls": [call("noop", {})]}] * 10
-    async with make_agent(fleet, scripted, steps, token_limit=150) as agent:
+    async with agents.make(steps, token_limit=150) as agent:
         answer = await agent.chat("loop")
     assert agent.stop_reason == "token_limit"
     assert answer.startswith("Stopped: the token limit of 150 tokens was reached")
@@ -276,11 +272,11 @@ async def test_the_token_limit_stops_before_the_next_model_request(
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_the_time_limit_stops_a_slow_model_and_a_slow_tool(
-    fleet: WorkerFleet, scripted: list[ScriptedServer], stream: bool
+    agents: Agents, stream: bool
 ) -> None:
     stall_s = 30
     slow_model = [{"content": "late", "fault": {"kind": "stall", "seconds": stall_s}}]
-    async with make_agent(fleet, scripted, slow_model, time_limit_s=0.5) as agent:
+    async with agents.make(slow_model, time_limit_s=0.5) as agent:
         started = time.monotonic()
         final = await final_answer(agent, "hi", stream)
     assert time.monotonic() - started < stall_s  # stopped at its limit, the model not waited for
@@ -296,7 +292,7 @@ async def test_the_time_limit_stops_a_slow_model_and_a_slow_tool(
         },
         {"content": "never"},
     ]
-    async with make_agent(fleet, scripted, slow_tool, time_limit_s=1.5) as agent:
+    async with agents.make(slow_tool, time_limit_s=1.5) as agent:
         final = await final_answer(agent, "hi", stream)
     assert agent.stop_reason == "time_limit"
     outcomes = {record.id: (record.is_error, record.error_kind) for record in agent.tool_calls}
@@ -316,20 +312,14 @@ async def final_answer(agent: Agent, prompt: str, stream: bool) -> FinalAnswer:
     return final
 
 
-async def test_a_model_api_that_keeps_failing_ends_only_that_conversation(
-    fleet: WorkerFleet, scripted: list[ScriptedServer]
-) -> None:
-    broken = make_agent(
-        fleet,
-        scripted,
+async def test_a_model_api_that_keeps_failing_ends_only_that_conversation(agents: Agents) -> None:
+    broken = agents.make(
         [{"content": "never", "fault": {"kind": "status", "status": 500, "times": 10}}],
     )
     with pytest.raises(ModelError, match="500"):
         await broken.chat("hi")
     await broken.close()
-    flaky = make_agent(
-        fleet,
-        scripted,
+    flaky = agents.make(
         [{"content": "after a hiccup", "fault": {"kind": "status", "status": 503, "times": 1}}],
     )
     assert await flaky.chat("hi") == "after a hiccup"
@@ -362,9 +352,7 @@ CONVERT = {
 }
 
 
-async def test_function_and_json_schema_tools_run_beside_the_fleets(
-    fleet: WorkerFleet, scripted: list[ScriptedServer]
-) -> None:
+async def test_function_and_json_schema_tools_run_beside_the_fleets(agents: Agents) -> None:
     steps = [
         {
             "tool_calls": [
@@ -377,7 +365,7 @@ async def test_function_and_json_schema_tools_run_beside_the_fleets(
         },
         {"content": "Converted."},
     ]
-    agent = make_agent(fleet, scripted, steps)
+    agent = agents.make(steps)
     agent.add_tool(shout)
     agent.add_tool(tool(convert, description="Converts money.", parameters=CONVERT))
     schemas = {t["function"]["name"]: t["function"] for t in agent.get_tools()}

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import mcp_types as types
@@ -13,18 +12,18 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from api.local.stack import worker_environment
-from api.scripted.script import Script
-from api.scripted.server import ScriptedServer
-from tests.conftest import wait_for
+from tests.conftest import StartModel, wait_for
 from tests.e2e.commands import TOOLQ, clean_env, toolq
 from tests.worker.mcp.conftest import McpFleet, mcp_fleet  # noqa: F401 - the fleet fixture
 
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(scope="module")
-def model() -> Iterator[ScriptedServer]:
-    script = Script.from_steps(
+def test_toolq_run_calls_a_hosted_mcp_tool(
+    mcp_fleet: McpFleet,  # noqa: F811 - the fixture imported above
+    start_model: StartModel,
+) -> None:
+    model = start_model(
         [
             {
                 "content": "Shouting it.",
@@ -36,14 +35,6 @@ def model() -> Iterator[ScriptedServer]:
             {"content": "Done."},
         ]
     )
-    with ScriptedServer(script) as server:
-        yield server
-
-
-def test_toolq_run_calls_a_hosted_mcp_tool(
-    mcp_fleet: McpFleet,  # noqa: F811 - the fixture imported above
-    model: ScriptedServer,
-) -> None:
     env = clean_env() | worker_environment(mcp_fleet.settings)
     env |= {"OPENAI_BASE_URL": model.base_url, "OPENAI_API_KEY": "test"}
     done = toolq("run", "hello mcp", "--model", "scripted", "--json", env=env)

@@ -10,6 +10,7 @@ capabilities deploy/ gives it (``tests/reliability/userns.py``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -27,7 +28,7 @@ import pytest
 from api.dispatch import Dispatcher
 from tests.conftest import Caller, wait_for
 from tests.reliability.conftest import Stack, start_stack
-from tests.reliability.report import Report
+from tests.reliability.report import Report, Row
 from tests.reliability.userns import deploy_like_stack, userns_unavailable
 from worker.retention import Expired, prune
 from worker.sandbox.volumes import volumes_unavailable
@@ -87,22 +88,33 @@ class Run:
         return Path(self.stack.settings.workspace_root) / self.caller.run_id
 
 
+@dataclass
+class Runs:
+    """Two runs on one fleet, an attacker and its victim, and the report their cases go to."""
+
+    mode: str
+    attacker: Run
+    victim: Run
+    report: Report
+
+    def case(self, tried: str, expected: str) -> contextlib.AbstractContextManager[Row]:
+        """A row of the report's isolation cases, tried in this fleet's isolation mode."""
+        return self.report.case("Isolation", f"[{self.mode}] {tried}", expected)
+
+
 @pytest.fixture
-async def runs(mode_stack: tuple[str, Stack]) -> AsyncIterator[tuple[str, Run, Run]]:
+async def runs(mode_stack: tuple[str, Stack], report: Report) -> AsyncIterator[Runs]:
     mode, stack = mode_stack
     async with Dispatcher(stack.settings) as dispatcher:
         victim = Caller(dispatcher, stack.settings, f"victim-{secrets.token_hex(4)}")
         attacker = Caller(dispatcher, stack.settings, f"attacker-{secrets.token_hex(4)}")
-        yield mode, Run(attacker, stack), Run(victim, stack)
+        yield Runs(mode, Run(attacker, stack), Run(victim, stack), report)
 
 
-async def test_a_run_cannot_see_read_or_write_another_runs_files(
-    runs: tuple[str, Run, Run], report: Report
-) -> None:
-    mode, attacker, victim = runs
-    with report.case(
-        "Isolation",
-        f"[{mode}] run X: `ls ..`, `cat ../Y/secret.txt` (chmod 600, and 644), "
+async def test_a_run_cannot_see_read_or_write_another_runs_files(runs: Runs) -> None:
+    attacker, victim = runs.attacker, runs.victim
+    with runs.case(
+        "run X: `ls ..`, `cat ../Y/secret.txt` (chmod 600, and 644), "
         "`echo x > ../Y/planted.txt`, `ls -a ../Y`",
         "Y's name, files and secret never shown; nothing planted in Y's workspace",
     ) as row:
@@ -132,15 +144,12 @@ async def test_a_run_cannot_see_read_or_write_another_runs_files(
         assert folder.st_mode & 0o777 == 0o770
 
 
-async def test_tmp_is_the_runs_own_and_gone_with_its_workspace(
-    runs: tuple[str, Run, Run], report: Report
-) -> None:
-    mode, attacker, victim = runs
+async def test_tmp_is_the_runs_own_and_gone_with_its_workspace(runs: Runs) -> None:
+    attacker, victim = runs.attacker, runs.victim
     token = secrets.token_hex(6)
     files = (f"/tmp/x-{token}", f"/dev/shm/x-{token}")
-    with report.case(
-        "Isolation",
-        f"[{mode}] run X writes 8 MiB to /tmp/x-<token> and /dev/shm/x-<token>; run Y reads "
+    with runs.case(
+        "run X writes 8 MiB to /tmp/x-<token> and /dev/shm/x-<token>; run Y reads "
         "them; X's workspace is removed",
         "Y reads nothing; X's next call finds its /tmp file; once X's workspace is removed, "
         "nothing of X's is left on the host",
@@ -172,13 +181,10 @@ async def test_tmp_is_the_runs_own_and_gone_with_its_workspace(
         assert left == []
 
 
-async def test_nothing_of_a_run_outlives_its_call(
-    runs: tuple[str, Run, Run], report: Report
-) -> None:
-    mode, attacker, _ = runs
-    with report.case(
-        "Isolation",
-        f"[{mode}] `env -u TOOLQ_SANDBOX_ID setsid sh -c 'sleep 300' &`, `nohup`, a double "
+async def test_nothing_of_a_run_outlives_its_call(runs: Runs) -> None:
+    attacker = runs.attacker
+    with runs.case(
+        "`env -u TOOLQ_SANDBOX_ID setsid sh -c 'sleep 300' &`, `nohup`, a double "
         "fork, then the call ends",
         "no process of the run's uid is left",
     ) as row:
@@ -193,15 +199,12 @@ async def test_nothing_of_a_run_outlives_its_call(
         row.observed = f"{len(_processes_of(uid, 'sleep 30'))} process(es) of the command left"
 
 
-async def test_the_worker_and_its_secrets_are_out_of_reach(
-    runs: tuple[str, Run, Run], report: Report
-) -> None:
-    mode, attacker, _ = runs
+async def test_the_worker_and_its_secrets_are_out_of_reach(runs: Runs) -> None:
+    attacker = runs.attacker
     workers = attacker.stack.fleet.worker_pids("sandbox")
     listed = " ".join(map(str, workers))
-    with report.case(
-        "Isolation",
-        f"[{mode}] run_bash reads /proc/<worker pid>/environ and sends `kill -9` to every "
+    with runs.case(
+        "run_bash reads /proc/<worker pid>/environ and sends `kill -9` to every "
         "sandbox worker process",
         "no secret read; every worker process lives on",
     ) as row:
@@ -215,11 +218,9 @@ async def test_the_worker_and_its_secrets_are_out_of_reach(
         assert alive == workers
 
 
-async def test_the_broker_is_out_of_reach(
-    runs: tuple[str, Run, Run], mode_stack: tuple[str, Stack], report: Report
-) -> None:
-    mode, attacker, _ = runs
-    _, stack = mode_stack
+async def test_the_broker_is_out_of_reach(runs: Runs) -> None:
+    attacker = runs.attacker
+    stack = attacker.stack
     port = stack.redis.port
     probe = (
         "import socket\n"
@@ -238,9 +239,8 @@ async def test_the_broker_is_out_of_reach(
         f"printf '%s%s' '{password[:half]}' '{password[half:]}' > pattern; "
         "grep -l -F -f pattern /proc/[0-9]*/cmdline /proc/[0-9]*/environ 2>/dev/null; true"
     )
-    with report.case(
-        "Isolation",
-        f"[{mode}] run_bash connects to the broker's port and sends `KEYS *`; looks for the "
+    with runs.case(
+        "run_bash connects to the broker's port and sends `KEYS *`; looks for the "
         "broker's password in every /proc/*/cmdline and environ it can read",
         "no connection (no network), or NOAUTH; the password found nowhere",
     ) as row:
@@ -253,11 +253,8 @@ async def test_the_broker_is_out_of_reach(
         assert found["stdout"].strip() == "", found
 
 
-async def test_host_sockets_are_out_of_reach_with_namespaces(
-    runs: tuple[str, Run, Run], report: Report, tmp_path: Path
-) -> None:
-    mode, attacker, _ = runs
-    if mode == "process":
+async def test_host_sockets_are_out_of_reach_with_namespaces(runs: Runs, tmp_path: Path) -> None:
+    if runs.mode == "process":
         pytest.skip("without namespaces the command shares the host's sockets by design")
     paths = [
         f"/run/toolq-test-{secrets.token_hex(4)}.sock",
@@ -270,12 +267,11 @@ async def test_host_sockets_are_out_of_reach_with_namespaces(
         for path in paths
     )
     try:
-        with report.case(
-            "Isolation",
-            f"[{mode}] run_bash connects to a host Unix socket in /run and in /tmp",
+        with runs.case(
+            "run_bash connects to a host Unix socket in /run and in /tmp",
             "neither is there (the call's /run and /tmp are its own)",
         ) as row:
-            answer = await attacker.bash(probe + "; true")
+            answer = await runs.attacker.bash(probe + "; true")
             row.observed = answer["stdout"].strip() or "no connection"
             assert "connected" not in answer["stdout"]
     finally:
@@ -285,17 +281,16 @@ async def test_host_sockets_are_out_of_reach_with_namespaces(
 
 
 async def test_read_file_refuses_a_hard_link_to_a_file_the_run_does_not_own(
-    runs: tuple[str, Run, Run], report: Report, tmp_path: Path
+    runs: Runs, tmp_path: Path
 ) -> None:
-    mode, attacker, _ = runs
+    attacker = runs.attacker
     await attacker.bash("true")  # the workspace exists
     outside = tmp_path / "host-secret.txt"
     outside.write_text(SECRET)
     outside.chmod(0o600)
     os.link(outside, attacker.workspace / "linked.txt")
-    with report.case(
-        "Isolation",
-        f"[{mode}] read_file of a hard link in the workspace to a host file (root's, 0600)",
+    with runs.case(
+        "read_file of a hard link in the workspace to a host file (root's, 0600)",
         "refused, the content not shown",
     ) as row:
         result = await attacker.caller("read_file", {"path": "linked.txt"})
@@ -303,18 +298,15 @@ async def test_read_file_refuses_a_hard_link_to_a_file_the_run_does_not_own(
         assert result.is_error
         assert SECRET not in result.output
         # In the deploy, the file is the host's root's, beyond even the namespace's root.
-        assert "hard link" in result.output or (mode == "deploy" and "denied" in result.output)
+        assert "hard link" in result.output or (runs.mode == "deploy" and "denied" in result.output)
 
 
-async def test_parallel_calls_of_one_run_keep_their_processes(
-    runs: tuple[str, Run, Run], report: Report
-) -> None:
+async def test_parallel_calls_of_one_run_keep_their_processes(runs: Runs) -> None:
     """A run's calls may overlap (parallel tool calls): the end of one does not kill the other's
     processes, though both run as the run's uid."""
-    mode, attacker, _ = runs
-    with report.case(
-        "Isolation",
-        f"[{mode}] two calls of one run at once; the short one ends first",
+    attacker = runs.attacker
+    with runs.case(
+        "two calls of one run at once; the short one ends first",
         "the long one's command finishes",
     ) as row:
         long_call = asyncio.create_task(attacker.bash("sleep 2; echo long done"))

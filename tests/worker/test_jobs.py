@@ -89,47 +89,53 @@ def test_a_kept_answer_is_sent_again_on_request(
     assert 0 < redis_client.ttl(reply_to) <= TTL_S
 
 
+@dataclass
+class RunOfSend1:
+    """A job of its own whose run as its ``send-1`` holds lease ``1 host:a`` and stores its
+    answers through ``answers``."""
+
+    client: aioredis.Redis
+    answers: AsyncAnswerStore
+    job: str = field(default_factory=lambda: unique("job"))
+    reply_to: str = field(default_factory=lambda: unique("reply"))
+
+    async def guard(self, current: str, lease: str) -> RunGuard:
+        """The run's guard, with Redis naming ``current`` the job's current send and ``lease``
+        the holder of its lease."""
+        key = result_key(self.job)
+        guard = RunGuard(f"{key}:current", "send-1", f"{key}:lease", "1 host:a")
+        await self.client.set(guard.current_key, current)
+        await self.client.set(guard.lease_key, lease)
+        return guard
+
+    async def store(self, answer: str, guard: RunGuard) -> Stored:
+        return await self.answers.store_once(self.job, answer, self.reply_to, guard=guard)
+
+
 @pytest.fixture
-def async_answers(async_client: aioredis.Redis) -> AsyncAnswerStore:
-    return AsyncAnswerStore(async_client, TTL_S, result_key)
-
-
-async def guard_of_send_1(client: aioredis.Redis, job: str, current: str, lease: str) -> RunGuard:
-    """The guard of ``job``'s run as its ``send-1`` holding lease ``1 host:a``, with Redis
-    naming ``current`` the job's current send and ``lease`` the holder of its lease."""
-    guard = RunGuard(f"{result_key(job)}:current", "send-1", f"{result_key(job)}:lease", "1 host:a")
-    await client.set(guard.current_key, current)
-    await client.set(guard.lease_key, lease)
-    return guard
+def run(async_client: aioredis.Redis) -> RunOfSend1:
+    return RunOfSend1(async_client, AsyncAnswerStore(async_client, TTL_S, result_key))
 
 
 async def test_a_run_of_a_superseded_send_stores_nothing_and_lets_its_lease_go(
-    async_answers: AsyncAnswerStore, async_client: aioredis.Redis
+    run: RunOfSend1,
 ) -> None:
-    job, reply_to = unique("job"), unique("reply")
-    old = await guard_of_send_1(async_client, job, current="send-2", lease="1 host:a")
+    old = await run.guard(current="send-2", lease="1 host:a")
 
-    assert await async_answers.store_once(job, "late", reply_to, guard=old) == Stored(
-        "superseded", b"send-2"
-    )
-    assert not await async_client.exists(result_key(job), reply_to, old.lease_key)
+    assert await run.store("late", old) == Stored("superseded", b"send-2")
+    assert not await run.client.exists(result_key(run.job), run.reply_to, old.lease_key)
 
 
 async def test_the_current_send_stores_its_answer_and_keeps_a_lease_not_its_own(
-    async_answers: AsyncAnswerStore, async_client: aioredis.Redis
+    run: RunOfSend1,
 ) -> None:
-    job, reply_to = unique("job"), unique("reply")
     # The lease is held by the run after this one.
-    current = await guard_of_send_1(async_client, job, current="send-1", lease="2 host:b")
+    current = await run.guard(current="send-1", lease="2 host:b")
 
-    assert await async_answers.store_once(job, "answer", reply_to, guard=current) == Stored(
-        "stored"
-    )
-    assert await async_answers.store_once(job, "again", reply_to, guard=current) == Stored(
-        "kept", b"answer"
-    )
-    assert await async_client.lrange(reply_to, 0, -1) == [b"answer"]
-    assert await async_client.get(current.lease_key) == b"2 host:b"
+    assert await run.store("answer", current) == Stored("stored")
+    assert await run.store("again", current) == Stored("kept", b"answer")
+    assert await run.client.lrange(run.reply_to, 0, -1) == [b"answer"]
+    assert await run.client.get(current.lease_key) == b"2 host:b"
 
 
 class Answer(BaseModel):

@@ -134,9 +134,17 @@ class Launch:
             self.channel.sendall(numbered(text))
             return
         if self.plan.spawned and self.plan.has_init:
-            call = self._spawned_call(
-                argv, cwd, env, limits, drop or self.plan.drop_to, bind, attach
-            )
+            # The call as the spawner's forked process reads it: one line of JSON.
+            spawned_call = {
+                "argv": list(argv),
+                "cwd": self.plan.folder_from(str(cwd), self.started_in),
+                "env": dict(env),
+                "limits": dict(limits),
+                "drop": None if self.plan.init_drops else (drop or self.plan.drop_to),
+                "bind": [list(pair) for pair in bind],
+                "attach": attach[1] if attach is not None else None,
+            }
+            call = json.dumps(spawned_call).encode() + b"\n"
             if attach is not None:
                 # The descriptor travels with the line's first byte; the rest follows whole.
                 socket.send_fds(self.channel, [call[:1]], [attach[0]])
@@ -155,25 +163,6 @@ class Launch:
         self.channel.sendall(numbered(line))
         if not self.plan.has_init:
             self.channel.close()
-
-    def _spawned_call(
-        self,
-        argv: Sequence[str],
-        cwd: Path,
-        env: Mapping[str, str],
-        limits: Mapping[str, tuple[int, int]],
-        drop: tuple[int, int] | None,
-        bind: Sequence[tuple[str, str]],
-        attach: tuple[int, str] | None,
-    ) -> bytes:
-        """The call as the spawner's forked process reads it: one line of JSON."""
-        where = self.plan.folder_from(str(cwd), self.started_in)
-        call = {"argv": list(argv), "cwd": where, "env": dict(env), "limits": dict(limits)}
-        drop = None if self.plan.init_drops else drop
-        binds = [list(pair) for pair in bind]
-        attach_at = attach[1] if attach is not None else None
-        line = {**call, "drop": drop, "bind": binds, "attach": attach_at}
-        return json.dumps(line).encode() + b"\n"
 
     def abandon(self) -> None:
         """Never used: the shell finds nothing to read and exits; its group goes."""

@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
 from redis.typing import EncodableT, FieldT
 
 from api.http.state.statuses import ACTIVE
@@ -55,22 +57,19 @@ return 1
 """
 
 
+@dataclass(eq=False)
 class RecordStore:
     """The Redis client, how long ended work is kept, and the one way a status changes."""
 
-    def __init__(
-        self,
-        client: aioredis.Redis,
-        *,
-        retention_s: int,
-        lease_ttl_s: float = 15.0,
-        events_maxlen: int = EVENTS_MAXLEN,
-    ) -> None:
-        self.redis = client
-        self.retention_s = retention_s
-        self.lease_ttl_s = lease_ttl_s
-        self.events_maxlen = events_maxlen
-        self._transition = client.register_script(_TRANSITION)
+    redis: aioredis.Redis
+    _: KW_ONLY
+    retention_s: int
+    lease_ttl_s: float = 15.0
+    events_maxlen: int = EVENTS_MAXLEN
+    _transition: AsyncScript = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._transition = self.redis.register_script(_TRANSITION)
 
     async def _create(
         self, key: str, record_id: str, fields: HashFields, active_set: str, index: str

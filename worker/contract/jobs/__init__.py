@@ -5,4 +5,6 @@
   round trip. Each kind of job keeps key strings of its own.
 - ``replies``: the caller's side. One reply list per caller, drained by one reader, each answer
   handed to whoever waits for its job.
+- ``delivery``: how a job's Celery message is delivered (``JobTask``, the base of both tasks):
+  at least once, its answer kept by ``answers`` rather than Celery's result backend.
 """

@@ -10,11 +10,12 @@ script, with the key strings of their kind of job (``result_key``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import redis
 import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript, Script
 
 from worker.contract.runtime.store_refusals import until_deadline
 
@@ -62,19 +63,20 @@ class Stored:
     kept: bytes | str = ""
 
 
+@dataclass(eq=False)
 class AnswerStore:
     """The answers of one kind of job (``kind`` names it in logs) on a sync client, kept
     ``ttl_s`` at ``result_key(job_id)``; a write the store refuses is tried again until the
     ``deadline`` given, as long as the caller waits for it."""
 
-    def __init__(
-        self, client: redis.Redis, ttl_s: int, result_key: Callable[[str], str], kind: str
-    ) -> None:
-        self._redis = client
-        self._ttl_s = ttl_s
-        self._result_key = result_key
-        self._kind = kind
-        self._script = client.register_script(_STORE_ONCE)
+    client: redis.Redis
+    ttl_s: int
+    result_key: Callable[[str], str]
+    kind: str
+    _script: Script = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._script = self.client.register_script(_STORE_ONCE)
 
     def store_once(
         self,
@@ -89,12 +91,12 @@ class AnswerStore:
         """Keep ``answer`` unless an answer other than ``replacing`` is kept, and push it to
         ``reply_to``."""
         keys, args = _script_call(
-            self._result_key(job_id), answer, reply_to, self._ttl_s, replacing, guard
+            self.result_key(job_id), answer, reply_to, self.ttl_s, replacing, guard
         )
         state, kept = until_deadline(
             lambda: self._script(keys=keys, args=args),
             deadline,
-            f"the answer to {self._kind} {job_id}",
+            f"the answer to {self.kind} {job_id}",
         )
         return _stored(state, kept)
 
@@ -112,42 +114,41 @@ class AnswerStore:
 
         def push() -> None:
             # A pipeline forgets its commands when it runs, refused or not: built per try.
-            pipe = self._redis.pipeline(transaction=False)
+            pipe = self.client.pipeline(transaction=False)
             pipe.rpush(reply_to, answer)
-            pipe.expire(reply_to, self._ttl_s)
+            pipe.expire(reply_to, self.ttl_s)
             pipe.execute()
 
-        until_deadline(push, deadline, f"the answer to {self._kind} {job_id}")
+        until_deadline(push, deadline, f"the answer to {self.kind} {job_id}")
 
 
+@dataclass(eq=False)
 class AsyncAnswerStore:
     """``AnswerStore`` on a ``redis.asyncio`` client, each write tried once."""
 
-    def __init__(
-        self, client: aioredis.Redis, ttl_s: int, result_key: Callable[[str], str]
-    ) -> None:
-        self._redis = client
-        self._ttl_s = ttl_s
-        self._result_key = result_key
-        self._script = client.register_script(_STORE_ONCE)
+    client: aioredis.Redis
+    ttl_s: int
+    result_key: Callable[[str], str]
+    _script: AsyncScript = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._script = self.client.register_script(_STORE_ONCE)
 
     async def store_once(
         self, job_id: str, answer: str, reply_to: str | None, *, guard: RunGuard | None = None
     ) -> Stored:
         """As ``AnswerStore.store_once``, for jobs whose stored answers are always their own
         (nothing to replace)."""
-        keys, args = _script_call(
-            self._result_key(job_id), answer, reply_to, self._ttl_s, "", guard
-        )
+        keys, args = _script_call(self.result_key(job_id), answer, reply_to, self.ttl_s, "", guard)
         state, kept = await self._script(keys=keys, args=args)
         return _stored(state, kept)
 
     async def reply(self, answer: bytes | str, reply_to: str | None) -> None:
         """As ``AnswerStore.reply``."""
         if reply_to:
-            async with self._redis.pipeline(transaction=False) as pipe:
+            async with self.client.pipeline(transaction=False) as pipe:
                 pipe.rpush(reply_to, answer)
-                pipe.expire(reply_to, self._ttl_s)
+                pipe.expire(reply_to, self.ttl_s)
                 await pipe.execute()
 
 

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, cast
 
 import redis.asyncio as aioredis
@@ -38,31 +39,22 @@ AnswerT = TypeVar("AnswerT", bound=BaseModel)
 WaiterT = TypeVar("WaiterT", bound=Waiter)
 
 
+@dataclass(eq=False)
 class ReplyReader(Generic[AnswerT, WaiterT]):
     """Reads the answers pushed to ``key`` as ``answer_type`` and hands each to ``accept`` with
     the waiter that ``waiting`` holds for its job (``job_of``); an answer nobody waits for any
     more is dropped. A malformed answer is dropped too, and told to ``malformed``."""
 
-    def __init__(
-        self,
-        client: aioredis.Redis,
-        key: str,
-        answer_type: type[AnswerT],
-        waiting: Mapping[str, WaiterT],
-        job_of: Callable[[AnswerT], str],
-        accept: Callable[[WaiterT, AnswerT], None],
-        *,
-        malformed: Callable[[bytes | str], None] | None = None,
-    ) -> None:
-        self._client = client
-        self.key = key
-        self._answer_type = answer_type
-        self._waiting = waiting
-        self._job_of = job_of
-        self._accept = accept
-        self._malformed = malformed
-        self._task: asyncio.Task[None] | None = None
-        self._closing = False
+    client: aioredis.Redis
+    key: str
+    answer_type: type[AnswerT]
+    waiting: Mapping[str, WaiterT]
+    job_of: Callable[[AnswerT], str]
+    accept: Callable[[WaiterT, AnswerT], None]
+    _: KW_ONLY
+    malformed: Callable[[bytes | str], None] | None = None
+    _task: asyncio.Task[None] | None = field(default=None, init=False)
+    _closing: bool = field(default=False, init=False)
 
     @property
     def started(self) -> bool:
@@ -79,30 +71,30 @@ class ReplyReader(Generic[AnswerT, WaiterT]):
         self._closing = True
         task, self._task = self._task, None
         with contextlib.suppress(RedisError, OSError):
-            await self._client.connection_pool.disconnect(inuse_connections=True)
+            await self.client.connection_pool.disconnect(inuse_connections=True)
         if task is not None:
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(task, _STOP_WAIT_S)
 
     def deliver(self, raw: bytes | str) -> None:
         try:
-            answer = self._answer_type.model_validate_json(raw)
+            answer = self.answer_type.model_validate_json(raw)
         except ValueError:
             log.warning("dropping a malformed answer from %s: %.200r", self.key, raw)
-            if self._malformed is not None:
-                self._malformed(raw)
+            if self.malformed is not None:
+                self.malformed(raw)
             return
-        waiter = self._waiting.get(self._job_of(answer))
+        waiter = self.waiting.get(self.job_of(answer))
         if waiter is None or waiter.answer.done():
             return  # a late answer to a job its caller gave up on
-        self._accept(waiter, answer)
+        self.accept(waiter, answer)
 
     async def _read(self) -> None:
         await read_replies(
-            self._client,
+            self.client,
             self.key,
             self.deliver,
-            others_waiting=lambda: len(self._waiting) > 1,
+            others_waiting=lambda: len(self.waiting) > 1,
             closing=lambda: self._closing,
         )
 
