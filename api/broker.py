@@ -28,7 +28,7 @@ def producer_config(settings: FleetSettings) -> dict[str, Any]:
         "task_default_queue": POOLS[0],
         # A task-sent event for every call: monitors (Flower, `celery events`) see calls while
         # they wait in the queue, not only once a worker takes them. It goes out in the same
-        # round trip as the call (see Dispatcher._send).
+        # round trip as the call, a batch's events in one message (see api/publishing.py).
         "task_send_sent_event": True,
     }
 

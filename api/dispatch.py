@@ -29,12 +29,12 @@ from celery import Celery
 from api.broker import producer_app
 from api.call_watch import CallWatch, InFlight
 from api.images.pins import RunPins
+from api.publishing import SEND_BATCH, CallPublisher
 from worker.contract.deadlines import call_limit_ms
 from worker.contract.jobs.replies import RECONNECT, ReplyReader
 from worker.contract.keys import keys
 from worker.contract.settings import FleetSettings
 from worker.contract.wire import (
-    TASK_NAME,
     ToolCallRequest,
     ToolCallResult,
     ToolContextSnapshot,
@@ -42,11 +42,6 @@ from worker.contract.wire import (
 )
 
 log = logging.getLogger(__name__)
-#: The most calls sent in one batch: enough to amortise the round trip, small enough that the
-#: first call of a burst does not wait long for the last.
-_SEND_BATCH = 256
-#: What one call costs the broker: its message and its task-sent event.
-_OPERATIONS_PER_CALL = 2
 #: A call that cannot be sent is answered this long before its deadline, so that the caller
 #: hears why rather than only that no answer came.
 _ANSWER_MARGIN_S = 0.5
@@ -84,8 +79,8 @@ class Dispatcher:
         # everything, whatever the number of calls in flight.
         self._outbox: queue.SimpleQueue[_Outgoing | None] = queue.SimpleQueue()
         self._sender: threading.Thread | None = None
-        #: What the sending thread publishes through, bound to its producer's channel.
-        self._bound: _Bound | None = None
+        #: What the sending thread publishes the calls with.
+        self._publisher = CallPublisher(self._app, settings)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
         #: The runs whose sandbox calls go to the worker holding their container.
@@ -221,8 +216,8 @@ class Dispatcher:
             try:
                 producer = producer or self._app.producer_pool.acquire(block=True)
                 while unsent:
-                    self._send(unsent[:_SEND_BATCH], producer)
-                    del unsent[:_SEND_BATCH]  # sent: not sent again if a later part fails
+                    self._send(unsent[:SEND_BATCH], producer)
+                    del unsent[:SEND_BATCH]  # sent: not sent again if a later part fails
             except Exception as exc:
                 # A producer that failed is not trusted again.
                 if producer is not None:
@@ -263,13 +258,9 @@ class Dispatcher:
         return True
 
     def _send(self, batch: list[_Outgoing], producer: Any) -> None:
-        # One Redis round trip for the batch (kombu's Producer.batch), a lone call and its
-        # task-sent event included; other brokers publish each message at once. Should it fail,
-        # delivery of the batch is uncertain and it is sent again: a duplicate is answered
-        # once, since results are stored once per call.
-        with producer.batch(_OPERATIONS_PER_CALL * _SEND_BATCH):
-            for item in batch:
-                self._publish(item.request, item.flight.pool, producer)
+        # Should it fail, delivery of the batch is uncertain and it is sent again: a duplicate
+        # is answered once, since results are stored once per call.
+        self._publisher.send([(item.request, item.flight.pool) for item in batch], producer)
         sent_at = time.monotonic()
         for item in batch:
             item.flight.sent_at = sent_at
@@ -295,46 +286,6 @@ class Dispatcher:
                 return []
         return [item for item in unsent if item.request.deadline > cutoff]
 
-    def _publish(self, request: ToolCallRequest, pool: str, producer: Any) -> None:
-        soft = request.timeout_ms / 1000
-        bound = self._bound
-        if bound is None or bound.channel is not producer.channel:
-            bound = self._bound = _Bound(self._app, producer.channel)
-        queue = bound.queue(pool)
-        # Celery's own message and sending, as ``send_task`` makes them, without what a call
-        # needs none of and ``send_task`` pays for on every message: its router (the queue is
-        # given), the parent task's lookup (the sending thread runs none), an AsyncResult.
-        amqp = self._app.amqp
-        message = amqp.create_task_message(
-            request.task_id,
-            TASK_NAME,
-            [request.model_dump(mode="json")],
-            None,
-            reply_to=bound.reply_to,
-            time_limit=soft + self._settings.hard_limit_grace_s,
-            soft_time_limit=soft,
-            # A task-sent event: monitors see the call while it waits in its queue.
-            create_sent_event=self._app.conf.task_send_sent_event,
-            # Answers come through toolq's reply list: without this, Celery would subscribe
-            # to its own result channel for every call.
-            ignore_result=True,
-            # What monitors (task events, Flower) show for the call: the tool, not its
-            # arguments, which can hold whole files; Celery would also spend a repr on them.
-            argsrepr=f"({request.tool!r}, run {request.run_id!r})",
-            kwargsrepr="{}",
-        )
-        amqp.send_task_message(
-            producer,
-            TASK_NAME,
-            message,
-            queue=queue,
-            routing_key=pool,
-            declare=[queue],
-            event_dispatcher=bound.events,
-            # The sending loop retries, for as long as each call's deadline allows.
-            retry=False,
-        )
-
     def _accept(self, flight: InFlight, result: ToolCallResult) -> None:
         key = flight.request.seal_key
         if key is None or not result.is_sealed_with(key):
@@ -344,29 +295,6 @@ class Dispatcher:
 
     def _malformed(self, _: bytes | str) -> None:
         self._watch.refused += 1
-
-
-class _Bound:
-    """The pools' queues and the task-sent events' dispatcher, bound once to the channel of the
-    sending thread's producer. Given by name, kombu copies and binds a queue, its exchange and
-    the events' exchange anew for every message (then finds each already declared, by its hash):
-    a quarter of a publish. Made again when the producer's channel changes."""
-
-    def __init__(self, app: Celery, channel: Any) -> None:
-        self.channel = channel
-        self._app = app
-        self._queues: dict[str, Any] = {}
-        self.events = app.events.Dispatcher(channel=channel, enabled=False)
-        self.events.exchange = self.events.exchange.bind(channel)
-        #: The sending thread's id as Celery names a caller (``send_task``'s ``reply_to``).
-        self.reply_to = app.thread_oid
-
-    def queue(self, pool: str) -> Any:
-        """The queue of ``pool`` (or of a worker's own, for a pinned run), as Celery knows it."""
-        queue = self._queues.get(pool)
-        if queue is None:
-            queue = self._queues[pool] = self._app.amqp.queues[pool].bind(self.channel)
-        return queue
 
 
 def _unsent(request: ToolCallRequest, pool: str, exc: Exception) -> ToolCallResult:

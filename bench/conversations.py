@@ -21,6 +21,7 @@ import redis
 
 from api.local.stack import LocalStack, free_port, worker_environment
 from bench.cost import redis_cpu_seconds
+from bench.orchestrator import PUBLISH_PROBE
 from bench.procinfo import cpu_seconds
 from bench.stack import python_path, run_checked, wait_until
 from bench.stats import CaseResult, Comparison
@@ -243,7 +244,7 @@ def floors_note(run: dict[str, Any], model_client: dict[str, Any], workers_cpu_s
     openai_ms = model_client["openai_cpu_ms_per_request"]
     aiohttp_ms = model_client["aiohttp_cpu_ms_per_request"]
     openai_share = (openai_ms - aiohttp_ms) * requests_per_call
-    publish = run["cpu_ms_per_tool_call_in"].get("toolq publish (Celery send_task)", 0.0)
+    publish = run["cpu_ms_per_tool_call_in"].get(PUBLISH_PROBE, 0.0)
     workers = workers_cpu_s * 1000 / calls
     floor = openai_share + publish
     return (
@@ -251,7 +252,7 @@ def floors_note(run: dict[str, Any], model_client: dict[str, Any], workers_cpu_s
         f"{openai_ms:.2f} ms of CPU per request through ChatModel (the openai client over "
         f"aiohttp), {aiohttp_ms:.2f} ms through aiohttp alone with the same body and JSON. "
         f"Per tool call ({requests_per_call:.2f} requests each here), the openai client's own "
-        f"share is {openai_share:.2f} ms and Celery's send_task {publish:.2f} ms: together "
+        f"share is {openai_share:.2f} ms and Celery's publishing {publish:.2f} ms: together "
         f"{floor:.2f} ms, {floor / workers:.2f} of the workers' CPU per call, before toolq's "
         "agent loop, replies and asyncio add anything."
     )

@@ -28,6 +28,7 @@ from api.collector import tuned_for_many_conversations
 from api.dispatch import Dispatcher
 from api.fleet import load_fleet
 from api.llm import ChatModel
+from api.publishing import CallPublisher
 from api.settings import get_settings
 from bench.probes import CpuProbe
 from bench.procinfo import status_kb
@@ -36,6 +37,8 @@ from worker.contract.jobs.replies import ReplyReader
 MODEL = "scripted"
 PROMPT = "go"
 SAMPLE_EVERY_S = 0.05
+#: The probe of the calls' publishing: Celery's messages and their task-sent events.
+PUBLISH_PROBE = "toolq publish (Celery messages, task-sent events)"
 
 
 class ThreadWatch:
@@ -77,7 +80,7 @@ def install_probes() -> list[CpuProbe]:
     probes = [
         CpuProbe(api.llm_body, "chat_body", "toolq chat request body"),
         CpuProbe(AsyncAPIClient, "_build_request", "openai request building"),
-        CpuProbe(Dispatcher, "_publish", "toolq publish (Celery send_task)"),
+        CpuProbe(CallPublisher, "send", PUBLISH_PROBE),
         CpuProbe(ReplyReader, "deliver", "toolq reply parsing"),
     ]
     return [probe for probe in probes if probe.install()]
