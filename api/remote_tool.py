@@ -43,6 +43,7 @@ class RemoteTool(ProxyTool):
         self.default_timeout_ms = spec.default_timeout_ms
         self.timeout_argument = spec.timeout_argument
         self.for_model = spec.for_model
+        self.reads_context = spec.reads_context
         self._dispatcher = dispatcher
         self._run_id = run_id
         self._context = context
@@ -57,14 +58,15 @@ class RemoteTool(ProxyTool):
     async def forward(
         self, arguments: dict[str, Any] | str | None, tool_call_id: str | None
     ) -> ToolOutcome:
-        """Send the arguments as the model gave them; the context is read now, at sending."""
+        """Send the arguments as the model gave them; the context is read now, at sending, for a
+        tool that reads it (its spec's ``reads_context``)."""
         request = self._dispatcher.build_request(
             self.spec,
             task_id=self._new_task_id(),
             tool_call_id=tool_call_id,
             run_id=self._run_id,
             arguments=arguments if arguments is not None else {},
-            context=self._context(),
+            context=self._context() if self.spec.reads_context else None,
             timeout_ms=self._timeout_ms,
         )
         result = await self._dispatcher.call(request, self.spec.pool)

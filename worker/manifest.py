@@ -31,6 +31,7 @@ def fleet_tool_specs(settings: WorkerSettings, pools: Iterable[Pool] = POOLS) ->
                 timeout_argument=tool.timeout_argument,
                 position=position,
                 for_model=tool.for_model,
+                reads_context=tool.reads_context,
             )
         )
     return specs

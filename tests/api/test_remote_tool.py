@@ -176,3 +176,20 @@ def test_every_fleet_tool_is_an_instance_of_one_class(dispatcher: RecordingDispa
     assert (bash.name, other.name) == ("run_bash", "get_current_weather")
     assert (bash.pool, other.pool) == ("sandbox", "tools")
     assert other.get_schema() == weather.schema_for_model()
+
+
+async def test_a_tool_that_never_reads_the_conversation_is_sent_none(
+    dispatcher: RecordingDispatcher,
+) -> None:
+    conversation = ToolContextSnapshot(
+        system_prompt="be brief",
+        session_context=[{"role": "user", "content": "a long conversation " * 1000}],
+    )
+    blind = RUN_BASH.model_copy(update={"reads_context": False})
+    tool = RemoteTool(blind, dispatcher, "run-1", lambda: conversation, lambda: "t-1")
+
+    await tool.forward({"command": "ls"}, "call_a")
+
+    [(request, _)] = dispatcher.sent
+    assert request.context == ToolContextSnapshot()
+    assert "a long conversation" not in request.model_dump_json()

@@ -68,6 +68,9 @@ class ToolSpec(BaseModel):
     #: False for a service operation (files in and out, commands with input): callers use it,
     #: models never see it.
     for_model: bool = True
+    #: False: the tool never reads the conversation, and its calls carry none
+    #: (``ToolCallRequest.context`` empty). A spec without it (an older worker's) reads it.
+    reads_context: bool = True
 
     def schema_for_model(self) -> dict[str, Any]:
         """The tool as the chat API's ``tools`` list takes it."""

@@ -71,6 +71,7 @@ class RunBashTool(ExecutableTool):
     admits_itself = True
     enabled_by_default = False
     caps_own_output = True
+    reads_context = False
     workspace_effect = "adds"
     default_timeout_ms = DEFAULT_TIMEOUT_MS
     timeout_argument = "timeout"

@@ -53,6 +53,7 @@ class ReadFileTool(WorkspaceTool):
         "to their first part, with a notice of the full size; binary files are refused."
     )
     Args = ReadFileArgs
+    reads_context = False
     idempotent = True
 
     def execute(self, args: dict[str, Any]) -> str:
@@ -145,6 +146,7 @@ class WriteFileTool(WorkspaceTool):
         "missing parent directories."
     )
     Args = WriteFileArgs
+    reads_context = False
     workspace_effect = "adds"
 
     def execute(self, args: dict[str, Any]) -> str:
@@ -183,6 +185,7 @@ class ListDirTool(WorkspaceTool):
         "show their size, symbolic links their target."
     )
     Args = ListDirArgs
+    reads_context = False
     idempotent = True
 
     def execute(self, args: dict[str, Any]) -> str:
@@ -233,6 +236,7 @@ class MkdirTool(WorkspaceTool):
     name = "mkdir"
     description = "Create a directory in the workspace, with any missing parents (like mkdir -p)."
     Args = MkdirArgs
+    reads_context = False
     idempotent = True
     workspace_effect = "adds"
 
@@ -261,6 +265,7 @@ class RemoveTool(WorkspaceTool):
         "that does not exist is not an error. A symbolic link is removed, not its target."
     )
     Args = RemoveArgs
+    reads_context = False
     enabled_by_default = False
     workspace_effect = "frees"
 
@@ -300,6 +305,7 @@ class MoveTool(WorkspaceTool):
         "destination if it is an existing directory, else to that path."
     )
     Args = MoveArgs
+    reads_context = False
 
     def execute(self, args: dict[str, Any]) -> str:
         ws = self.workspace

@@ -52,6 +52,9 @@ class ToolTraits(TypedDict, total=False):
     enabled_by_default: bool
     #: The call's deadline when the caller gives none; ``TOOLQ_DEFAULT_TIMEOUT_MS`` by default.
     timeout_ms: int
+    #: False: the function never reads the conversation (``current_context()``), and its calls
+    #: carry none. True by default.
+    reads_context: bool
 
 
 class FunctionTool(ExecutableTool):
@@ -157,6 +160,7 @@ def tool(
         "idempotent": traits.get("idempotent", False),
         "enabled_by_default": traits.get("enabled_by_default", True),
         "default_timeout_ms": traits.get("timeout_ms"),
+        "reads_context": traits.get("reads_context", True),
     }
     is_async = inspect.iscoroutinefunction(function)
     base: type[FunctionTool]

@@ -61,9 +61,9 @@ class ExecutableTool(ABC):
     cap) or any value the registry can serialise to JSON.
 
     The traits the fleet publishes of a tool (``ToolSpec``: name, description, pool, idempotent,
-    enabled_by_default, default_timeout_ms, timeout_argument, for_model) are set on the class or
-    on an instance: a proxy of a fleet's tool carries those of the spec it was made from, one
-    class for every such tool.
+    enabled_by_default, default_timeout_ms, timeout_argument, for_model, reads_context) are set
+    on the class or on an instance: a proxy of a fleet's tool carries those of the spec it was
+    made from, one class for every such tool.
     """
 
     name: str
@@ -92,6 +92,10 @@ class ExecutableTool(ABC):
     #: Offered to models; False for service operations that only callers use (worker/tools/
     #: service.py): the Agent, the API's tool list and the MCP server leave them out.
     for_model: bool = True
+    #: The tool reads the conversation (``worker.tools.context``: its messages, the system
+    #: prompt). False: its calls carry none, where a long run would send every message it has
+    #: with each call. True unless a tool says otherwise, since any tool may read it.
+    reads_context: bool = True
     #: What the tool does to the run's workspace, for its quota (``worker.quota``): ``adds``
     #: (refused while the run is past its quota; the workspace is measured after), ``frees``
     #: (measured after, never refused) or ``none``.

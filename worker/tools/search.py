@@ -129,6 +129,7 @@ class SearchTextTool(SearchTool):
         "with 'path:line_number:line' for each matching line; binary files are skipped."
     )
     Args = SearchTextArgs
+    reads_context = False
 
     def execute(self, args: dict[str, Any]) -> str:
         query: str = args["query"]
@@ -291,6 +292,7 @@ class SearchFilesTool(SearchTool):
         "directories end with '/'."
     )
     Args = SearchFilesArgs
+    reads_context = False
 
     def execute(self, args: dict[str, Any]) -> str:
         pattern: str = args["pattern"]

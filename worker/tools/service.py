@@ -93,6 +93,7 @@ class OperationTool(ExecutableTool, Generic[RequestT]):
     operation: ClassVar[Operation[Any, Any, Any]]
     caps_own_output = True
     for_model = False
+    reads_context = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

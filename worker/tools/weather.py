@@ -31,6 +31,7 @@ class GetCurrentWeatherTool(ExecutableTool):
     description = "Get the current weather for a location: the condition and the temperature in °F."
     Args = GetCurrentWeatherArgs
     idempotent = True
+    reads_context = False
 
     def execute(self, args: dict[str, Any]) -> dict[str, Any]:
         location: str = args["location"]
