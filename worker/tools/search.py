@@ -71,6 +71,7 @@ class SearchTool(WorkspaceTool):
     notes of what did not fit and of a search cut short."""
 
     idempotent = True
+    reads_context = False
 
     def __init__(
         self,
@@ -129,7 +130,6 @@ class SearchTextTool(SearchTool):
         "with 'path:line_number:line' for each matching line; binary files are skipped."
     )
     Args = SearchTextArgs
-    reads_context = False
 
     def execute(self, args: dict[str, Any]) -> str:
         query: str = args["query"]
@@ -292,7 +292,6 @@ class SearchFilesTool(SearchTool):
         "directories end with '/'."
     )
     Args = SearchFilesArgs
-    reads_context = False
 
     def execute(self, args: dict[str, Any]) -> str:
         pattern: str = args["pattern"]
