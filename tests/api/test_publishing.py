@@ -52,12 +52,9 @@ class EventWatch:
 
 
 @pytest.fixture
-def settings(redis_server: RedisServer, tmp_path: Path) -> Iterator[FleetSettings]:
-    # A database of the shared Redis that no worker consumes from, emptied after.
-    url = f"redis://127.0.0.1:{redis_server.port}/8"
-    yield fleet_settings(url, tmp_path)
-    with redis.Redis.from_url(url) as client:
-        client.flushdb()
+def settings(own_redis: RedisServer, tmp_path: Path) -> FleetSettings:
+    # A Redis of the test's own: no other client's subscriptions, no worker taking the calls.
+    return fleet_settings(own_redis.url, tmp_path)
 
 
 @pytest.fixture
@@ -65,7 +62,7 @@ def events_channel(settings: FleetSettings) -> Iterator[redis.client.PubSub]:
     """Every task event message published on the events' exchange, as the broker carries it."""
     client = redis.Redis.from_url(settings.redis_url)
     listening = client.pubsub()  # type: ignore[no-untyped-call]
-    listening.psubscribe("/8.celeryev/task.*")
+    listening.psubscribe("/0.celeryev/task.*")
     listening.get_message(timeout=5)  # the subscription's confirmation
     yield listening
     listening.close()
@@ -106,14 +103,15 @@ def test_a_batchs_task_sent_events_reach_celerys_receiver_in_one_message(
 ) -> None:
     app = producer_app(settings)
     watch = EventWatch(app)
-    watch.start()
     client = redis.Redis.from_url(settings.redis_url)
-    # The receiver listens once it has subscribed, besides the counting subscription.
-    wait_for(lambda: client.pubsub_numpat() >= 2, what="Celery's event receiver to subscribe")
+    # The receiver listens once its subscription is counted, beside the counting one.
+    patterns = client.pubsub_numpat()
+    watch.start()
+    wait_for(lambda: client.pubsub_numpat() > patterns, what="Celery's event receiver to subscribe")
     calls = requests(CALLS)
     try:
         publish(app, settings, calls)
-        wait_for(lambda: len(watch.sent) >= CALLS, what="every call's task-sent event")
+        wait_for(lambda: len(watch.sent) >= CALLS, timeout=30, what="every call's task-sent event")
     finally:
         watch.stop()
         client.close()
