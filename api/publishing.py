@@ -113,7 +113,12 @@ class _Bound:
         # events`) reads it as the events one by one. A message per call cost a third of the
         # call's publish.
         self.events = app.events.Dispatcher(
-            channel=channel, buffer_group=["task"], buffer_limit=SEND_BATCH
+            channel=channel,
+            buffer_group=["task"],
+            buffer_limit=SEND_BATCH,
+            # An event message that cannot be sent fails its batch, which is sent again, events
+            # and all: nothing is kept aside for a flush that never comes.
+            buffer_while_offline=False,
         )
         self.events.exchange = self.events.exchange.bind(channel)
         #: The sending thread's id as Celery names a caller (``send_task``'s ``reply_to``).
