@@ -26,7 +26,10 @@ BINARY_PROBE_BYTES = 8192
 
 class WorkspaceTool(ExecutableTool):
     """A tool that works on the files of one workspace; what it may say a lot of, it cuts to
-    fit ``output_cap_bytes`` itself, with a notice of what was left out."""
+    fit ``output_cap_bytes`` itself, with a notice of what was left out. It works on files
+    only, never on the conversation: its calls carry none."""
+
+    reads_context = False
 
     def __init__(
         self, workspace: Workspace, *, output_cap_bytes: int = DEFAULT_OUTPUT_CAP_BYTES
@@ -53,7 +56,6 @@ class ReadFileTool(WorkspaceTool):
         "to their first part, with a notice of the full size; binary files are refused."
     )
     Args = ReadFileArgs
-    reads_context = False
     idempotent = True
 
     def execute(self, args: dict[str, Any]) -> str:
@@ -146,7 +148,6 @@ class WriteFileTool(WorkspaceTool):
         "missing parent directories."
     )
     Args = WriteFileArgs
-    reads_context = False
     workspace_effect = "adds"
 
     def execute(self, args: dict[str, Any]) -> str:
@@ -185,7 +186,6 @@ class ListDirTool(WorkspaceTool):
         "show their size, symbolic links their target."
     )
     Args = ListDirArgs
-    reads_context = False
     idempotent = True
 
     def execute(self, args: dict[str, Any]) -> str:
@@ -236,7 +236,6 @@ class MkdirTool(WorkspaceTool):
     name = "mkdir"
     description = "Create a directory in the workspace, with any missing parents (like mkdir -p)."
     Args = MkdirArgs
-    reads_context = False
     idempotent = True
     workspace_effect = "adds"
 
@@ -265,7 +264,6 @@ class RemoveTool(WorkspaceTool):
         "that does not exist is not an error. A symbolic link is removed, not its target."
     )
     Args = RemoveArgs
-    reads_context = False
     enabled_by_default = False
     workspace_effect = "frees"
 
@@ -305,7 +303,6 @@ class MoveTool(WorkspaceTool):
         "destination if it is an existing directory, else to that path."
     )
     Args = MoveArgs
-    reads_context = False
 
     def execute(self, args: dict[str, Any]) -> str:
         ws = self.workspace

@@ -71,7 +71,6 @@ class SearchTool(WorkspaceTool):
     notes of what did not fit and of a search cut short."""
 
     idempotent = True
-    reads_context = False
 
     def __init__(
         self,
