@@ -21,6 +21,7 @@ from worker.images.boxes import Boxes, BoxRecord, box_group
 from worker.images.group import BoxGroup
 from worker.images.runtime import OciRuntime
 from worker.images.spec import merged_env, process_config
+from worker.sandbox.bounded import wait_at_most
 from worker.sandbox.config import SHELL, SandboxConfig
 from worker.sandbox.output import CappedStream, Pump
 from worker.sandbox.result import SandboxResult, Usage, build_result
@@ -144,7 +145,7 @@ def _follow(
             os.close(command_fd)
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
+            wait_at_most(proc, _END_S, f"the runtime's exec of a call in run {record.run_id}'s box")
         stdout.close()
         stderr.close()
     # A command that failed may have failed because the box did: then nothing of it ran, or

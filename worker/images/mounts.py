@@ -22,6 +22,7 @@ from pathlib import Path
 
 from worker.contract.errors import ToolqError
 from worker.images.spec import IdMap
+from worker.sandbox.bounded import wait_at_most
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -30,6 +31,8 @@ _libc.mount.argtypes = [_text, _text, _text, ctypes.c_ulong, _text]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 
 # The new mount API's system calls share one number on every architecture.
+#: How long the holder of a user namespace may take to exit once its input closed.
+_HOLDER_END_S = 5.0
 _SYS_OPEN_TREE = 428
 _SYS_MOVE_MOUNT = 429
 _SYS_MOUNT_SETATTR = 442
@@ -133,7 +136,13 @@ def _user_namespace(uids: Sequence[IdMap], gids: Sequence[IdMap]) -> int:
     finally:
         holder.stdin.close()
         holder.stdout.close()
-        holder.wait()
+        # It exits at the end of its input; killed if it has not.
+        if (
+            wait_at_most(holder, _HOLDER_END_S, "the user namespace holder of an idmapped mount")
+            is None
+        ):
+            holder.kill()
+            wait_at_most(holder, _HOLDER_END_S, "the killed user namespace holder")
 
 
 def _idmapped_clone(source: Path, target: Path, userns: int) -> None:

@@ -10,11 +10,13 @@ carry the command's marker.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import resource
 import selectors
 import signal
 import socket
+import subprocess
 import time
 from dataclasses import InitVar, dataclass
 
@@ -28,6 +30,8 @@ from worker.sandbox.procfs import ForkedCommand, children, first_child_in_namesp
 from worker.sandbox.result import Usage
 from worker.sandbox.spawns import LaunchedProcess
 from worker.sandbox.sweep import sweep_marked
+
+log = logging.getLogger(__name__)
 
 #: What util-linux's unshare (2.38) prints, exiting with 1, when its child died of SIGKILL.
 _UNSHARE_SAW_SIGKILL = b"unshare: sigprocmask unblock failed: Invalid argument\n"
@@ -193,10 +197,21 @@ class Ending:
         waited for; None if it is not gone in time (stuck in the kernel even after SIGKILL)."""
         proc = self.proc
         if proc.returncode is None:
+            deadline = time.monotonic() + REAP_BOUND_S
             try:
-                poll_until(self._reaped, time.monotonic() + REAP_BOUND_S)
+                poll_until(self._reaped, deadline)
             except ChildProcessError:
-                proc.wait()  # reaped already, by Popen itself
+                # Not ours to reap (the spawner's child), or reaped already by Popen: its
+                # status comes when its reaper has it, which may be never (a reaper that died).
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(max(0.0, deadline - time.monotonic()))
+            if proc.returncode is None:
+                log.warning(
+                    "the command's process %d was not reaped within %.0f s; its exit status "
+                    "is unknown and the call ends without it",
+                    proc.pid,
+                    REAP_BOUND_S,
+                )
         return proc.returncode
 
     def _reaped(self) -> bool:

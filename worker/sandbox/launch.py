@@ -30,8 +30,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from worker.sandbox.bounded import wait_at_most
 from worker.sandbox.callgroup import CallGroup
-from worker.sandbox.config import SAFE_PATH, SHELL, SandboxConfig, SandboxError
+from worker.sandbox.config import REAP_BOUND_S, SAFE_PATH, SHELL, SandboxConfig, SandboxError
 from worker.sandbox.pidfd import has_exited
 from worker.sandbox.plan import PER_CALL_LIMITS, Plan
 from worker.sandbox.procfs import ForkedCommand, find_forked
@@ -167,8 +168,7 @@ class Launch:
     def abandon(self) -> None:
         """Never used: the shell finds nothing to read and exits; its group goes."""
         self.channel.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(5)
+        wait_at_most(self.proc, REAP_BOUND_S, "an unused launch")
         for stream in (self.proc.stdout, self.proc.stderr):
             if stream is not None:
                 stream.close()

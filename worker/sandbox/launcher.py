@@ -13,7 +13,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from worker.sandbox.config import SandboxConfig, SandboxError
+from worker.sandbox.bounded import join_at_most
+from worker.sandbox.config import REAP_BOUND_S, SandboxConfig, SandboxError
 from worker.sandbox.ending import Ending
 from worker.sandbox.launch import CONFIRM_BOUND_S, Launch, launch, made_now
 from worker.sandbox.plan import Plan
@@ -143,7 +144,8 @@ class Launcher:
             wanted, self._wanted = self._wanted, queue.SimpleQueue()
         if maker is not None:
             wanted.put(None)
-            maker.join()
+            # Its job at hand is bounded: a launch's confirmation, or a call's ending.
+            join_at_most(maker, CONFIRM_BOUND_S + 2 * REAP_BOUND_S, "the thread making launches")
         with self._lock:
             ready, self._ready = [one for kept in self._ready.values() for one in kept], {}
             self._pending = 0

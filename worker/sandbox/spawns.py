@@ -4,7 +4,6 @@ asking it for a launch, and the launch's first process as the worker sees it (no
 from __future__ import annotations
 
 import atexit
-import contextlib
 import json
 import os
 import selectors
@@ -18,7 +17,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Protocol
 
-from worker.sandbox.config import COMMAND_ENV, SandboxError
+from worker.sandbox.bounded import wait_at_most
+from worker.sandbox.config import COMMAND_ENV, REAP_BOUND_S, SandboxError
 from worker.sandbox.pidfd import exit_status
 from worker.sandbox.spawner import MAX_MESSAGE
 
@@ -170,8 +170,8 @@ class Spawner:
             self._control.close()
             self._control = None
         if self._proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(5)
+            # It exits once its end of the control socket is closed.
+            wait_at_most(self._proc, REAP_BOUND_S, "the sandbox's spawner")
             self._proc = None
 
 
