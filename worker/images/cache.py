@@ -10,9 +10,12 @@ host, by digest, shared by the worker's processes and bounded by ``TOOLQ_IMAGE_C
 ```
 
 An image is pulled into a folder of its own under ``pulls/`` and renamed into place whole, so a
-process killed mid-pull leaves no half image (only a folder the next sweep removes). When a new
-image does not fit, the least recently used images that no container uses are removed first;
-when even that is not enough the pull fails, saying the cache is full of images in use.
+process killed mid-pull leaves no half image (only a folder the next sweep removes). Before its
+layers are unpacked, what they unpack to is counted (``worker.images.layers``), stopping at the
+bound less the images containers use: an image past it is refused with nothing unpacked, saying
+which limit. When a new image does not fit, the least recently used images that no container
+uses are removed first; when even that is not enough the pull fails, saying the cache is full of
+images in use.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from pydantic import BaseModel
 from worker.contract.image_errors import ImageError
 from worker.contract.image_reference import ImageReference
 from worker.images.fetch import Tools, image_config
+from worker.images.layers import TooLarge, readable_size, unpacked_bytes
 from worker.images.locks import lock_by
 from worker.images.rootfs import has_shell
 
@@ -150,6 +154,7 @@ class ImageCache:
     def _unpack(self, ref: ImageReference, digest: str, work: Path, deadline: float) -> None:
         layout, bundle = work / "layout", work / "bundle"
         self.tools.copy(ref, digest, layout, deadline)
+        self._check_fits(ref, layout, deadline)
         self.tools.unpack(ref, layout, bundle, deadline)
         try:
             config = image_config(layout)
@@ -180,6 +185,31 @@ class ImageCache:
             target = self._folder(digest)
             target.parent.mkdir(parents=True, exist_ok=True)
             image.rename(target)
+
+    def _check_fits(self, ref: ImageReference, layout: Path, deadline: float) -> None:
+        """Count what the copied image unpacks to, stopping at the room the cache can make for
+        it (its bound less the images containers use); ``ImageError`` naming the limit when it
+        is past it, before anything is unpacked."""
+        with self.locked(deadline, ref):
+            used = self._in_use()
+            held = sum(i.record.size_bytes for i in self.images() if i.record.digest in used)
+        room = max(self.bound - held, 0)
+        try:
+            unpacked_bytes(ref.text, layout, room)
+        except TooLarge as large:
+            if large.counted > self.bound:
+                raise ImageError(
+                    ref.text,
+                    f"its layers unpack to more than {readable_size(self.bound)} "
+                    "(TOOLQ_IMAGE_CACHE_BYTES)",
+                ) from None
+            raise ImageError(
+                ref.text,
+                f"the image cache is full of images in use: its layers unpack to more than "
+                f"the {readable_size(room)} left of {readable_size(self.bound)} "
+                f"(TOOLQ_IMAGE_CACHE_BYTES); {readable_size(held)} hold images that running "
+                "containers use",
+            ) from None
 
     def _make_room(self, ref: ImageReference, size: int) -> None:
         """Evict least recently used images no container uses until ``size`` more bytes fit;

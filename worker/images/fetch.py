@@ -102,9 +102,8 @@ class Tools:
         return _run(ref, [_binary(ref, "skopeo"), *arguments], deadline, what=None)
 
 
-def image_config(layout: Path) -> dict[str, Any]:
-    """The image's configuration (``config`` of the OCI image config: Env, User, WorkingDir,
-    Cmd...) from the layout skopeo wrote; {} when it sets none."""
+def image_manifest(layout: Path) -> dict[str, Any]:
+    """The manifest of the image tagged ``LAYOUT_TAG`` in the layout skopeo wrote."""
     index = _read_json(layout / "index.json")
     manifests = index.get("manifests") or []
     found = next(
@@ -117,13 +116,20 @@ def image_config(layout: Path) -> dict[str, Any]:
     )
     if found is None:
         raise ValueError("the copied layout has no image tagged for toolq")
-    manifest = _read_json(_blob(layout, found["digest"]))
-    config = _read_json(_blob(layout, manifest["config"]["digest"]))
+    return _read_json(layout_blob(layout, found["digest"]))
+
+
+def image_config(layout: Path) -> dict[str, Any]:
+    """The image's configuration (``config`` of the OCI image config: Env, User, WorkingDir,
+    Cmd...) from the layout skopeo wrote; {} when it sets none."""
+    manifest = image_manifest(layout)
+    config = _read_json(layout_blob(layout, manifest["config"]["digest"]))
     inner = config.get("config") or {}
     return inner if isinstance(inner, dict) else {}
 
 
-def _blob(layout: Path, digest: str) -> Path:
+def layout_blob(layout: Path, digest: str) -> Path:
+    """Where the blob of ``digest`` is in ``layout``; ``ValueError`` for anything but a digest."""
     algorithm, _, value = str(digest).partition(":")
     if not re.fullmatch(r"[a-z0-9]+", algorithm) or not re.fullmatch(r"[0-9a-f]+", value):
         raise ValueError(f"not a digest: {digest!r}")
