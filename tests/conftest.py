@@ -30,6 +30,7 @@ from api.local.stack import (
     worker_environment,
 )
 from api.settings import OrchestratorSettings
+from tests.host_sysctls import host_sysctls_restored
 from worker.contract.keys import keys
 from worker.contract.settings import FleetSettings, WorkerSettings
 from worker.contract.wire import AGENTS_QUEUE, Pool, ToolCallResult, ToolSpec
@@ -373,6 +374,14 @@ def _python_path() -> Iterator[None]:
         os.environ.pop("PYTHONPATH", None)
     else:
         os.environ["PYTHONPATH"] = previous
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _host_sysctls_as_found() -> Iterator[None]:
+    """A process-mode sandbox worker turns on the host's fs.protected_* sysctls: the machine
+    is left as the tests found it."""
+    with host_sysctls_restored():
+        yield
 
 
 class Caller:

@@ -46,6 +46,7 @@ from worker.mcp.hosting import McpUnavailableError, start_hosting, stop_hosting
 from worker.mcp.hosting import unavailable as hosted_unavailable
 from worker.results import ResultStore
 from worker.sandbox import SandboxConfig, SandboxError, sweep_orphans
+from worker.sandbox.hardening import hardening_refusal
 
 log = logging.getLogger(__name__)
 #: The exit status of a sandbox worker that refuses to start because its runs would share a uid.
@@ -138,12 +139,13 @@ def _own_queue(sender: str, instance: Any, **_: Any) -> None:
 
 @worker_init.connect  # type: ignore[untyped-decorator]
 def _refuse_to_share_runs(sender: Any, **_: Any) -> None:
-    # Fail closed: a sandbox worker whose runs would share one uid says so and exits, before it
-    # takes a call, unless the operator allowed it.
+    # Fail closed: a sandbox worker that cannot keep runs apart (they would share one uid, or
+    # the host's /tmp without the sysctls that guard it) says so and exits, before it takes a
+    # call, unless the operator allowed it.
     if "sandbox" not in served_pools(sender.app):
         return
     config = SandboxConfig.from_settings(get_worker_settings())
-    refusal = config.sharing_refusal() or config.volume_refusal()
+    refusal = config.sharing_refusal() or config.volume_refusal() or hardening_refusal(config)
     if refusal is not None:
         print(f"error: {refusal}", file=sys.stderr, flush=True)
         os._exit(EXIT_CANNOT_ISOLATE)

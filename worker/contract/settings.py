@@ -177,6 +177,13 @@ class WorkerSettings(FleetSettings):
     sandbox_isolation: Literal["auto", "namespaces", "process"] = Field(
         "auto", description="auto: PID+network namespaces where they work, else process groups."
     )
+    sandbox_host_hardening: Literal["set", "check", "off"] = Field(
+        "set",
+        description="Without namespaces, runs share the host's /tmp and /var/tmp, kept apart by "
+        "fs.protected_regular and fs.protected_symlinks: set turns them on where they are off "
+        "(a root worker on the host), check refuses to start where they are off, off starts "
+        "anyway.",
+    )
     sandbox_memory_mb: int = Field(
         1024,
         gt=0,

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from worker.contract.settings import WorkerSettings
 
 Isolation = Literal["auto", "namespaces", "process"]
+#: What a worker whose runs share /tmp does about the host's sysctls (``worker.sandbox.hardening``).
+HostHardening = Literal["set", "check", "off"]
 #: Which control groups run_bash may use: ``auto`` takes each job (killing, CPU accounting, the
 #: process limit, the memory limit) from cgroup v2 where v2 offers it, else from v1; ``v2`` and
 #: ``v1`` use only that version; ``off`` uses none (rlimits alone).
@@ -66,6 +68,9 @@ class SandboxConfig:
     shared_allowed: bool = False
     #: Each run's workspace is a file system of this many bytes (``volumes``); 0: none.
     volume_bytes: int = 0
+    #: Without a mount namespace: turn on the host's sysctls that keep runs apart in /tmp, or
+    #: only check them, or neither (``worker.sandbox.hardening``).
+    host_hardening: HostHardening = "set"
 
     def __post_init__(self) -> None:
         if self.isolation not in get_args(Isolation):
@@ -165,4 +170,5 @@ class SandboxConfig:
             volume_bytes=settings.workspace_quota_bytes
             if settings.workspace_quota_fs == "loop"
             else 0,
+            host_hardening=settings.sandbox_host_hardening,
         )

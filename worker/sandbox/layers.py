@@ -23,6 +23,7 @@ from worker.sandbox.programs import (
     sandbox_ids,
     signals_ignored_here,
 )
+from worker.sandbox.scripts import HIDE_SCRIPT
 from worker.sandbox.volumes import volumes_unavailable
 
 #: The layers a command can get, as ``describe_isolation`` and every result name them.
@@ -42,6 +43,10 @@ LAYER_PRIVATE_TMP = "private-tmp"
 LAYER_TMP_CLEANED = "tmp-cleaned"
 #: Each run's workspace is a file system of the quota's size (``worker.sandbox.volumes``).
 LAYER_QUOTA_FS = "quota-fs"
+#: Without a PID namespace: the command's /proc is one of its own, mounted ``hidepid=invisible``
+#: in a mount namespace of the call's: other uids' processes (other runs', the worker's) are
+#: not there, their command lines and environments with them.
+LAYER_HIDDEN_PROCESSES = "hidden-processes"
 
 
 def describe_isolation(config: SandboxConfig) -> list[str]:
@@ -82,6 +87,12 @@ def plan_for(config: SandboxConfig, euid: int) -> Plan:
                 "namespace isolation was requested (sandbox_isolation='namespaces') but this "
                 f"machine does not allow it: {failure}"
             )
+    hide_argv: tuple[str, ...] = ()
+    if per_run and not namespace_argv:
+        argv = _hide_argv()
+        if namespace_failure(argv) is None:  # a kernel before 5.8 shares one proc's options
+            hide_argv = argv
+            layers.append(LAYER_HIDDEN_PROCESSES)
     env_binary = shutil.which("env", path=SAFE_PATH) or "/usr/bin/env"
     guard = shutil.which("setpriv", path=SAFE_PATH) or ""
     cgroups = detect_layout(config.cgroup, config.cgroup_root)
@@ -125,6 +136,7 @@ def plan_for(config: SandboxConfig, euid: int) -> Plan:
         init_shell=init_shell,
         spawned=spawned,
         per_run=per_run,
+        hide_argv=hide_argv,
     )
 
 
@@ -137,6 +149,14 @@ def _namespace_argv(as_root: bool) -> tuple[str, ...]:
     unshare = shutil.which("unshare", path=SAFE_PATH) or "unshare"
     user = () if as_root else ("--user", "--map-root-user")
     return (unshare, *user, "--pid", "--fork", "--kill-child", "--mount-proc", "--net", "--")
+
+
+def _hide_argv() -> tuple[str, ...]:
+    unshare = shutil.which("unshare", path=SAFE_PATH) or "unshare"
+    mount = shutil.which("mount", path=SAFE_PATH) or "mount"
+    # Slave: the host's mounts and unmounts (a run's volume) still reach the call's namespace.
+    mounts = (unshare, "--mount", "--propagation", "slave", "--")
+    return (*mounts, SHELL, "-c", HIDE_SCRIPT, "toolq-hide", mount)
 
 
 @functools.lru_cache(maxsize=4)

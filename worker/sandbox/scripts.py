@@ -52,6 +52,12 @@ PRIVATE_SCRIPT = (
     'mount --move "/run/.k$i" "$k" && rmdir "/run/.k$i" || exit 126; i=$((i+1)); done; '
     'exec "$@"'
 )
+#: Still root, in the call's own mount namespace without a PID namespace: a /proc of its own
+#: that shows each uid its own processes only (kernels from 5.8 keep each proc mount's options
+#: apart). Its first argument is mount's path; the rest is the command.
+HIDE_SCRIPT = (
+    '"$1" -t proc -o nosuid,nodev,noexec,hidepid=invisible proc /proc || exit 126; shift; exec "$@"'
+)
 #: ``ulimit``'s flag and unit for each limit, in dash and in bash.
 _DASH_ULIMITS = {"cpu": ("-t", 1), "fsize": ("-f", 512), "as": ("-v", 1024), "nproc": ("-p", 1)}
 _BASH_ULIMITS = {"cpu": ("-t", 1), "fsize": ("-f", 1024), "as": ("-v", 1024), "nproc": ("-u", 1)}
