@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from worker.contract.image_sources import ImageSources
 from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES, DEFAULT_TRANSFER_MAX_BYTES
 from worker.contract.mcp_servers import load_servers
 from worker.contract.uid_range import DEFAULT_UID_RANGE, UidRange
@@ -81,6 +82,24 @@ class FleetSettings(BaseSettings):
     result_ttl_s: int = Field(86_400, gt=0, description="How long results are kept.")
     log_format: Literal["auto", "json", "text"] = Field("auto", description="auto: JSON off a TTY.")
     log_level: str = Field("INFO", description="Python logging level.")
+    image_sources: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated sources a run's image may come from: registries "
+        "(a host, with its :port or a /path below it: ghcr.io/acme, 10.0.0.5:5000, docker.io) "
+        "and folders of the sandbox worker "
+        "(oci:/srv/images, oci-archive:/..., docker-archive:/...). Unset: any, except that "
+        "with TOOLQ_API_TOKENS_FILE a token's run takes no host path and no loopback, private "
+        "or link-local address it does not name.",
+    )
+
+    @field_validator("image_sources", mode="before")
+    @classmethod
+    def _image_sources(cls, value: object) -> object:
+        texts = value.split(",") if isinstance(value, str) else value
+        if isinstance(texts, list):
+            ImageSources.parse(str(text) for text in texts)  # one line naming a bad entry
+            return [str(text).strip() for text in texts if str(text).strip()]
+        return value
 
     @field_validator("broker_url")
     @classmethod

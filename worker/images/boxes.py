@@ -20,13 +20,14 @@ import os
 import shutil
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import BaseModel
 
 from worker.contract.image_errors import EnvironmentLost, ImageError
 from worker.contract.image_reference import parse_reference
+from worker.contract.image_sources import ImageSources
 from worker.images.cache import CachedImage, ImageCache
 from worker.images.fetch import Tools
 from worker.images.group import BoxGroup, swap_accounted
@@ -44,6 +45,7 @@ from worker.images.owner import Owner, current_owner, process_alive
 from worker.images.rootfs import resolve_in_root
 from worker.images.runtime import OciRuntime, RuntimeFailed
 from worker.images.seed import seed_workspace
+from worker.images.sources import check_source
 from worker.images.spec import BoxSpec, container_config, id_maps, merged_env
 
 _LOCK_POLL_S = 0.02
@@ -89,6 +91,8 @@ class BoxSettings:
     file_size_mb: int
     #: The first of the 65,536 host ids that stand for a box's ids other than its user's.
     id_block: int
+    #: Where images may come from (``TOOLQ_IMAGE_SOURCES``); empty: anywhere.
+    sources: ImageSources = field(default_factory=ImageSources)
 
 
 class Boxes:
@@ -121,6 +125,7 @@ class Boxes:
         """The run's box from ``image``, started now, or the one it has when it is from the
         same image and alive. ``ImageError`` (one line) when it cannot be had."""
         ref = parse_reference(image)
+        check_source(ref, self.settings.sources)
         runtime = self.runtime(image)
         name = box_name(run_id)
         started = time.monotonic()

@@ -6,6 +6,7 @@ import functools
 import os
 
 from worker.contract.image_errors import ImageError
+from worker.contract.image_sources import ImageSources
 from worker.contract.settings import WorkerSettings, get_worker_settings
 from worker.contract.uid_range import UidRange
 from worker.images.boxes import Boxes, BoxSettings
@@ -41,6 +42,7 @@ def box_settings(settings: WorkerSettings) -> BoxSettings:
         max_processes=settings.sandbox_max_processes,
         file_size_mb=settings.sandbox_file_size_mb,
         id_block=block,
+        sources=ImageSources.parse(settings.image_sources),
     )
 
 

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, cast
 
+from worker.contract.errors import ToolqError
 from worker.contract.image_errors import ImageError
 from worker.images.fetch import image_manifest, layout_blob
 
@@ -28,7 +29,7 @@ _ENTRY = 512
 _READ_CHUNK = 1 << 16
 
 
-class TooLarge(Exception):
+class TooLarge(ToolqError, ValueError):
     """The layers unpack to more than the bound: ``counted`` is how far the count got."""
 
     def __init__(self, counted: int) -> None:
