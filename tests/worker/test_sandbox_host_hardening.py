@@ -212,3 +212,8 @@ def _pids_with(marker: str) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+def test_a_hardening_it_does_not_know_is_refused_naming_the_choices() -> None:
+    with pytest.raises(ValueError, match="must be one of set, check, off, not 'maybe'"):
+        SandboxConfig(host_hardening="maybe")  # type: ignore[arg-type]

@@ -83,6 +83,11 @@ class SandboxConfig:
                 f"sandbox cgroup must be one of {', '.join(get_args(CgroupMode))}, "
                 f"not {self.cgroup!r}"
             )
+        if self.host_hardening not in get_args(HostHardening):
+            raise ValueError(
+                f"sandbox host hardening must be one of {', '.join(get_args(HostHardening))}, "
+                f"not {self.host_hardening!r}"
+            )
         for field in ("memory_mb", "max_processes", "file_size_mb", "output_cap_bytes"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"sandbox {field} must be positive")
