@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from worker.contract.settings import WorkerSettings
-from worker.contract.wire import SandboxLimits, WorkerLimits
+from worker.contract.wire import PER_PROCESS_MEMORY, SandboxLimits, WorkerLimits
 from worker.images.pinning import sweep_now as sweep_boxes_now
 from worker.quota import WorkspaceQuota
 from worker.retention import empty_trash, prune
@@ -65,7 +65,7 @@ def sandbox_limits(config: SandboxConfig) -> SandboxLimits:
     rlimited = bool(plan.prlimit)
     return SandboxLimits(
         isolation=list(plan.layers),
-        memory_by=groups.by("memory") or ("rlimit (address space)" if rlimited else "none"),
+        memory_by=groups.by("memory") or (PER_PROCESS_MEMORY if rlimited else "none"),
         processes_by=groups.by("pids") or ("rlimit (per user)" if rlimited else "none"),
         cpu_accounting_by=groups.by("cpu") or "rusage (the processes the command waited for)",
         **base,

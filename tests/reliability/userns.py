@@ -143,10 +143,12 @@ class DeployLikeFleet(WorkerFleet):
                 worker.wait()
 
 
-def deploy_like_stack(workdir: Path, *, password: str, env: dict[str, str]) -> Stack:
-    """A private Redis with a password and both pools as the deploy runs them. Their folders
-    are below ``workdir``, which must be a folder others may pass through (not pytest's, which
-    is its user's alone)."""
+def deploy_like_stack(
+    workdir: Path, *, password: str, env: dict[str, str], **overrides: object
+) -> Stack:
+    """A private Redis with a password and both pools as the deploy runs them, with settings
+    ``overrides``. Their folders are below ``workdir``, which must be a folder others may pass
+    through (not pytest's, which is its user's alone)."""
     os.chmod(workdir, 0o711)
     root = workdir / "workspaces"
     root.mkdir(parents=True)
@@ -154,7 +156,7 @@ def deploy_like_stack(workdir: Path, *, password: str, env: dict[str, str]) -> S
     os.chown(root, OUTER_ROOT, OUTER_ROOT)
     server = RedisServer(workdir, password=password)
     server.start()
-    settings = fleet_settings(server.url, root, sandbox_isolation="namespaces")
+    settings = fleet_settings(server.url, root, **{"sandbox_isolation": "namespaces", **overrides})
     fleet = DeployLikeFleet(settings, workdir)
     try:
         with variables_set(env):

@@ -18,6 +18,7 @@ from api.fleet import live_workers, read_manifest
 from tests.conftest import Caller, WorkerFleet, wait_for
 from tests.plugins.probe_tools import AREA_PARAMETERS
 from tests.worker.conftest import BUILT_INS
+from worker.contract.wire import PER_PROCESS_MEMORY
 
 pytestmark = pytest.mark.integration
 
@@ -72,7 +73,7 @@ async def test_a_sandbox_worker_publishes_its_limits(fleet: WorkerFleet) -> None
     assert sandbox.limits is not None and sandbox.limits.sandbox is not None
     box = sandbox.limits.sandbox
     assert (box.memory_mb, box.max_processes) == (1024, 256)
-    assert box.memory_by in ("cgroup v2", "cgroup v1", "rlimit (address space)")
+    assert box.memory_by in ("cgroup v2", "cgroup v1", PER_PROCESS_MEMORY)
     assert box.processes_by in ("cgroup v2", "cgroup v1", "rlimit (per user)")
     assert box.isolation[:2] == ["process-group", "clean-environment"]
     assert sandbox.limits.workspace_quota_bytes == 1 << 30

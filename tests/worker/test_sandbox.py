@@ -80,7 +80,10 @@ def test_describe_isolation_names_the_layers_of_each_setting(mode: str) -> None:
         "no-new-privileges",
         "rlimits",
     ]
+    # Without a PID namespace, still an IPC namespace of the call's own; with no control group
+    # the rlimits bound each process's memory alone, and the answer says so.
     expected = ["pid-namespace", "network-namespace"] if mode == "namespaces" else []
+    expected += ["ipc-namespace", "session-keyring", "memory-per-process-only"]
     assert layers[5:] == expected
 
 
@@ -229,16 +232,17 @@ def test_a_worker_that_is_not_root_isolates_what_it_can(sandbox_dir: Path) -> No
     done = _run_as_nobody(script, sandbox_dir)
 
     answers = {mode: (layers, out) for mode, layers, out in map(json.loads, done.splitlines())}
-    assert answers["process"] == (
-        ["process-group", "clean-environment", "rlimits"],
-        f"{NOBODY.pw_uid}\n{sandbox_dir}\n",
-    )
+    # No IPC namespace without root's privilege, but a session keyring of the call's own.
+    process_layers = ["process-group", "clean-environment", "rlimits", "session-keyring"]
+    process_layers.append("memory-per-process-only")  # nobody makes no control group
+    assert answers["process"] == (process_layers, f"{NOBODY.pw_uid}\n{sandbox_dir}\n")
     auto_layers, auto_out = answers["auto"]
     if "user-namespace" in auto_layers:  # unprivileged user namespaces work here
-        assert auto_layers[3:] == ["pid-namespace", "network-namespace", "user-namespace"]
+        assert auto_layers[3:6] == ["pid-namespace", "network-namespace", "ipc-namespace"]
+        assert "user-namespace" in auto_layers
         assert auto_out == f"0\n{sandbox_dir}\n"  # root inside, the worker's user outside
     else:
-        assert auto_layers == ["process-group", "clean-environment", "rlimits"]
+        assert auto_layers == process_layers
 
 
 def _run_as_nobody(script: str, sandbox_dir: Path) -> str:

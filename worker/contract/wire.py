@@ -32,6 +32,8 @@ Served = Literal[Pool, "agents"]
 #: The one Celery task a tool call is.
 TASK_NAME = "toolq.execute_tool"
 
+#: What bounds a call's memory where no control group does: each of its processes alone.
+PER_PROCESS_MEMORY = "rlimit (address space, per process only)"
 #: The isolation layer a worker reports when each run's commands run as a uid and gid of their
 #: own (``worker.sandbox.identity``): what ``toolq status`` calls "runs apart".
 LAYER_RUN_UID = "run-uid"
@@ -90,7 +92,10 @@ class SandboxLimits(BaseModel):
 
     isolation: list[str] = Field(description="The layers every command gets.")
     memory_mb: int
-    memory_by: str = Field(description="cgroup v2, cgroup v1, or rlimit (address space).")
+    memory_by: str = Field(
+        description="cgroup v2, cgroup v1 (the call's processes together), or "
+        f"{PER_PROCESS_MEMORY!r} (each process alone)."
+    )
     max_processes: int
     processes_by: str = Field(description="cgroup v2, cgroup v1, or rlimit (per user).")
     cpu_accounting_by: str = Field(description="cgroup v2, cgroup v1, or rusage.")

@@ -16,12 +16,16 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import logging
 import os
 import shutil
 from pathlib import Path
 
 from worker.contract.errors import ToolqError
 from worker.contract.uid_range import UidRange
+from worker.sandbox.uid_reset import reset_uid
+
+log = logging.getLogger(__name__)
 
 #: Folder beside the run workspaces for toolq's own state (as ``worker.quota.STATE_DIR``).
 STATE_DIR = ".toolq"
@@ -30,6 +34,8 @@ TMP = "tmp"
 #: The host's folders every uid can write: without a mount namespace, what a run's uid left at
 #: their top is removed with the run's workspace.
 SHARED_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm")
+#: What a claim kept aside holds before the id of the run that left its uid unclean.
+QUARANTINED = b"quarantined:"
 #: The most claims looked at before the range is called full: probing is linear from the hash.
 _PROBES = 4096
 
@@ -96,6 +102,12 @@ def release(root: Path, run_id: str, uid: int) -> None:
     if _holder(claim) == run_id.encode():
         for folder in SHARED_FOLDERS:
             remove_owned(folder, uid)
+        left = reset_uid(uid)
+        if left:
+            # Kept aside, held by no run: handed on, it would carry the old run's state.
+            log.warning("uid %d is quarantined, not freed: %s is left", uid, "; ".join(left))
+            claim.write_bytes(QUARANTINED + run_id.encode())
+            return
         with contextlib.suppress(FileNotFoundError):
             claim.unlink()
 

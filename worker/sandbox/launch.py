@@ -26,13 +26,15 @@ import shlex
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from worker.sandbox.bounded import wait_at_most
 from worker.sandbox.callgroup import CallGroup
 from worker.sandbox.config import REAP_BOUND_S, SAFE_PATH, SHELL, SandboxConfig, SandboxError
+from worker.sandbox.keyrings import own_session_keyring
+from worker.sandbox.layers import LAYER_SESSION_KEYRING
 from worker.sandbox.pidfd import has_exited
 from worker.sandbox.plan import PER_CALL_LIMITS, Plan
 from worker.sandbox.procfs import ForkedCommand, find_forked
@@ -205,15 +207,20 @@ def launch(plan: Plan, config: SandboxConfig) -> Launch:
         return Launch(plan, group, spawned, socket_to_init, started_in, bound=bound)
     channel, its_end = socket.socketpair()
     try:
-        proc = subprocess.Popen(
-            [SHELL, "-c", WAITING_SCRIPT, "toolq-join", *group.join_files, "--", *ready],
-            stdin=its_end.fileno(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=started_in,
-            env={"PATH": SAFE_PATH},
-            start_new_session=True,  # also detaches from any terminal, so no TIOCSTI tricks
-        )
+        with session_keyring(plan):
+            proc = subprocess.Popen(
+                [SHELL, "-c", WAITING_SCRIPT, "toolq-join", *group.join_files, "--", *ready],
+                stdin=its_end.fileno(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=started_in,
+                env={"PATH": SAFE_PATH},
+                start_new_session=True,  # also detaches from any terminal, so no TIOCSTI tricks
+            )
+    except SandboxError:
+        channel.close()
+        group.remove()
+        raise
     except OSError as exc:
         channel.close()
         group.remove()
@@ -221,6 +228,16 @@ def launch(plan: Plan, config: SandboxConfig) -> Launch:
     finally:
         its_end.close()
     return Launch(plan, group, proc, channel, started_in)
+
+
+@contextlib.contextmanager
+def session_keyring(plan: Plan) -> Iterator[None]:
+    """What this thread starts inside has a session keyring of its own; raises
+    ``SandboxError`` where the plan promises one and none can be made."""
+    with own_session_keyring() as failure:
+        if failure is not None and LAYER_SESSION_KEYRING in plan.layers:
+            raise SandboxError(f"the command cannot have a session keyring of its own: {failure}")
+        yield
 
 
 def _folder_id(path: str) -> tuple[int, int] | None:

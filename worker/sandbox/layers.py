@@ -15,6 +15,7 @@ import subprocess
 from worker.contract.wire import LAYER_RUN_UID
 from worker.sandbox.cgroups import detect_layout
 from worker.sandbox.config import SAFE_PATH, SHELL, SandboxConfig, SandboxError
+from worker.sandbox.keyrings import session_keyrings_work
 from worker.sandbox.pidfd import tells_exit_after_reaping
 from worker.sandbox.plan import Plan
 from worker.sandbox.programs import (
@@ -43,6 +44,19 @@ LAYER_PRIVATE_TMP = "private-tmp"
 LAYER_TMP_CLEANED = "tmp-cleaned"
 #: Each run's workspace is a file system of the quota's size (``worker.sandbox.volumes``).
 LAYER_QUOTA_FS = "quota-fs"
+#: SysV IPC (shared memory, semaphores, message queues) and POSIX message queues are the call's
+#: own (an IPC namespace of its own): none of another call is seen, and what it makes, memory
+#: included, goes with its last process.
+LAYER_IPC_NS = "ipc-namespace"
+#: Each call has a session keyring of its own, empty at its start and gone with it.
+LAYER_SESSION_KEYRING = "session-keyring"
+#: Before a run's uid serves another run, what the kernel keeps for it is reset (its keyrings,
+#: SysV IPC, message queues, files in the host's shared folders, processes); a uid that cannot
+#: be shown clean is kept aside (``worker.sandbox.uid_reset``).
+LAYER_UID_RESET = "uid-reset"
+#: No control group bounds a call's memory: each of its processes is bounded by the address
+#: space rlimit alone, so several processes of one call together may hold more.
+LAYER_MEMORY_PER_PROCESS = "memory-per-process-only"
 #: Without a PID namespace: the command's /proc is one of its own, mounted ``hidepid=invisible``
 #: in a mount namespace of the call's: other uids' processes (other runs', the worker's) are
 #: not there, their command lines and environments with them.
@@ -76,12 +90,14 @@ def plan_for(config: SandboxConfig, euid: int) -> Plan:
         if prlimit:
             layers.append(LAYER_RLIMITS)
     namespace_argv: tuple[str, ...] = ()
+    ipc_argv: tuple[str, ...] = ()
     if config.isolation != "process":
         argv = _namespace_argv(as_root)
         failure = namespace_failure(argv)
         if failure is None:
             namespace_argv = argv
-            layers += [LAYER_PID_NS, LAYER_NET_NS] + ([] if as_root else [LAYER_USER_NS])
+            layers += [LAYER_PID_NS, LAYER_NET_NS, LAYER_IPC_NS]
+            layers += [] if as_root else [LAYER_USER_NS]
         elif config.isolation == "namespaces":
             raise SandboxError(
                 "namespace isolation was requested (sandbox_isolation='namespaces') but this "
@@ -93,6 +109,12 @@ def plan_for(config: SandboxConfig, euid: int) -> Plan:
         if namespace_failure(argv) is None:  # a kernel before 5.8 shares one proc's options
             hide_argv = argv
             layers.append(LAYER_HIDDEN_PROCESSES)
+    if as_root and not namespace_argv and namespace_failure(_ipc_argv()) is None:
+        # Without the other namespaces, still the call's own SysV IPC and message queues.
+        ipc_argv = _ipc_argv()
+        layers.append(LAYER_IPC_NS)
+    if session_keyrings_work():
+        layers.append(LAYER_SESSION_KEYRING)
     env_binary = shutil.which("env", path=SAFE_PATH) or "/usr/bin/env"
     guard = shutil.which("setpriv", path=SAFE_PATH) or ""
     cgroups = detect_layout(config.cgroup, config.cgroup_root)
@@ -103,6 +125,8 @@ def plan_for(config: SandboxConfig, euid: int) -> Plan:
             f"machine does not give it: {reasons}"
         )
     layers += cgroups.layers
+    if cgroups.doing("memory") is None and LAYER_RLIMITS in layers:
+        layers.append(LAYER_MEMORY_PER_PROCESS)
     collected = bool(namespace_argv) or cgroups.doing("kill") is not None
     collected_by_init = bool(namespace_argv) and bool(cgroups.hierarchies)
     # An init that reaps its command at once (the spawner's, bash) needs the kernel to tell
@@ -111,6 +135,7 @@ def plan_for(config: SandboxConfig, euid: int) -> Plan:
     spawned = exit_told and as_root
     if per_run:
         layers.append(LAYER_PRIVATE_TMP if namespace_argv else LAYER_TMP_CLEANED)
+        layers.append(LAYER_UID_RESET)
         if config.volume_bytes and volumes_unavailable() is None:
             layers.append(LAYER_QUOTA_FS)
     # A shell cannot give its jobs back a signal ignored when it started: where this process
@@ -136,6 +161,7 @@ def plan_for(config: SandboxConfig, euid: int) -> Plan:
         init_shell=init_shell,
         spawned=spawned,
         per_run=per_run,
+        ipc_argv=ipc_argv,
         hide_argv=hide_argv,
     )
 
@@ -148,7 +174,13 @@ def _first_of(config: SandboxConfig) -> tuple[int, int]:
 def _namespace_argv(as_root: bool) -> tuple[str, ...]:
     unshare = shutil.which("unshare", path=SAFE_PATH) or "unshare"
     user = () if as_root else ("--user", "--map-root-user")
-    return (unshare, *user, "--pid", "--fork", "--kill-child", "--mount-proc", "--net", "--")
+    return (
+        unshare, *user, "--pid", "--fork", "--kill-child", "--mount-proc", "--net", "--ipc", "--"
+    )  # fmt: skip
+
+
+def _ipc_argv() -> tuple[str, ...]:
+    return (shutil.which("unshare", path=SAFE_PATH) or "unshare", "--ipc", "--")
 
 
 def _hide_argv() -> tuple[str, ...]:

@@ -79,6 +79,9 @@ class Plan:
     #: What a launch made for a known run binds, (source, target) in order: the run's own /tmp,
     #: its workspace, the calls' inputs (``private_binds``).
     keep: tuple[tuple[str, str], ...] = ()
+    #: Without the other namespaces: the IPC namespace of the call's own
+    #: (``layers.LAYER_IPC_NS``).
+    ipc_argv: tuple[str, ...] = ()
     #: Without namespaces: the mount namespace and the /proc that hide other uids' processes
     #: (``layers.LAYER_HIDDEN_PROCESSES``), put in place as root before the drop.
     hide_argv: tuple[str, ...] = ()
@@ -256,6 +259,7 @@ class Plan:
             if self.prlimit:
                 argv += [self.prlimit, *self._rlimits(timeout_ms, config), "--"]
             argv += self.namespace_argv
+            argv += self.ipc_argv
             argv += self.hide_argv
         if self.per_run and self.namespaced:
             # Still root, in the call's mount namespace: its own /tmp and the like.

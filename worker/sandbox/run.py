@@ -16,7 +16,8 @@ from typing import NotRequired, TypedDict, Unpack
 
 from worker.sandbox.config import COMMAND_ENV, INPUT_FOLDER, SHELL, SandboxConfig, SandboxError
 from worker.sandbox.ending import Ending
-from worker.sandbox.launch import Launch, made_now, still_bound
+from worker.sandbox.handover import hand_over, holder_of
+from worker.sandbox.launch import Launch, made_now, session_keyring, still_bound
 from worker.sandbox.launcher import launcher
 from worker.sandbox.layers import plan_for
 from worker.sandbox.output import CappedStream, Notice, Pump
@@ -59,6 +60,9 @@ def run_sandboxed(command: str | Sequence[str], **call: Unpack[CommandCall]) -> 
     config, home = call["config"], call["home"]
     plan = plan_for(config, os.geteuid()).for_folder(str(call["cwd"]))
     call_plan = plan.for_identity(call.get("identity"))
+    if plan.per_run and call_plan.drop_to is not None:
+        # The uid's first call for this run on this host: nothing of an earlier run is left.
+        hand_over(call_plan.drop_to[0], holder_of(home))
     with _input_file(call.get("stdin"), call_plan.drop_to) as input_path:
         if input_path is not None:
             # The command's own shell opens its input, as the user it runs as, whatever the
@@ -94,16 +98,17 @@ def _run(
         before_start()
         started = time.monotonic()
         try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                cwd=cwd,
-                env=process_env,
-                start_new_session=True,  # also detaches from any terminal: no TIOCSTI tricks
-                umask=0o077 if plan.per_run else -1,  # /tmp is shared: the run's files its own
-            )
+            with session_keyring(plan):
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    cwd=cwd,
+                    env=process_env,
+                    start_new_session=True,  # also detaches from any terminal: no TIOCSTI tricks
+                    umask=0o077 if plan.per_run else -1,  # /tmp is shared: the run's own files
+                )
         except OSError as exc:
             raise SandboxError(f"the command could not be started: {exc.strerror or exc}") from exc
         alone = Ending(proc, call_plan, marker, None, None)

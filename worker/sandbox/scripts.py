@@ -46,6 +46,8 @@ PRIVATE_SCRIPT = (
     'mount -t tmpfs -o "mode=0755,$o" tmpfs /run || exit 126; n=0; '
     'while [ "$1" != -- ]; do mkdir "/run/.k$n" && mount --bind "$1" "/run/.k$n" || exit 126; '
     'eval "k$n=\\$2"; n=$((n+1)); shift 2; done; shift; '
+    'if [ -d /dev/mqueue ] && [ ! -L /dev/mqueue ]; then '
+    "mount -t mqueue -o nosuid,nodev,noexec mqueue /dev/mqueue || exit 126; fi; "
     'for d in /tmp /var/tmp /dev/shm; do if [ -d "$d" ] && [ ! -L "$d" ]; then '
     'mount -t tmpfs -o "mode=1777,$o" tmpfs "$d" || exit 126; fi; done; i=0; '
     'while [ $i -lt $n ]; do eval "k=\\$k$i"; mkdir -p "$k" && '

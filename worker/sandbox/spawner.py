@@ -39,6 +39,12 @@ MAX_MESSAGE = 1 << 20
 SETUP_FAILED, CANNOT_ENTER, CANNOT_RUN = 125, 126, 127
 
 _CLONE_NEWNS, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
+_CLONE_NEWIPC = 0x08000000
+#: keyctl(2)'s number by architecture, and its operation that gives a new session keyring.
+_SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}.get(os.uname().machine)
+_KEYCTL_JOIN_SESSION_KEYRING = 1
+#: Where POSIX message queues show as files; the call's own IPC namespace has its own.
+_MQUEUE = "/dev/mqueue"
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
 _MS_BIND = 4096
 _SYS_MOVE_MOUNT, _MOVE_MOUNT_F_EMPTY_PATH, _AT_FDCWD = 429, 0x04, -100
@@ -242,6 +248,10 @@ def _init(libc: Any, channel: socket.socket, request: dict[str, Any]) -> None:
         libc.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None),
         "mount /proc",
     )
+    if os.path.isdir(_MQUEUE) and not os.path.islink(_MQUEUE):
+        # The queues of the call's own IPC namespace, not the host's, show there.
+        flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+        _call(libc.mount(b"mqueue", _MQUEUE.encode(), b"mqueue", flags, None), "mount mqueue")
     private = request.get("private")
     covered = _cover(libc, private) if private is not None else {}
     if request["ready_in"] is not None:
@@ -284,8 +294,14 @@ def _launch(libc: Any, spawner: int, channel: socket.socket, request: dict[str, 
                 file.write("0")
         except OSError as exc:
             _fail(SETUP_FAILED, f"cannot join {join}: {exc.strerror}")
+    # A session keyring of the call's own, which every process of the call inherits and which
+    # goes with the last of them: without one, they would share their uid's user-session
+    # keyring with the runs given the uid later.
+    if _SYS_KEYCTL is None or libc.syscall(_SYS_KEYCTL, _KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
+        _fail(SETUP_FAILED, "cannot give the call a session keyring of its own")
     try:
-        _call(libc.unshare(_CLONE_NEWPID | _CLONE_NEWNS | _CLONE_NEWNET), "unshare")
+        # The IPC namespace: SysV IPC and POSIX message queues made in the call go with it.
+        _call(libc.unshare(_CLONE_NEWPID | _CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWIPC), "unshare")
         init = os.fork()
         if init == 0:
             _die_with_parent(libc, os.getppid())

@@ -1,0 +1,65 @@
+"""The sandbox worker's side of a uid passing from one run to another on its host: the first
+call of a new holder resets what the kernel keeps for the uid here (``uid_reset``), in the
+worker's own user and IPC namespaces, which the process that removed the old run's workspace may
+not share.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+from worker.sandbox.config import SandboxError
+from worker.sandbox.uid_reset import reset_uid
+
+#: Where the sandbox worker notes which holder each uid served last on this host.
+HOLDERS = Path(tempfile.gettempdir()) / "toolq-uid-holders"
+
+
+def hand_over(uid: int, holder: str) -> None:
+    """Before a call of ``holder`` (its workspace, as ``holder_of`` names it) runs as ``uid`` on
+    this host: when the uid last served another holder here, reset it first. Raises
+    ``SandboxError`` when the uid cannot be shown clean: the call does not run."""
+    record = _record(uid)
+    try:
+        fcntl.flock(record, fcntl.LOCK_EX)
+        with os.fdopen(os.dup(record), "rb") as current:
+            served = current.read()
+        if served == holder.encode():
+            return
+        left = reset_uid(uid)
+        if left:
+            raise SandboxError(
+                f"uid {uid} still holds what an earlier run left ({'; '.join(left)}): "
+                "it serves no other run until that is gone"
+            )
+        os.ftruncate(record, 0)
+        os.pwrite(record, holder.encode(), 0)
+    finally:
+        os.close(record)
+
+
+def holder_of(workspace: Path) -> str:
+    """A workspace as a holder of its uid: its path, and which folder is there now (a workspace
+    removed and made again under the same name is another holder)."""
+    try:
+        info = os.stat(workspace)
+    except OSError:
+        return f"{workspace}\0missing"
+    return f"{workspace}\0{info.st_dev}:{info.st_ino}"
+
+
+def _record(uid: int) -> int:
+    """The open file noting which holder ``uid`` served last on this host: in a folder that is
+    the worker's alone, made if missing."""
+    with contextlib.suppress(FileExistsError):
+        HOLDERS.mkdir(mode=0o700)
+    info = os.lstat(HOLDERS)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+        raise SandboxError(f"{HOLDERS} is not a folder of the worker's alone; remove it")
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.open(HOLDERS / str(uid), flags, 0o600)

@@ -1,0 +1,147 @@
+"""What the kernel keeps for a uid after its run is over, reset before the uid serves another run.
+
+A run's uid outlives its calls in the kernel's tables: keys in the uid's user keyrings, SysV
+shared memory, semaphores and message queues it owns, POSIX message queues, files at the top of
+the host's folders every uid can write (``/tmp``, ``/run/lock``...), and any process a call left.
+A run later given the same uid would own all of it. ``reset_uid`` removes it and then looks again:
+what it cannot show gone is named, and the uid is not handed on (``identity.release`` keeps its
+claim aside; ``handover.hand_over`` refuses the call).
+
+Keyrings and IPC objects belong to the worker's user and IPC namespaces, which the process that
+removes a run's workspace may not share (the deploy's pools each have their own). So the reset
+runs twice: where the workspace is removed (``identity.release``), and in the sandbox worker as
+the first call of another run comes for the uid (``hand_over``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import stat
+import time
+from pathlib import Path
+
+from worker.sandbox.keyrings import clear_uid_keyrings
+
+#: The host's folders every uid can write, whose top a run's uid may have left files in.
+WRITABLE_BY_ALL = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue")
+#: The kernel's tables of SysV IPC objects (in this IPC namespace): the owner's and creator's
+#: uid columns, and how each kind is removed.
+_SYSVIPC = {"shm": ("shmctl", 0), "msg": ("msgctl", 0), "sem": ("semctl", 1)}
+_IPC_RMID = 0
+#: How long the processes of a uid may take to die, and its shared memory to go with them.
+RESET_BOUND_S = 5.0
+
+
+def reset_uid(uid: int, deadline_s: float = RESET_BOUND_S) -> list[str]:
+    """Remove what ``uid`` left in this worker's namespaces and on this host, then look again;
+    returns what is still there (empty: nothing of the uid is left)."""
+    deadline = time.monotonic() + deadline_s
+    # Processes first: a live one could make again what is removed after it.
+    while _processes_of(uid) and time.monotonic() < deadline:
+        for pid in _processes_of(uid):
+            _kill(pid, uid)
+        time.sleep(0.01)
+    for kind, ident in _ipc_objects_of(uid):
+        _remove_ipc(kind, ident)
+    for folder in WRITABLE_BY_ALL:
+        for name in _owned_entries(folder, uid):
+            _remove_entry(folder, name)
+    keyrings_left = clear_uid_keyrings(uid)
+    left: list[str] = []
+    if processes := _processes_of(uid):
+        left.append(f"{len(processes)} process(es)")
+    # A shared memory segment still attached goes with its last process, which was just killed.
+    while (objects := _ipc_objects_of(uid)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if objects:
+        left.append(f"SysV IPC objects {', '.join(f'{kind} {ident}' for kind, ident in objects)}")
+    for folder in WRITABLE_BY_ALL:
+        left += [f"{folder}/{name}" for name in _owned_entries(folder, uid)]
+    if keyrings_left is not None:
+        left.append(keyrings_left)
+    return left
+
+
+def _processes_of(uid: int) -> list[int]:
+    found = []
+    with os.scandir("/proc") as entries:
+        for entry in entries:
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError):
+                    if entry.stat(follow_symlinks=False).st_uid == uid:
+                        found.append(int(entry.name))
+    return found
+
+
+def _kill(pid: int, uid: int) -> None:
+    # Through a pidfd, checked again: a pid reused meanwhile is never signalled.
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return
+    try:
+        if os.stat(f"/proc/{pid}", follow_symlinks=False).st_uid == uid:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except OSError:
+        pass
+    finally:
+        os.close(pidfd)
+
+
+def _ipc_objects_of(uid: int) -> list[tuple[str, int]]:
+    """The SysV IPC objects of this IPC namespace that ``uid`` owns or made, as (kind, id)."""
+    found = []
+    for kind in _SYSVIPC:
+        try:
+            lines = Path(f"/proc/sysvipc/{kind}").read_text().splitlines()
+        except OSError:
+            continue
+        if not lines:
+            continue
+        names = lines[0].split()
+        for line in lines[1:]:
+            row = dict(zip(names, line.split(), strict=False))
+            with contextlib.suppress(KeyError, ValueError):
+                if uid in (int(row["uid"]), int(row["cuid"])):
+                    found.append((kind, int(row[f"{kind}id" if kind != "msg" else "msqid"])))
+    return found
+
+
+def _remove_ipc(kind: str, ident: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    function, arguments_before = _SYSVIPC[kind]
+    if arguments_before:  # semctl(id, semnum, cmd)
+        getattr(libc, function)(ident, 0, _IPC_RMID, None)
+    else:
+        getattr(libc, function)(ident, _IPC_RMID, None)
+
+
+def _owned_entries(folder: str, uid: int) -> list[str]:
+    """The names at the top of ``folder`` that ``uid`` owns, links never followed."""
+    with contextlib.suppress(OSError), os.scandir(folder) as entries:
+        owned = []
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                if entry.stat(follow_symlinks=False).st_uid == uid:
+                    owned.append(entry.name)
+        return owned
+    return []
+
+
+def _remove_entry(folder: str, name: str) -> None:
+    try:
+        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(OSError):
+            if stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                shutil.rmtree(name, dir_fd=dir_fd)
+            else:
+                os.unlink(name, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
