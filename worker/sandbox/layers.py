@@ -55,7 +55,8 @@ LAYER_SESSION_KEYRING = "session-keyring"
 #: be shown clean is kept aside (``worker.sandbox.uid_reset``).
 LAYER_UID_RESET = "uid-reset"
 #: No control group bounds a call's memory: each of its processes is bounded by the address
-#: space rlimit alone, so several processes of one call together may hold more.
+#: space rlimit alone, so several processes of one call together may hold more. (Its SysV shared
+#: memory is still bounded as a whole, by its IPC namespace's limit, where it has one.)
 LAYER_MEMORY_PER_PROCESS = "memory-per-process-only"
 #: Without a PID namespace: the command's /proc is one of its own, mounted ``hidepid=invisible``
 #: in a mount namespace of the call's: other uids' processes (other runs', the worker's) are

@@ -40,14 +40,18 @@ SHELL_AHEAD = READ_AND_RUN.replace("read -r", "read -r <&3").replace(
 #: then (source, target) pairs of folders to bind (``Plan.private_binds``), then ``--`` and what
 #: to run): /run, /tmp, /var/tmp and /dev/shm become empty file systems of the call's own, then
 #: each source is bound at its target. The sources are bound aside, under the new /run, before
-#: the folders above them are covered, then moved to their targets.
+#: the folders above them are covered, then moved to their targets. The call's IPC namespace holds
+#: no more SysV shared memory than the call's memory limit (where the kernel lets the namespace's
+#: root set it): even without a control group, its processes cannot pin more of it together.
 PRIVATE_SCRIPT = (
     'size=$1; shift; o="nosuid,nodev,size=$size"; '
     'mount -t tmpfs -o "mode=0755,$o" tmpfs /run || exit 126; n=0; '
     'while [ "$1" != -- ]; do mkdir "/run/.k$n" && mount --bind "$1" "/run/.k$n" || exit 126; '
     'eval "k$n=\\$2"; n=$((n+1)); shift 2; done; shift; '
-    'if [ -d /dev/mqueue ] && [ ! -L /dev/mqueue ]; then '
+    "if [ -d /dev/mqueue ] && [ ! -L /dev/mqueue ]; then "
     "mount -t mqueue -o nosuid,nodev,noexec mqueue /dev/mqueue || exit 126; fi; "
+    '{ echo "$size" >/proc/sys/kernel/shmmax; echo $((size / 4096)) >/proc/sys/kernel/shmall; '
+    "} 2>/dev/null; "
     'for d in /tmp /var/tmp /dev/shm; do if [ -d "$d" ] && [ ! -L "$d" ]; then '
     'mount -t tmpfs -o "mode=1777,$o" tmpfs "$d" || exit 126; fi; done; i=0; '
     'while [ $i -lt $n ]; do eval "k=\\$k$i"; mkdir -p "$k" && '
