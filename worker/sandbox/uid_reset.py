@@ -67,13 +67,18 @@ def reset_uid(uid: int, deadline_s: float = RESET_BOUND_S) -> list[str]:
 
 
 def _processes_of(uid: int) -> list[int]:
+    """The live processes of ``uid``: a zombie, dead but not yet reaped by its parent, holds
+    nothing a run could use."""
     found = []
     with os.scandir("/proc") as entries:
         for entry in entries:
             if entry.name.isdigit():
-                with contextlib.suppress(OSError):
-                    if entry.stat(follow_symlinks=False).st_uid == uid:
-                        found.append(int(entry.name))
+                with contextlib.suppress(OSError, IndexError):
+                    if entry.stat(follow_symlinks=False).st_uid != uid:
+                        continue
+                    with open(f"{entry.path}/stat", "rb") as status:
+                        if status.read().rsplit(b")", 1)[1].split()[0] != b"Z":
+                            found.append(int(entry.name))
     return found
 
 
