@@ -34,11 +34,8 @@ _CLEAR_SCRIPT = """
 import ctypes, sys
 libc = ctypes.CDLL(None, use_errno=True)
 keyctl = lambda *a: libc.syscall(int(sys.argv[1]), *(ctypes.c_long(x) for x in a))
-CLEAR, READ, PERSISTENT, PROCESS = 7, 11, 22, -2
+CLEAR, READ, INVALIDATE, PERSISTENT, PROCESS = 7, 11, 21, 22, -2
 rings = {"user": -4, "user-session": -5}
-persistent = keyctl(PERSISTENT, -1, PROCESS)
-if persistent >= 0:
-    rings["persistent"] = persistent
 left = []
 for name, ring in rings.items():
     if keyctl(CLEAR, ring) != 0:
@@ -46,6 +43,11 @@ for name, ring in rings.items():
         sys.exit(2)
     if keyctl(READ, ring, 0, 0) != 0:
         left.append(name)
+# The persistent keyring goes whole (a new, empty one is made when asked for): so the uid owns
+# its two keyrings alone again, which the worker can tell without starting this.
+persistent = keyctl(PERSISTENT, -1, PROCESS)
+if persistent >= 0 and keyctl(INVALIDATE, persistent) != 0:
+    left.append("persistent")
 if left:
     print("keys left in the " + ", ".join(left) + " keyring(s)")
     sys.exit(1)
@@ -100,13 +102,18 @@ def _python() -> str:
 
 
 def _owns_keys(uid: int) -> bool:
-    """The kernel counts keys owned by ``uid`` (its keyrings included, once made): the line of
-    ``/proc/key-users`` for it, as this user namespace sees uids."""
+    """``uid`` may hold a key worth clearing: the kernel counts more keys of the uid than its two
+    keyrings, the user and user-session ones, made together and empty once cleared (the line of
+    ``/proc/key-users`` for it, as this user namespace sees uids)."""
     try:
         with open("/proc/key-users") as users:
-            return any(line.split(":", 1)[0].strip() == str(uid) for line in users)
-    except OSError:
+            for line in users:
+                owner, _, counts = line.partition(":")
+                if owner.strip() == str(uid):
+                    return int(counts.split()[1].split("/")[0]) > 2
+    except (OSError, IndexError, ValueError):
         return True
+    return False
 
 
 def clear_uid_keyrings(uid: int) -> str | None:
