@@ -5,7 +5,7 @@ the run ends. Used by batch tasks, ``toolq run --image``, the Agent, Inspect and
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
@@ -29,6 +29,9 @@ from worker.contract.operations import (
     StartEnvironmentRequest,
     request_problems,
 )
+
+#: A look at an image before a run starts from it: the line refusing it, or None.
+ImageVet = Callable[[str], Awaitable[str | None]]
 
 
 class ImageUnavailable(ToolqError, RuntimeError):
@@ -80,6 +83,9 @@ class RunEnvironment:
     env: Mapping[str, str] | None = None
     recreate: bool = False
     timeout_ms: int | None = None
+    #: Looks at the image before any worker is asked, and says why it is refused (a token's
+    #: run: ``api.images.sources``); None: the workers' own allowlist alone.
+    vet: ImageVet | None = field(default=None, repr=False)
     #: The container once it has started.
     started: StartedEnvironment | None = field(default=None, init=False)
 
@@ -108,6 +114,8 @@ class RunEnvironment:
         """Start the run's container (resolving the image to a digest, pulling and unpacking it
         where the worker's cache lacks it) and pin the run's commands to it.
         ``ImageUnavailable`` when it cannot."""
+        if self.vet is not None and (refused := await self.vet(self.image)) is not None:
+            raise ImageUnavailable(refused)
         spec = self.fleet.tools.get(START_ENVIRONMENT.name)
         if spec is None:
             raise ImageUnavailable(

@@ -24,6 +24,7 @@ from starlette.types import Receive, Scope, Send
 
 from api.dispatch import Dispatcher
 from api.fleet import Fleet
+from api.images.sources import tenant_vet
 from api.mcp.server import (
     SESSION_IDLE_TIMEOUT_S,
     SessionRuns,
@@ -64,6 +65,7 @@ class McpEndpoint:
             dispatcher,
             idle_timeout_s=SESSION_IDLE_TIMEOUT_S,
             removal_wait_s=calls_end_within_s(self._settings),
+            image_vet=tenant_vet(self._settings) if self._settings.api_tokens_file else None,
         )
         server = fleet_mcp_server(runs, _session_of)
         handshake_only(server)

@@ -26,7 +26,7 @@ from redis.exceptions import RedisError
 
 from api.dispatch import Dispatcher
 from api.fleet import Fleet, NoWorkersError
-from api.images.environment import ImageUnavailable, RunEnvironment
+from api.images.environment import ImageUnavailable, ImageVet, RunEnvironment
 from api.logs import log_context
 from api.run_tools import RunTools
 from api.run_workspace import FileProblemError, RunWorkspace, ServiceCallError
@@ -78,6 +78,8 @@ class SessionRuns:
     idle_timeout_s: float = SESSION_IDLE_TIMEOUT_S
     removal_wait_s: float = 0.0
     clock: Callable[[], float] = time.monotonic
+    #: Looks at a session's image before its container starts (where tokens are used).
+    image_vet: ImageVet | None = None
     _sessions: dict[str, _Session] = field(default_factory=dict, init=False)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
     #: The workspaces of ended sessions being removed, by the task removing each.
@@ -96,7 +98,7 @@ class SessionRuns:
                 if choice.image is not None:
                     fleet = await self.fleet()
                     known.environment = RunEnvironment(
-                        self.dispatcher, fleet, tools.run_id, choice.image
+                        self.dispatcher, fleet, tools.run_id, choice.image, vet=self.image_vet
                     )
                 self._sessions[session] = known
             known.last_used = now

@@ -27,6 +27,7 @@ from api.http.routes.paging import ListParams
 from api.http.runner import BatchSubmission
 from api.http.services import Svc, require_model, tool_errors, working_fleet
 from api.http.state.batches import BatchState, BatchStatus, BatchSummary
+from api.images.sources import tenant_image_errors
 
 #: Past any batch's results, and within what Redis takes as a list index.
 MAX_OFFSET = 1_000_000_000
@@ -61,6 +62,9 @@ async def _create_batch(
         for index, item in enumerate(body.items)
         for name, problem in limits.problems(item)
     ]
+    if services.tenants.scoped:  # a token's runs: images only from where tenants may take them
+        images = [(("body", "items", i, "image"), item.image) for i, item in enumerate(body.items)]
+        errors += await tenant_image_errors(images, services.settings)
     if errors:
         raise RequestValidationError(errors)
     batch_id = f"batch-{uuid.uuid4().hex}"

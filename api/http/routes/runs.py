@@ -27,6 +27,7 @@ from api.http.services import Svc, require_model, tool_errors, working_fleet
 from api.http.sse import event_stream_response
 from api.http.state.runs import RunState, RunStatus
 from api.http.state.statuses import ACTIVE
+from api.images.sources import tenant_image_errors
 
 #: How long ``POST /cancel`` waits for the run to stop before answering 202 "cancelling".
 CANCEL_WAIT_S = 5.0
@@ -56,6 +57,9 @@ async def _create_run(
     require_model(services)
     fleet = await working_fleet(services)
     errors = tool_errors(("options",), body.options.enable, body.options.disable, fleet)
+    if services.tenants.scoped:  # a token's run: images only from where tenants may take them
+        image = (("body", "options", "image"), body.options.image)
+        errors += await tenant_image_errors([image], services.settings)
     if errors:
         raise RequestValidationError(errors)
     run_id = f"run-{uuid.uuid4().hex}"
