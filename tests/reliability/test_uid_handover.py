@@ -118,17 +118,29 @@ libc.shmdt(ctypes.c_void_p(address))
 print("left", shm)
 """
 
-#: One of several processes: holds $1 MiB, says so in a file, and waits (bounded) for all $2.
+#: One of several processes: holds $1 MiB, says so in a file, and waits (bounded) until $2 live
+#: processes hold theirs at once.
 HOG = r"""
 import glob, os, sys, time
 held = bytearray(int(sys.argv[1]) << 20)
 for at in range(0, len(held), 4096):
     held[at] = 1
 open(f"held-{os.getpid()}", "w").close()
+
+def holding():  # the processes that said they hold theirs and still live
+    alive = []
+    for name in glob.glob("held-*"):
+        try:
+            os.kill(int(name[5:]), 0)
+            alive.append(name)
+        except ProcessLookupError:
+            pass
+    return len(alive)
+
 until = time.monotonic() + 10
-while len(glob.glob("held-*")) < int(sys.argv[2]) and time.monotonic() < until:
+while holding() < int(sys.argv[2]) and time.monotonic() < until:
     time.sleep(0.05)
-print("all held" if len(glob.glob("held-*")) >= int(sys.argv[2]) else "alone")
+print("all held" if holding() >= int(sys.argv[2]) else "alone")
 """
 
 
