@@ -297,7 +297,9 @@ def _launch(libc: Any, spawner: int, channel: socket.socket, request: dict[str, 
     # A session keyring of the call's own, which every process of the call inherits and which
     # goes with the last of them: without one, they would share their uid's user-session
     # keyring with the runs given the uid later.
-    if _SYS_KEYCTL is None or libc.syscall(_SYS_KEYCTL, _KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
+    # (Where keyctl's number is unknown, the worker names no such layer either.)
+    keyring = _SYS_KEYCTL is not None
+    if keyring and libc.syscall(_SYS_KEYCTL, _KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
         _fail(SETUP_FAILED, "cannot give the call a session keyring of its own")
     try:
         # The IPC namespace: SysV IPC and POSIX message queues made in the call go with it.
