@@ -111,8 +111,12 @@ def plan_for(config: SandboxConfig, euid: int) -> Plan:
             hide_argv = argv
             layers.append(LAYER_HIDDEN_PROCESSES)
     if as_root and not namespace_argv and namespace_failure(_ipc_argv()) is None:
-        # Without the other namespaces, still the call's own SysV IPC and message queues.
-        ipc_argv = _ipc_argv()
+        # Without the other namespaces, still the call's own SysV IPC and message queues: made
+        # with the mount namespace that hides processes, where there is one (a program less).
+        if hide_argv:
+            hide_argv = _hide_argv(ipc=True)
+        else:
+            ipc_argv = _ipc_argv()
         layers.append(LAYER_IPC_NS)
     if session_keyrings_work():
         layers.append(LAYER_SESSION_KEYRING)
@@ -184,11 +188,12 @@ def _ipc_argv() -> tuple[str, ...]:
     return (shutil.which("unshare", path=SAFE_PATH) or "unshare", "--ipc", "--")
 
 
-def _hide_argv() -> tuple[str, ...]:
+def _hide_argv(ipc: bool = False) -> tuple[str, ...]:
     unshare = shutil.which("unshare", path=SAFE_PATH) or "unshare"
     mount = shutil.which("mount", path=SAFE_PATH) or "mount"
     # Slave: the host's mounts and unmounts (a run's volume) still reach the call's namespace.
-    mounts = (unshare, "--mount", "--propagation", "slave", "--")
+    ipc_too = ("--ipc",) if ipc else ()
+    mounts = (unshare, "--mount", *ipc_too, "--propagation", "slave", "--")
     return (*mounts, SHELL, "-c", HIDE_SCRIPT, "toolq-hide", mount)
 
 
