@@ -30,7 +30,9 @@ from worker.retention import Expired, prune
 
 pytestmark = pytest.mark.integration
 
-MODES = ("namespaces", "process", "deploy")
+#: Those of ``test_runs_apart``, and the deploy's sandbox pool in a pod given a control group of
+#: its own (as a runtime that delegates one would: ``tests/reliability/delegated.py``).
+MODES = ("namespaces", "process", "deploy", "deploy-delegated")
 SECRET = f"toolq-left-{secrets.token_hex(8)}"
 #: The calls' memory limit, and what the attacks hold: each part under it, together over it.
 MEMORY_MB = 64
@@ -166,7 +168,7 @@ def one_uid_stack(
     # One uid of the range the deploy-like namespaces map, apart from other tests' fleets.
     default = UidRange.parse(DEFAULT_UID_RANGE)
     uid = default.first + default.size - 1 - secrets.randbelow(default.size // 2)
-    if mode == "deploy":
+    if mode.startswith("deploy"):
         reason = userns_unavailable()
         if reason is not None:
             pytest.skip(reason)
@@ -178,6 +180,7 @@ def one_uid_stack(
                 env={},
                 sandbox_uid_range=f"{uid}-{uid}",
                 sandbox_memory_mb=MEMORY_MB,
+                delegate_cgroups=mode == "deploy-delegated",
             )
             yield mode, stack, uid
             stack.stop()
@@ -304,7 +307,7 @@ async def test_processes_of_one_call_share_its_memory_limit(
     box, dispatcher = fleet
     settings = box.stack.settings
     caller = Caller(dispatcher, settings, f"hogs-{secrets.token_hex(4)}")
-    workers = box.stack.fleet.worker_pids("sandbox")
+    workers = _worker_processes(box.stack)
     hogs = " ".join([f"{_python('hog.py')} {HOG_MB} {HOGS} &"] * HOGS)
     with box.case(
         f"one call starts {HOGS} processes that each hold {HOG_MB} MiB at once "
@@ -336,6 +339,21 @@ async def test_processes_of_one_call_share_its_memory_limit(
             assert held["stdout"].splitlines().count("all held") == 0, held
             assert held["usage"]["oom_killed"], held
     _remove(Path(settings.workspace_root), caller.run_id)
+
+
+def _worker_processes(stack: Stack) -> list[int]:
+    """The sandbox worker's own processes: not its spawners, nor the launches they keep ready
+    (which come and go), which the fleet lists as its descendants too."""
+    found = []
+    for pid in stack.fleet.worker_pids("sandbox"):
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if not name.startswith("toolq-") and b"spawner" not in argv:
+            found.append(pid)
+    return found
 
 
 def _observe(

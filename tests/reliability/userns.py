@@ -25,6 +25,7 @@ import redis
 
 from api.local.stack import worker_argv, worker_environment
 from tests.conftest import REPO, RedisServer, WorkerFleet, fleet_settings, wait_for
+from tests.reliability import delegated
 from tests.reliability.conftest import Stack, variables_set
 from worker.contract.keys import keys
 from worker.contract.settings import WorkerSettings
@@ -37,6 +38,8 @@ OUTER_ROOT = 1_990_000_000
 START_BOUND_S = 120.0
 #: The capabilities deploy/k8s/worker-sandbox.yaml adds (all others dropped).
 DEPLOY_CAPABILITIES = ("setuid", "setgid", "chown", "fowner", "kill", "sys_admin", "dac_override")
+#: The launcher's flag that gives the worker control groups of its own (``delegated``).
+DELEGATE_FLAG = "--delegate-cgroups"
 _CLONE_NEWUSER, _CLONE_NEWNS = 0x10000000, 0x00020000
 _MS_BIND, _MS_REC, _MS_PRIVATE, _O_PATH = 4096, 1 << 14, 1 << 18, 0o10000000
 
@@ -65,9 +68,13 @@ class DeployLikeFleet(WorkerFleet):
     """Both pools as the deploy runs them: each worker root only in a user namespace of its own
     (two pods), the namespaces mapping alike, so both see the runs' files as one owner."""
 
-    def __init__(self, settings: WorkerSettings, workdir: Path) -> None:
+    def __init__(
+        self, settings: WorkerSettings, workdir: Path, *, delegate_cgroups: bool = False
+    ) -> None:
         super().__init__(settings)
         self._workdir = workdir
+        #: The sandbox pool gets a control group of its own, as a pod a runtime delegates one to.
+        self._delegate = delegate_cgroups
         self._workers: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self) -> DeployLikeFleet:
@@ -85,7 +92,7 @@ class DeployLikeFleet(WorkerFleet):
             argv = worker_argv(pool, node=f"{pool}-userns@%h", concurrency=2, loglevel="WARNING")
             log = (self._workdir / f"{pool}.log").open("ab")
             self._workers[pool] = subprocess.Popen(
-                [sys.executable, "-m", "tests.reliability.userns", "--", *argv],
+                [sys.executable, "-m", "tests.reliability.userns", *self._flags(pool), "--", *argv],
                 cwd=REPO,
                 env=env,
                 stdout=log,
@@ -103,6 +110,9 @@ class DeployLikeFleet(WorkerFleet):
         finally:
             client.close()
         return self
+
+    def _flags(self, pool: str) -> list[str]:
+        return [DELEGATE_FLAG] if self._delegate and pool == "sandbox" else []
 
     def _announced(self, client: redis.Redis, pool: str) -> bool:
         if self._workers[pool].poll() is not None:
@@ -144,7 +154,12 @@ class DeployLikeFleet(WorkerFleet):
 
 
 def deploy_like_stack(
-    workdir: Path, *, password: str, env: dict[str, str], **overrides: object
+    workdir: Path,
+    *,
+    password: str,
+    env: dict[str, str],
+    delegate_cgroups: bool = False,
+    **overrides: object,
 ) -> Stack:
     """A private Redis with a password and both pools as the deploy runs them, with settings
     ``overrides``. Their folders are below ``workdir``, which must be a folder others may pass
@@ -157,7 +172,7 @@ def deploy_like_stack(
     server = RedisServer(workdir, password=password)
     server.start()
     settings = fleet_settings(server.url, root, **{"sandbox_isolation": "namespaces", **overrides})
-    fleet = DeployLikeFleet(settings, workdir)
+    fleet = DeployLikeFleet(settings, workdir, delegate_cgroups=delegate_cgroups)
     try:
         with variables_set(env):
             fleet.start()
@@ -168,9 +183,10 @@ def deploy_like_stack(
     return Stack(server, fleet)
 
 
-def _enter(argv: list[str]) -> None:
+def _enter(argv: list[str], delegate_cgroups: bool) -> None:
     """Fork a child into a new user and mount namespace, map it, and exec ``argv`` there as
-    root under the deploy's capabilities; wait for it, passing SIGTERM on."""
+    root under the deploy's capabilities (with ``delegate_cgroups``, in control groups of its
+    own: ``delegated``); wait for it, passing SIGTERM on."""
     libc = ctypes.CDLL(None, use_errno=True)
     ready_r, ready_w = os.pipe()
     mapped_r, mapped_w = os.pipe()
@@ -200,6 +216,7 @@ def _enter(argv: list[str]) -> None:
     os.close(mapped_r)
     if os.read(ready_r, 1) != b"1":
         os._exit(125)
+    groups = delegated.delegate(child, OUTER_ROOT) if delegate_cgroups else []
     runs = UidRange.parse(DEFAULT_UID_RANGE)
     mapping = f"0 {OUTER_ROOT} 1\n{runs.first} {runs.first} {runs.size}\n"
     Path(f"/proc/{child}/uid_map").write_text(mapping)
@@ -213,6 +230,7 @@ def _enter(argv: list[str]) -> None:
             break
         except InterruptedError:
             continue
+    delegated.remove(groups)
     os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
 
 
@@ -258,6 +276,9 @@ def _mount(
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] != ["--"]:
-        sys.exit("usage: python -m tests.reliability.userns -- argv...")
-    _enter(sys.argv[2:])
+    given = sys.argv[1:]
+    delegate = given[:1] == [DELEGATE_FLAG]
+    given = given[1:] if delegate else given
+    if given[:1] != ["--"]:
+        sys.exit(f"usage: python -m tests.reliability.userns [{DELEGATE_FLAG}] -- argv...")
+    _enter(given[1:], delegate)
