@@ -150,10 +150,15 @@ def test_a_uid_is_reset_when_another_holder_comes_not_between_its_own_calls() ->
 
         hand_over(uid, "run-a")  # its own next call: what it keeps is its own
         kept = _as(uid, FIND_KEYS).stdout.strip()
+        # run-b's container, started before its first command: the hand-over leaves it be.
+        container = subprocess.Popen(["sleep", "300"], user=uid, group=uid, extra_groups=[])
         hand_over(uid, "run-b")  # another run given the uid: nothing of run-a's is left
 
         assert kept == "[-4, -5]"
         assert _as(uid, FIND_KEYS).stdout.strip() == "[]"
         assert _sysv_of(uid) == []
+        assert container.poll() is None
+        reset_uid(uid)  # its workspace removed: its processes go too
+        assert container.wait(10) == -9
     finally:
         reset_uid(uid)

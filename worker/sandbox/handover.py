@@ -31,7 +31,10 @@ def hand_over(uid: int, holder: str) -> None:
             served = current.read()
         if served == holder.encode():
             return
-        left = reset_uid(uid)
+        # Its processes stay: those of the old run ended with its calls, and were ended again
+        # where its workspace was removed; any here now may be the new holder's own (the
+        # container of its image, started before this call).
+        left = reset_uid(uid, end_processes=False)
         if left:
             raise SandboxError(
                 f"uid {uid} still holds what an earlier run left ({'; '.join(left)}): "

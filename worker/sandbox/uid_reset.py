@@ -36,12 +36,15 @@ _IPC_RMID = 0
 RESET_BOUND_S = 5.0
 
 
-def reset_uid(uid: int, deadline_s: float = RESET_BOUND_S) -> list[str]:
+def reset_uid(
+    uid: int, *, end_processes: bool = True, deadline_s: float = RESET_BOUND_S
+) -> list[str]:
     """Remove what ``uid`` left in this worker's namespaces and on this host, then look again;
-    returns what is still there (empty: nothing of the uid is left)."""
+    returns what is still there (empty: nothing of the uid is left). ``end_processes``: its
+    processes are ended and counted too."""
     deadline = time.monotonic() + deadline_s
     # Processes first: a live one could make again what is removed after it.
-    while _processes_of(uid) and time.monotonic() < deadline:
+    while end_processes and _processes_of(uid) and time.monotonic() < deadline:
         for pid in _processes_of(uid):
             _kill(pid, uid)
         time.sleep(0.01)
@@ -52,7 +55,7 @@ def reset_uid(uid: int, deadline_s: float = RESET_BOUND_S) -> list[str]:
             _remove_entry(folder, name)
     keyrings_left = clear_uid_keyrings(uid)
     left: list[str] = []
-    if processes := _processes_of(uid):
+    if end_processes and (processes := _processes_of(uid)):
         left.append(f"{len(processes)} process(es)")
     # A shared memory segment still attached goes with its last process, which was just killed.
     while (objects := _ipc_objects_of(uid)) and time.monotonic() < deadline:
