@@ -43,6 +43,19 @@ class OrchestratorSettings(FleetSettings):
         "HTTP API, each seeing only its own runs and batches.",
     )
     api_max_body_bytes: int = Field(1_048_576, gt=0, description="Largest request body.")
+    tenant_max_runs: int = Field(
+        100,
+        ge=0,
+        description="The most runs one tenant of the HTTP API may have live at once: its runs, "
+        "and the conversations its batches run at once (each holds a sandbox uid while it "
+        "lives). One more is refused with 429; 0: no cap.",
+    )
+    tenant_max_mcp_sessions: int = Field(
+        20,
+        ge=0,
+        description="The most MCP sessions one tenant may hold open at once on /mcp (each "
+        "session is a run, with a sandbox uid). One more is refused with an MCP error; 0: no cap.",
+    )
 
     def with_fleet(self, fleet: FleetSettings) -> OrchestratorSettings:
         """These settings, pointed at ``fleet``'s broker and result store."""

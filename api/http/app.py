@@ -38,6 +38,7 @@ from api.http.runner import AgentExecutor, RunExecutor, RunExecutorFactory
 from api.http.services import Services
 from api.http.state.replicas import ReplicaLease
 from api.http.state.store import ApiStore
+from api.http.tenant_caps import TenantCaps
 from api.http.tenants import Tenants
 from api.http.viewer.routes import mount_viewer
 from api.http.viewer.store import StoreSources
@@ -99,16 +100,18 @@ def create_app(
         tenants,
         EventHub(client),
         own_connection(client),
+        TenantCaps(client, settings),
         model_problem,
     )
     lease = ReplicaLease(store, replica)
-    mcp = _mcp_endpoint(settings, services.executor.fleet)
+    mcp = _mcp_endpoint(settings, services.executor.fleet, services.caps)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await lease.start()
         await services.redis_probe.initialize()  # takes its connection while the pool is idle
         await services.executor.start()
+        await services.caps.start()
         log.info("API replica %s serving", replica)
         try:
             async with mcp.running() if mcp is not None else contextlib.nullcontext():
@@ -116,6 +119,7 @@ def create_app(
         finally:
             await services.event_hub.close()
             await services.executor.close()
+            await services.caps.stop()
             await lease.stop()
             await services.redis_probe.aclose()
             if owns_redis:
@@ -157,7 +161,7 @@ def _tenant_viewer(services: Services, tenant: str) -> Viewer:
 
 
 def _mcp_endpoint(
-    settings: OrchestratorSettings, fleet: Callable[[], Awaitable[Fleet]]
+    settings: OrchestratorSettings, fleet: Callable[[], Awaitable[Fleet]], caps: TenantCaps
 ) -> McpEndpoint | None:
     """The MCP server's endpoint, or None without the optional ``mcp`` package."""
     try:
@@ -165,7 +169,7 @@ def _mcp_endpoint(
     except ImportError:
         log.info("no MCP endpoint: the mcp package is not installed (toolq[mcp])")
         return None
-    return McpEndpoint(settings, fleet)
+    return McpEndpoint(settings, fleet, caps)
 
 
 async def _no_mcp(scope: Scope, receive: Receive, send: Send) -> None:

@@ -66,7 +66,8 @@ def tenant_or_refusal(tenants: Tenants, presented: str | None) -> str | HTTPExce
 
 class TokenGuard:
     """The bearer token check in front of an ASGI app that is not a FastAPI route (``/mcp``):
-    the same answers as the routes' guard; any tenant's token lets a request in."""
+    the same answers as the routes' guard; any tenant's token lets a request in, and the app
+    finds its tenant in ``scope["state"]["tenant"]``."""
 
     def __init__(self, app: ASGIApp, tenants: Tenants) -> None:
         self.app = app
@@ -85,6 +86,8 @@ class TokenGuard:
                 )
                 await response(scope, receive, send)
                 return
+            # Where the app behind finds whose request it is, as a route's request.state.tenant.
+            scope.setdefault("state", {})["tenant"] = refusal
         await self.app(scope, receive, send)
 
 

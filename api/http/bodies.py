@@ -155,6 +155,11 @@ ID_CONFLICT: Responses = {
 }
 START_REFUSED: Responses = {
     413: {"model": Problem, "description": "The body is over the size limit."},
+    429: {
+        "model": Problem,
+        "description": "The token's tenant already holds as many live runs as its cap "
+        "(TOOLQ_TENANT_MAX_RUNS) allows: the detail names the cap and its value.",
+    },
     503: {
         "model": Problem,
         "description": "No workers, no model API configured here, or Redis unreachable.",

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -57,6 +57,9 @@ FINISH_ATTEMPTS = 5
 #: How often a task that has not yet taken its cancellation is cancelled again.
 RECANCEL_S = 0.05
 
+#: What to do once a run or batch has ended, however it ended (give back its tenant's places).
+OnEnd = Callable[[], Coroutine[Any, Any, None]]
+
 
 @dataclass(frozen=True, slots=True)
 class BatchSubmission:
@@ -69,6 +72,7 @@ class BatchSubmission:
     #: What the workers call each item's workspace (its run_id, by default): the tenant's own
     #: name of it.
     workspace_of: Callable[[str], str] | None = None
+    on_end: OnEnd | None = None
 
 
 class RunExecutor(Protocol):
@@ -80,7 +84,9 @@ class RunExecutor(Protocol):
 
     async def fleet(self) -> Fleet: ...
 
-    def submit_run(self, run_id: str, prompt: str, options: AgentOptions) -> None: ...
+    def submit_run(
+        self, run_id: str, prompt: str, options: AgentOptions, on_end: OnEnd | None = None
+    ) -> None: ...
 
     def submit_batch(self, batch: BatchSubmission) -> None: ...
 
@@ -120,6 +126,8 @@ class AgentExecutor:
         #: Runs and batches that took their cancellation and are recording their end.
         self._winding_down: set[str] = set()
         self._stoppers: set[asyncio.Task[None]] = set()
+        #: What runs and batches that ended are doing about it (``OnEnd``).
+        self._enders: set[asyncio.Task[None]] = set()
         self._closing = False
         self._watcher: asyncio.Task[None] | None = None
         self._fleet = CachedFleet(settings.redis_url, load=fleet_loader)
@@ -142,6 +150,7 @@ class AgentExecutor:
         if self._watcher is not None:
             work.append(("cancel watcher", self._watcher))
         await asyncio.gather(*(self._stop(key, task) for key, task in work))
+        await asyncio.gather(*self._enders, return_exceptions=True)
         await self._conversations.close()
         await self._dispatcher.close()
         if self._model is not None:
@@ -167,10 +176,26 @@ class AgentExecutor:
 
     # -- runs ----------------------------------------------------------------------------------
 
-    def submit_run(self, run_id: str, prompt: str, options: AgentOptions) -> None:
+    def submit_run(
+        self, run_id: str, prompt: str, options: AgentOptions, on_end: OnEnd | None = None
+    ) -> None:
         task = asyncio.create_task(self._execute_run(run_id, prompt, options), name=run_id)
         self._runs[run_id] = task
         task.add_done_callback(lambda _: self._runs.pop(run_id, None))
+        self._when_ended(task, on_end)
+
+    def _when_ended(self, task: asyncio.Task[None], on_end: OnEnd | None) -> None:
+        """``on_end`` once ``task`` is done, in a task of its own: cancelling a run that is
+        winding down cannot cancel it."""
+        if on_end is None:
+            return
+
+        def ended(_: asyncio.Task[None]) -> None:
+            ender = asyncio.create_task(on_end(), name=f"{task.get_name()}-ended")
+            self._enders.add(ender)
+            ender.add_done_callback(self._enders.discard)
+
+        task.add_done_callback(ended)
 
     async def _execute_run(self, run_id: str, prompt: str, options: AgentOptions) -> None:
         observer = self._metrics.observer()
@@ -275,6 +300,7 @@ class AgentExecutor:
         task = asyncio.create_task(self._execute_batch(batch), name=batch_id)
         self._batches[batch_id] = task
         task.add_done_callback(lambda _: self._batches.pop(batch_id, None))
+        self._when_ended(task, batch.on_end)
 
     async def _execute_batch(self, batch: BatchSubmission) -> None:
         batch_id, items, default_model = batch.batch_id, batch.items, batch.default_model

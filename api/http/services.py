@@ -17,6 +17,7 @@ from api.http.event_hub import EventHub
 from api.http.metrics import ApiMetrics
 from api.http.runner import RunExecutor
 from api.http.state.store import ApiStore
+from api.http.tenant_caps import Cap, CapReached, Holding, TenantCaps
 from api.http.tenants import Tenants
 from api.settings import OrchestratorSettings
 
@@ -42,6 +43,8 @@ class Services:
     event_hub: EventHub
     #: A connection of the health probe's own: no burst of requests can make it wait.
     redis_probe: aioredis.Redis
+    #: How many live runs and MCP sessions each tenant may hold, counted in Redis.
+    caps: TenantCaps
     #: Why this server runs no conversation (no model API configured), or None when it can.
     model_problem: str | None = None
 
@@ -89,6 +92,14 @@ async def working_fleet(services: Services) -> Fleet:
             503, "no toolq worker has published its tools: start workers (toolq worker)"
         )
     return fleet
+
+
+async def take_places(services: Services, cap: Cap, tenant: str, count: int = 1) -> Holding:
+    """``count`` of ``tenant``'s places under ``cap``, or 429 naming the cap and its value."""
+    try:
+        return await services.caps.take(cap, tenant, count)
+    except CapReached as exc:
+        raise HTTPException(429, str(exc)) from None
 
 
 def tool_errors(

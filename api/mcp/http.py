@@ -1,7 +1,10 @@
 """``/mcp`` on the HTTP API: the fleet's tools over MCP's Streamable HTTP, behind the API's token.
 
-Each MCP session (the ``Mcp-Session-Id`` the SDK's session manager gives) is one run. The URL's
-query picks a session's tools as ``toolq run``'s options do:
+Each MCP session (the ``Mcp-Session-Id`` the SDK's session manager gives) is one run, and the
+tenant's whose token opened it: another token's requests for it are answered as for an unknown
+session (``api.mcp.tenancy``), and a tenant holds at most ``TOOLQ_TENANT_MAX_MCP_SESSIONS`` at
+once. Session ids never reach the logs (``api.mcp.session_log``). The URL's query picks a
+session's tools as ``toolq run``'s options do:
 ``/mcp?enable=run_bash&disable=remove&tool_timeout_ms=5000``.
 """
 
@@ -14,16 +17,16 @@ from typing import Any
 
 from mcp.server.context import ServerRequestContext
 from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
-from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
-from starlette.datastructures import QueryParams
+from starlette.datastructures import Headers, QueryParams
 from starlette.requests import Request
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from api.dispatch import Dispatcher
 from api.fleet import Fleet
+from api.http.tenant_caps import MCP_SESSIONS, CapReached, Holding, TenantCaps
 from api.images.sources import tenant_vet
 from api.mcp.server import (
     SESSION_IDLE_TIMEOUT_S,
@@ -31,6 +34,15 @@ from api.mcp.server import (
     ToolChoice,
     fleet_mcp_server,
     handshake_only,
+)
+from api.mcp.session_log import hide_session_ids
+from api.mcp.tenancy import (
+    OwnedSessions,
+    opening_request,
+    principal,
+    read_body,
+    refusal,
+    tenant_of,
 )
 from api.run_workspace import calls_end_within_s
 from api.settings import OrchestratorSettings
@@ -51,12 +63,23 @@ IDLE_ROUND_S = 60.0
 class McpEndpoint:
     """The ASGI app of ``/mcp`` and what it runs while the API is up (``running``)."""
 
-    def __init__(self, settings: OrchestratorSettings, fleet: Callable[[], Awaitable[Fleet]]):
+    def __init__(
+        self,
+        settings: OrchestratorSettings,
+        fleet: Callable[[], Awaitable[Fleet]],
+        caps: TenantCaps,
+    ):
         self._settings = settings
         self._fleet = fleet
-        self._parts: tuple[Dispatcher, SessionRuns, StreamableHTTPSessionManager] | None = None
+        self._caps = caps
+        self._parts: tuple[Dispatcher, SessionRuns, OwnedSessions] | None = None
+        #: Each open session's place under its tenant's cap, by session id.
+        self._places: dict[str, Holding] = {}
+        #: Places of ended sessions being given back.
+        self._giving_back: set[asyncio.Task[None]] = set()
+        hide_session_ids()
 
-    def _start_parts(self) -> tuple[Dispatcher, SessionRuns, StreamableHTTPSessionManager]:
+    def _start_parts(self) -> tuple[Dispatcher, SessionRuns, OwnedSessions]:
         """What one run of the API serves MCP with: made anew each time, since the SDK's session
         manager runs once and a closed dispatcher stays closed."""
         dispatcher = Dispatcher(self._settings)
@@ -69,8 +92,9 @@ class McpEndpoint:
         )
         server = fleet_mcp_server(runs, _session_of)
         handshake_only(server)
-        manager = StreamableHTTPSessionManager(
+        manager = OwnedSessions(
             app=server,
+            on_end=self._session_ended,
             session_idle_timeout=SESSION_IDLE_TIMEOUT_S,
             security_settings=(
                 None
@@ -120,6 +144,9 @@ class McpEndpoint:
             stop.set()
             idler.cancel()
             await holder
+            for session in list(self._places):
+                self._session_ended(session)
+            await asyncio.gather(*self._giving_back, return_exceptions=True)
             await runs.close()
             await dispatcher.close()
             self._parts = None
@@ -127,11 +154,56 @@ class McpEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._parts is None:
             raise RuntimeError("the MCP endpoint is not running")
-        await self._parts[2].handle_request(scope, receive, send)
-        if scope.get("method") == "DELETE":  # the client ended its session
-            session = Request(scope).headers.get(MCP_SESSION_ID_HEADER)
-            if session is not None:
-                self.runs.end(session)
+        manager = self._parts[2]
+        if scope["type"] != "http":
+            await manager.handle_request(scope, receive, send)
+            return
+        tenant = tenant_of(scope)
+        # The SDK serves a session only to the principal that opened it.
+        scope["user"] = principal(tenant)
+        if scope["method"] != "POST" or MCP_SESSION_ID_HEADER in Headers(scope=scope):
+            await manager.handle_request(scope, receive, send)
+            return
+        body, receive = await read_body(receive)
+        opens, request_id = opening_request(body)
+        if not opens:
+            await manager.handle_request(scope, receive, send)
+            return
+        try:
+            place = await self._caps.take(MCP_SESSIONS, tenant)
+        except CapReached as exc:
+            await refusal(str(exc), request_id, 429)(scope, receive, send)
+            return
+        opened = False
+
+        async def noting_the_session(message: Message) -> None:
+            nonlocal opened
+            if message["type"] == "http.response.start":
+                session = Headers(raw=message["headers"]).get(MCP_SESSION_ID_HEADER)
+                if session is not None:
+                    # Kept before the answer leaves: the session may end at any time after.
+                    self._places[session] = place
+                    opened = True
+            await send(message)
+
+        try:
+            await manager.handle_request(scope, receive, noting_the_session)
+        finally:
+            if not opened:
+                self._give_back(place)
+
+    def _session_ended(self, session: str) -> None:
+        """However a session ended, its run ends and its place under its tenant's cap is free."""
+        if self._parts is not None:
+            self._parts[1].end(session)
+        place = self._places.pop(session, None)
+        if place is not None:
+            self._give_back(place)
+
+    def _give_back(self, place: Holding) -> None:
+        task = asyncio.create_task(self._caps.give_back(place), name="toolq-mcp-place")
+        self._giving_back.add(task)
+        task.add_done_callback(self._giving_back.discard)
 
 
 def _session_of(ctx: ServerRequestContext[Any]) -> tuple[str | None, ToolChoice]:

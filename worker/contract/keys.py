@@ -169,6 +169,12 @@ def replica_lease_key(replica: str) -> str:
     return f"{API_PREFIX}:replica:{replica}"
 
 
+def tenant_holdings_key(kind: str, tenant: str) -> str:
+    """The sorted set of what one tenant holds of a capped ``kind`` (live runs, MCP sessions),
+    each member scored by when its holder's lease ends."""
+    return f"{API_PREFIX}:holding:{kind}:{tenant}"
+
+
 # --- Inspect's evals using toolq sandboxes (``api/inspect_sandbox/owners.py``) ------------------
 
 #: An eval's lease while it runs: whose sandboxes ``inspect sandbox cleanup toolq`` keeps.

@@ -25,8 +25,9 @@ from api.http.bodies import (
 )
 from api.http.routes.paging import ListParams
 from api.http.runner import BatchSubmission
-from api.http.services import Svc, require_model, tool_errors, working_fleet
+from api.http.services import Svc, require_model, take_places, tool_errors, working_fleet
 from api.http.state.batches import BatchState, BatchStatus, BatchSummary
+from api.http.tenant_caps import RUNS
 from api.images.sources import tenant_image_errors
 
 #: Past any batch's results, and within what Redis takes as a list index.
@@ -68,14 +69,20 @@ async def _create_batch(
     if errors:
         raise RequestValidationError(errors)
     batch_id = f"batch-{uuid.uuid4().hex}"
-    await services.store.create_batch(
-        batch_id,
-        total=len(body.items),
-        concurrency=body.concurrency,
-        replica=services.replica,
-        tenant=tenant,
-        tags=body.tags,
-    )
+    # A live run under the tenant's cap for each conversation the batch runs at once.
+    holding = await take_places(services, RUNS, tenant, min(body.concurrency, len(body.items)))
+    try:
+        await services.store.create_batch(
+            batch_id,
+            total=len(body.items),
+            concurrency=body.concurrency,
+            replica=services.replica,
+            tenant=tenant,
+            tags=body.tags,
+        )
+    except BaseException:
+        await services.caps.give_back(holding)
+        raise
     services.executor.submit_batch(
         BatchSubmission(
             batch_id,
@@ -83,6 +90,7 @@ async def _create_batch(
             body.concurrency,
             body.model,
             workspace_of=services.tenants.workspaces(tenant),
+            on_end=lambda: services.caps.give_back(holding),
         )
     )
     response.headers["Location"] = f"/v1/batches/{batch_id}"

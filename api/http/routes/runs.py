@@ -23,10 +23,11 @@ from api.http.bodies import (
     RunRequest,
 )
 from api.http.routes.paging import ListParams
-from api.http.services import Svc, require_model, tool_errors, working_fleet
+from api.http.services import Svc, require_model, take_places, tool_errors, working_fleet
 from api.http.sse import event_stream_response
 from api.http.state.runs import RunState, RunStatus
 from api.http.state.statuses import ACTIVE
+from api.http.tenant_caps import RUNS
 from api.images.sources import tenant_image_errors
 
 #: How long ``POST /cancel`` waits for the run to stop before answering 202 "cancelling".
@@ -69,18 +70,27 @@ async def _create_run(
     if "max_turns" not in body.options.model_fields_set:
         defaults["max_turns"] = services.settings.max_turns
     options = body.options.model_copy(update=defaults)
-    await services.store.create_run(
-        run_id,
-        body.prompt,
-        options.model_dump(mode="json"),
-        services.replica,
-        tenant=tenant,
-        tags=body.tags,
-    )
+    # Its place under the tenant's cap is taken first: a refused run leaves nothing behind.
+    holding = await take_places(services, RUNS, tenant)
+    try:
+        await services.store.create_run(
+            run_id,
+            body.prompt,
+            options.model_dump(mode="json"),
+            services.replica,
+            tenant=tenant,
+            tags=body.tags,
+        )
+    except BaseException:
+        await services.caps.give_back(holding)
+        raise
     # The record keeps the run_id the caller chose; the workers know the tenant's own name of it.
     workspace = services.tenants.workspace(tenant, options.run_id or run_id)
     services.executor.submit_run(
-        run_id, body.prompt, options.model_copy(update={"run_id": workspace})
+        run_id,
+        body.prompt,
+        options.model_copy(update={"run_id": workspace}),
+        on_end=lambda: services.caps.give_back(holding),
     )
     response.headers["Location"] = f"/v1/runs/{run_id}"
     return Accepted(id=run_id, status="queued")

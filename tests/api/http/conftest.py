@@ -23,7 +23,7 @@ from api.agent import AgentOptions
 from api.batch.items import BatchItem
 from api.fleet import Fleet
 from api.http.app import create_app
-from api.http.runner import BatchSubmission
+from api.http.runner import BatchSubmission, OnEnd
 from api.scripted.server import ScriptedServer
 from api.settings import OrchestratorSettings
 from tests.api.http.serving import Replica, serve_environment
@@ -75,6 +75,8 @@ class StubExecutor:
         self.batches: list[tuple[str, list[BatchItem], int]] = []
         #: What the workers would call each batch's workspaces, by batch id.
         self.batch_workspaces: dict[str, Callable[[str], str] | None] = {}
+        #: What each run does once it ends (gives back its tenant's place), by run id.
+        self.run_ends: dict[str, OnEnd] = {}
 
     async def start(self) -> None:
         pass
@@ -85,8 +87,12 @@ class StubExecutor:
     async def fleet(self) -> Fleet:
         return self._fleet
 
-    def submit_run(self, run_id: str, prompt: str, options: AgentOptions) -> None:
+    def submit_run(
+        self, run_id: str, prompt: str, options: AgentOptions, on_end: OnEnd | None = None
+    ) -> None:
         self.runs.append((run_id, prompt, options))
+        if on_end is not None:
+            self.run_ends[run_id] = on_end
 
     def submit_batch(self, batch: BatchSubmission) -> None:
         self.batches.append((batch.batch_id, list(batch.items), batch.concurrency))

@@ -35,13 +35,14 @@ def fleet_env(fleet: WorkerFleet) -> dict[str, str]:
 
 
 class ServedApi:
-    """``toolq serve`` on a free port, with a token; its log for failures."""
+    """``toolq serve`` on a free port, with a token (or ``env``'s tokens); its log (stdout and
+    stderr) for failures."""
 
-    def __init__(self, fleet: WorkerFleet, log: Path) -> None:
+    def __init__(self, fleet: WorkerFleet, log: Path, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         # No model API: /mcp needs none, and toolq serve starts without one.
-        env = fleet_env(fleet) | {"TOOLQ_API_TOKEN": TOKEN}
+        env = fleet_env(fleet) | (env if env is not None else {"TOOLQ_API_TOKEN": TOKEN})
         self._log = log.open("wb")
         self.proc = subprocess.Popen(
             [TOOLQ, "serve", "--port", str(self.port)],
