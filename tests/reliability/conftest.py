@@ -110,6 +110,16 @@ KNOWN_GAPS = (
         "the isolation. The rows above ran with the layers in the header.",
     ),
     (
+        "A call's memory where no control group can be made (the deploy's pools as shipped)",
+        "without a writable cgroup tree each of a call's processes is bounded by the address-space "
+        "rlimit alone: several processes of one call together may hold more than "
+        "TOOLQ_SANDBOX_MEMORY_MB, up to the pod's limit (its SysV shared memory stays bounded "
+        "as a whole by the call's IPC namespace). Every answer's `isolation` names "
+        "`memory-per-process-only` and `toolq status` says `per process only`; given a delegated "
+        "group, the pool's calls are bounded each (tests/reliability/test_uid_handover.py, "
+        "`deploy-delegated`).",
+    ),
+    (
         "The workspace quota is accounting, not a hard bound",
         "a run's workspace is measured after each call that can write to it "
         "(TOOLQ_WORKSPACE_QUOTA_BYTES): one call can write past the quota before it is measured "
