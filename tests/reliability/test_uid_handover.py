@@ -313,8 +313,9 @@ async def test_processes_of_one_call_share_its_memory_limit(
         f"one call starts {HOGS} processes that each hold {HOG_MB} MiB at once "
         f"(the call's limit: {MEMORY_MB} MiB); another call makes two {SEGMENT_MB} MiB "
         "SysV segments",
-        "stopped by the call's control group, the worker untouched; where no control group "
-        "can be had, every answer says memory is bounded per process only",
+        "stopped by the call's control group, the worker untouched (the OOM killer's first "
+        "choice is the call); where no control group can be had, every answer says memory is "
+        "bounded per process only",
     ) as row:
         held = await _bash(caller, _with_script("hog.py", HOG, f"{hogs} wait"))
         shm = await _bash(
@@ -325,10 +326,14 @@ async def test_processes_of_one_call_share_its_memory_limit(
                 f"{_python('segment.py')} {SEGMENT_MB} && {_python('segment.py')} {SEGMENT_MB}",
             ),
         )
+        # Where memory runs short for the worker and its calls together, the call goes first.
+        score = (await _bash(caller, "cat /proc/self/oom_score_adj"))["stdout"].strip()
         per_process = "memory-per-process-only" in held["isolation"]
         alive = [pid for pid in workers if os.path.exists(f"/proc/{pid}")]
         _observe(row, held, shm, per_process, len(alive), len(workers))
+        row.observed += f"; the command's oom_score_adj {score}"
         assert alive == workers
+        assert score == "1000"
         # Shared memory is the call's in every mode: charged to its group, or, without one,
         # bounded by its IPC namespace's limit.
         assert shm["exit_code"] != 0, shm

@@ -39,6 +39,7 @@ from worker.sandbox.pidfd import has_exited
 from worker.sandbox.plan import PER_CALL_LIMITS, Plan
 from worker.sandbox.procfs import ForkedCommand, find_forked
 from worker.sandbox.scripts import READ_AND_RUN, numbered, shell_ahead_line
+from worker.sandbox.spawner import OOM_FIRST
 from worker.sandbox.spawns import LaunchedProcess, SpawnedProcess, spawner
 
 log = logging.getLogger(__name__)
@@ -217,6 +218,7 @@ def launch(plan: Plan, config: SandboxConfig) -> Launch:
                 env={"PATH": SAFE_PATH},
                 start_new_session=True,  # also detaches from any terminal, so no TIOCSTI tricks
             )
+        dies_first(proc.pid)  # it waits for the command line: its command inherits this
     except SandboxError:
         channel.close()
         group.remove()
@@ -238,6 +240,14 @@ def session_keyring(plan: Plan) -> Iterator[None]:
         if failure is not None and LAYER_SESSION_KEYRING in plan.layers:
             raise SandboxError(f"the command cannot have a session keyring of its own: {failure}")
         yield
+
+
+def dies_first(pid: int) -> None:
+    """Where memory runs short for the worker and its calls together (a pod's limit, the
+    host's), the kernel's OOM killer takes the process ``pid`` (a call's first) and what it
+    starts before the worker. Raising the score needs no privilege."""
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/oom_score_adj").write_text(str(OOM_FIRST))
 
 
 def _folder_id(path: str) -> tuple[int, int] | None:

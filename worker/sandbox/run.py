@@ -17,7 +17,7 @@ from typing import NotRequired, TypedDict, Unpack
 from worker.sandbox.config import COMMAND_ENV, INPUT_FOLDER, SHELL, SandboxConfig, SandboxError
 from worker.sandbox.ending import Ending
 from worker.sandbox.handover import hand_over, holder_of
-from worker.sandbox.launch import Launch, made_now, session_keyring, still_bound
+from worker.sandbox.launch import Launch, dies_first, made_now, session_keyring, still_bound
 from worker.sandbox.launcher import launcher
 from worker.sandbox.layers import plan_for
 from worker.sandbox.output import CappedStream, Notice, Pump
@@ -109,6 +109,8 @@ def _run(
                     start_new_session=True,  # also detaches from any terminal: no TIOCSTI tricks
                     umask=0o077 if plan.per_run else -1,  # /tmp is shared: the run's own files
                 )
+            # Before the command: the wrappers the process runs first take a few programs.
+            dies_first(proc.pid)
         except OSError as exc:
             raise SandboxError(f"the command could not be started: {exc.strerror or exc}") from exc
         alone = Ending(proc, call_plan, marker, None, None)

@@ -34,6 +34,8 @@ from typing import Any
 LAUNCH_NICENESS = 19
 #: The largest request (join files and the drop) and call (argv, folder, variables) accepted.
 MAX_MESSAGE = 1 << 20
+#: The OOM killer's score adjustment of every process of a call: the first it takes.
+OOM_FIRST = 1000
 #: Exit statuses a launch's processes use as a shell would: the setting up failed (125), the
 #: command's folder or limits could not be set (126), the command could not be run (127).
 SETUP_FAILED, CANNOT_ENTER, CANNOT_RUN = 125, 126, 127
@@ -294,6 +296,13 @@ def _launch(libc: Any, spawner: int, channel: socket.socket, request: dict[str, 
                 file.write("0")
         except OSError as exc:
             _fail(SETUP_FAILED, f"cannot join {join}: {exc.strerror}")
+    # Where memory runs short for the worker and its calls together (a pod's limit, the host's),
+    # the kernel's OOM killer takes a call's processes before the worker.
+    try:
+        with open("/proc/self/oom_score_adj", "w") as adj:
+            adj.write(str(OOM_FIRST))
+    except OSError:
+        pass
     # A session keyring of the call's own, which every process of the call inherits and which
     # goes with the last of them: without one, they would share their uid's user-session
     # keyring with the runs given the uid later.
