@@ -47,6 +47,7 @@ from worker.mcp.hosting import unavailable as hosted_unavailable
 from worker.results import ResultStore
 from worker.sandbox import SandboxConfig, SandboxError, sweep_orphans
 from worker.sandbox.hardening import hardening_refusal
+from worker.sandbox.host_registry import HostRegistry
 
 log = logging.getLogger(__name__)
 #: The exit status of a sandbox worker that refuses to start because its runs would share a uid.
@@ -145,7 +146,12 @@ def _refuse_to_share_runs(sender: Any, **_: Any) -> None:
     if "sandbox" not in served_pools(sender.app):
         return
     config = SandboxConfig.from_settings(get_worker_settings())
-    refusal = config.sharing_refusal() or config.volume_refusal() or hardening_refusal(config)
+    refusal = (
+        config.sharing_refusal()
+        or config.volume_refusal()
+        or hardening_refusal(config)
+        or HostRegistry(config.host_state).refusal()
+    )
     if refusal is not None:
         print(f"error: {refusal}", file=sys.stderr, flush=True)
         os._exit(EXIT_CANNOT_ISOLATE)

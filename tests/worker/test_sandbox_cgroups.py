@@ -19,7 +19,8 @@ from tests.conftest import REPO, wait_for
 from tests.worker.conftest import config_for, sleeps
 from worker import sandbox
 from worker.sandbox import SandboxConfig, SandboxError, describe_isolation, run_sandboxed
-from worker.sandbox.cgroups import CgroupLayout, detect_layout, owner_tag
+from worker.sandbox.cgroups import CgroupLayout, detect_layout
+from worker.sandbox.host_registry import HostRegistry
 from worker.sandbox.launcher import READY, launcher
 from worker.sandbox.layers import plan_for
 from worker.sandbox.result import SandboxResult
@@ -97,11 +98,17 @@ def test_with_groups_the_rlimits_leave_memory_and_processes_to_them(
     assert limits["Max file size"] == str(256 * 2**20)
 
 
+def _own_worker() -> str:
+    """This process's worker id, which names the call groups it makes."""
+    config = SandboxConfig()
+    return HostRegistry(config.host_state).worker_id(config.fleet())
+
+
 def _processes_in_own_groups(layout: CgroupLayout) -> int:
     """Processes now in the call groups this test process made."""
     pids = layout.doing("pids")
     assert pids is not None
-    mine = [d for d in pids.parent.iterdir() if d.name.startswith(owner_tag() + "-")]
+    mine = [d for d in pids.parent.iterdir() if d.name.startswith(_own_worker() + "-")]
     return sum(int((d / "pids.current").read_text()) for d in mine if (d / "pids.current").exists())
 
 
@@ -216,7 +223,7 @@ def _own_groups(layout: CgroupLayout) -> list[Path]:
         d
         for hierarchy in layout.hierarchies
         for d in hierarchy.parent.iterdir()
-        if d.name.startswith(owner_tag() + "-")
+        if d.name.startswith(_own_worker() + "-")
     ]
 
 
@@ -224,10 +231,11 @@ _DIES_AS_IT_SPAWNS = """
 import os, signal, sys
 from pathlib import Path
 from worker.sandbox import SandboxConfig, describe_isolation, run_sandboxed
+from worker.sandbox.host_registry import HostRegistry
 from worker.sandbox.launch import Launch
 config = SandboxConfig(isolation=sys.argv[1])
 describe_isolation(config)  # the plan's own probes run before the worker is made to die
-print(os.getpid(), flush=True)
+print(HostRegistry(config.host_state).worker_id(config.fleet()), flush=True)
 send = Launch.start
 
 def start_and_die(self, *args, **kwargs):
@@ -262,7 +270,7 @@ def test_a_worker_killed_as_it_spawns_leaves_nothing_after_the_sweep(
         d
         for h in grouped.hierarchies
         for d in h.parent.iterdir()
-        if d.name.startswith(f"{worker.stdout.strip()}.")
+        if d.name.startswith(f"{worker.stdout.strip()}-")
     ]
     if plan_for(config_for(mode), os.geteuid()).forks_ahead:
         wait_for(lambda: not sleeps(tag), 10, "the command to die with its worker")

@@ -188,6 +188,12 @@ class WorkerSettings(FleetSettings):
         description="The uids (and gids) runs take, FIRST-LAST: each run's commands run as a uid "
         "of their own and its workspace is that uid's alone. Empty: runs share TOOLQ_SANDBOX_USER.",
     )
+    sandbox_host_state: Path = Field(
+        Path("/run/toolq"),
+        description="The host's own registry of uids and live worker processes, shared by every "
+        "sandbox worker on the host whatever its fleet, so that fleets never share a uid nor end "
+        "each other's commands: a folder of the worker's user's alone (mode 0700).",
+    )
     sandbox_shared: Literal["deny", "allow"] = Field(
         "deny",
         description="allow: a sandbox worker that cannot keep runs apart (no per-run uids, as "

@@ -1,9 +1,11 @@
 """One call's control groups: made with its limits before the command starts, the way to find,
 count and kill every process of the command, what the command used, and gone once it is over.
 
-A group is named after the worker process that made it (pid and start time), so ``sweep_groups``
-can tell the groups of a worker process that died, whose commands nobody will end, from those of
-a live one.
+A group is named after the worker process that made it: its id in the host's registry
+(``host_registry``), whose lock the process holds for its whole life. ``sweep_groups`` can then
+tell the groups of a worker process of its own fleet that died, whose commands nobody will end,
+from those of a live one, whatever PID namespace either is in; a group it cannot tell that of
+(another fleet's, or named otherwise) it leaves alone.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import signal
 import time
 import uuid
@@ -18,11 +21,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker.sandbox.cgroups import CgroupLayout, Hierarchy, owner_tag, read_or_empty
+from worker.sandbox.cgroups import CgroupLayout, Hierarchy, read_or_empty
 from worker.sandbox.config import REAP_BOUND_S, SandboxError
+from worker.sandbox.host_registry import WORKER_ID_LENGTH, HostRegistry
 
 _FIRST_PAUSE_S = 0.0002
 _LONGEST_PAUSE_S = 0.01
+_CALL_ID_LENGTH = 12
+#: ``<worker id>-<call id>``: the name of every call group.
+_NAME = re.compile(rf"([0-9a-f]{{{WORKER_ID_LENGTH}}})-[0-9a-f]{{{_CALL_ID_LENGTH}}}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,9 +56,12 @@ class CallGroup:
         self._kill_dir = self.dirs[killer]
 
     @classmethod
-    def create(cls, layout: CgroupLayout, *, max_processes: int, memory_bytes: int) -> CallGroup:
-        """A new group in every hierarchy of ``layout``, with the limits it does."""
-        group = cls(layout, f"{owner_tag()}-{uuid.uuid4().hex[:12]}")
+    def create(
+        cls, layout: CgroupLayout, *, worker: str, max_processes: int, memory_bytes: int
+    ) -> CallGroup:
+        """A new group in every hierarchy of ``layout``, with the limits it does, named after
+        ``worker`` (this process's id in the host's registry)."""
+        group = cls(layout, f"{worker}-{uuid.uuid4().hex[:_CALL_ID_LENGTH]}")
         made: list[Path] = []
         try:
             for hierarchy, directory in group.dirs.items():
@@ -182,18 +192,29 @@ def poll_until(condition: Callable[[], bool], deadline: float) -> bool:
     return True
 
 
-def sweep_groups(layout: CgroupLayout) -> int:
-    """Kill the commands of worker processes that died and remove their groups; how many."""
-    orphans: set[str] = set()
-    for hierarchy in layout.hierarchies:
-        with contextlib.suppress(OSError), os.scandir(hierarchy.parent) as entries:
-            orphans.update(e.name for e in entries if e.is_dir() and not _owner_alive(e.name))
-    for name in orphans:
-        group = CallGroup(layout, name)
-        deadline = time.monotonic() + REAP_BOUND_S
-        group.kill(deadline)
-        group.remove(deadline)
-    return len(orphans)
+def sweep_groups(layout: CgroupLayout, registry: HostRegistry, fleet: str) -> int:
+    """Kill the commands of ``fleet``'s worker processes that died and remove their groups;
+    how many groups were found."""
+    found = 0
+    with registry.dead_workers(fleet) as dead:
+        names: set[str] = set()
+        for hierarchy in layout.hierarchies:
+            with contextlib.suppress(OSError), os.scandir(hierarchy.parent) as entries:
+                names.update(e.name for e in entries if e.is_dir() and _worker_of(e.name) in dead)
+        for name in names:
+            group = CallGroup(layout, name)
+            deadline = time.monotonic() + REAP_BOUND_S
+            group.kill(deadline)
+            if not group.remove(deadline):
+                dead.discard(_worker_of(name) or "")  # its lock stays, for the next sweep
+        found = len(names)
+    return found
+
+
+def _worker_of(name: str) -> str | None:
+    """The worker id a call group's name holds; None for any other folder."""
+    match = _NAME.fullmatch(name)
+    return None if match is None else match.group(1)
 
 
 def _set_limits(hierarchy: Hierarchy, directory: Path, processes: int, memory: int) -> None:
@@ -236,14 +257,6 @@ def _oom_kills(hierarchy: Hierarchy, directory: Path) -> int:
         if key == "oom_kill" and value.strip().isdigit():
             return int(value)
     return 0
-
-
-def _owner_alive(name: str) -> bool:
-    tag = name.split("-", 1)[0]
-    pid = tag.partition(".")[0]
-    if not pid.isdigit():
-        return True  # not a call group: leave it alone
-    return owner_tag(int(pid)) == tag
 
 
 def _number(path: Path) -> int | None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import os
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -233,7 +232,8 @@ def _prepare_v1(
 
 def _make_parent(parent: Path) -> str | None:
     """Make the folder of call groups and prove a group can be made in it."""
-    probe = parent / f"{owner_tag()}-probe-{uuid.uuid4().hex[:8]}"
+    # Named like no call group, so that no sweep ever takes it for one.
+    probe = parent / f"probe-{uuid.uuid4().hex[:8]}"
     try:
         parent.mkdir(exist_ok=True)
         probe.mkdir()
@@ -241,15 +241,6 @@ def _make_parent(parent: Path) -> str | None:
     except OSError as exc:
         return f"cannot make control groups in {parent.parent}: {exc.strerror or exc}"
     return None
-
-
-def owner_tag(pid: int | None = None) -> str:
-    """``pid.start-time`` of a process, unique on this machine even when pids are reused: the
-    first part of the name of every group the process makes."""
-    pid = os.getpid() if pid is None else pid
-    fields = stat_fields(pid)
-    start = fields[19].decode() if len(fields) > 19 else "gone"
-    return f"{pid}.{start}"
 
 
 def stat_fields(pid: int) -> list[bytes]:

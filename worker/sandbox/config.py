@@ -6,13 +6,15 @@ from __future__ import annotations
 import os
 import pwd
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, get_args
 
 from worker.contract.errors import ToolqError
 from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES
 from worker.contract.uid_range import UidRange
+from worker.sandbox.fleet_key import fleet_id
+from worker.sandbox.host_registry import HOST_STATE, default_host_state
 from worker.sandbox.identity import identity_of, make_run_tmp
 
 if TYPE_CHECKING:
@@ -71,6 +73,8 @@ class SandboxConfig:
     #: Without a mount namespace: turn on the host's sysctls that keep runs apart in /tmp, or
     #: only check them, or neither (``worker.sandbox.hardening``).
     host_hardening: HostHardening = "set"
+    #: The host's registry every sandbox worker on the host shares (``host_registry``).
+    host_state: str = field(default_factory=default_host_state)
 
     def __post_init__(self) -> None:
         if self.isolation not in get_args(Isolation):
@@ -88,9 +92,9 @@ class SandboxConfig:
                 f"sandbox host hardening must be one of {', '.join(get_args(HostHardening))}, "
                 f"not {self.host_hardening!r}"
             )
-        for field in ("memory_mb", "max_processes", "file_size_mb", "output_cap_bytes"):
-            if getattr(self, field) <= 0:
-                raise ValueError(f"sandbox {field} must be positive")
+        for name in ("memory_mb", "max_processes", "file_size_mb", "output_cap_bytes"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"sandbox {name} must be positive")
 
     @property
     def per_run_uids(self) -> bool:
@@ -105,7 +109,7 @@ class SandboxConfig:
             return None
         if self.uid_range is not None:
             root, key = self._claims_for(folder)
-            return identity_of(root, key, self.uid_range)
+            return identity_of(root, key, self.uid_range, self.host_state)
         try:
             entry = pwd.getpwnam(self.user)
         except KeyError:
@@ -140,6 +144,11 @@ class SandboxConfig:
         if why is None:
             return None
         return f"TOOLQ_WORKSPACE_QUOTA_FS=loop cannot be had here: {why}"
+
+    def fleet(self) -> str:
+        """This worker's fleet, as the host's registry names it (``fleet_key``)."""
+        root = self.workspace_root
+        return fleet_id(None if root is None else Path(os.path.realpath(root)))
 
     def run_tmp_for(self, folder: Path, gid: int) -> str:
         """The folder that is /tmp to the commands of the run working in ``folder`` (made if
@@ -176,4 +185,7 @@ class SandboxConfig:
             if settings.workspace_quota_fs == "loop"
             else 0,
             host_hardening=settings.sandbox_host_hardening,
+            host_state=default_host_state()
+            if settings.sandbox_host_state == Path(HOST_STATE)
+            else str(settings.sandbox_host_state),
         )

@@ -5,10 +5,13 @@ every other (mode 0700); the run's commands run as that uid and its own gid, wit
 A command of one run can then neither list, read nor write another run's files, whatever their
 modes, nor signal or trace another run's processes or the worker's, nor read their environment.
 
-A uid is claimed for a run by creating ``<root>/.toolq/uids/<uid>`` (``O_EXCL``: one winner
-however many workers on however many hosts share the volume), holding the run's id. The first uid
-tried is a hash of the run id, so claims rarely collide; on a collision the next free one is taken.
-The claim is let go with the workspace (``release``), when no process of the uid is left.
+A uid is claimed for a run twice. The fleet's claim, ``<root>/.toolq/uids/<uid>`` (``O_EXCL``:
+one winner however many workers on however many hosts share the volume), holds the run's id. The
+host's claim (``host_registry``, shared by every fleet on the host) names the fleet and the run: a
+uid another fleet holds on this host is skipped, so two fleets never hand one uid to two runs. The
+first uid tried is a hash of the run id keyed by the fleet's secret (``fleet_key``): a run found at
+once, and no run can aim at another's uid by the id it picks; on a collision the next free one is
+taken. Both claims are let go with the workspace (``release``), when no process of the uid is left.
 """
 
 from __future__ import annotations
@@ -23,12 +26,13 @@ from pathlib import Path
 
 from worker.contract.errors import ToolqError
 from worker.contract.uid_range import UidRange
+from worker.sandbox.fleet_key import STATE_DIR as STATE_DIR
+from worker.sandbox.fleet_key import first_uid_offset, fleet_id
+from worker.sandbox.host_registry import HOST_STATE, HostRegistry, HostRegistryError
 from worker.sandbox.uid_reset import reset_uid
 
 log = logging.getLogger(__name__)
 
-#: Folder beside the run workspaces for toolq's own state (as ``worker.quota.STATE_DIR``).
-STATE_DIR = ".toolq"
 CLAIMS = "uids"
 TMP = "tmp"
 #: The host's folders every uid can write: without a mount namespace, what a run's uid left at
@@ -48,12 +52,20 @@ def claims_dir(root: Path) -> Path:
     return Path(root) / STATE_DIR / CLAIMS
 
 
-def identity_of(root: Path, run_id: str, uids: UidRange) -> tuple[int, int]:
+def identity_of(
+    root: Path, run_id: str, uids: UidRange, host_state: str | Path = HOST_STATE
+) -> tuple[int, int]:
     """The (uid, gid) of ``run_id``'s workspace under ``root``: the one it holds, or a free one
-    claimed now. Raises ``IdentityError`` when none can be had."""
+    claimed now, for the fleet and on this host (``host_state``, the host's registry). Raises
+    ``IdentityError`` when none can be had."""
     claims = claims_dir(root)
     _ensure_private(claims)
-    start = int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:8], "big") % uids.size
+    try:
+        fleet = fleet_id(root)
+        start = first_uid_offset(root, run_id, uids.size)
+    except OSError as exc:
+        raise IdentityError(f"cannot read the fleet's key under {root}: {exc}") from exc
+    host = HostRegistry(host_state)
     wanted = run_id.encode()
     for step in range(min(_PROBES, uids.size)):
         uid = uids.first + (start + step) % uids.size
@@ -61,20 +73,34 @@ def identity_of(root: Path, run_id: str, uids: UidRange) -> tuple[int, int]:
         try:
             fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         except FileExistsError:
-            if _holder(claim) == wanted:
+            if _holder(claim) != wanted:
+                continue
+            if _on_this_host(host, uid, fleet, run_id):
                 return uid, uid
-            continue
+            raise IdentityError(
+                f"run {run_id} holds uid {uid}, which another fleet holds on this host; run its "
+                "calls on another host, or give the fleets ranges apart (TOOLQ_SANDBOX_UID_RANGE)"
+            ) from None
         except OSError as exc:
             raise IdentityError(f"cannot claim a uid for run {run_id} in {claims}: {exc}") from exc
         try:
             os.write(fd, wanted)
         finally:
             os.close(fd)
-        return uid, uid
+        if _on_this_host(host, uid, fleet, run_id):
+            return uid, uid
+        claim.unlink()  # another fleet's on this host: the next one
     raise IdentityError(
         f"no free uid for run {run_id}: the {min(_PROBES, uids.size)} uids tried from "
         f"TOOLQ_SANDBOX_UID_RANGE={uids} are all taken; widen the range or prune workspaces"
     )
+
+
+def _on_this_host(host: HostRegistry, uid: int, fleet: str, run_id: str) -> bool:
+    try:
+        return host.claim_uid(uid, fleet, run_id)
+    except (HostRegistryError, OSError) as exc:
+        raise IdentityError(f"cannot claim uid {uid} for run {run_id} on this host: {exc}") from exc
 
 
 def run_tmp(root: Path, key: str) -> Path:
@@ -94,9 +120,10 @@ def make_run_tmp(root: Path, key: str, gid: int) -> str:
     return str(folder)
 
 
-def release(root: Path, run_id: str, uid: int) -> None:
+def release(root: Path, run_id: str, uid: int, host_state: str | Path = HOST_STATE) -> None:
     """Let ``uid`` go, if ``run_id`` holds it (its workspace was removed): its /tmp goes, and
-    what the uid left at the top of this host's shared folders (without a mount namespace)."""
+    what the uid left at the top of this host's shared folders (without a mount namespace).
+    A uid kept aside stays claimed on this host too: what is left of it is this host's."""
     shutil.rmtree(run_tmp(root, run_id), ignore_errors=True)
     claim = claims_dir(root) / str(uid)
     if _holder(claim) == run_id.encode():
@@ -110,6 +137,11 @@ def release(root: Path, run_id: str, uid: int) -> None:
             return
         with contextlib.suppress(FileNotFoundError):
             claim.unlink()
+        # Where this process cannot reach the host's registry, the claim made there stays
+        # until a run of this fleet takes the uid again (``HostRegistry.claim_uid``): other
+        # fleets skip it meanwhile, which is the safe side.
+        with contextlib.suppress(HostRegistryError, OSError):
+            HostRegistry(host_state).release_uid(uid, fleet_id(root), run_id)
 
 
 def remove_owned(folder: str, uid: int) -> None:

@@ -33,6 +33,7 @@ from pathlib import Path
 from worker.sandbox.bounded import wait_at_most
 from worker.sandbox.callgroup import CallGroup
 from worker.sandbox.config import REAP_BOUND_S, SAFE_PATH, SHELL, SandboxConfig, SandboxError
+from worker.sandbox.host_registry import HostRegistry
 from worker.sandbox.keyrings import own_session_keyring
 from worker.sandbox.layers import LAYER_SESSION_KEYRING
 from worker.sandbox.pidfd import has_exited
@@ -184,6 +185,7 @@ def launch(plan: Plan, config: SandboxConfig) -> Launch:
     waiting for the command."""
     group = CallGroup.create(
         plan.cgroups,
+        worker=HostRegistry(config.host_state).worker_id(config.fleet()),
         # The plan's own processes in the group do not count against the command.
         max_processes=config.max_processes + plan.machinery,
         memory_bytes=config.memory_mb * _MB,

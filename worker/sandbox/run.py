@@ -74,7 +74,7 @@ def run_sandboxed(command: str | Sequence[str], **call: Unpack[CommandCall]) -> 
             run_tmp = config.run_tmp_for(home, call_plan.drop_to[1])
             inputs = os.path.dirname(input_path) if input_path else None
             keep = private_binds(str(home), run_tmp, inputs)
-        with run_guard(call_plan):
+        with run_guard(call_plan, config):
             return _run(plan, call_plan, keep, command, call)
 
 

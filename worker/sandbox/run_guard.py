@@ -8,7 +8,10 @@ Every process of the uid is the run's: whatever it did to its environment, sessi
 (a model's parallel tool calls): each holds a shared lock on the uid's lock file while it runs,
 and only a call that gets the exclusive lock at its end, so no other call of the run is running,
 sweeps. A worker process that died mid-call leaves its run's processes to the next sweep
-(``sweep_idle_uids``), which takes the same lock.
+(``sweep_idle_uids``), which takes the same lock. The locks are in the host's registry
+(``host_registry``), so every worker on the host sees them whatever its fleet, and the sweep
+touches only the uids the registry says this fleet holds here: another fleet's commands and
+containers, and uids nobody claims, are left alone.
 """
 
 from __future__ import annotations
@@ -17,27 +20,23 @@ import contextlib
 import fcntl
 import os
 import signal
-import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 from worker.sandbox.config import REAP_BOUND_S, SandboxConfig
+from worker.sandbox.host_registry import HostRegistry
 from worker.sandbox.plan import Plan
-
-#: The uids' lock files: the worker's alone.
-LOCKS = Path(tempfile.gettempdir()) / "toolq-run-locks"
 
 
 @contextlib.contextmanager
-def run_guard(call_plan: Plan) -> Iterator[None]:
+def run_guard(call_plan: Plan, config: SandboxConfig) -> Iterator[None]:
     """Around one call of ``call_plan``: with per-run uids and no namespace, the sweep of its
     uid once the last call of its run here ends. Nothing to do otherwise."""
     if not call_plan.per_run or call_plan.namespaced or call_plan.drop_to is None:
         yield
         return
     uid = call_plan.drop_to[0]
-    fd = _lock_file(uid)
+    fd = HostRegistry(config.host_state).uid_lock(uid)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)
         yield
@@ -53,17 +52,22 @@ def run_guard(call_plan: Plan) -> Iterator[None]:
 
 
 def sweep_idle_uids(config: SandboxConfig) -> int:
-    """Sweep every uid of the range that has processes but no call running on this host (its
-    worker process died mid-call); returns how many processes were killed."""
+    """Sweep every uid of the range that this fleet holds on this host and that has processes
+    but no call running (its worker process died mid-call); returns how many processes were
+    killed."""
     if config.uid_range is None:
         return 0
+    registry, fleet = HostRegistry(config.host_state), config.fleet()
     found: set[int] = set()
     for _, uid in _processes():
         if uid in config.uid_range:
             found.add(uid)
     killed = 0
     for uid in found:
-        fd = _lock_file(uid)
+        holder = registry.uid_holder(uid)
+        if holder is None or holder.fleet != fleet:
+            continue  # another fleet's, or nobody's: nothing proves it this fleet's to end
+        fd = registry.uid_lock(uid)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -91,11 +95,6 @@ def sweep_uid(uid: int) -> int:
         time.sleep(pause)
         pause = min(pause * 2, 0.05)
     return killed
-
-
-def _lock_file(uid: int) -> int:
-    LOCKS.mkdir(mode=0o700, exist_ok=True)
-    return os.open(LOCKS / f"{uid}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
 
 
 def _processes() -> Iterator[tuple[int, int]]:

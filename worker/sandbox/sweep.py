@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 from worker.sandbox.callgroup import sweep_groups
 from worker.sandbox.config import MARKER_VARIABLE, REAP_BOUND_S, SandboxConfig
+from worker.sandbox.host_registry import HostRegistry
 from worker.sandbox.layers import plan_for
 from worker.sandbox.run_guard import sweep_idle_uids
 
@@ -19,17 +20,19 @@ def sweep_orphans(config: SandboxConfig) -> int:
     """Kill commands whose worker process died mid-call; returns how many were found.
 
     A command in a control group is found by its group, named after the worker process that
-    made it: this also ends a command whose worker died before the command's parent-death signal
-    was set. Without groups or a PID namespace, a command's children outlive a worker process
-    killed with SIGKILL (only the shell has the parent-death signal) and are found by their
-    marker. A worker calls this when it starts a process, and its main process now and then.
+    made it (its id in the host's registry, alive while its lock is held): this also ends a
+    command whose worker died before the command's parent-death signal was set. Only this
+    fleet's are touched: another fleet's workers on the host sweep their own. Without groups or
+    a PID namespace, a command's children outlive a worker process killed with SIGKILL (only the
+    shell has the parent-death signal) and are found by their marker. A worker calls this when
+    it starts a process, and its main process now and then.
     """
     plan = plan_for(config, os.geteuid())
     # Per-run uids without namespaces: whatever a run left (its worker died mid-call) is every
     # process of its uid while no call of it runs here.
     by_uid = sweep_idle_uids(config) if plan.per_run and not plan.namespaced else 0
     if plan.grouped:
-        return by_uid + sweep_groups(plan.cgroups)
+        return by_uid + sweep_groups(plan.cgroups, HostRegistry(config.host_state), config.fleet())
     if plan.per_run:
         return by_uid
     if plan.sweep_uid is None:

@@ -1,0 +1,250 @@
+"""The host's registry, as two fleets on one host meet it: a uid one holds is never the other's,
+a worker's liveness is its lock (seen from any PID namespace), and a sweep ends only its own
+fleet's dead workers' commands. Real files, real locks, real processes and control groups."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, wait_for
+from worker.contract.uid_range import UidRange
+from worker.sandbox.callgroup import CallGroup, sweep_groups
+from worker.sandbox.cgroups import CgroupLayout, detect_layout
+from worker.sandbox.fleet_key import KEY_FILE, STATE_DIR, fleet_id
+from worker.sandbox.host_registry import HostRegistry
+from worker.sandbox.identity import IdentityError, claims_dir, identity_of, release
+
+#: A worker process of a fleet: takes its id, says it, and lives until its input closes.
+_WORKER = r"""
+import sys
+from worker.sandbox.host_registry import HostRegistry
+print(HostRegistry(sys.argv[1]).worker_id(sys.argv[2]), flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> HostRegistry:
+    return HostRegistry(tmp_path / "host")
+
+
+@pytest.fixture
+def roots(tmp_path: Path) -> tuple[Path, Path]:
+    """The workspace roots of two fleets."""
+    first, second = tmp_path / "fleet-a", tmp_path / "fleet-b"
+    first.mkdir()
+    second.mkdir()
+    return first, second
+
+
+def _worker(host: HostRegistry, fleet: str, *unshare: str) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [*unshare, sys.executable, "-c", _WORKER, str(host.folder), fleet],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    return proc, proc.stdout.readline().strip()
+
+
+def _end(proc: subprocess.Popen[str]) -> None:
+    """The worker process ends (its input closes), in whatever PID namespace it is."""
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.close()
+    proc.wait(10)
+    proc.stdout.close()
+
+
+def test_a_uid_held_by_one_fleet_is_skipped_by_the_other(host: HostRegistry) -> None:
+    assert host.claim_uid(70_001, "fleet-a", "run-1")
+
+    assert not host.claim_uid(70_001, "fleet-b", "run-9")
+    assert host.claim_uid(70_001, "fleet-a", "run-1")  # its holder finds it again
+    host.release_uid(70_001, "fleet-b", "run-9")  # another's release lets nothing go
+    assert host.uid_holder(70_001) is not None
+    assert host.uid_holder(70_001).fleet == "fleet-a"  # type: ignore[union-attr]
+
+    host.release_uid(70_001, "fleet-a", "run-1")
+    assert host.uid_holder(70_001) is None
+    assert host.claim_uid(70_001, "fleet-b", "run-9")
+
+
+def test_a_fleets_claim_its_release_did_not_reach_is_taken_over_by_its_next_run(
+    host: HostRegistry,
+) -> None:
+    assert host.claim_uid(70_002, "fleet-a", "run-old")
+
+    assert host.claim_uid(70_002, "fleet-a", "run-new")
+    assert not host.claim_uid(70_002, "fleet-b", "run-x")
+
+
+def test_two_fleets_on_one_host_never_hand_one_uid_to_two_runs(
+    host: HostRegistry, roots: tuple[Path, Path]
+) -> None:
+    uids = UidRange(first=71_000, last=71_007)
+    taken_a = {identity_of(roots[0], f"run-a{i}", uids, host.folder)[0] for i in range(4)}
+    # Fleet B's runs try ids of every kind, fleet A's included: none gets a uid A holds.
+    taken_b = {identity_of(roots[1], f"run-a{i}", uids, host.folder)[0] for i in range(4)}
+
+    assert len(taken_a) == len(taken_b) == 4
+    assert not taken_a & taken_b
+    with pytest.raises(IdentityError, match="no free uid"):
+        identity_of(roots[1], "run-b-one-too-many", uids, host.folder)
+
+
+def test_release_frees_the_uid_for_the_other_fleet(
+    host: HostRegistry, roots: tuple[Path, Path]
+) -> None:
+    uids = UidRange(first=71_100, last=71_100)
+    uid, _ = identity_of(roots[0], "run-a", uids, host.folder)
+    with pytest.raises(IdentityError):
+        identity_of(roots[1], "run-b", uids, host.folder)
+
+    release(roots[0], "run-a", uid, host.folder)
+
+    assert identity_of(roots[1], "run-b", uids, host.folder) == (uid, uid)
+    assert not (claims_dir(roots[0]) / str(uid)).exists()
+
+
+def test_a_uid_is_not_the_public_hash_of_the_run_id(
+    host: HostRegistry, roots: tuple[Path, Path]
+) -> None:
+    uids = UidRange(first=72_000, last=72_000 + 65_535)
+    runs = [f"chosen-{i}" for i in range(16)]
+    public = [
+        uids.first + int.from_bytes(hashlib.sha256(r.encode()).digest()[:8], "big") % uids.size
+        for r in runs
+    ]
+
+    given = [identity_of(roots[0], r, uids, host.folder)[0] for r in runs]
+
+    assert sum(g == p for g, p in zip(given, public, strict=True)) <= 1
+    key = roots[0] / STATE_DIR / KEY_FILE
+    assert key.stat().st_mode & 0o777 == 0o600
+    assert fleet_id(roots[0]) != fleet_id(roots[1])
+
+
+def test_a_registry_others_can_reach_is_refused_in_one_line(tmp_path: Path) -> None:
+    opened = tmp_path / "opened"
+    opened.mkdir(mode=0o755)
+    os.chmod(opened, 0o755)
+    linked = tmp_path / "linked"
+    linked.symlink_to(opened)
+
+    for folder in (opened, linked):
+        refusal = HostRegistry(folder).refusal()
+        assert refusal is not None
+        assert "TOOLQ_SANDBOX_HOST_STATE" in refusal
+        assert "\n" not in refusal
+    assert HostRegistry(tmp_path / "fresh").refusal() is None
+    assert (tmp_path / "fresh").stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.parametrize("namespace", ["same", "own-pid-namespace"])
+def test_a_worker_is_alive_while_it_lives_whatever_its_pid_namespace(
+    host: HostRegistry, namespace: str
+) -> None:
+    unshare = ("unshare", "--pid", "--fork", "--mount-proc") if namespace != "same" else ()
+    if unshare and (os.geteuid() != 0 or shutil.which("unshare") is None):
+        pytest.skip("a PID namespace of its own needs root and unshare")
+    proc, worker = _worker(host, "fleet-a", *unshare)
+    try:
+        assert host.worker_alive(worker) is True
+        with host.dead_workers("fleet-a") as dead:
+            assert worker not in dead
+    finally:
+        _end(proc)
+
+    assert host.worker_alive(worker) is False
+    with host.dead_workers("fleet-b") as dead:
+        assert worker not in dead  # another fleet's: not B's to end
+    with host.dead_workers("fleet-a") as dead:
+        assert worker in dead
+    assert host.worker_alive(worker) is None  # its lock file went with it
+
+
+@pytest.fixture
+def layout() -> CgroupLayout:
+    if os.geteuid() != 0:
+        pytest.skip("control groups are made by a root worker here")
+    found = detect_layout("auto", "/sys/fs/cgroup")
+    if found.doing("kill") is None:
+        pytest.skip("this machine gives no control group that kills")
+    return found
+
+
+@pytest.fixture
+def orphan(layout: CgroupLayout, host: HostRegistry) -> Iterator[tuple[CallGroup, int]]:
+    """A command in the call group of fleet B's worker process, which died."""
+    proc, worker = _worker(host, "fleet-b")
+    _end(proc)
+    group = CallGroup.create(layout, worker=worker, max_processes=16, memory_bytes=64 << 20)
+    command = subprocess.Popen(
+        ["sh", "-c", 'echo 0 > "$1" && exec sleep 300', "sh", group.join_files[0]],
+        start_new_session=True,
+    )
+    wait_for(lambda: command.pid in group.members(), 10, "the command in its group")
+    yield group, command.pid
+    group.remove()
+    command.wait(10)
+
+
+def test_a_sweep_leaves_another_fleets_dead_workers_commands_alone(
+    layout: CgroupLayout, host: HostRegistry, orphan: tuple[CallGroup, int]
+) -> None:
+    group, pid = orphan
+
+    found = sweep_groups(layout, host, "fleet-a")
+
+    assert found == 0
+    assert pid in group.members()
+    os.kill(pid, 0)
+
+
+def test_a_sweep_ends_its_own_fleets_dead_workers_commands(
+    layout: CgroupLayout, host: HostRegistry, orphan: tuple[CallGroup, int]
+) -> None:
+    group, pid = orphan
+
+    found = sweep_groups(layout, host, "fleet-b")
+
+    assert found == 1
+    assert not any(d.exists() for d in group.dirs.values())
+    wait_for(lambda: _gone(pid), 10, "the orphaned command to end")
+
+
+def test_a_sweep_leaves_a_live_workers_commands_alone(
+    layout: CgroupLayout, host: HostRegistry
+) -> None:
+    proc, worker = _worker(host, "fleet-a")
+    group = CallGroup.create(layout, worker=worker, max_processes=16, memory_bytes=64 << 20)
+    try:
+        command = subprocess.Popen(
+            ["sh", "-c", 'echo 0 > "$1" && exec sleep 300', "sh", group.join_files[0]]
+        )
+        wait_for(lambda: command.pid in group.members(), 10, "the command in its group")
+
+        assert sweep_groups(layout, host, "fleet-a") == 0
+        assert command.pid in group.members()
+    finally:
+        group.remove()
+        _end(proc)
+    command.wait(10)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True

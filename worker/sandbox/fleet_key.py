@@ -1,0 +1,74 @@
+"""The fleet's own secret: what makes a run's first uid unpredictable, and what names the fleet
+to the other fleets on a host.
+
+It is made once (32 random bytes) in the fleet's state folder under its workspace root, which
+the fleet's hosts share and no run can read (``.toolq``, mode 0700; the key itself 0600). A run
+that picks its own id therefore cannot tell which uid it will be given, nor aim at another run's;
+and two fleets whose workspace roots have the same path in two mount namespaces still have two
+names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import os
+import secrets
+from pathlib import Path
+
+#: Folder beside the run workspaces for toolq's own state (as ``worker.quota.STATE_DIR``).
+STATE_DIR = ".toolq"
+KEY_FILE = "fleet-key"
+_KEY_BYTES = 32
+#: A fleet's name where it has no workspace root to keep a key in (a bare sandbox in tests).
+UNROOTED = "unrooted"
+
+
+def fleet_key(root: Path) -> bytes:
+    """The key of the fleet whose workspace root is ``root``, made now if it has none.
+
+    Written aside and linked into place, so two workers making it at once agree on one key and
+    no reader ever sees half of it."""
+    state = Path(root) / STATE_DIR
+    key = state / KEY_FILE
+    with contextlib.suppress(FileNotFoundError):
+        return _read(key)
+    state.mkdir(mode=0o700, parents=True, exist_ok=True)
+    draft = state / f".{KEY_FILE}.{secrets.token_hex(8)}"
+    fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, secrets.token_bytes(_KEY_BYTES))
+    finally:
+        os.close(fd)
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.link(draft, key)
+    finally:
+        os.unlink(draft)
+    return _read(key)
+
+
+def fleet_id(root: Path | None) -> str:
+    """The fleet's name on a host: derived from its key, so it says nothing of the key."""
+    if root is None:
+        return UNROOTED
+    return hmac.new(fleet_key(root), b"toolq fleet id", hashlib.sha256).hexdigest()[:32]
+
+
+def first_uid_offset(root: Path, run_id: str, size: int) -> int:
+    """Where in a range of ``size`` uids the search for ``run_id``'s starts: a keyed hash, so
+    that a run already holding one is found at once and nobody outside can aim at one."""
+    digest = hmac.new(fleet_key(root), run_id.encode(), hashlib.sha256).digest()
+    return int.from_bytes(digest[:8], "big") % size
+
+
+def _read(key: Path) -> bytes:
+    fd = os.open(key, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        data = os.read(fd, _KEY_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) != _KEY_BYTES:
+        raise OSError(f"{key} is not a fleet key ({len(data)} bytes, not {_KEY_BYTES})")
+    return data
