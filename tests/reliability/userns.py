@@ -169,9 +169,17 @@ def deploy_like_stack(
     root.mkdir(parents=True)
     # The namespaces' root owns the workspaces, as the pods' root owns their volume.
     os.chown(root, OUTER_ROOT, OUTER_ROOT)
+    # The host's registry of a pod is its own /run: one of the namespace root's.
+    host_state = workdir / "host-state"
+    host_state.mkdir(mode=0o700)
+    os.chown(host_state, OUTER_ROOT, OUTER_ROOT)
     server = RedisServer(workdir, password=password)
     server.start()
-    settings = fleet_settings(server.url, root, **{"sandbox_isolation": "namespaces", **overrides})
+    settings = fleet_settings(
+        server.url,
+        root,
+        **{"sandbox_isolation": "namespaces", "sandbox_host_state": host_state, **overrides},
+    )
     fleet = DeployLikeFleet(settings, workdir, delegate_cgroups=delegate_cgroups)
     try:
         with variables_set(env):
