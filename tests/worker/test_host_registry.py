@@ -14,13 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, wait_for
+from api.local.stack import worker_argv, worker_environment
+from tests.conftest import REPO, RedisServer, fleet_settings, wait_for
 from worker.contract.uid_range import UidRange
 from worker.sandbox.callgroup import CallGroup, sweep_groups
 from worker.sandbox.cgroups import CgroupLayout, detect_layout
 from worker.sandbox.fleet_key import KEY_FILE, STATE_DIR, fleet_id
 from worker.sandbox.host_registry import HostRegistry
 from worker.sandbox.identity import IdentityError, claims_dir, identity_of, release
+from worker.tasks import EXIT_CANNOT_ISOLATE
 
 #: A worker process of a fleet: takes its id, says it, and lives until its input closes.
 _WORKER = r"""
@@ -248,3 +250,23 @@ def _gone(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+@pytest.mark.integration
+def test_a_sandbox_worker_that_cannot_use_the_hosts_registry_refuses_to_start(
+    own_redis: RedisServer, tmp_path: Path
+) -> None:
+    # A registry any user could reach: another fleet's runs could plant claims in it.
+    opened = tmp_path / "opened"
+    opened.mkdir()
+    opened.chmod(0o755)
+    settings = fleet_settings(own_redis.url, tmp_path / "workspaces", sandbox_host_state=opened)
+    env = {**os.environ, **worker_environment(settings)}
+    argv = worker_argv("sandbox", node="refusing@%h", loglevel="WARNING")
+
+    refused = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+
+    assert refused.returncode == EXIT_CANNOT_ISOLATE
+    lines = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert lines == [f"error: {HostRegistry(opened).refusal()}"]
+    assert "TOOLQ_SANDBOX_HOST_STATE" in lines[0]
