@@ -28,6 +28,7 @@ from starlette.types import Receive, Scope, Send
 
 from api import fleet as fleet_module
 from api.fleet import Fleet
+from api.http.admission import StreamAdmission
 from api.http.auth import BodySizeLimit, TokenGuard, require_tenant
 from api.http.bodies import UNAUTHORIZED, FieldProblem, refusal
 from api.http.event_hub import EventHub
@@ -139,6 +140,8 @@ def create_app(
     app.add_exception_handler(HTTPException, _unreadable_body)  # type: ignore[arg-type]
     app.add_exception_handler(RedisError, _store_unreachable)  # type: ignore[arg-type]
     app.add_middleware(BodySizeLimit, limit=settings.api_max_body_bytes)
+    # Outermost: a stream waiting its turn has cost nothing yet.
+    app.add_middleware(StreamAdmission)
     guard = [Depends(require_tenant)]
     for router in (runs.router, batches.router, service.router):
         app.include_router(router, dependencies=guard, responses=UNAUTHORIZED)
