@@ -308,15 +308,28 @@ def mcp(
         str | None,
         typer.Option(help="Run the session's commands in a container of this OCI image."),
     ] = None,
+    broker: Annotated[
+        str | None,
+        typer.Option(
+            help="The fleet's broker URL, as TOOLQ_BROKER_URL (an MCP client passes its server "
+            "few of the shell's variables); neither: a local stack of its own."
+        ),
+    ] = None,
 ) -> None:
-    """The fleet's tools as an MCP server on stdin/stdout: one run, one workspace."""
+    """The fleet's tools as an MCP server on stdin/stdout: one run, one workspace. It says on
+    stderr which fleet it serves."""
     try:
         from api.mcp.server import ToolChoice
         from api.mcp.stdio import serve_stdio
     except ImportError as exc:
         err.print(f"error: toolq mcp needs pip install 'toolq[mcp]' ({exc})", markup=False)
         raise typer.Exit(2) from None
+    if broker is not None:
+        os.environ["TOOLQ_BROKER_URL"] = broker  # checked, then read, as the variable would be
+        get_settings.cache_clear()
+    _checked_settings()
     _checked_image(image)
+    _reachable_fleet()
     choice = ToolChoice(tuple(enable or ()), tuple(disable or ()), tool_timeout_ms, image)
     raise typer.Exit(serve_stdio(get_settings(), choice))
 

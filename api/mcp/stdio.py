@@ -13,6 +13,7 @@ import sys
 from types import FrameType
 
 import anyio
+from kombu.utils.url import maybe_sanitize_url
 from mcp.server.stdio import stdio_server
 
 from api.dispatch import Dispatcher
@@ -35,6 +36,7 @@ def serve_stdio(settings: OrchestratorSettings, choice: ToolChoice) -> int:
     # A client that closes our stdin waits a moment, then sends SIGTERM: as an exception it
     # unwinds through fleet_for, which stops a local stack instead of leaving it orphaned.
     signal.signal(signal.SIGTERM, _exit_cleanly)
+    print(f"toolq mcp: serving {served_fleet(settings)}", file=sys.stderr, flush=True)
     try:
         with fleet_for(settings) as fleet_settings:
             anyio.run(_serve, fleet_settings, choice)
@@ -42,6 +44,17 @@ def serve_stdio(settings: OrchestratorSettings, choice: ToolChoice) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def served_fleet(settings: OrchestratorSettings) -> str:
+    """Which fleet the server's calls go to, its password hidden. An MCP client passes its
+    server few of the shell's variables, so a TOOLQ_BROKER_URL set there is not always here."""
+    if settings.local_mode:
+        return (
+            "a local stack of its own (no --broker nor TOOLQ_BROKER_URL: an MCP client passes "
+            "few of the shell's variables; set the broker in the server's config)"
+        )
+    return f"the fleet at {maybe_sanitize_url(settings.effective_broker_url)}"
 
 
 def _exit_cleanly(signum: int, _: FrameType | None) -> None:
