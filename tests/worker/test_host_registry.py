@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,9 @@ import pytest
 
 from api.local.stack import worker_argv, worker_environment
 from tests.conftest import REPO, RedisServer, fleet_settings, wait_for
+from tests.worker.conftest import sleeps
 from worker.contract.uid_range import UidRange
+from worker.sandbox import SandboxConfig, sweep_orphans
 from worker.sandbox.callgroup import CallGroup, sweep_groups
 from worker.sandbox.cgroups import CgroupLayout, detect_layout
 from worker.sandbox.fleet_key import KEY_FILE, STATE_DIR, fleet_id
@@ -270,3 +273,40 @@ def test_a_sandbox_worker_that_cannot_use_the_hosts_registry_refuses_to_start(
     lines = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
     assert lines == [f"error: {HostRegistry(opened).refusal()}"]
     assert "TOOLQ_SANDBOX_HOST_STATE" in lines[0]
+
+
+def test_runs_sharing_one_uid_are_swept_only_by_their_own_fleet(
+    roots: tuple[Path, Path], sandbox_dir: Path
+) -> None:
+    """Without control groups or per-run uids, a command is found by the mark in its
+    environment: its worker's id, which another fleet's sweep never takes for one of its own."""
+    if os.geteuid() != 0:
+        pytest.skip("runs as the sandbox user need a root worker")
+    tag = f"{secrets.randbelow(10**6)}.27"
+    options = {"isolation": "process", "cgroup": "off", "uid_range": None, "shared_allowed": True}
+    script = (
+        "from pathlib import Path\n"
+        "from worker.sandbox import SandboxConfig, run_sandboxed\n"
+        f"where = Path({str(sandbox_dir)!r})\n"
+        f"config = SandboxConfig(workspace_root={str(roots[0])!r}, **{options!r})\n"
+        f"run_sandboxed('sleep 300 {tag}; echo', cwd=where, home=where, env={{}},\n"
+        "              timeout_ms=60000, config=config)\n"
+    )
+    worker = subprocess.Popen(
+        [sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(REPO)}
+    )
+    try:
+        wait_for(lambda: bool(sleeps(tag)), 10, "the command to start")
+    finally:
+        worker.kill()
+        worker.wait()
+    other_fleet = SandboxConfig(workspace_root=str(roots[1]), **options)  # type: ignore[arg-type]
+    own_fleet = SandboxConfig(workspace_root=str(roots[0]), **options)  # type: ignore[arg-type]
+
+    assert sweep_orphans(other_fleet) == 0
+    assert sleeps(tag)
+    wait_for(
+        lambda: sweep_orphans(own_fleet) == 0 and not sleeps(tag),
+        10,
+        "its own fleet's sweep to end the orphaned command",
+    )

@@ -17,6 +17,7 @@ from typing import NotRequired, TypedDict, Unpack
 from worker.sandbox.config import COMMAND_ENV, INPUT_FOLDER, SHELL, SandboxConfig, SandboxError
 from worker.sandbox.ending import Ending
 from worker.sandbox.handover import hand_over, holder_of
+from worker.sandbox.host_registry import HostRegistry
 from worker.sandbox.launch import Launch, dies_first, made_now, session_keyring, still_bound
 from worker.sandbox.launcher import launcher
 from worker.sandbox.layers import plan_for
@@ -87,9 +88,10 @@ def _run(
 ) -> SandboxResult:
     cwd, home, config, timeout_ms = call["cwd"], call["home"], call["config"], call["timeout_ms"]
     before_start = call.get("before_start") or _nothing
-    # The marker names the worker process too, so a later sweep can tell an orphan (its worker
+    # The marker names the worker process too (its id in the host's registry, not a pid, which
+    # means nothing in another PID namespace), so a later sweep can tell an orphan (its worker
     # was killed mid-call) from a command still running for a live worker.
-    marker = "" if plan.sweep_uid is None else f"{os.getpid()}-{uuid.uuid4().hex}"
+    marker = "" if plan.sweep_uid is None else f"{_worker_id(config)}-{uuid.uuid4().hex}"
     base_env = {**COMMAND_ENV, "HOME": str(home), "PWD": str(cwd)}
     argv, process_env = call_plan.command_line(
         command, base_env, call["env"], marker, timeout_ms, config, keep
@@ -257,3 +259,7 @@ def _input_folder() -> None:
     """The folder of the calls' inputs, made if missing: a call with private folders binds it
     back (each file is its command's uid's alone, and the folder cannot be listed)."""
     INPUT_FOLDER.mkdir(mode=0o711, exist_ok=True)
+
+
+def _worker_id(config: SandboxConfig) -> str:
+    return HostRegistry(config.host_state).worker_id(config.fleet())

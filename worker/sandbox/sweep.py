@@ -39,14 +39,17 @@ def sweep_orphans(config: SandboxConfig) -> int:
         return 0
     prefix = f"{MARKER_VARIABLE}=".encode()
     orphans = 0
-    for pid in _processes_of(plan.sweep_uid):
-        for entry in _environ(pid).split(b"\0"):
-            if entry.startswith(prefix):
-                owner, _, _ = entry[len(prefix) :].partition(b"-")
-                if owner.isdigit() and not _alive(int(owner)):
-                    _kill_if_marked(pid, entry + b"\0")
-                    orphans += 1
-                break
+    # Only the marks of this fleet's worker processes that are provably dead (their lock in
+    # the host's registry is free): another fleet's, or a live worker's, are left alone.
+    with HostRegistry(config.host_state).dead_workers(config.fleet()) as dead:
+        for pid in _processes_of(plan.sweep_uid):
+            for entry in _environ(pid).split(b"\0"):
+                if entry.startswith(prefix):
+                    owner, _, _ = entry[len(prefix) :].partition(b"-")
+                    if owner.decode(errors="replace") in dead:
+                        _kill_if_marked(pid, entry + b"\0")
+                        orphans += 1
+                    break
     return orphans
 
 
@@ -67,16 +70,6 @@ def sweep_marked(marker: str, uid: int) -> None:
             _kill_if_marked(pid, needle)
         time.sleep(pause)
         pause = min(pause * 2, 0.05)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _processes_of(uid: int) -> Iterator[int]:
