@@ -112,6 +112,8 @@ def test_release_frees_the_uid_for_the_other_fleet(
 ) -> None:
     uids = UidRange(first=71_100, last=71_100)
     uid, _ = identity_of(roots[0], "run-a", uids, host.folder)
+    # The operator can tell whose a claim is.
+    assert str(roots[0]) in (host.folder / "uids" / str(uid)).read_text()
     with pytest.raises(IdentityError):
         identity_of(roots[1], "run-b", uids, host.folder)
 

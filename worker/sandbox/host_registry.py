@@ -79,18 +79,19 @@ class HostRegistry:
 
     # -- uids -------------------------------------------------------------------------------
 
-    def claim_uid(self, uid: int, fleet: str, run: str) -> bool:
+    def claim_uid(self, uid: int, fleet: str, run: str, where: str = "") -> bool:
         """Take ``uid`` on this host for ``run`` of ``fleet``, which holds the fleet's own claim
         of it; False when another fleet holds it here. A claim of the same fleet for another run
         is one its release did not reach (made on another host): the fleet's claim says the uid
-        is this run's now, so it is taken over."""
+        is this run's now, so it is taken over. ``where`` (the fleet's workspace root) is noted
+        for the operator, who may remove the claims of a fleet taken off the host."""
         claim = self._ensure() / _UIDS / str(uid)
         with self._locked():
             holder = self.uid_holder(uid)
             if holder is not None and holder.fleet != fleet:
                 return False
             if holder != UidHolder(fleet, run):
-                _write_atomically(claim, f"{fleet}\n{run}\n")
+                _write_atomically(claim, f"{fleet}\n{run}\n{where}\n")
         return True
 
     def uid_holder(self, uid: int) -> UidHolder | None:
@@ -99,8 +100,8 @@ class HostRegistry:
             text = _read_private(self.folder / _UIDS / str(uid))
         except FileNotFoundError:
             return None
-        fleet, _, rest = text.partition("\n")
-        return UidHolder(fleet, rest.rstrip("\n"))
+        fleet, run, *_ = [*text.split("\n"), ""]
+        return UidHolder(fleet, run)
 
     def release_uid(self, uid: int, fleet: str, run: str) -> None:
         """Let ``uid`` go on this host, if ``run`` of ``fleet`` holds it here."""

@@ -75,7 +75,7 @@ def identity_of(
         except FileExistsError:
             if _holder(claim) != wanted:
                 continue
-            if _on_this_host(host, uid, fleet, run_id):
+            if _on_this_host(host, uid, fleet, run_id, root):
                 return uid, uid
             raise IdentityError(
                 f"run {run_id} holds uid {uid}, which another fleet holds on this host; run its "
@@ -87,7 +87,7 @@ def identity_of(
             os.write(fd, wanted)
         finally:
             os.close(fd)
-        if _on_this_host(host, uid, fleet, run_id):
+        if _on_this_host(host, uid, fleet, run_id, root):
             return uid, uid
         claim.unlink()  # another fleet's on this host: the next one
     raise IdentityError(
@@ -96,9 +96,9 @@ def identity_of(
     )
 
 
-def _on_this_host(host: HostRegistry, uid: int, fleet: str, run_id: str) -> bool:
+def _on_this_host(host: HostRegistry, uid: int, fleet: str, run_id: str, root: Path) -> bool:
     try:
-        return host.claim_uid(uid, fleet, run_id)
+        return host.claim_uid(uid, fleet, run_id, str(root))
     except (HostRegistryError, OSError) as exc:
         raise IdentityError(f"cannot claim uid {uid} for run {run_id} on this host: {exc}") from exc
 
