@@ -25,9 +25,15 @@ class AgentOptions(ImageFields):
 
     model_config = ConfigDict(extra="forbid")
 
-    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    system_prompt: str = Field(
+        DEFAULT_SYSTEM_PROMPT, description="The system message the conversation starts with."
+    )
     model: str | None = Field(None, description="Model name; TOOLQ_MODEL when unset.")
-    session_context_file_path: str = "session_context.json"
+    session_context_file_path: str = Field(
+        "session_context.json",
+        description="Where in the workspace the save_session_context tool writes the "
+        "conversation.",
+    )
     max_turns: int | None = Field(None, gt=0, le=1000, description="TOOLQ_MAX_TURNS when unset.")
     run_id: str | None = Field(None, pattern=RUN_ID_PATTERN, description="Names the workspace.")
     enable: list[str] = Field(default_factory=list, description="Tools to switch on.")

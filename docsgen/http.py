@@ -144,7 +144,8 @@ def _type(schema: dict[str, Any]) -> str:
         return f"[{target}](#{target.lower()})"
     for key in ("anyOf", "oneOf"):
         if key in schema:
-            return " or ".join(_type(choice) for choice in schema[key])
+            # Each kind once: two choices may differ only in what the words leave out.
+            return " or ".join(dict.fromkeys(_type(choice) for choice in schema[key]))
     if "enum" in schema:
         return "one of " + ", ".join(f"`{value}`" for value in schema["enum"])
     if "const" in schema:
@@ -157,6 +158,8 @@ def _type(schema: dict[str, Any]) -> str:
         return f"object of {_type(values)}" if isinstance(values, dict) else "object"
     if isinstance(kind, list):
         return " or ".join(kind)
+    if kind == "string" and "format" in schema:
+        return f"{schema['format']} string"  # "date-time string": what the text must be
     return str(kind or "any")
 
 

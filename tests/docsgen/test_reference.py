@@ -102,6 +102,31 @@ def test_every_schema_of_the_document_is_in_the_http_page() -> None:
             assert f"`{field}`" in page, f"{name}.{field}"
 
 
+def test_a_type_of_the_http_page_names_each_kind_once_and_what_text_it_takes() -> None:
+    page = pages.generated("http")
+    filters = [
+        row
+        for row in page.splitlines()
+        if row.startswith(("| `created_after` | query", "| `created_before` | query"))
+    ]
+    types = [row.split(" | ")[3] for row in filters]
+    assert types and all(
+        kind == "date-time string or date string or number or null" for kind in types
+    )
+    for row in page.splitlines():
+        for cell_text in row.split(" | "):
+            kinds = cell_text.split(" or ")
+            assert len(kinds) == len(set(kinds)), row
+
+
+def test_a_runs_options_are_in_the_http_page_with_what_each_does() -> None:
+    page = pages.generated("http")
+    options = page[page.index("### AgentOptions") :].split("\n### ", 1)[0]
+    for field in ("image", "user", "env", "recreate", "system_prompt", "session_context_file_path"):
+        row = next(line for line in options.splitlines() if line.startswith(f"| `{field}`"))
+        assert not row.rstrip(" |").endswith("| no"), f"{field} says nothing of what it does"
+
+
 def test_an_unknown_generated_part_stops_the_build() -> None:
     with pytest.raises(ValueError, match="no generated part named 'nope'"):
         pages.fill("<!-- generated: nope -->\n")
