@@ -192,7 +192,11 @@ def demo() -> None:
 @app.command()
 def tools(
     as_json: Annotated[
-        bool, typer.Option("--json", help="Print one JSON document (as GET /v1/tools lists).")
+        bool,
+        typer.Option(
+            "--json",
+            help="Print one JSON document: tools (as GET /v1/tools lists them), unavailable.",
+        ),
     ] = False,
 ) -> None:
     """The fleet's tools: pool, on by default or not, live workers serving each."""
