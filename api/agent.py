@@ -127,6 +127,8 @@ class Agent:
     # -- tools ---------------------------------------------------------------------------------
 
     def get_tools(self) -> list[dict[str, Any]]:
+        """The schemas of the tools switched on, as the model is given them (OpenAI's
+        ``{"type": "function", "function": {...}}``)."""
         return self.registry.get_enabled_schemas()
 
     def add_tool(self, tool: ExecutableTool | Callable[..., Any]) -> ExecutableTool:
@@ -138,27 +140,41 @@ class Agent:
         return made
 
     def remove_tool(self, name: str) -> None:
+        """Take a tool out of this agent's registry (nothing when it has none such): the model
+        is no longer offered it, and a call of it is answered as an unknown tool's."""
         self.registry.unregister(name)
 
     def enable_tool(self, name: str) -> None:
+        """Switch a tool on for the next model turn (``run_bash`` and ``remove`` are off by
+        default); ``ValueError`` when there is none such, or no live worker serves it."""
         self._placed_tools.enable(name)
 
     def disable_tool(self, name: str) -> None:
+        """Switch a tool off: the model is no longer offered it, and a call of it is refused as
+        a disabled tool's; ``KeyError`` when there is none such."""
         self.registry.disable(name)
 
     # -- state ---------------------------------------------------------------------------------
 
     def clear_context(self) -> None:
+        """Forget the conversation's messages: the next ``chat`` starts afresh, in the same
+        run and workspace, with the same tools, usage and tool call records."""
         self.messages = []
 
     def set_system_prompt(self, text: str) -> None:
+        """The system message of the model's next requests (the conversation's messages
+        stay)."""
         self._system_prompt = text
 
     @property
     def system_prompt(self) -> str:
+        """The system message the model is sent first."""
         return self._system_prompt
 
     async def save_context(self, reason: str) -> str:
+        """Save the system prompt and the conversation so far, with ``reason``, as JSON in the
+        workspace (``options.session_context_file_path``), through the ``save_session_context``
+        tool; its answer, which says where (or why it could not), is returned."""
         return await self.registry.execute("save_session_context", {"reason": reason})
 
     async def close(self) -> None:
@@ -166,6 +182,7 @@ class Agent:
         await self._placed_tools.close()
 
     async def __aenter__(self) -> Agent:
+        """``async with Agent(...) as agent:`` closes it at the end (``close``)."""
         return self
 
     async def __aexit__(self, *_: object) -> None:
@@ -319,6 +336,7 @@ class Agent:
 
     @property
     def max_turns(self) -> int:
+        """Model turns a ``chat`` may take: ``options.max_turns``, else ``TOOLQ_MAX_TURNS``."""
         return self.options.max_turns or self._settings.max_turns
 
     @property
