@@ -238,6 +238,15 @@ class WorkerSettings(FleetSettings):
         description="What the unpacked images may take together (10 GiB); the least recently "
         "used image no container uses goes first.",
     )
+    image_tag_ttl_s: float = Field(
+        600.0,
+        ge=0,
+        description="How long (seconds) a tag's digest is believed without asking its registry: "
+        "a run of a tag resolved less long ago starts from the image cache. Past it the registry "
+        "is asked; one that cannot be reached runs the cached image the tag last named, as "
+        "Docker runs its local tag when a pull fails. 0: ask every time. A reference by digest "
+        "never asks.",
+    )
     oci_runtime: str = Field(
         "runc",
         description="The OCI runtime that runs a run's container: runc, crun or runsc (gVisor), "

@@ -28,7 +28,7 @@ from pydantic import BaseModel
 from worker.contract.image_errors import EnvironmentLost, ImageError
 from worker.contract.image_reference import parse_reference
 from worker.contract.image_sources import ImageSources
-from worker.images.cache import CachedImage, ImageCache
+from worker.images.cache import DEFAULT_TAG_TTL_S, CachedImage, ImageCache
 from worker.images.fetch import Tools
 from worker.images.group import BoxGroup, swap_accounted
 from worker.images.inside import (
@@ -93,6 +93,8 @@ class BoxSettings:
     id_block: int
     #: Where images may come from (``TOOLQ_IMAGE_SOURCES``); empty: anywhere.
     sources: ImageSources = field(default_factory=ImageSources)
+    #: How long a tag's digest is believed without asking its registry.
+    tag_ttl_s: float = DEFAULT_TAG_TTL_S
 
 
 class Boxes:
@@ -102,7 +104,11 @@ class Boxes:
         self.settings = settings
         self.folder = settings.cache_root / "boxes"
         self.cache = ImageCache(
-            settings.cache_root, settings.cache_bytes, settings.tools, self.digests_in_use
+            settings.cache_root,
+            settings.cache_bytes,
+            settings.tools,
+            self.digests_in_use,
+            settings.tag_ttl_s,
         )
 
     def runtime(self, image: str) -> OciRuntime:

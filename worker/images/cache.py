@@ -6,6 +6,7 @@ host, by digest, shared by the worker's processes and bounded by ``TOOLQ_IMAGE_C
 <cache>/images/<hex>/image.json  what toolq keeps of it (``ImageRecord``)
 <cache>/images/<hex>/used        touched when a container starts from it: the LRU clock
 <cache>/pulls/<hex>.lock         held while one process pulls that digest; the others wait
+<cache>/tags/<hex>.json          what a tag last resolved to, and when (``worker.images.tags``)
 <cache>/lock                     held while images are counted, claimed or evicted
 ```
 
@@ -36,7 +37,10 @@ from worker.images.fetch import Tools, image_config
 from worker.images.layers import TooLarge, readable_size, unpacked_bytes
 from worker.images.locks import lock_by
 from worker.images.rootfs import has_shell
+from worker.images.tags import TagResolver
 
+#: How long a tag's digest is believed without asking its registry (``TOOLQ_IMAGE_TAG_TTL_S``).
+DEFAULT_TAG_TTL_S = 600.0
 #: Between two looks at a lock another process holds.
 _LOCK_POLL_S = 0.05
 
@@ -70,15 +74,23 @@ class ImageCache:
     live containers use: those are never evicted."""
 
     def __init__(
-        self, root: Path, bound: int, tools: Tools, in_use: Callable[[], set[str]]
+        self,
+        root: Path,
+        bound: int,
+        tools: Tools,
+        in_use: Callable[[], set[str]],
+        tag_ttl_s: float = DEFAULT_TAG_TTL_S,
     ) -> None:
         self.root = root
         self.bound = bound
         self.tools = tools
         self._in_use = in_use
+        self.tags = TagResolver(root, tag_ttl_s, tools, self._present)
 
     def resolve(self, ref: ImageReference, deadline: float) -> str:
-        return self.tools.resolve(ref, deadline)
+        """The digest ``ref`` names: from the cache where it can tell (``worker.images.tags``),
+        else from the registry."""
+        return self.tags.resolve(ref, deadline)
 
     def acquire(
         self,

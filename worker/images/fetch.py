@@ -37,10 +37,19 @@ _UNREACHABLE = (
     "tls:",
     "context deadline exceeded",
     "timeout awaiting response",
+    "500 internal server error",
+    "502 bad gateway",
+    "503 service unavailable",
+    "504 gateway timeout",
 )
 _REFUSED = ("unauthorized", "authentication required", "denied", "forbidden", "toomanyrequests")
 _UNKNOWN = ("manifest unknown", "name unknown", "no descriptor found", "not found")
 _FATAL_MESSAGE = re.compile(r'msg="(?P<msg>(?:[^"\\]|\\.)*)"')
+
+
+class RegistryUnreachable(ImageError):
+    """The registry did not answer: no connection, a timeout, or a 5xx (not a refusal, nor an
+    unknown tag, which are its answers)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,13 +175,19 @@ def _run(ref: ImageReference, argv: Sequence[str], deadline: float, what: str | 
             check=False,
         )
     except subprocess.TimeoutExpired:
-        raise ImageError(
-            ref.text, f"{Path(argv[0]).name} did not finish in time ({left:.0f} s)"
-        ) from None
+        late = f"{Path(argv[0]).name} did not finish in time ({left:.0f} s)"
+        if ref.transport == "docker" and what is None:
+            raise RegistryUnreachable(
+                ref.text, f"the registry {ref.registry} did not answer: {late}"
+            ) from None
+        raise ImageError(ref.text, late) from None
     except OSError as exc:
         raise ImageError(ref.text, f"{Path(argv[0]).name} could not run: {exc}") from None
     if done.returncode != 0:
-        raise ImageError(ref.text, cause(ref, done.stderr.decode("utf-8", "replace"), what))
+        why = cause(ref, done.stderr.decode("utf-8", "replace"), what)
+        if what is None and why.startswith(f"the registry {ref.registry} cannot be reached"):
+            raise RegistryUnreachable(ref.text, why)
+        raise ImageError(ref.text, why)
     return done.stdout
 
 

@@ -43,6 +43,7 @@ def box_settings(settings: WorkerSettings) -> BoxSettings:
         file_size_mb=settings.sandbox_file_size_mb,
         id_block=block,
         sources=ImageSources.parse(settings.image_sources),
+        tag_ttl_s=settings.image_tag_ttl_s,
     )
 
 
