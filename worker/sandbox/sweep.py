@@ -10,8 +10,8 @@ import time
 from collections.abc import Iterator
 
 from worker.sandbox.callgroup import sweep_groups
-from worker.sandbox.config import MARKER_VARIABLE, REAP_BOUND_S, SandboxConfig
-from worker.sandbox.host_registry import HostRegistry
+from worker.sandbox.config import MARKER_VARIABLE, REAP_BOUND_S, SandboxConfig, SandboxError
+from worker.sandbox.host_registry import HostRegistry, HostRegistryError
 from worker.sandbox.layers import plan_for
 from worker.sandbox.run_guard import sweep_idle_uids
 
@@ -27,6 +27,14 @@ def sweep_orphans(config: SandboxConfig) -> int:
     shell has the parent-death signal) and are found by their marker. A worker calls this when
     it starts a process, and its main process now and then.
     """
+    try:
+        return _sweep(config)
+    except (HostRegistryError, OSError) as exc:
+        # The registry or the fleet's key cannot be read now: nothing can be proved dead.
+        raise SandboxError(f"cannot sweep: {exc}") from exc
+
+
+def _sweep(config: SandboxConfig) -> int:
     plan = plan_for(config, os.geteuid())
     # Per-run uids without namespaces: whatever a run left (its worker died mid-call) is every
     # process of its uid while no call of it runs here.
