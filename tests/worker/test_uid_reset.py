@@ -139,20 +139,23 @@ def test_each_call_has_a_session_keyring_of_its_own(config: SandboxConfig) -> No
     assert "session-keyring" in seen[0].isolation
 
 
-def test_a_uid_is_reset_when_another_holder_comes_not_between_its_own_calls() -> None:
+def test_a_uid_is_reset_when_another_holder_comes_not_between_its_own_calls(
+    tmp_path: Path,
+) -> None:
+    state = str(tmp_path / "host-state")
     uid = _free_uid()
     planted = _as(uid, PLANT, SECRET, secrets.token_hex(4))
     assert planted.returncode == 0, planted.stderr
     try:
-        hand_over(uid, "run-a")  # the uid's first holder here: whatever was before goes
+        hand_over(state, uid, "run-a")  # the uid's first holder here: whatever was before goes
         assert _as(uid, FIND_KEYS).stdout.strip() == "[]"
         assert _as(uid, PLANT, SECRET, secrets.token_hex(4)).returncode == 0
 
-        hand_over(uid, "run-a")  # its own next call: what it keeps is its own
+        hand_over(state, uid, "run-a")  # its own next call: what it keeps is its own
         kept = _as(uid, FIND_KEYS).stdout.strip()
         # run-b's container, started before its first command: the hand-over leaves it be.
         container = subprocess.Popen(["sleep", "300"], user=uid, group=uid, extra_groups=[])
-        hand_over(uid, "run-b")  # another run given the uid: nothing of run-a's is left
+        hand_over(state, uid, "run-b")  # another run given the uid: nothing of run-a's is left
 
         assert kept == "[-4, -5]"
         assert _as(uid, FIND_KEYS).stdout.strip() == "[]"

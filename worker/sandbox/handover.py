@@ -10,21 +10,22 @@ import contextlib
 import fcntl
 import os
 import stat
-import tempfile
 from pathlib import Path
 
 from worker.sandbox.config import SandboxError
 from worker.sandbox.uid_reset import reset_uid
 
-#: Where the sandbox worker notes which holder each uid served last on this host.
-HOLDERS = Path(tempfile.gettempdir()) / "toolq-uid-holders"
+#: The folder, in the host's sandbox state (``TOOLQ_SANDBOX_HOST_STATE``, the workers' alone),
+#: where the sandbox workers note which holder each uid served last on this host.
+HOLDERS = "uid-holders"
 
 
-def hand_over(uid: int, holder: str) -> None:
+def hand_over(host_state: str, uid: int, holder: str) -> None:
     """Before a call of ``holder`` (its workspace, as ``holder_of`` names it) runs as ``uid`` on
-    this host: when the uid last served another holder here, reset it first. Raises
-    ``SandboxError`` when the uid cannot be shown clean: the call does not run."""
-    record = _record(uid)
+    this host (whose sandbox state is in ``host_state``): when the uid last served another
+    holder here, reset it first. Raises ``SandboxError`` when the uid cannot be shown clean: the
+    call does not run."""
+    record = _record(Path(host_state) / HOLDERS, uid)
     try:
         fcntl.flock(record, fcntl.LOCK_EX)
         with os.fdopen(os.dup(record), "rb") as current:
@@ -56,13 +57,13 @@ def holder_of(workspace: Path) -> str:
     return f"{workspace}\0{info.st_dev}:{info.st_ino}"
 
 
-def _record(uid: int) -> int:
-    """The open file noting which holder ``uid`` served last on this host: in a folder that is
-    the worker's alone, made if missing."""
+def _record(holders: Path, uid: int) -> int:
+    """The open file noting which holder ``uid`` served last on this host: in ``holders``, a
+    folder that is the workers' alone, made if missing."""
     with contextlib.suppress(FileExistsError):
-        HOLDERS.mkdir(mode=0o700)
-    info = os.lstat(HOLDERS)
+        holders.mkdir(mode=0o700, parents=True)
+    info = os.lstat(holders)
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
-        raise SandboxError(f"{HOLDERS} is not a folder of the worker's alone; remove it")
+        raise SandboxError(f"{holders} is not a folder of the worker's alone; remove it")
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-    return os.open(HOLDERS / str(uid), flags, 0o600)
+    return os.open(holders / str(uid), flags, 0o600)

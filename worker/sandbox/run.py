@@ -63,7 +63,7 @@ def run_sandboxed(command: str | Sequence[str], **call: Unpack[CommandCall]) -> 
     call_plan = plan.for_identity(call.get("identity"))
     if plan.per_run and call_plan.drop_to is not None:
         # The uid's first call for this run on this host: nothing of an earlier run is left.
-        hand_over(call_plan.drop_to[0], holder_of(home))
+        hand_over(config.host_state, call_plan.drop_to[0], holder_of(home))
     with _input_file(call.get("stdin"), call_plan.drop_to) as input_path:
         if input_path is not None:
             # The command's own shell opens its input, as the user it runs as, whatever the
