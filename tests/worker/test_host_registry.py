@@ -312,3 +312,31 @@ def test_runs_sharing_one_uid_are_swept_only_by_their_own_fleet(
         10,
         "its own fleet's sweep to end the orphaned command",
     )
+
+
+def test_a_release_leaves_alone_a_uid_another_fleet_holds_on_this_host(
+    host: HostRegistry, roots: tuple[Path, Path]
+) -> None:
+    """Fleet A's run held uid N on another host; here fleet B's run holds N and runs as it.
+    Removing A's workspace here ends nothing of B's run."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("a process of another uid needs root and setpriv")
+    uid = 73_000 + secrets.randbelow(1000)
+    assert host.claim_uid(uid, fleet_id(roots[1]), "run-b")
+    claims = claims_dir(roots[0])
+    claims.mkdir(parents=True)
+    (claims / str(uid)).write_text("run-a")
+    tag = f"{secrets.randbelow(10**6)}.31"
+    command = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "sleep", tag]
+    b_process = subprocess.Popen(command)
+    try:
+        wait_for(lambda: bool(sleeps(tag)), 10, "fleet B's command to start")
+
+        release(roots[0], "run-a", uid, host.folder)
+
+        assert b_process.poll() is None
+        assert host.uid_holder(uid) is not None
+        assert not (claims / str(uid)).exists()
+    finally:
+        b_process.kill()
+        b_process.wait(10)

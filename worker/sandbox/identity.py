@@ -127,6 +127,12 @@ def release(root: Path, run_id: str, uid: int, host_state: str | Path = HOST_STA
     shutil.rmtree(run_tmp(root, run_id), ignore_errors=True)
     claim = claims_dir(root) / str(uid)
     if _holder(claim) == run_id.encode():
+        if _another_fleets_here(root, uid, host_state):
+            # The run held the uid on another host: here the uid and all it has are another
+            # fleet's run's, which nothing of this release may touch.
+            with contextlib.suppress(FileNotFoundError):
+                claim.unlink()
+            return
         for folder in SHARED_FOLDERS:
             remove_owned(folder, uid)
         left = reset_uid(uid)
@@ -142,6 +148,15 @@ def release(root: Path, run_id: str, uid: int, host_state: str | Path = HOST_STA
         # fleets skip it meanwhile, which is the safe side.
         with contextlib.suppress(HostRegistryError, OSError):
             HostRegistry(host_state).release_uid(uid, fleet_id(root), run_id)
+
+
+def _another_fleets_here(root: Path, uid: int, host_state: str | Path) -> bool:
+    """Whether this host's registry says another fleet holds ``uid`` here."""
+    try:
+        holder = HostRegistry(host_state).uid_holder(uid)
+        return holder is not None and holder.fleet != fleet_id(root)
+    except (HostRegistryError, OSError):
+        return False  # no registry here, or no key: no fleet can have claimed it here
 
 
 def remove_owned(folder: str, uid: int) -> None:
