@@ -29,3 +29,15 @@ def test_every_page_the_readme_links_to_exists() -> None:
     for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", README.read_text()):
         if not target.startswith(("http://", "https://")):
             assert (REPO / target).exists(), target
+
+
+def test_the_readme_and_the_home_page_name_every_debian_package_make_test_installs() -> None:
+    makefile = (REPO / "Makefile").read_text()
+    listed = re.search(r"^SYSTEM_PACKAGES := (.*?)(?<!\\)$", makefile, re.MULTILINE | re.DOTALL)
+    assert listed is not None
+    packages = [pair.split(":", 1)[1] for pair in listed[1].replace("\\", " ").split()]
+    assert len(packages) >= 10
+    for page in (README, REPO / "docs" / "index.md"):
+        prose = " ".join(page.read_text().split())
+        missing = [name for name in packages if f"`{name}`" not in prose]
+        assert not missing, f"{page.name} does not name {missing}"
