@@ -106,15 +106,16 @@ class CallWatch:
 
     async def look(self) -> None:
         """Take the stored answers of calls whose reply did not come, and send again the calls
-        no worker has started ``resend_after_s`` after they went out while their pool's queue
-        is empty: their message was lost (a broker restart, a worker gone with it)."""
+        no worker has started a while after their last message went out (``resend_pause``)
+        while their pool's queue is empty: their message was lost (a broker restart, a worker
+        gone with it)."""
         now = time.monotonic()
         due = [
             flight
             for flight in self.in_flight.values()
             if not flight.answer.done()
             and flight.sent_at is not None
-            and now - flight.sent_at >= self.settings.resend_after_s
+            and now - flight.sent_at >= resend_pause(self.settings, flight.request.send_number)
         ]
         if not due:
             return
@@ -147,13 +148,17 @@ class CallWatch:
         now = time.monotonic()
         for flight in unstarted:
             left = flight.request.deadline - time.time()
-            if flight.answer.done() or left <= 0:
-                continue  # answered, or given up on, while the depths were read
-            # Past half of its time with its first message not started: sent once more
-            # whatever the queue holds (a backlog then grows by one message per call at most),
-            # so a message lost behind a queue that never empties still runs in time.
+            if flight.answer.done() or left < self.settings.resend_after_s:
+                # Answered, or given up on, while the depths were read; or too little time
+                # is left for a worker to take a message and answer before the caller stops
+                # waiting.
+                continue
+            # Past half of the time its last message had left, still not started: sent again
+            # whatever the queue holds (a backlog then grows by a few messages per call at
+            # most, halving the time left each), so that a message lost behind a queue that
+            # never empties, and each one sent after it, still runs in time.
             assert flight.sent_at is not None
-            late = flight.request.send_number == 1 and now - flight.sent_at >= left
+            late = now - flight.sent_at >= left
             if depths.get(flight.pool, 0) == 0 or late:
                 log.info(
                     "call %s: no worker started it, and the %r queue is empty or half its time "
@@ -222,3 +227,17 @@ class CallWatch:
                 "runs, or the broker restarted moments ago)"
             )
         return f"none of the {len(workers)} live {pool!r} workers took it in time"
+
+
+#: The pause before a call is sent again doubles this many times at most (to 4 times
+#: ``resend_after_s``).
+_MOST_DOUBLINGS = 2
+
+
+def resend_pause(settings: FleetSettings, send_number: int) -> float:
+    """How long after message ``send_number`` of a call went out, not started, it is taken
+    for lost: ``resend_after_s``, doubled for each message sent before it, up to a bound. A
+    broker that restarts again and again loses a call only when it loses every one of its
+    messages."""
+    doublings = min(send_number - 1, _MOST_DOUBLINGS)
+    return settings.resend_after_s * (1 << doublings)
