@@ -26,6 +26,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from api.fleet import read_queue_depths
+from api.silent_workers import SilentWorkers
 from worker.contract.keys import keys
 from worker.contract.settings import FleetSettings
 from worker.contract.wire import (
@@ -67,6 +68,11 @@ class CallWatch:
     caller: str
     #: Answers refused because they were not the call's own (forged, or malformed).
     refused: int = field(default=0, init=False)
+    #: Answers the started calls of workers that died (``api.silent_workers``).
+    silent_workers: SilentWorkers = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.silent_workers = SilentWorkers(self.redis)
 
     def refuse(self, task_id: str, what: str) -> None:
         """Count and report an answer to ``task_id`` that is not its own; the call waits on."""
@@ -126,6 +132,7 @@ class CallWatch:
             pipe.mget([keys.started(flight.request.task_id) for flight in due])
             stored, marks = await pipe.execute()
         unstarted: list[InFlight] = []
+        started: list[tuple[InFlight, bytes]] = []
         for flight, raw, mark in zip(due, stored, marks, strict=True):
             answer = self.own_answer(raw, flight)
             if answer is not None:
@@ -133,6 +140,9 @@ class CallWatch:
                     flight.answer.set_result(answer)
             elif mark is None:
                 unstarted.append(flight)
+            else:
+                started.append((flight, mark))
+        await self.silent_workers.answer(started)
         if unstarted:
             await self._send_lost(unstarted)
 

@@ -120,16 +120,19 @@ class Executor:
             self.settings.workspace_root, self.settings.workspace_quota_bytes
         )
 
-    def handle(self, raw: Any, pool: str | None) -> ToolCallResult:
-        """Answer one message from the queue of ``pool``; never raises for bad input."""
+    def handle(self, raw: Any, pool: str | None, node: str | None = None) -> ToolCallResult:
+        """Answer one message from the queue of ``pool``, taken by the Celery worker ``node``
+        (named in the call's start marker); never raises for bad input."""
         try:
             request = ToolCallRequest.model_validate(raw)
         except ValidationError as exc:
             return self._reject_bad_request(raw, exc)
         with log_context(run_id=request.run_id, tool_call_id=request.tool_call_id):
-            return self._handle(request, pool)
+            return self._handle(request, pool, node)
 
-    def _handle(self, request: ToolCallRequest, pool: str | None) -> ToolCallResult:
+    def _handle(
+        self, request: ToolCallRequest, pool: str | None, node: str | None = None
+    ) -> ToolCallResult:
         tool = self._registry.get(request.tool)
         # Every call marks its start, so that a caller with no answer knows whether it may have
         # run. Tools safe to repeat run whatever the marker says, and the store keeps their
@@ -145,6 +148,7 @@ class Executor:
             request.send_number,
             request.seal_key,
             deadline=request.deadline,
+            node=node,
         )
         try:
             result = self._held_run(request, pool, tool, marker if gated else None)

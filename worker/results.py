@@ -107,16 +107,18 @@ class ResultStore:
         seal_key: str | None = None,
         *,
         deadline: float | None = None,
+        node: str | None = None,
     ) -> PendingBegin:
-        """The stored answer of a finished call, or mark the call started by ``worker``, as
-        message ``send_number`` of the call; a stored answer counts if sealed with ``seal_key``.
+        """The stored answer of a finished call, or mark the call started by ``worker`` (of the
+        Celery worker ``node``), as message ``send_number`` of the call; a stored answer counts
+        if sealed with ``seal_key``.
         Sent now, its answer read by ``PendingBegin.result``: the round trip overlaps whatever
         the caller does in between, which must start nothing of the call's."""
         return PendingBegin(
             self._redis,
             self._begin,
             keys=[keys.result(task_id), keys.started(task_id)],
-            args=[start_mark(send_number, worker), self._ttl_s, ""],
+            args=[start_mark(send_number, worker, node), self._ttl_s, ""],
             send_number=send_number,
             seal_key=seal_key,
             deadline=deadline,

@@ -114,7 +114,7 @@ def execute_tool(self: Task, request: Any) -> str:
     # A worker's own queue (``worker.images.pinning``) is its sandbox pool's.
     pool = pool_of_queue(delivery.get("routing_key"))
     try:
-        result = executor().handle(request, pool)
+        result = executor().handle(request, pool, self.request.hostname)
     except NotRunHere as exc:
         # A spare message of a call that runs, or ran, elsewhere: nothing to answer here.
         return f"not run: {exc}"

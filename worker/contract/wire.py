@@ -265,18 +265,28 @@ class CommandAnswer(BaseModel):
 CALLER_GAVE_UP = 0
 
 
-def start_mark(send_number: int, starter: str) -> str:
-    """A start marker's value: which message of the call started it, and who did."""
-    return f"{send_number} {starter}"
+def start_mark(send_number: int, starter: str, node: str | None = None) -> str:
+    """A start marker's value: which message of the call started it, and who did: the process,
+    and the worker it is part of (its Celery node name), whose heartbeat tells whether it
+    lives."""
+    return f"{send_number} {starter}" + (f" {node}" if node else "")
 
 
 def read_start_mark(value: bytes | str) -> tuple[int, str]:
     """``(send_number, starter)`` of a start marker; a bare name is the first message's."""
     text = value.decode(errors="replace") if isinstance(value, bytes) else value
-    number, _, starter = text.partition(" ")
-    if number.isdigit() and starter:
-        return int(number), starter
+    number, _, rest = text.partition(" ")
+    if number.isdigit() and rest:
+        return int(number), rest.split(" ", 1)[0]
     return 1, text
+
+
+def start_mark_node(value: bytes | str) -> str | None:
+    """The worker (Celery node name) a start marker names; None where it names none (a
+    caller's mark, or a worker's from before marks named it)."""
+    text = value.decode(errors="replace") if isinstance(value, bytes) else value
+    parts = text.split(" ")
+    return parts[2] if len(parts) == 3 and parts[0].isdigit() and parts[2] else None
 
 
 def glob_segments(pattern: str) -> tuple[str, ...]:
