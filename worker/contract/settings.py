@@ -74,7 +74,9 @@ class FleetSettings(BaseSettings):
         5.0,
         gt=0,
         description="A call no worker has started this long after it was sent, while its "
-        "pool's queue is empty, is sent again (its message was lost).",
+        "pool's queue is empty, is sent again (its message was lost); each message sent again "
+        "and lost in turn is followed by another, after a pause that doubles up to 4 times "
+        "this, while its deadline leaves at least this long.",
     )
     output_cap_bytes: int = Field(
         DEFAULT_OUTPUT_CAP_BYTES, gt=0, description="Cap on every tool's answer (50 KB)."
