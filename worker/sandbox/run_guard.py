@@ -11,7 +11,9 @@ sweeps. A worker process that died mid-call leaves its run's processes to the ne
 (``sweep_idle_uids``), which takes the same lock. The locks are in the host's registry
 (``host_registry``), so every worker on the host sees them whatever its fleet, and the sweep
 touches only the uids the registry says this fleet holds here: another fleet's commands and
-containers, and uids nobody claims, are left alone.
+containers, and uids nobody claims, are left alone. A run's image container (its box, in a
+control group under ``/toolq-images`` that no command can join) outlives its calls by design
+and is ended by the sweep of boxes, never by this one.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from collections.abc import Iterator
 from worker.sandbox.config import REAP_BOUND_S, SandboxConfig
 from worker.sandbox.host_registry import HostRegistry
 from worker.sandbox.plan import Plan
+
+#: Where the runtime puts the control groups of runs' image containers.
+BOX_GROUPS = "/toolq-images/"
 
 
 @contextlib.contextmanager
@@ -59,8 +64,8 @@ def sweep_idle_uids(config: SandboxConfig) -> int:
         return 0
     registry, fleet = HostRegistry(config.host_state), config.fleet()
     found: set[int] = set()
-    for _, uid in _processes():
-        if uid in config.uid_range:
+    for pid, uid in _processes():
+        if uid in config.uid_range and _sweepable(pid):
             found.add(uid)
     killed = 0
     for uid in found:
@@ -87,7 +92,7 @@ def sweep_uid(uid: int) -> int:
     deadline = time.monotonic() + REAP_BOUND_S
     pause = 0.001
     while True:
-        found = [pid for pid, owner in _processes() if owner == uid]
+        found = [pid for pid, owner in _processes() if owner == uid and _sweepable(pid)]
         if not found or time.monotonic() > deadline:
             break
         for pid in found:
@@ -105,6 +110,30 @@ def _processes() -> Iterator[tuple[int, int]]:
             if entry.name.isdigit() and int(entry.name) != own:
                 with contextlib.suppress(OSError):
                     yield int(entry.name), entry.stat(follow_symlinks=False).st_uid
+
+
+def _sweepable(pid: int) -> bool:
+    """Not already dead (a zombie waits for its parent, and no signal ends it) and not in a box."""
+    return not _dead(pid) and not _in_a_box(pid)
+
+
+def _dead(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True
+
+
+def _in_a_box(pid: int) -> bool:
+    """Whether ``pid`` is a process of a run's image container: in a box's control group
+    (``worker.images.boxes.group_path``), which only root can move a process into."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as groups:
+            lines = groups.read().splitlines()
+    except OSError:
+        return False
+    return any(line.split(":", 2)[-1].startswith(BOX_GROUPS) for line in lines)
 
 
 def _kill(pid: int, uid: int) -> int:
