@@ -340,3 +340,26 @@ def test_a_release_leaves_alone_a_uid_another_fleet_holds_on_this_host(
     finally:
         b_process.kill()
         b_process.wait(10)
+
+
+def test_a_uid_another_fleet_provably_let_go_is_taken(
+    host: HostRegistry, roots: tuple[Path, Path]
+) -> None:
+    """A fleet taken off the host (its workspace root gone), or whose release did not reach
+    this host (its own claim gone), holds nothing here any more; a claim made from another
+    mount namespace, whose paths mean other folders, cannot be proved stale and stands."""
+    uids = UidRange(first=75_000, last=75_000)
+    uid, _ = identity_of(roots[1], "run-b", uids, host.folder)
+    (claims_dir(roots[1]) / str(uid)).unlink()  # released on another host
+    assert identity_of(roots[0], "run-a", uids, host.folder) == (uid, uid)
+
+    shutil.rmtree(roots[0])  # fleet A is gone from the host, its claim left here
+    roots[0].mkdir()
+    assert identity_of(roots[1], "run-b2", uids, host.folder) == (uid, uid)
+
+    claim = host.folder / "uids" / str(uid)
+    fleet, run, where, _, *_ = claim.read_text().split("\n")
+    claim.write_text(f"{fleet}\n{run}\n{where}\nmnt:[1]\n")  # made in another mount namespace
+    shutil.rmtree(roots[1])
+    with pytest.raises(IdentityError, match="no free uid"):
+        identity_of(roots[0], "run-a2", uids, host.folder)

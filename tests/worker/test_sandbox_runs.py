@@ -92,11 +92,13 @@ def test_a_run_cannot_open_its_folder_to_other_runs(config: SandboxConfig) -> No
 
 def test_claims_are_one_per_run_and_a_full_range_says_so(tmp_path: Path) -> None:
     tiny = UidRange(5000, 5001)
-    a, b = identity_of(tmp_path, "a", tiny), identity_of(tmp_path, "b", tiny)
+    # A host registry of the test's own: the host's holds the claims of other fleets.
+    host = tmp_path / "host"
+    a, b = identity_of(tmp_path, "a", tiny, host), identity_of(tmp_path, "b", tiny, host)
     assert {a, b} == {(5000, 5000), (5001, 5001)}
-    assert identity_of(tmp_path, "a", tiny) == a
+    assert identity_of(tmp_path, "a", tiny, host) == a
     with pytest.raises(IdentityError, match="TOOLQ_SANDBOX_UID_RANGE=5000-5001"):
-        identity_of(tmp_path, "c", tiny)
+        identity_of(tmp_path, "c", tiny, host)
 
 
 def test_a_uid_range_is_checked() -> None:
@@ -159,7 +161,10 @@ async def test_a_run_with_no_uid_left_is_told_so_and_nothing_runs(
 ) -> None:
     root = tmp_path / "workspaces"
     root.mkdir()
-    settings = fleet_settings(own_redis.url, root, sandbox_uid_range="5000-5000")
+    # A host registry of the test's own: the host's holds the claims of other fleets.
+    settings = fleet_settings(
+        own_redis.url, root, sandbox_uid_range="5000-5000", sandbox_host_state=tmp_path / "host"
+    )
     fleet = WorkerFleet(settings).start()
     try:
         async with Dispatcher(settings) as dispatcher:

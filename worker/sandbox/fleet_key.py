@@ -53,7 +53,20 @@ def fleet_id(root: Path | None) -> str:
     """The fleet's name on a host: derived from its key, so it says nothing of the key."""
     if root is None:
         return UNROOTED
-    return hmac.new(fleet_key(root), b"toolq fleet id", hashlib.sha256).hexdigest()[:32]
+    return _named(fleet_key(root))
+
+
+def _named(key: bytes) -> str:
+    return hmac.new(key, b"toolq fleet id", hashlib.sha256).hexdigest()[:32]
+
+
+def existing_fleet_id(root: Path) -> str | None:
+    """``fleet_id`` of ``root`` if it has a key; None, and no key made, if it has none."""
+    try:
+        key = _read(Path(root) / STATE_DIR / KEY_FILE)
+    except FileNotFoundError:
+        return None
+    return _named(key)
 
 
 def first_uid_offset(root: Path, run_id: str, size: int) -> int:

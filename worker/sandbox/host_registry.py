@@ -26,11 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from worker.contract.errors import ToolqError
+from worker.sandbox.fleet_key import STATE_DIR, existing_fleet_id
 
 #: Where the registry is unless ``TOOLQ_SANDBOX_HOST_STATE`` says otherwise: a folder of the
 #: host's own that a reboot empties, as it empties the kernel state the registry describes.
 HOST_STATE = "/run/toolq"
 _UIDS = "uids"
+#: Where a fleet claims its uids under its workspace root (``identity.claims_dir``).
+_FLEET_CLAIMS = "uids"
 _WORKERS = "workers"
 _UID_LOCKS = "uid-locks"
 _REGISTRY_LOCK = "lock"
@@ -56,6 +59,30 @@ class UidHolder:
 
     fleet: str
     run: str
+    #: The fleet's workspace root, as its worker saw it, and that worker's mount namespace.
+    where: str = ""
+    mounts: str = ""
+
+    def is_(self, fleet: str, run: str) -> bool:
+        return (self.fleet, self.run) == (fleet, run)
+
+    def abandoned(self, uid: int) -> bool:
+        """Whether the fleet that holds the uid here provably let it go: its worker saw the same
+        files as this process (one mount namespace), and there its workspace root is gone, or
+        is another fleet's now, or no longer claims the uid. Anything else is left standing."""
+        if not self.mounts or self.mounts != _mount_namespace() or not self.where:
+            return False
+        root = Path(self.where)
+        if not root.is_absolute():
+            return False
+        if not root.exists():
+            return True
+        try:
+            if existing_fleet_id(root) != self.fleet:
+                return True
+        except OSError:
+            return False
+        return not (root / STATE_DIR / _FLEET_CLAIMS / str(uid)).exists()
 
 
 #: This process's worker id and the descriptor holding its lock, by registry folder and fleet:
@@ -83,15 +110,16 @@ class HostRegistry:
         """Take ``uid`` on this host for ``run`` of ``fleet``, which holds the fleet's own claim
         of it; False when another fleet holds it here. A claim of the same fleet for another run
         is one its release did not reach (made on another host): the fleet's claim says the uid
-        is this run's now, so it is taken over. ``where`` (the fleet's workspace root) is noted
+        is this run's now, so it is taken over; so is one another fleet provably abandoned
+        (``UidHolder.abandoned``). ``where`` (the fleet's workspace root) is noted for that, and
         for the operator, who may remove the claims of a fleet taken off the host."""
         claim = self._ensure() / _UIDS / str(uid)
         with self._locked():
             holder = self.uid_holder(uid)
-            if holder is not None and holder.fleet != fleet:
+            if holder is not None and holder.fleet != fleet and not holder.abandoned(uid):
                 return False
-            if holder != UidHolder(fleet, run):
-                _write_atomically(claim, f"{fleet}\n{run}\n{where}\n")
+            if holder is None or not holder.is_(fleet, run):
+                _write_atomically(claim, f"{fleet}\n{run}\n{where}\n{_mount_namespace()}\n")
         return True
 
     def uid_holder(self, uid: int) -> UidHolder | None:
@@ -100,13 +128,14 @@ class HostRegistry:
             text = _read_private(self.folder / _UIDS / str(uid))
         except FileNotFoundError:
             return None
-        fleet, run, *_ = [*text.split("\n"), ""]
-        return UidHolder(fleet, run)
+        fleet, run, where, mounts, *_ = [*text.split("\n"), "", "", ""]
+        return UidHolder(fleet, run, where, mounts)
 
     def release_uid(self, uid: int, fleet: str, run: str) -> None:
         """Let ``uid`` go on this host, if ``run`` of ``fleet`` holds it here."""
         with self._locked():
-            if self.uid_holder(uid) == UidHolder(fleet, run):
+            holder = self.uid_holder(uid)
+            if holder is not None and holder.is_(fleet, run):
                 with contextlib.suppress(FileNotFoundError):
                     (self.folder / _UIDS / str(uid)).unlink()
 
@@ -218,6 +247,13 @@ def _dead_lock(path: Path, fleet: str) -> int | None:
         pass
     os.close(fd)
     return None
+
+
+def _mount_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/mnt")
+    except OSError:
+        return ""
 
 
 def _write_atomically(path: Path, text: str) -> None:
