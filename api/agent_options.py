@@ -31,8 +31,7 @@ class AgentOptions(ImageFields):
     model: str | None = Field(None, description="Model name; TOOLQ_MODEL when unset.")
     session_context_file_path: str = Field(
         "session_context.json",
-        description="Where in the workspace the save_session_context tool writes the "
-        "conversation.",
+        description="Where in the workspace the save_session_context tool writes the conversation.",
     )
     max_turns: int | None = Field(None, gt=0, le=1000, description="TOOLQ_MAX_TURNS when unset.")
     run_id: str | None = Field(None, pattern=RUN_ID_PATTERN, description="Names the workspace.")
