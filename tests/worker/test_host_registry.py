@@ -363,3 +363,28 @@ def test_a_uid_another_fleet_provably_let_go_is_taken(
     shutil.rmtree(roots[1])
     with pytest.raises(IdentityError, match="no free uid"):
         identity_of(roots[0], "run-a2", uids, host.folder)
+
+
+def test_a_uid_whose_process_runs_here_is_never_taken_whatever_the_files_say(
+    host: HostRegistry, roots: tuple[Path, Path]
+) -> None:
+    """Fleet A's volume is not mounted for a moment (its workspace root looks empty), while a
+    command of A's run still runs as the uid: fleet B does not get it."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("a process of another uid needs root and setpriv")
+    uid = 76_000 + secrets.randbelow(1000)
+    uids = UidRange(first=uid, last=uid)
+    identity_of(roots[0], "run-a", uids, host.folder)
+    tag = f"{secrets.randbelow(10**6)}.33"
+    command = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "sleep", tag]
+    a_process = subprocess.Popen(command)
+    try:
+        wait_for(lambda: bool(sleeps(tag)), 10, "fleet A's command to start")
+        shutil.rmtree(roots[0] / STATE_DIR)
+
+        with pytest.raises(IdentityError, match="no free uid"):
+            identity_of(roots[1], "run-b", uids, host.folder)
+    finally:
+        a_process.kill()
+        a_process.wait(10)
+    assert identity_of(roots[1], "run-b", uids, host.folder) == (uid, uid)

@@ -73,8 +73,8 @@ class UidHolder:
         if not self.mounts or self.mounts != _mount_namespace() or not self.where:
             return False
         root = Path(self.where)
-        if not root.is_absolute():
-            return False
+        if not root.is_absolute() or _runs_as(uid):
+            return False  # a process of the uid runs here: whatever the files say, it is held
         if not root.exists():
             return True
         try:
@@ -247,6 +247,17 @@ def _dead_lock(path: Path, fleet: str) -> int | None:
         pass
     os.close(fd)
     return None
+
+
+def _runs_as(uid: int) -> bool:
+    """Whether a process of ``uid`` is running (as far as this PID namespace shows)."""
+    with os.scandir("/proc") as entries:
+        for entry in entries:
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError):
+                    if entry.stat(follow_symlinks=False).st_uid == uid:
+                        return True
+    return False
 
 
 def _mount_namespace() -> str:
