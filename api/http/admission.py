@@ -16,8 +16,8 @@ import re
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-#: Event streams that may be starting at once: as many as the app's Redis connections could
-#: serve together (more would only wait for a connection, on the loop).
+#: Event streams that may be starting at once: enough to keep starts flowing on the replica's
+#: Redis connections, few enough that a request behind them waits for little.
 STARTING_AT_ONCE = 32
 #: The paths of event streams: the API's and the viewer's live pages.
 EVENT_STREAM_PATH = re.compile(r"^/v1/runs/[^/]+/events$|^/ui/live/")
