@@ -355,6 +355,7 @@ async def test_processes_of_one_call_share_its_memory_limit(
         # Shared memory is the call's in every mode: charged to its group, or, without one,
         # bounded by its IPC namespace's limit.
         assert shm["stdout"].count("left") < 2, shm  # the second segment was never held
+        assert shm["exit_code"] != 0, shm  # and the answer says the command did not succeed
         if per_process:
             # No control group here: the rlimit holds each process alone, and the answer says so.
             assert not any("memory" in layer for layer in held["isolation"] if "cgroup" in layer)

@@ -24,7 +24,7 @@ from worker.sandbox.callgroup import CallGroup, poll_until
 from worker.sandbox.cgroups import stat_fields
 from worker.sandbox.config import REAP_BOUND_S
 from worker.sandbox.output import CappedStream
-from worker.sandbox.pidfd import exit_status
+from worker.sandbox.pidfd import exit_status, zombie_codes_readable
 from worker.sandbox.plan import Plan
 from worker.sandbox.procfs import ForkedCommand, children, first_child_in_namespace
 from worker.sandbox.result import Usage
@@ -153,6 +153,17 @@ class Ending:
         pidfd = self._command_pidfd
         if pidfd is None:
             return _exit_status(command)
+        if not zombie_codes_readable():
+            # Its zombie would show 0: the pidfd tells the status once the init has reaped it,
+            # which it does at once.
+            told: list[int | None] = [None]
+
+            def reaped() -> bool:
+                told[0] = exit_status(pidfd)
+                return told[0] is not None
+
+            poll_until(reaped, time.monotonic() + REAP_BOUND_S)
+            return told[0]
         for status in (exit_status(pidfd), _exit_status(command), exit_status(pidfd)):
             if status is not None:
                 return status

@@ -53,6 +53,26 @@ def has_exited(pidfd: int, timeout_s: float = 0.0) -> bool:
     return bool(poller.poll(timeout_s * 1000))
 
 
+#: The capability without which /proc shows the exit code of another uid's zombie as 0.
+_CAP_SYS_PTRACE = 19
+
+
+@functools.lru_cache(maxsize=1)
+def zombie_codes_readable() -> bool:
+    """This worker reads its commands' exit codes from their zombies' /proc entries: the kernel
+    shows another uid's as 0 to a reader without CAP_SYS_PTRACE (a root worker in a pod's user
+    namespace, with the deploy's capabilities). A worker that is not root runs its commands as
+    its own uid."""
+    if os.geteuid() != 0:
+        return True
+    try:
+        with open("/proc/self/status") as status:
+            effective = next(line for line in status if line.startswith("CapEff:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(int(effective.split()[1], 16) >> _CAP_SYS_PTRACE & 1)
+
+
 @functools.lru_cache(maxsize=1)
 def tells_exit_after_reaping() -> bool:
     """This kernel tells a reaped process's exit status through a pidfd taken before: probed

@@ -111,7 +111,9 @@ def _run(
                     start_new_session=True,  # also detaches from any terminal: no TIOCSTI tricks
                     umask=0o077 if plan.per_run else -1,  # /tmp is shared: the run's own files
                 )
-            # Before the command: the wrappers the process runs first take a few programs.
+            # Before the command, which comes a few programs later; once those dropped to the
+            # run's uid, a worker without privilege over it cannot: a run's private-folder
+            # script, which is root, sets it again itself.
             dies_first(proc.pid)
         except OSError as exc:
             raise SandboxError(f"the command could not be started: {exc.strerror or exc}") from exc

@@ -43,6 +43,7 @@ SHELL_AHEAD = READ_AND_RUN.replace("read -r", "read -r <&3").replace(
 #: the folders above them are covered, then moved to their targets. The call's IPC namespace holds
 #: no more SysV shared memory than the call's memory limit (where the kernel lets the namespace's
 #: root set it): even without a control group, its processes cannot pin more of it together.
+#: The call's processes are the OOM killer's first choice (``launch.dies_first``).
 PRIVATE_SCRIPT = (
     'size=$1; shift; o="nosuid,nodev,size=$size"; '
     'mount -t tmpfs -o "mode=0755,$o" tmpfs /run || exit 126; n=0; '
@@ -51,7 +52,7 @@ PRIVATE_SCRIPT = (
     "if [ -d /dev/mqueue ] && [ ! -L /dev/mqueue ]; then "
     "mount -t mqueue -o nosuid,nodev,noexec mqueue /dev/mqueue || exit 126; fi; "
     '{ echo "$size" >/proc/sys/kernel/shmmax; echo $((size / 4096)) >/proc/sys/kernel/shmall; '
-    "} 2>/dev/null; "
+    "echo 1000 >/proc/self/oom_score_adj; } 2>/dev/null; "
     'for d in /tmp /var/tmp /dev/shm; do if [ -d "$d" ] && [ ! -L "$d" ]; then '
     'mount -t tmpfs -o "mode=1777,$o" tmpfs "$d" || exit 126; fi; done; i=0; '
     'while [ $i -lt $n ]; do eval "k=\\$k$i"; mkdir -p "$k" && '
