@@ -308,7 +308,7 @@ class Executor:
                 f"serves {pool!r}. The call was refused.",
                 self.worker_name,
             )
-        if tool.workspace_effect == "adds":
+        if tool.workspace_effect == "adds" and not tool.only_shrinks(request.arguments):
             full = self._quota.refusal(request.run_id)
             if full is not None:
                 return ToolCallResult.failure(

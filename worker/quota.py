@@ -3,7 +3,7 @@
 The quota holds by accounting. After each call of a tool that can add to the workspace (write
 tools, run_bash) or free space (remove), the worker measures the workspace, within a time bound.
 Past the quota the call's answer says so and the run is marked: tools that add refuse to start
-until a later measurement finds the run under its quota again (after a ``remove``). The mark is
+until a later measurement finds the run under its quota again (``WAY_OUT``). The mark is
 a file beside the workspaces, so every worker sharing the volume honours it. A single call can
 still write past the quota before it is measured; ``TOOLQ_SANDBOX_FILE_SIZE_MB`` bounds each
 file it writes.
@@ -60,6 +60,14 @@ def measure(root: Path, bound_s: float = MEASURE_BOUND_S) -> Measurement:
     return Measurement(used, True, entries)
 
 
+#: What a model can do past the quota with the tools on by default: write_file runs when it can
+#: only shrink a file (``ExecutableTool.only_shrinks``); remove is off unless the run enables it.
+WAY_OUT = (
+    "make files smaller with write_file (the same path with shorter content; empty content "
+    "empties a file), or delete them with remove where that tool is on"
+)
+
+
 class WorkspaceQuota:
     """The quota of the run workspaces under one root; ``quota_bytes`` 0 means none."""
 
@@ -82,9 +90,9 @@ class WorkspaceQuota:
         except (OSError, ValueError):
             return None
         return (
-            f"the run's workspace holds {_size(used)}, past its quota of "
-            f"{_size(self.quota_bytes)}: tools that write (and run_bash) refuse to start until "
-            "files are removed (the remove tool) to bring it under the quota"
+            f"the run's workspace holds {size_text(used)}, past its quota of "
+            f"{size_text(self.quota_bytes)}: tools that write (and run_bash) refuse to start until "
+            f"it is under the quota again; {WAY_OUT}"
         )
 
     def account(self, run_id: str, workspace: Path) -> str | None:
@@ -99,9 +107,9 @@ class WorkspaceQuota:
             mark.write_text(str(found.used_bytes))
             at_least = "" if found.complete else "at least "
             return (
-                f"the workspace now holds {at_least}{_size(found.used_bytes)}, past its quota of "
-                f"{_size(self.quota_bytes)}: tools that write (and run_bash) will refuse to start "
-                "until files are removed (the remove tool) to bring it under the quota"
+                f"the workspace now holds {at_least}{size_text(found.used_bytes)}, past its "
+                f"quota of {size_text(self.quota_bytes)}: tools that write (and run_bash) will "
+                f"refuse to start until it is under the quota again; {WAY_OUT}"
             )
         if found.complete:
             with contextlib.suppress(FileNotFoundError):
@@ -114,7 +122,8 @@ class WorkspaceQuota:
             (self._marks / run_id).unlink()
 
 
-def _size(count: int) -> str:
+def size_text(count: int) -> str:
+    """``1.0 GiB (1,073,741,824 bytes)``."""
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if count >= scale:
             return f"{count / scale:.1f} {unit} ({count:,} bytes)"

@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import fakeredis
 import pytest
 
 from tests.worker.conftest import request
-from worker.contract.settings import WorkerSettings
+from worker.contract.settings import WorkerSettings, get_worker_settings
 from worker.contract.wire import ToolCallResult
 from worker.executor import Executor
 from worker.quota import WorkspaceQuota, measure
 from worker.results import ResultStore
+from worker.tools.filesystem import WriteFileTool
+from worker.tools.paths import WorkspaceError
+from worker.tools.workspace import Workspace
 
 QUOTA = 64 * 1024
 
@@ -94,6 +99,38 @@ def test_removing_files_lifts_the_refusal(executor: Executor, settings: WorkerSe
     assert not list((Path(settings.workspace_root) / ".toolq" / "over-quota").iterdir())
 
 
+def test_past_the_quota_write_file_may_shrink_a_file_as_the_answer_says(
+    executor: Executor, settings: WorkerSettings
+) -> None:
+    """remove and run_bash are off by default: the way out must be a tool that is on."""
+    over = write(executor, "big.txt", QUOTA * 2)
+    growing = write(executor, "big.txt", QUOTA * 2 + 1)
+    other = write(executor, "other.txt", 1)
+    emptied = write(executor, "big.txt", 0)
+    again = write(executor, "small.txt", 1)
+
+    assert "make files smaller with write_file" in over.output
+    assert growing.error_kind == "over_quota"
+    assert "empty content empties a file" in growing.output
+    assert other.error_kind == "over_quota"
+    assert not emptied.is_error, emptied.output
+    assert (Path(settings.workspace_root) / "run-1" / "big.txt").stat().st_size == 0
+    assert not again.is_error, again.output
+
+
+def test_a_hard_link_past_the_quota_is_not_a_way_out(
+    executor: Executor, settings: WorkerSettings
+) -> None:
+    """Overwriting one name of a file that has two frees nothing."""
+    write(executor, "big.txt", QUOTA * 2)
+    folder = Path(settings.workspace_root) / "run-1"
+    os.link(folder / "big.txt", folder / "twin.txt")
+
+    refused = write(executor, "big.txt", 0)
+
+    assert refused.error_kind == "over_quota"
+
+
 def test_run_bash_past_the_quota_says_so_in_its_json(executor: Executor) -> None:
     command = f"head -c {QUOTA * 2} /dev/zero > big.bin; echo written"
 
@@ -142,3 +179,39 @@ def test_a_command_reports_its_usage_in_the_result(executor: Executor) -> None:
     assert bash.usage.model_dump() == answer["usage"]
     assert bash.usage.cpu_ms is not None
     assert written.usage is None
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """A file system of 64 KiB of its own, as a run volume is of the quota's size."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a file system needs root")
+    mounted = tmp_path / "volume"
+    mounted.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mounted)], check=True)
+    try:
+        yield mounted
+    finally:
+        subprocess.run(["umount", "-l", str(mounted)], check=False)
+
+
+def test_a_write_past_a_run_volume_names_the_workspace_quota(
+    full_disk: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TOOLQ_WORKSPACE_QUOTA_FS", "loop")
+    monkeypatch.setenv("TOOLQ_WORKSPACE_QUOTA_BYTES", str(QUOTA))
+    get_worker_settings.cache_clear()
+    try:
+        with pytest.raises(WorkspaceError) as refused:
+            WriteFileTool(Workspace(full_disk)).execute(
+                {"path": "big.txt", "content": "x" * QUOTA * 2}
+            )
+    finally:
+        get_worker_settings.cache_clear()
+
+    assert str(refused.value) == (
+        "'big.txt': the workspace is full at its quota of 64.0 KiB (TOOLQ_WORKSPACE_QUOTA_BYTES="
+        "65536); make files smaller with write_file (the same path with "
+        "shorter content; empty content empties a file), or delete them with remove where that "
+        "tool is on"
+    )

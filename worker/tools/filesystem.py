@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import os
 import stat
 from typing import Any, BinaryIO
 
@@ -149,6 +150,21 @@ class WriteFileTool(WorkspaceTool):
     )
     Args = WriteFileArgs
     workspace_effect = "adds"
+
+    def only_shrinks(self, args: object) -> bool:
+        """Overwriting a file of one link with no more bytes than it holds: a run past its quota
+        can empty or cut its files with the tool that is on by default."""
+        if not isinstance(args, dict):
+            return False
+        path, content = args.get("path"), args.get("content")
+        if not isinstance(path, str) or not isinstance(content, str):
+            return False
+        try:
+            found = os.stat(self.workspace.resolve(path))
+        except (OSError, WorkspaceError):
+            return False
+        new_size = len(content.encode("utf-8", "surrogatepass"))
+        return stat.S_ISREG(found.st_mode) and found.st_nlink == 1 and new_size <= found.st_size
 
     def execute(self, args: dict[str, Any]) -> str:
         path: str = args["path"]

@@ -101,6 +101,11 @@ class ExecutableTool(ABC):
     #: (measured after, never refused) or ``none``.
     workspace_effect: ClassVar[Literal["none", "adds", "frees"]] = "none"
 
+    def only_shrinks(self, args: object) -> bool:
+        """Whether this call of a tool that ``adds`` can only make the workspace smaller: it runs
+        even past the quota, as the way out of it."""
+        return False
+
     @abstractmethod
     def execute(self, args: dict[str, Any]) -> Any | Awaitable[Any]:
         """Run the tool with validated arguments."""

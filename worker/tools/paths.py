@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from worker.contract.errors import ToolqError
+from worker.contract.settings import get_worker_settings
+from worker.quota import WAY_OUT, size_text
 
 #: Longest path accepted, in bytes of UTF-8 (Linux's PATH_MAX).
 MAX_PATH_BYTES = 4096
@@ -93,6 +95,23 @@ class _Location:
     owner: tuple[int, int] | None
 
 
+def _no_space() -> str:
+    """Why a write found no space: with a file system of the quota's size for each workspace
+    (``TOOLQ_WORKSPACE_QUOTA_FS=loop``) it is the quota, which the model can do something about."""
+    try:
+        settings = get_worker_settings()
+    except ValueError:  # settings a worker refused at its start; not this call's business
+        return "no space left on the device"
+    if settings.workspace_quota_fs != "loop" or not settings.workspace_quota_bytes:
+        return "no space left on the device"
+    quota = settings.workspace_quota_bytes
+    shown_quota = size_text(quota).partition(" (")[0]  # "64.0 KiB": the variable has the bytes
+    return (
+        f"the workspace is full at its quota of {shown_quota} (TOOLQ_WORKSPACE_QUOTA_BYTES="
+        f"{quota}); {WAY_OUT}"
+    )
+
+
 class ConfinedPaths:
     """Names resolved below one root directory, and messages about them.
 
@@ -166,7 +185,7 @@ class ConfinedPaths:
             errno.EPERM: "operation not permitted",
             errno.EEXIST: "something already exists there",
             errno.ENOTEMPTY: "the directory is not empty",
-            errno.ENOSPC: "no space left on the device",
+            errno.ENOSPC: _no_space(),
             errno.EDQUOT: "the disk quota is exceeded",
             errno.EROFS: "the file system is read-only",
             errno.EFBIG: "the file would be too large",
