@@ -178,7 +178,7 @@ class Boxes:
         if record is None:
             return None
         with self.turn(record.name, deadline, record.image):
-            self._end(record, self.runtime(record.image))
+            self._end(record, self.runtime(record.image), at_once=True)
         return record
 
     def digests_in_use(self) -> set[str]:
@@ -331,16 +331,20 @@ class Boxes:
             return f"{what} is not running"
         return None
 
-    def _end(self, record: BoxRecord, runtime: OciRuntime) -> None:
+    def _end(self, record: BoxRecord, runtime: OciRuntime, *, at_once: bool = False) -> None:
+        """End ``record``'s box; ``at_once`` where its run is over (``OciRuntime.end_now``)."""
         if record.runtime != runtime.name:
             # Made by another runtime than the one set now: that one ends it.
             with contextlib.suppress(RuntimeFailed):
                 runtime = OciRuntime.find(record.runtime, self.settings.cache_root)
-        self._remove(record.name, runtime)
+        self._remove(record.name, runtime, record.init_pid if at_once else None)
 
-    def _remove(self, name: str, runtime: OciRuntime) -> None:
+    def _remove(self, name: str, runtime: OciRuntime, sandbox_pid: int | None = None) -> None:
         with contextlib.suppress(RuntimeFailed):
-            runtime.delete(name)
+            if sandbox_pid is None:
+                runtime.delete(name)
+            else:
+                runtime.end_now(name, sandbox_pid)
         remove_bundle(self.folder / name)
         BoxGroup(self.settings.cgroup_root, group_path(name)).remove()
 

@@ -23,6 +23,10 @@ from worker.contract.errors import ToolqError
 
 #: How long a runtime's own bookkeeping command (state, kill, delete) may take.
 _QUICK_S = 30.0
+#: How long a killed runsc box's sandbox is waited for before it is deleted the sure way.
+_END_WAIT_S = 5.0
+#: Between two looks at whether it has exited.
+_END_POLL_S = 0.005
 _LOG_MESSAGE = re.compile(r'msg="(?P<msg>(?:[^"\\]|\\.)*)"')
 
 
@@ -71,11 +75,15 @@ class OciRuntime:
         self.root.mkdir(parents=True, exist_ok=True)
         # The box's first process keeps the runtime's standard streams: a pipe would never
         # close, so its output goes to a file of the bundle.
-        self._run(
-            ["create", "--bundle", str(bundle), "--pid-file", str(pid_file), name],
-            deadline,
-            output=bundle / "create.log",
-        )
+        argv = ["create", "--bundle", str(bundle), "--pid-file", str(pid_file), name]
+        try:
+            self._run(argv, deadline, output=bundle / "create.log")
+        except RuntimeFailed:
+            if self.state(name) is None:
+                raise
+            # A box of the name ended moments ago, still being forgotten (``end_now``).
+            self.delete(name)
+            self._run(argv, deadline, output=bundle / "create.log")
 
     def start(self, name: str, deadline: float) -> None:
         self._run(["start", name], deadline)
@@ -137,6 +145,41 @@ class OciRuntime:
             if self.state(name) is not None:
                 raise
 
+    def end_now(self, name: str, sandbox_pid: int) -> None:
+        """End ``name`` when nothing of it is to be kept (its run is over), without waiting
+        for more than its processes to die.
+
+        runsc: its root process is killed (SIGKILL: its sandbox, the box's kernel, exits with
+        it, and everything the box ran), and once the sandbox (``sandbox_pid``) has exited the
+        box is forgotten by a ``runsc delete`` left to finish in the background: delete itself
+        waits until whoever adopted the exited sandbox reaps it, over a second where that init
+        is slow. A box still there after ``_END_WAIT_S`` is deleted the sure way. Other
+        runtimes: ``delete --force``, which returns as soon as the box is gone."""
+        if not self.gvisor:
+            self.delete(name)
+            return
+        try:
+            self._run(["kill", name, "KILL"], time.monotonic() + _QUICK_S)
+        except RuntimeFailed:
+            self.delete(name)  # not running (or not known): nothing to wait for
+            return
+        waited_until = time.monotonic() + _END_WAIT_S
+        while not _exited(sandbox_pid) and time.monotonic() < waited_until:
+            time.sleep(_END_POLL_S)
+        if not _exited(sandbox_pid):
+            self.delete(name)
+            return
+        try:
+            subprocess.Popen(
+                [*self._base(), "delete", "--force", name],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except OSError:
+            self.delete(name)
+
     def exec_argv(self, name: str, process: Path, pid_file: Path) -> list[str]:
         """The command line that runs ``process`` (a process.json) in ``name`` and ends with it."""
         return [
@@ -183,6 +226,16 @@ class OciRuntime:
         if returncode != 0:
             raise RuntimeFailed(f"{self.name} {arguments[0]}: {complaint(err)}")
         return out
+
+
+def _exited(pid: int) -> bool:
+    """Whether ``pid`` has exited: gone, or a zombie waiting to be reaped."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return True
+    fields = stat.rsplit(b")", 1)[-1].split()
+    return not fields or fields[0] in (b"Z", b"X")
 
 
 def complaint(stderr: bytes) -> str:
