@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from api.commands.usage_errors import COMMAND_LINE_ERROR, exit_refused
+from api.listening import port_option
 from api.settings import check_settings, get_settings
 from worker.contract.settings_check import debugging, exit_on_bad_settings
 from worker.contract.wire import AGENTS_QUEUE, POOLS
@@ -65,12 +66,12 @@ def _checked_settings() -> None:
     exit_on_bad_settings(check_settings)
 
 
-def _reachable_fleet() -> None:
+def _reachable_fleet(*, local_too: bool = False) -> None:
     """With a broker configured, it and the result store answer, or the command ends here in
     one line, with exit status 1: before the command's own (slower) imports, and before any
-    conversation starts."""
+    conversation starts. ``local_too``: the default broker too (a worker connects to it)."""
     settings = get_settings()
-    if settings.local_mode:
+    if settings.local_mode and not local_too:
         return
     from api.connections import FleetUnreachableError, check_connections
 
@@ -106,6 +107,8 @@ def worker(
         except ModelError as exc:
             err.print(f"error: an agents worker asks the model: {exc}", markup=False)
             raise typer.Exit(2) from None
+    # Celery would print its banner, then retry a broker that is down a hundred times.
+    _reachable_fleet(local_too=True)
     from api.local.stack import worker_argv
 
     # A name of its own: two workers of one pool on a host would share a sandbox worker's own
@@ -294,7 +297,7 @@ def report(
 @app.command()
 def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port.")] = 8000,
+    port: Annotated[int, port_option("Port.")] = 8000,
 ) -> None:
     """The HTTP API (runs, batches, tools, SSE events, metrics) and the web viewer at /."""
     _checked_settings()
@@ -345,7 +348,7 @@ def mcp(
 @app.command()
 def view(
     results: Annotated[Path, typer.Argument(help="A batch's output JSONL (toolq batch -o).")],
-    port: Annotated[int, typer.Option(help="Port on 127.0.0.1 (default: a free one).")] = 0,
+    port: Annotated[int, port_option("Port on 127.0.0.1 (default: a free one).")] = 0,
     browser: Annotated[
         bool, typer.Option("--browser/--no-browser", help="Open the page in a browser.")
     ] = True,
@@ -360,7 +363,7 @@ def view(
 def scripted_llm(
     script: Annotated[Path | None, typer.Option(help="Script JSON (default: the demo).")] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port.")] = 8900,
+    port: Annotated[int, port_option("Port.")] = 8900,
 ) -> None:
     """An OpenAI-compatible server that replays scripted answers (for tests and demos)."""
     _checked_settings()

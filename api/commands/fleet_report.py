@@ -52,7 +52,7 @@ def tools_table(fleet: Fleet) -> Table:
     table = Table()
     table.add_column("tool", no_wrap=True, overflow="fold")
     for header in ("pool", "on by default", "live workers", "delivery"):
-        table.add_column(header)
+        table.add_column(header, overflow="fold")
     for spec in fleet.model_tools.values():
         table.add_row(
             spec.name,
@@ -129,8 +129,8 @@ def show_status(*, console: Console, err: Console, as_json: bool = False) -> int
         return 0
     table = Table()
     table.add_column("pool", no_wrap=True, overflow="fold")
-    table.add_column("queued")
-    table.add_column("live workers")
+    table.add_column("queued", overflow="fold")
+    table.add_column("live workers", overflow="fold")
     for pool in POOLS:
         table.add_row(pool, str(depths.get(pool, "?")), str(len(fleet.workers.get(pool, []))))
     # Not a tool pool: agents workers run whole conversations, whose calls go to the pools above.
@@ -158,9 +158,9 @@ def limits_table(workers: list[WorkerInfo]) -> Table:
     """Which limits each sandbox worker applies to run_bash, and what enforces them."""
     table = Table()
     table.add_column("sandbox worker", no_wrap=True, overflow="fold")
-    table.add_column("runs apart")
+    table.add_column("runs apart", overflow="fold")
     for header in ("memory", "processes", "CPU accounted by", "workspace quota", "isolation"):
-        table.add_column(header)
+        table.add_column(header, overflow="fold")
     for info in workers:
         assert info.limits is not None
         limits, box = info.limits, info.limits.sandbox

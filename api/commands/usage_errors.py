@@ -1,5 +1,6 @@
 """A command line Click refuses (an unknown option, a bad value, a missing argument), said the
-way toolq says every error line: ``error: ...`` on stderr (Click's own line starts ``Error:``)."""
+way toolq says every error: one line, ``error: ...`` on stderr (Click's own are three, the usage,
+a hint and ``Error: ...``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ class CommandLineError(Protocol):
 
     exit_code: int
 
+    def format_message(self) -> str: ...
+
     def show(self, file: TextIO | None = None) -> None: ...
 
 
@@ -27,12 +30,18 @@ COMMAND_LINE_ERROR = cast(
 
 
 def exit_refused(exc: Exception) -> NoReturn:
-    """Click's usage, hint and error line on stderr, then exit with Click's status for it."""
+    """One line on stderr, ``error: ...`` and where the command's options are shown, then exit
+    with Click's status for it (2). A bare ``toolq`` shows the help, as Click shows it."""
     refused = cast(CommandLineError, exc)
-    shown = io.StringIO()
-    refused.show(file=shown)
-    for line in shown.getvalue().splitlines():
-        if line.startswith("Error: "):
-            line = "error: " + line.removeprefix("Error: ")
-        print(line, file=sys.stderr)
+    context = getattr(exc, "ctx", None)
+    if type(exc).__name__ == "NoArgsIsHelpError" or context is None:
+        shown = io.StringIO()
+        refused.show(file=shown)
+        for line in shown.getvalue().splitlines():
+            if line.startswith("Error: "):
+                line = "error: " + line.removeprefix("Error: ")
+            print(line, file=sys.stderr)
+    else:
+        message = refused.format_message().rstrip(".")
+        print(f"error: {message} ({context.command_path} -h shows its options)", file=sys.stderr)
     sys.exit(refused.exit_code)

@@ -15,6 +15,7 @@ from types import FrameType
 from typing import NoReturn
 
 from api.http.tenants import Tenants, TokensFileError
+from api.listening import listen
 from api.settings import OrchestratorSettings, get_settings
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ def serve(host: str, port: int, *, settings: OrchestratorSettings | None = None)
             "could run agents and tools. Set TOOLQ_API_TOKEN (or TOOLQ_API_TOKENS_FILE), or "
             "listen on 127.0.0.1."
         )
-    listener = _listen(host, port)
+    listener = listen(host, port)
     try:
         _serve_on(listener, host, port, settings, tenants)
     finally:
@@ -94,21 +95,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False  # a name: it may resolve to anything
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    """A socket listening on ``host``:``port``, bound as uvicorn would bind it."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    listener = socket.socket(family, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        listener.bind((host, port))
-        listener.listen(2048)  # uvicorn's default backlog
-    except OSError as exc:
-        listener.close()
-        reason = (exc.strerror or str(exc)).lower()
-        _refuse(f"cannot listen on {host}:{port}: {reason}; choose another --port", EXIT_FAILED)
-    return listener
 
 
 def _exit_cleanly(signum: int, _: FrameType | None) -> None:

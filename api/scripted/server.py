@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import Receive, Scope, Send
 
 from api.background import Background
+from api.listening import listen
 from api.scripted.script import (
     DEFAULT_SCRIPT_PATH,
     SHIPPED_SCRIPTS_DIR,
@@ -341,5 +342,10 @@ class ScriptedServer(Background):
 def serve(script_path: Path | None, host: str, port: int) -> None:
     """Serve the scripted model in the foreground until interrupted."""
     script = Script.load(script_path) if script_path else None
-    config = _uvicorn_config(create_scripted_app(script), host=host, port=port, access_log=False)
-    uvicorn.Server(config).run()
+    # Taken first, so that a port toolq cannot have is its one line, not uvicorn's log.
+    listener = listen(host, port)
+    config = _uvicorn_config(create_scripted_app(script), access_log=False)
+    try:
+        uvicorn.Server(config).run(sockets=[listener])
+    finally:
+        listener.close()

@@ -7,6 +7,7 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -304,10 +305,24 @@ def _with_scheme(url: str | None, schemes: tuple[str, ...], what: str) -> str | 
         return None
     scheme = _scheme(url)
     if scheme in schemes and url.partition("://")[2]:
+        _port_of(url, what)
         return url
     # The scheme alone: the rest of a URL may hold a password.
     found = f"it starts {scheme}://" if scheme else "it has no scheme"
     raise ValueError(f"not {what} URL toolq can use ({found}); use {_either(schemes)}")
+
+
+def _port_of(url: str, what: str) -> int | None:
+    """``url``'s port (None: the scheme's default); a ValueError if it is no port, which would
+    fail the connection later in the URL parser's words, naming no variable."""
+    try:
+        return urlsplit(url).port
+    except ValueError:
+        # The port alone: the rest of a URL may hold a password.
+        port = urlsplit(url).netloc.rpartition("@")[2].rpartition(":")[2]
+        raise ValueError(
+            f"not {what} URL toolq can use (its port {port!r} is not a number from 0 to 65535)"
+        ) from None
 
 
 def _either(schemes: tuple[str, ...]) -> str:

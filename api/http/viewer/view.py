@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sys
 import threading
 import webbrowser
@@ -23,6 +22,7 @@ from fastapi import FastAPI
 from api.http.viewer.results_file import ResultsFileSource, results_path_problem
 from api.http.viewer.routes import mount_viewer
 from api.http.viewer.viewer import Viewer
+from api.listening import listen
 
 HOST = "127.0.0.1"
 
@@ -54,14 +54,7 @@ def view_results(path: Path, *, port: int = 0, open_browser: bool = True) -> int
         print(f"error: {problem}", file=sys.stderr)
         return 2
     # Bound and listening before the URL is printed: whoever opens it at once is answered.
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        listener.bind((HOST, port))
-    except OSError as exc:
-        print(f"error: cannot listen on {HOST}:{port}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    listener.listen(128)
+    listener = listen(HOST, port, backlog=128)
     url = f"http://{HOST}:{listener.getsockname()[1]}/"
     print(f"toolq view: {path} at {url} (read-only; Ctrl-C to stop)", flush=True)
     if open_browser and _has_browser():

@@ -42,9 +42,10 @@ def test_serve_on_a_port_in_use_stops_before_starting_a_local_stack(
         port = taken.getsockname()[1]
         with pytest.raises(SystemExit) as stopped:
             serve("127.0.0.1", port, settings=api_settings(broker_url=None))
-    assert stopped.value.code == 1
+    assert stopped.value.code == 2
     assert capsys.readouterr().err == (
-        f"error: cannot listen on 127.0.0.1:{port}: address already in use; choose another --port\n"
+        f"error: cannot listen on 127.0.0.1:{port}: address already in use; choose another "
+        "--port, or stop what listens there\n"
     )
 
 

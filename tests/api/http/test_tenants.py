@@ -322,7 +322,7 @@ def test_a_tokens_file_alone_is_a_token_off_loopback(
         port = taken.getsockname()[1]
         with pytest.raises(SystemExit) as stopped:
             serve("0.0.0.0", port, settings=settings)
-    assert stopped.value.code == 1
+    assert stopped.value.code == 2
     assert capsys.readouterr().err.startswith(f"error: cannot listen on 0.0.0.0:{port}")
 
 
