@@ -9,9 +9,11 @@ call then never starts (a late message of it finds the caller's mark and is drop
 ``interrupted``, its outcome unknown. When the marker cannot be read, nothing is known, and the
 answer says so rather than claim the call did not run.
 
-An answer is the call's own when it is sealed with the key its request carried
-(``ToolCallRequest.seal_key``): anyone who can write to Redis can push text to a caller's reply
-list or put it at a call's result key, and none of it is taken for an answer.
+An answer is the call's own when it is sealed with the call's key, derived from the fleet secret
+and the call's id (``worker.contract.fleet_secret``), which is in no message: anyone who can
+write to Redis can push text to a caller's reply list or put it at a call's result key, and none
+of it is taken for an answer. An answer sealed under another fleet secret is refused too, and
+the call's last word says so, naming the setting.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from redis.exceptions import RedisError
 
 from api.fleet import read_queue_depths
 from api.silent_workers import SilentWorkers
+from worker.contract.fleet_secret import SECRET_SETTING, FleetSecret, fleet_secret
 from worker.contract.keys import keys
 from worker.contract.settings import FleetSettings
 from worker.contract.wire import (
@@ -52,6 +55,8 @@ class InFlight:
     sent_at: float | None = None
     #: A value not the call's own was found at its result key: reported once.
     saw_foreign_result: bool = False
+    #: An answer came sealed under another fleet secret (its ``sealer``).
+    foreign_sealer: str | None = None
 
 
 @dataclass(eq=False)
@@ -68,11 +73,35 @@ class CallWatch:
     caller: str
     #: Answers refused because they were not the call's own (forged, or malformed).
     refused: int = field(default=0, init=False)
+    #: What seals the answers of this caller's calls (``TOOLQ_FLEET_SECRET_FILE``).
+    secret: FleetSecret = field(init=False)
     #: Answers the started calls of workers that died (``api.silent_workers``).
     silent_workers: SilentWorkers = field(init=False)
 
     def __post_init__(self) -> None:
         self.silent_workers = SilentWorkers(self.redis)
+        self.secret = fleet_secret(self.settings.fleet_secret_file)
+
+    def is_own(self, result: ToolCallResult, flight: InFlight) -> bool:
+        """Whether ``result`` is the answer to ``flight``'s call, sealed by a worker of this
+        fleet; one sealed under another fleet secret is noted for the call's last word."""
+        task_id = flight.request.task_id
+        if result.task_id == task_id and result.is_sealed_with(self.secret.seal_key(task_id)):
+            return True
+        if result.sealer and result.sealer != self.secret.secret_id:
+            if flight.foreign_sealer is None:
+                log.warning(
+                    "call %s: an answer came sealed under another fleet secret (%s; this "
+                    "caller's is %s, from %s): the workers and this caller must read the same "
+                    "%s",
+                    task_id,
+                    result.sealer,
+                    self.secret.secret_id,
+                    self.secret.path,
+                    SECRET_SETTING,
+                )
+            flight.foreign_sealer = result.sealer
+        return False
 
     def refuse(self, task_id: str, what: str) -> None:
         """Count and report an answer to ``task_id`` that is not its own; the call waits on."""
@@ -94,7 +123,7 @@ class CallWatch:
             result = ToolCallResult.model_validate_json(raw)
         except ValueError:
             result = None
-        if result is not None and request.seal_key and result.is_sealed_with(request.seal_key):
+        if result is not None and self.is_own(result, flight):
             return result
         if not flight.saw_foreign_result:
             flight.saw_foreign_result = True
@@ -214,7 +243,7 @@ class CallWatch:
                 "interrupted",
                 f"Error: {tool} was interrupted: worker {starter} started it and no answer "
                 f"came in {waited:.1f} s (the worker may have died, or its answer was lost); "
-                "its outcome is unknown.",
+                f"its outcome is unknown.{self._foreign_note(flight)}",
             )
         why = await self._not_started_why(flight.pool)
         return ToolCallResult.failure(
@@ -222,6 +251,16 @@ class CallWatch:
             "no_answer",
             f"Error: no answer for {tool} after {waited:.1f} s: {why}. It never started, and "
             "will not start now.",
+        )
+
+    def _foreign_note(self, flight: InFlight) -> str:
+        """What the call's last word adds when answers came sealed under another secret."""
+        if flight.foreign_sealer is None:
+            return ""
+        return (
+            f" Its answer came sealed under another fleet secret ({flight.foreign_sealer}; "
+            f"this caller's is {self.secret.secret_id}, from {self.secret.path}) and was "
+            f"refused: the workers and this caller must read the same {SECRET_SETTING}."
         )
 
     async def _not_started_why(self, pool: str) -> str:

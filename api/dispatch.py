@@ -5,7 +5,8 @@ send as one batch (one Redis round trip on a Redis broker). Answers come back th
 Redis list per dispatcher, drained by one reader task. A thousand calls in flight cost a
 thousand futures, not a thousand threads or connections.
 
-An answer is taken only when it is the call's own, sealed with the random key the call carried;
+An answer is taken only when it is the call's own, sealed with a key of the call's alone derived
+from the fleet secret, which no message carries;
 calls lost before they started are sent again, and a call's deadline gets a true account of it
 (``api.call_watch``).
 """
@@ -159,7 +160,6 @@ class Dispatcher:
             timeout_ms=limit,
             deadline=time.time() + wait_s,
             reply_to=self.reply_key,
-            seal_key=ToolCallRequest.new_seal_key(),
         )
 
     async def call(self, request: ToolCallRequest, pool: str) -> ToolCallResult:
@@ -171,9 +171,6 @@ class Dispatcher:
     async def _send_and_wait(self, request: ToolCallRequest, pool: str) -> ToolCallResult:
         if not self._replies.started:
             await self.start()
-        if request.seal_key is None:
-            # Only an answer sealed with the call's own key is taken: a call needs one.
-            request = request.model_copy(update={"seal_key": ToolCallRequest.new_seal_key()})
         flight = InFlight(request, pool, asyncio.get_running_loop().create_future())
         self._pending[request.task_id] = flight
         sent_at = time.monotonic()
@@ -189,8 +186,8 @@ class Dispatcher:
             self._pending.pop(request.task_id, None)
 
     def _send_again(self, flight: InFlight) -> None:
-        """The call's next message, with the same id and key: whichever a worker starts first
-        runs, and any other is dropped by the start marker."""
+        """The call's next message, with the same id (so the same seal): whichever a worker
+        starts first runs, and any other is dropped by the start marker."""
         number = flight.request.send_number + 1
         flight.request = flight.request.model_copy(update={"send_number": number})
         flight.sent_at = None
@@ -287,8 +284,7 @@ class Dispatcher:
         return [item for item in unsent if item.request.deadline > cutoff]
 
     def _accept(self, flight: InFlight, result: ToolCallResult) -> None:
-        key = flight.request.seal_key
-        if key is None or not result.is_sealed_with(key):
+        if not self._watch.is_own(result, flight):
             self._watch.refuse(result.task_id, "a reply")
             return
         flight.answer.set_result(result)

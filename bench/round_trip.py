@@ -25,6 +25,7 @@ from bench import redis_echo
 from bench.noop_plugin import NoopTool
 from bench.stack import TRANSPORT_NOTE, BareWorker, python_path
 from bench.stats import CaseResult, Comparison, summarize
+from worker.contract.fleet_secret import fleet_secret
 from worker.contract.settings import WorkerSettings
 from worker.contract.wire import ToolCallRequest, ToolSpec
 from worker.executor import Executor, build_registry
@@ -215,7 +216,8 @@ def toolq_parts(settings: WorkerSettings, spec: ToolSpec, calls: int) -> dict[st
     with tempfile.TemporaryDirectory(prefix="toolq-bench-parts-") as root:
         run_settings = settings.model_copy(update={"workspace_root": Path(root)})
         client = CountingRedis(settings.redis_url)
-        executor = Executor(run_settings, ResultStore(client, 60), "bench:parts")
+        store = ResultStore(client, 60, fleet_secret(settings.fleet_secret_file))
+        executor = Executor(run_settings, store, "bench:parts")
         reply_key = f"bench:parts:{uuid.uuid4().hex}"
 
         def request() -> ToolCallRequest:

@@ -146,7 +146,6 @@ class Executor:
             request.task_id,
             self.worker_name,
             request.send_number,
-            request.seal_key,
             deadline=request.deadline,
             node=node,
         )
@@ -163,9 +162,7 @@ class Executor:
             return begin.stored
         if tool is None or not gated:
             assert result is not None  # only a call with effects waits for admission
-            return self.store.store(
-                result, request.reply_to, request.seal_key, deadline=request.deadline
-            )
+            return self.store.store(result, request.reply_to, deadline=request.deadline)
         if begin.held_by is not None:
             raise NotRunHere(f"the call is held by {begin.held_by}")
         if begin.previous is not None:
@@ -177,9 +174,7 @@ class Executor:
                 self.worker_name,
             )
         assert result is not None  # only a stored answer or a cut call refuses admission
-        return self.store.store(
-            result, request.reply_to, request.seal_key, deadline=request.deadline
-        )
+        return self.store.store(result, request.reply_to, deadline=request.deadline)
 
     def _held_run(
         self,
@@ -232,7 +227,7 @@ class Executor:
         )
         # One try, with no wait: this runs in the worker's main process, whose event loop takes
         # the calls and must not stop for a store that refuses.
-        self.store.store(result, request.reply_to, request.seal_key)
+        self.store.store(result, request.reply_to)
 
     def _run(
         self,
@@ -362,9 +357,7 @@ class Executor:
         )
         reply_to = data.get("reply_to")
         if isinstance(reply_to, str) and keys.is_reply(reply_to):
-            seal_key = data.get("seal_key")
-            if isinstance(seal_key, str):
-                result = result.sealed_with(seal_key)
-            self.store.reply_again(result, reply_to)
+            # Sealed, so that its caller takes it: the key is the fleet's and the call's id.
+            self.store.reply_again(self.store.sealed(result), reply_to)
         log.error("invalid tool call request: %s", fields)
         return result

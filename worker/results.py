@@ -1,10 +1,11 @@
 """Results stored once per task_id (``worker.contract.jobs``), and the start marker that makes
 redelivery safe.
 
-A stored result counts only if it is the call's own: sealed with the key its request carries
-(``ToolCallRequest.seal_key``). Anyone who can write to Redis can put text at a call's result
-key before the call runs; a worker that took it for the answer would skip the call and hand
-that text on, so such a value is replaced, and said so.
+A stored result counts only if it is the call's own: sealed with the call's key, derived from
+the fleet secret and its id (``worker.contract.fleet_secret``), which no message carries. Anyone
+who can write to Redis can put text at a call's result key before the call runs; a worker that
+took it for the answer would skip the call and hand that text on, so such a value is replaced,
+and said so.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import redis
 from redis.commands.core import Script
 from redis.connection import Connection
 
+from worker.contract.fleet_secret import FleetSecret
 from worker.contract.jobs.answers import AnswerStore
 from worker.contract.keys import keys
 from worker.contract.runtime.store_refusals import REFUSED_WRITES, as_refusal, until_deadline
@@ -53,11 +55,14 @@ class Begin:
 
 
 class ResultStore:
-    """Sync access for workers; the caller side reads the same keys through redis.asyncio."""
+    """Sync access for workers; the caller side reads the same keys through redis.asyncio.
 
-    def __init__(self, client: redis.Redis, ttl_s: int) -> None:
+    Answers are sealed with ``secret`` (the fleet's); with none, neither sealed nor checked."""
+
+    def __init__(self, client: redis.Redis, ttl_s: int, secret: FleetSecret | None = None) -> None:
         self._redis = client
         self._ttl_s = ttl_s
+        self.secret = secret
         self._answers = AnswerStore(client, ttl_s, keys.result, "call")
         self._begin = client.register_script(_BEGIN)
 
@@ -65,14 +70,14 @@ class ResultStore:
         self,
         result: ToolCallResult,
         reply_to: str | None,
-        seal_key: str | None = None,
         *,
         deadline: float | None = None,
     ) -> ToolCallResult:
-        """Keep the first result of this call, sealed with ``seal_key``, and send the kept one
+        """Keep the first result of this call, sealed with its key, and send the kept one
         to ``reply_to`` (a redelivered call that ran again still answers with its first
         outcome); a store that refuses is asked again until ``deadline``."""
-        sealed = result.sealed_with(seal_key)
+        sealed = self.sealed(result)
+        seal_key = self.seal_key(result.task_id)
         payload = sealed.model_dump_json()
         unbound: bytes | str = ""
         for _ in range(_UNBOUND_TRIES):
@@ -91,6 +96,16 @@ class ResultStore:
         self.reply_again(sealed, reply_to, deadline=deadline)
         return sealed
 
+    def seal_key(self, task_id: str) -> str | None:
+        """The key that seals call ``task_id``'s answer; None without a secret."""
+        return None if self.secret is None else self.secret.seal_key(task_id)
+
+    def sealed(self, result: ToolCallResult) -> ToolCallResult:
+        """``result`` sealed as its call's own answer."""
+        if self.secret is None:
+            return result
+        return result.sealed_with(self.seal_key(result.task_id), self.secret.secret_id)
+
     def reply_again(
         self, result: ToolCallResult, reply_to: str | None, *, deadline: float | None = None
     ) -> None:
@@ -104,14 +119,13 @@ class ResultStore:
         task_id: str,
         worker: str,
         send_number: int = 1,
-        seal_key: str | None = None,
         *,
         deadline: float | None = None,
         node: str | None = None,
     ) -> PendingBegin:
         """The stored answer of a finished call, or mark the call started by ``worker`` (of the
         Celery worker ``node``), as message ``send_number`` of the call; a stored answer counts
-        if sealed with ``seal_key``.
+        if sealed with the call's key.
         Sent now, its answer read by ``PendingBegin.result``: the round trip overlaps whatever
         the caller does in between, which must start nothing of the call's."""
         return PendingBegin(
@@ -120,7 +134,7 @@ class ResultStore:
             keys=[keys.result(task_id), keys.started(task_id)],
             args=[start_mark(send_number, worker, node), self._ttl_s, ""],
             send_number=send_number,
-            seal_key=seal_key,
+            seal_key=self.seal_key(task_id),
             deadline=deadline,
         )
 

@@ -29,8 +29,10 @@ from celery.signals import (
     worker_shutdown,
 )
 
+import worker.inspect_views  # noqa: F401  (Celery inspect shows each call's summary only)
 from worker.app import app
 from worker.contract.errors import ToolqError
+from worker.contract.fleet_secret import fleet_secret
 from worker.contract.jobs.delivery import JobTask
 from worker.contract.runtime.heartbeat import Heartbeat
 from worker.contract.runtime.lifeline import VITALS, consumer_lost
@@ -61,7 +63,7 @@ def executor() -> Executor:
     """One per process, made after the fork so no connection is shared between children."""
     settings = get_worker_settings()
     client = redis.Redis.from_url(settings.redis_url, health_check_interval=30)
-    store = ResultStore(client, settings.result_ttl_s)
+    store = ResultStore(client, settings.result_ttl_s, fleet_secret(settings.fleet_secret_file))
     name = f"{socket.gethostname()}:{os.getpid()}"
     return Executor(
         settings, store, name, time_limit=(SoftTimeLimitExceeded,), pools=served_pools(app)

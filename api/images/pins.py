@@ -131,6 +131,5 @@ class RunPins:
                 "task_id": f"{request.task_id}.r",
                 "environment": fresh.environment,
                 "send_number": 1,
-                "seal_key": ToolCallRequest.new_seal_key(),
             }
         )

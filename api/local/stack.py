@@ -29,6 +29,7 @@ from api.local.children import spawn
 from api.local.leftovers import FOLDER_PREFIX, StackRecorder, clear_leftovers
 from api.settings import OrchestratorSettings
 from worker.contract.errors import ToolqError
+from worker.contract.fleet_secret import SECRET_SETTING, fleet_secret
 from worker.contract.keys import keys
 from worker.contract.settings import WorkerSettings, get_worker_settings
 from worker.contract.wire import AGENTS_QUEUE, POOLS
@@ -258,11 +259,15 @@ class LocalStack(Background):
 
 
 def worker_environment(settings: WorkerSettings) -> dict[str, str]:
-    """The TOOLQ_ variables that give a worker process these settings."""
-    return {
+    """The TOOLQ_ variables that give a worker process these settings, and the fleet secret
+    of the process that starts it (its user's default one made now if need be): the workers
+    seal their answers with what their callers check them by."""
+    variables = {
         f"TOOLQ_{name.upper()}": ",".join(value) if isinstance(value, list) else str(value)
         for name, value in settings.model_dump(exclude_none=True).items()
     }
+    variables[SECRET_SETTING] = str(fleet_secret(settings.fleet_secret_file).path)
+    return variables
 
 
 def pings(client: redis.Redis) -> bool:

@@ -43,7 +43,6 @@ class Watched:
             timeout_ms=1000,
             deadline=time.time() + left_s,
             reply_to="toolq:reply:c1",
-            seal_key=ToolCallRequest.new_seal_key(),
             send_number=send_number,
         )
         flight = InFlight(request, "sandbox", asyncio.get_running_loop().create_future())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import secrets
 import shutil
 import tempfile
 import time
@@ -18,6 +19,7 @@ import pytest
 import redis
 
 from tests.conftest import TEST_PLUGINS, RedisServer
+from worker.contract.fleet_secret import FleetSecret
 from worker.contract.settings import WorkerSettings
 from worker.contract.uid_range import DEFAULT_UID_RANGE, UidRange
 from worker.contract.wire import ToolCallResult
@@ -106,9 +108,13 @@ def own_redis_client(own_redis: RedisServer) -> Iterator[redis.Redis]:
         yield made
 
 
+#: The fleet secret of the tests' workers: answers are sealed with keys derived from it.
+TEST_SECRET = FleetSecret(secrets.token_hex(32).encode(), Path("test-fleet-secret"))
+
+
 @pytest.fixture
 def store(client: redis.Redis) -> ResultStore:
-    return ResultStore(client, 60)
+    return ResultStore(client, 60, TEST_SECRET)
 
 
 @pytest.fixture

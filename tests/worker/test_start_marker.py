@@ -42,8 +42,9 @@ def test_the_first_delivery_marks_the_call_and_a_second_finds_it_cut(
 def test_a_finished_call_is_found_with_its_answer(store: ResultStore) -> None:
     task_id = task()
     answer = ToolCallResult(task_id=task_id, tool="run_bash", output="done", worker=WORKER)
-    store.store(answer, None)
-    assert store.begin_ahead(task_id, "other-worker:2").result().stored == answer
+    kept = store.store(answer, None)
+    assert kept.output == "done" and kept == store.sealed(answer)
+    assert store.begin_ahead(task_id, "other-worker:2").result().stored == kept
 
 
 def test_a_server_that_forgot_the_script_still_answers(

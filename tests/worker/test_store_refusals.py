@@ -97,8 +97,8 @@ def test_an_answer_refused_by_a_full_store_is_written_once_it_takes_writes(
     store: ResultStore, client: redis.Redis, task_id: str, deadline: float
 ) -> None:
     kept = while_refused(client, lambda: store.store(answer(task_id), REPLY, deadline=deadline))
-    assert kept == answer(task_id)
-    assert client.lrange(REPLY, 0, -1) == [answer(task_id).model_dump_json().encode()]
+    assert kept == store.sealed(answer(task_id))
+    assert client.lrange(REPLY, 0, -1) == [kept.model_dump_json().encode()]
     assert ToolCallResult.model_validate_json(client.get(keys.result(task_id)) or b"") == kept
 
 

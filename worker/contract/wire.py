@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import secrets
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -162,16 +161,6 @@ class ToolCallRequest(BaseModel):
     timeout_ms: int = Field(gt=0, description="The tool's own deadline, already clamped.")
     deadline: float = Field(description="Epoch seconds after which nobody waits for the answer.")
     reply_to: str | None = Field(None, description="Redis list that receives the result.")
-    # Not in repr: a request that ends up in a log or a traceback must not hand out its key.
-    seal_key: str | None = Field(
-        None,
-        repr=False,
-        min_length=32,
-        max_length=256,
-        description="A random key of this call's own, never logged nor shown to monitors: the "
-        "worker seals its answer with it, and the caller takes no answer that is not so sealed. "
-        "None: the answer is not sealed, and its caller cannot tell it from a forged one.",
-    )
     environment: str | None = Field(
         None,
         max_length=128,
@@ -185,10 +174,6 @@ class ToolCallRequest(BaseModel):
         "sends again a call that no worker started. A message that finds the call started by "
         "another neither runs nor answers it.",
     )
-
-    @staticmethod
-    def new_seal_key() -> str:
-        return secrets.token_hex(32)
 
 
 class ToolCallResult(BaseModel):
@@ -207,15 +192,23 @@ class ToolCallResult(BaseModel):
     usage: ResourceUsage | None = Field(None, description="What a command used (run_bash).")
     seal: str | None = Field(
         None,
-        description="HMAC-SHA256, under the request's seal_key, of the rest of the answer: "
-        "proof that a worker that got the call wrote this answer to it.",
+        description="HMAC-SHA256 of the rest of the answer under the call's own key, derived "
+        "from the fleet secret and the call's task_id (``FleetSecret.seal_key``): proof that a "
+        "worker of the fleet wrote this answer to this call. The key is in no message.",
+    )
+    sealer: str | None = Field(
+        None,
+        description="Which fleet secret sealed it (``FleetSecret.secret_id``, which tells "
+        "nothing of it): a caller whose workers read another one says so.",
     )
 
-    def sealed_with(self, key: str | None) -> ToolCallResult:
-        """This answer sealed with ``key`` (a request's ``seal_key``); as it is when None."""
+    def sealed_with(self, key: str | None, sealer: str | None = None) -> ToolCallResult:
+        """This answer sealed with ``key`` (the call's ``FleetSecret.seal_key``) by the secret
+        named ``sealer``; as it is when ``key`` is None."""
         if key is None:
             return self
-        return self.model_copy(update={"seal": self._mac(key)})
+        named = self.model_copy(update={"sealer": sealer})
+        return named.model_copy(update={"seal": named._mac(key)})
 
     def is_sealed_with(self, key: str) -> bool:
         """Whether a worker that had ``key`` wrote this very answer."""
