@@ -40,6 +40,8 @@ class _Item:
     setup: tuple[int, bool] | None
     check: tuple[int, bool] | None
     error: str
+    #: The run's image and the digest it ran; None without one.
+    image: tuple[str, str | None] | None
 
     @classmethod
     def of(cls, record: BatchRecord) -> _Item:
@@ -58,7 +60,16 @@ class _Item:
             setup=_command(record.setup),
             check=_command(record.check),
             error=record.error or "",
+            image=_image(record),
         )
+
+
+def _image(record: BatchRecord) -> tuple[str, str | None] | None:
+    image = record.image or {}
+    reference, digest = image.get("reference"), image.get("digest")
+    if not isinstance(reference, str):
+        return None
+    return reference, digest if isinstance(digest, str) else None
 
 
 def _result_item(record: BatchRecord) -> _Item | None:
@@ -104,16 +115,38 @@ def build_report(path: Path) -> dict[str, Any]:
         "tool_calls": _tool_calls(items),
         "setup": _commands(items, "setup"),
         "check": _commands(items, "check"),
+        "images": _images(items),
         "slowest": [
             {
                 "id": item.id,
                 "duration_s": item.duration_s,
                 "status": item.status,
                 "stop_reason": item.stop_reason,
+                # Only where the item ran an image: a batch without one reads as before.
+                **({"image": item.image[0]} if item.image else {}),
             }
             for item in sorted(items, key=lambda i: i.duration_s, reverse=True)[:SLOWEST]
         ],
     }
+
+
+def _images(items: list[_Item]) -> list[dict[str, Any]]:
+    """Each image the items ran, most items first: the digests it ran (a tag may have moved
+    mid-batch), how many items ran it and how they ended."""
+    by_reference: dict[str, list[_Item]] = {}
+    for item in items:
+        if item.image is not None:
+            by_reference.setdefault(item.image[0], []).append(item)
+    ordered = sorted(by_reference.items(), key=lambda pair: (-len(pair[1]), pair[0]))
+    return [
+        {
+            "reference": reference,
+            "digests": sorted({i.image[1] for i in ran if i.image and i.image[1]}),
+            "items": len(ran),
+            "status": dict(Counter(i.status for i in ran).most_common()),
+        }
+        for reference, ran in ordered
+    ]
 
 
 def _score(passed: int, scored: int, methods: Counter[str]) -> dict[str, Any] | None:
@@ -218,10 +251,18 @@ def report_lines(report: Mapping[str, Any]) -> list[str]:
         lines.append(f"  by error kind: {_counts(calls['by_error_kind'])}")
     for which in ("setup", "check"):
         lines.append(_command_line(which.capitalize(), report[which]))
+    if report["images"]:
+        lines.append("Images:")
+        lines += [
+            f"  {image['reference']} ({', '.join(image['digests']) or 'no digest'}): "
+            f"{image['items']:,} items, {_counts(image['status'])}"
+            for image in report["images"]
+        ]
     if report["slowest"]:
         lines.append("Slowest items:")
         lines += [
-            f"  {s['duration_s']:8.2f} s  {s['id']} ({s['status']}, {s['stop_reason']})"
+            f"  {s['duration_s']:8.2f} s  {s['id']} ({s['status']}, {s['stop_reason']}"
+            + (f", image {s['image']})" if s.get("image") else ")")
             for s in report["slowest"]
         ]
     return lines

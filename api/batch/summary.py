@@ -33,12 +33,16 @@ class ItemSummary:
     tool_errors: int = 0
     answer: str | None = None
     error: str | None = None
+    #: The run's image as the item named it, and the digest it ran; None without one.
+    image: str | None = None
+    image_digest: str | None = None
 
     @classmethod
     def of(cls, line: BatchRecord | Mapping[str, Any]) -> ItemSummary:
         """The summary of a result line, read or as its JSON object (``NotABatchRecord`` for an
         object without an id)."""
         record = line if isinstance(line, BatchRecord) else BatchRecord.read(line)
+        image = record.image or {}
         return cls(
             id=record.id,
             status=record.status,
@@ -50,6 +54,8 @@ class ItemSummary:
             tool_errors=record.tool_errors,
             answer=record.answer,
             error=record.error,
+            image=as_text(image.get("reference")),
+            image_digest=as_text(image.get("digest")),
         )
 
     @classmethod
