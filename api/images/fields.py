@@ -54,7 +54,10 @@ class ImageFields(BaseModel):
     recreate: StrictBool = Field(
         False,
         description="With image: a container lost mid-run (its sandbox worker died) starts "
-        "again from the image, instead of the run's next command failing (environment lost).",
+        "again from the image, instead of the run's next command failing (environment lost). "
+        "The workspace is kept; what was outside it (packages installed, files written "
+        "elsewhere, processes) is gone, which the answer of the first command in the new "
+        "container says.",
     )
 
     @field_validator("image")

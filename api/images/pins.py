@@ -16,10 +16,16 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from worker.contract.keys import keys
-from worker.contract.wire import ToolCallRequest, ToolCallResult
+from worker.contract.wire import CommandAnswer, ToolCallRequest, ToolCallResult
 
 #: The pool whose calls a pin redirects: only commands run in the container.
 PINNED_POOL = "sandbox"
+#: What a call that ran in a container started again (``recreate``) tells the model first.
+RECREATED_NOTICE = (
+    "[the run's container was lost (its sandbox worker stopped) and started again from {image} "
+    "for this command: the workspace is as it was, and everything outside it (packages "
+    "installed, files written elsewhere, processes left running) is gone]"
+)
 #: Ends the answer of a pinned call whose time ran out unstarted: it is not sent again.
 _NOT_STARTED = " (its time ran out waiting)"
 
@@ -105,7 +111,7 @@ class RunPins:
             )
         if again is None:
             return result
-        return await call_once(again)
+        return self.recreated_notice(again, await call_once(again))
 
     def settle(self, request: ToolCallRequest, result: ToolCallResult) -> ToolCallResult:
         """A pinned call that no worker started: its container's worker is gone."""
@@ -117,6 +123,20 @@ class RunPins:
             lost = pin.lost(request, "did not take the call: its worker stopped")
             return lost.model_copy(update={"output": f"{lost.output}{_NOT_STARTED}"})
         return result
+
+    def recreated_notice(self, request: ToolCallRequest, result: ToolCallResult) -> ToolCallResult:
+        """``result``, telling the model that its call ran in a new container: a command's
+        answer has it first in its stderr (where its other notices are), any other first in
+        its text."""
+        pin = self._pins.get(request.run_id)
+        image = repr(pin.image) if pin is not None else "its image"
+        notice = RECREATED_NOTICE.format(image=image)
+        try:
+            answer = CommandAnswer.model_validate_json(result.output)
+        except ValueError:
+            return result.model_copy(update={"output": f"{notice}\n{result.output}"})
+        noticed = answer.model_copy(update={"stderr": f"{notice}\n{answer.stderr}"})
+        return result.model_copy(update={"output": noticed.model_dump_json()})
 
     async def recreated(self, request: ToolCallRequest) -> ToolCallRequest | None:
         """After ``environment_lost``, where the run allows it: the container started again and

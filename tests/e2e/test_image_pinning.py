@@ -117,6 +117,10 @@ async def test_a_run_that_allows_it_gets_its_container_again(
     again = await workspace.run("cat in-workspace.txt; cat /etc/mark", timeout_ms=3000)
     # A new container: the workspace is as it was, what the old container held is not.
     assert again.stdout == "kept\n" and again.exit_code == 1
+    # And the model is told so, first, where a command's notices are.
+    notice = again.stderr.splitlines()[0]
+    assert "started again from" in notice and images.alpha in notice
+    assert "everything outside it" in notice and "is gone" in notice
     assert environment.started is not None
     assert environment.started.environment == first.environment  # the run's, named after it
     await environment.end()
