@@ -15,6 +15,8 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from worker.contract.wire import Pool
+from worker.sandbox.config import SandboxConfig
+from worker.sandbox.host_registry import HostRegistry
 
 #: A sandbox worker's own queue is this prefix and its node name.
 PINNED_PREFIX = "sandbox."
@@ -30,8 +32,19 @@ class Owner(BaseModel):
     pid: int
     #: The process's start time (clock ticks after boot): a pid used again is another process.
     started: int
+    #: The worker's lock in the host's registry (``worker.sandbox.host_registry``), and that
+    #: registry's folder: they prove it alive or dead from any PID namespace, where its pid
+    #: means nothing. Empty in records of workers that had none.
+    lock: str = ""
+    registry: str = ""
+    #: The worker's fleet: a box of another fleet sharing this cache is never this one's to end.
+    fleet: str = ""
 
     def alive(self) -> bool:
+        if self.lock and self.registry:
+            known = HostRegistry(self.registry).worker_alive(self.lock)
+            if known is not None:
+                return known
         return self.boot_id == boot_id() and start_time(self.pid) == self.started
 
     @property
@@ -42,10 +55,25 @@ class Owner(BaseModel):
 _worker: list[Owner] = []
 
 
-def set_worker(node: str) -> None:
-    """Called in the worker's main process, before its pool processes fork: they inherit it."""
+def set_worker(node: str, config: SandboxConfig | None = None) -> None:
+    """Called in the worker's main process, before its pool processes fork: they inherit it
+    (and its lock in ``config``'s host registry, held while any of them lives)."""
     pid = os.getpid()
-    _worker[:] = [Owner(worker=node, boot_id=boot_id(), pid=pid, started=start_time(pid) or 0)]
+    lock = registry = fleet = ""
+    if config is not None:
+        registry, fleet = config.host_state, config.fleet()
+        lock = HostRegistry(registry).worker_id(fleet)
+    _worker[:] = [
+        Owner(
+            worker=node,
+            boot_id=boot_id(),
+            pid=pid,
+            started=start_time(pid) or 0,
+            lock=lock,
+            registry=registry,
+            fleet=fleet,
+        )
+    ]
 
 
 def current_owner() -> Owner:

@@ -17,6 +17,7 @@ from worker.images.here import worker_boxes
 from worker.images.node_claim import NodeNameTaken, claim_node_name
 from worker.images.owner import pinned_queue, set_worker
 from worker.images.sweep import sweep_boxes
+from worker.sandbox.config import SandboxConfig
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +27,7 @@ def serve_own_queue(node: str, controller: Any) -> None:
     queue too (Celery's documented way to add one). A name another live worker holds stops
     this one, in one line: sharing it would share the queue."""
     _claim_or_exit(node)
-    set_worker(node)
+    set_worker(node, SandboxConfig.from_settings(get_worker_settings()))
     controller.app.amqp.queues.select_add(pinned_queue(node))
 
 

@@ -16,7 +16,7 @@ from worker.contract.image_errors import ImageError
 from worker.images.boxes import Boxes, BoxRecord, group_path
 from worker.images.group import BoxGroup
 from worker.images.mounts import remove_bundle
-from worker.images.owner import process_alive
+from worker.images.owner import current_owner, process_alive
 from worker.images.runtime import OciRuntime, RuntimeFailed
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,9 @@ def sweep_boxes(boxes: Boxes) -> int:
 
 
 def _why_end(record: BoxRecord) -> str | None:
+    own = current_owner().fleet
+    if record.owner.fleet and own and record.owner.fleet != own:
+        return None  # another fleet's, sharing this cache: its own workers end it
     if not record.owner.alive():
         return f"its worker {record.owner.worker} is gone"
     try:
