@@ -9,7 +9,6 @@ file in /run/lock), its workspace is removed, and the next run, given that uid, 
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import secrets
@@ -150,12 +149,15 @@ print("all held" if holding() >= int(sys.argv[2]) else "alone")
 
 @dataclass
 class Fleet:
+    """A fleet whose runs all get ``uid``, and the report its cases go to."""
+
     mode: str
     stack: Stack
     uid: int
     report: Report
 
-    def case(self, tried: str, expected: str) -> Any:
+    def case(self, tried: str, expected: str) -> contextlib.AbstractContextManager[Row]:
+        """A row of the report's isolation cases, tried in this fleet's mode."""
         return self.report.case("Isolation", f"[{self.mode}] {tried}", expected)
 
 
@@ -238,16 +240,6 @@ def _remove(root: Path, run_id: str) -> None:
     wait_for(removed, what=f"{run_id}'s workspace to be removed (tried: {tried})")
 
 
-def _let_go(namespace: str) -> bool:
-    """No process of this machine is in the IPC namespace ``namespace`` (``ipc:[inode]``)."""
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if os.readlink(f"{entry.path}/ns/ipc") == namespace:
-                    return False
-    return True
-
-
 def _segments_of(uid: int) -> list[str]:
     """The SysV shared memory segments the host's IPC namespace holds for ``uid``."""
     lines = Path("/proc/sysvipc/shm").read_text().splitlines()
@@ -309,12 +301,10 @@ async def test_shared_memory_a_call_leaves_goes_with_it(fleet: tuple[Fleet, Disp
             said = answer["stdout"].strip() or answer["stderr"].strip()[-80:]
             made.append(said)
             assert said.startswith("left"), answer
-            # The segment is gone with the IPC namespace it was made in: no process holds it.
-            namespace = said.split()[-1]
-            wait_for(functools.partial(_let_go, namespace), what=f"{namespace} to be let go")
             wait_for(lambda: not _segments_of(box.uid), what="the call's segment to go")
         row.observed = f"calls: {made}; left on the host: {_segments_of(box.uid) or 'none'}"
-        # Each call's own namespace, not the host's (a freed namespace's number is used again).
+        # Each call's own namespace, not the host's, gone with the call's last process (its
+        # number is soon another's: the kernel gives freed ones again).
         assert os.readlink("/proc/self/ns/ipc") not in {said.split()[-1] for said in made}
     _remove(Path(settings.workspace_root), caller.run_id)
 
