@@ -41,6 +41,12 @@ class RedisKeys:
         return f"{RedisKeys.PREFIX}:worker:{pool}:{worker}"
 
     @staticmethod
+    def node_claim(worker: str) -> str:
+        """A sandbox worker's claim on its node name as it starts, before its first heartbeat:
+        the WorkerInfo of the process that took it."""
+        return f"{RedisKeys.PREFIX}:node-claim:{worker}"
+
+    @staticmethod
     def worker_heartbeats(pool: str) -> str:
         """Pattern matching every live worker of a pool."""
         return f"{RedisKeys.PREFIX}:worker:{pool}:*"

@@ -2,9 +2,10 @@
 its heartbeat, which a pinned run's calls are sent by. Two workers under one name would share
 that queue, and a run's calls would reach the worker that does not hold its container.
 
-The name is claimed as the worker starts, atomically, with the heartbeat it then keeps alive;
-a name another live worker announces is refused in one line. A heartbeat left by a worker of
-this host whose process is gone (the same worker started again by its supervisor) is taken over.
+The name is claimed as the worker starts, atomically, until the heartbeat it then keeps alive
+announces it; a name another live worker announces or has just claimed is refused in one line.
+What a worker of this host whose process is gone left (the same worker started again by its
+supervisor) is taken over.
 """
 
 from __future__ import annotations
@@ -28,28 +29,33 @@ class NodeNameTaken(ToolqError):
 
 
 def claim_node_name(client: redis.Redis, node: str) -> None:
-    """Announce this process as sandbox worker ``node`` until its heartbeat takes over, or raise
-    ``NodeNameTaken`` naming who holds the name."""
-    key = keys.worker_heartbeat("sandbox", node)
+    """Claim ``node`` for this process until its heartbeat announces it, or raise
+    ``NodeNameTaken`` naming who holds the name: a worker that announces itself under it, or
+    one that claimed it as it started and has not announced itself yet."""
+    claim = keys.node_claim(node)
     mine = WorkerInfo(
         worker=node,
         pools=["sandbox"],
         host=socket.gethostname(),
         pid=os.getpid(),
         started=time.time(),
-        beat_at=time.time(),
     ).model_dump_json()
-    if client.set(key, mine, nx=True, ex=HEARTBEAT_TTL_S):
-        return
-    raw = client.get(key)
-    holder = _holder(raw)
-    if holder is not None and not _left_by_a_dead_worker_here(holder):
-        raise NodeNameTaken(
-            f"another sandbox worker already runs as node {node!r} (pid {holder.pid} on host "
-            f"{holder.host}); give each worker a name of its own (celery -n NAME, or start it "
-            "with toolq worker, which names each one uniquely)"
-        )
-    client.set(key, mine, ex=HEARTBEAT_TTL_S)
+    claimed = client.set(claim, mine, nx=True, ex=HEARTBEAT_TTL_S)
+    holders = [client.get(keys.worker_heartbeat("sandbox", node))]
+    if not claimed:
+        holders.append(client.get(claim))
+    for raw in holders:
+        holder = _holder(raw)
+        if holder is not None and not _left_by_a_dead_worker_here(holder):
+            if claimed:
+                client.delete(claim)
+            raise NodeNameTaken(
+                f"another sandbox worker already runs as node {node!r} (pid {holder.pid} on "
+                f"host {holder.host}); give each worker a name of its own (celery -n NAME, or "
+                "start it with toolq worker, which names each one uniquely)"
+            )
+    if not claimed:
+        client.set(claim, mine, ex=HEARTBEAT_TTL_S)
 
 
 def _holder(raw: bytes | str | None) -> WorkerInfo | None:
@@ -58,11 +64,11 @@ def _holder(raw: bytes | str | None) -> WorkerInfo | None:
     try:
         return WorkerInfo.model_validate_json(raw)
     except ValidationError:
-        return None  # not a heartbeat at all: nobody holds the name
+        return None  # not a WorkerInfo at all: nobody holds the name
 
 
 def _left_by_a_dead_worker_here(holder: WorkerInfo) -> bool:
-    """The heartbeat was left by this very process (a container whose worker has the same pid
+    """The name was announced by this very process (a container whose worker has the same pid
     each time it starts) or by a process of this host that is gone."""
     if holder.host != socket.gethostname():
         return False
