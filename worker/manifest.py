@@ -10,7 +10,7 @@ from worker.contract.wire import POOLS, Pool, ToolSpec
 
 def fleet_tool_specs(settings: WorkerSettings, pools: Iterable[Pool] = POOLS) -> list[ToolSpec]:
     """Every tool a worker of ``pools`` with these settings has, in registration order."""
-    from worker.executor import build_registry
+    from worker.call_runner import build_registry
 
     registry = build_registry(settings, pools=pools)
     specs = []

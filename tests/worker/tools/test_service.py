@@ -121,7 +121,7 @@ def test_collect_files_matches_globs_caps_each_file_and_counts_the_rest(
     files["out/raw.bin"] = {"base64": base64.b64encode(b"\xff\xfe\x00").decode()}
     files["notes.md"] = "not an artifact"
     call(executor, "toolq.put_files", {"files": files})
-    os.symlink("/etc/passwd", executor._workspace("run-1").root / "out" / "link.txt")
+    os.symlink("/etc/passwd", executor.runner.workspace("run-1").root / "out" / "link.txt")
     answer = call(
         executor,
         "toolq.collect_files",
