@@ -41,6 +41,8 @@ ORCHESTRATOR_ONLY_FIELDS = (
     "task_files_max_bytes",
     "conversation_timeout_s",
     "agent_concurrency",
+    "tenant_max_runs",
+    "tenant_max_mcp_sessions",
 )
 #: ``TOOLQ_`` variables that are not settings: the traceback switch for errors, and the marker
 #: run_bash puts in each command's environment (``worker.sandbox.config.MARKER_VARIABLE``).
