@@ -227,6 +227,33 @@ def status(
 
 
 @app.command()
+def wait(
+    tools: Annotated[
+        list[str] | None, typer.Argument(help="Tools that must have a live worker (run_bash...).")
+    ] = None,
+    timeout: Annotated[
+        float, typer.Option(min=0, help="Seconds to wait at most before giving up.")
+    ] = 60,
+    pid: Annotated[
+        list[int] | None,
+        typer.Option(help="A worker started in the background: stop at once if it exits."),
+    ] = None,
+) -> None:
+    """Wait until the broker answers and live workers serve TOOLS, at most --timeout seconds.
+
+    Exit status: 0 ready; 1 not in time, or a --pid ended (it will not serve); 2 no broker.
+    """
+    _checked_settings()
+    from api.commands.wait import EXIT_READY, wait_for_fleet
+
+    waited = wait_for_fleet(get_settings(), tools or [], timeout_s=timeout, pids=pid or [])
+    (console if waited.status == EXIT_READY else err).print(
+        waited.line, markup=False, soft_wrap=True, highlight=False
+    )
+    raise typer.Exit(waited.status)
+
+
+@app.command()
 def prune(
     older_than: Annotated[
         str | None,
