@@ -36,6 +36,8 @@ err = Console(stderr=True, highlight=False)
 EXIT_UNREACHABLE = 1
 #: The exit status of an error nobody foresaw (its traceback shows with TOOLQ_DEBUG=1).
 EXIT_UNEXPECTED = 1
+#: The exit status when something must be installed or set up on this host first.
+EXIT_MISSING_DEPENDENCY = 3
 
 
 def _print_version(asked: bool) -> None:
@@ -361,7 +363,7 @@ def mcp(
         from api.mcp.stdio import serve_stdio
     except ImportError as exc:
         err.print(f"error: toolq mcp needs pip install 'toolq[mcp]' ({exc})", markup=False)
-        raise typer.Exit(2) from None
+        raise typer.Exit(EXIT_MISSING_DEPENDENCY) from None
     if broker is not None:
         os.environ["TOOLQ_BROKER_URL"] = broker  # checked, then read, as the variable would be
         get_settings.cache_clear()

@@ -203,3 +203,34 @@ def _written(reading: int) -> str:
         chunks.append(chunk)
     text = b"".join(chunks).decode().replace("\r\n", "\n")
     return re.sub(r"\x1b\[[0-9;]*m", "", text)  # colours and bold
+
+
+def test_wait_is_ready_once_live_workers_serve_the_tools(fleet: WorkerFleet) -> None:
+    env = clean_env() | {"TOOLQ_BROKER_URL": fleet.settings.broker_url or ""}
+
+    ran = toolq("wait", "read_file", "run_bash", "--timeout", "30", env=env)
+
+    assert (ran.returncode, ran.stdout, ran.stderr) == (
+        0,
+        "the fleet is ready: read_file, run_bash served\n",
+        "",
+    )
+
+
+def test_wait_for_a_tool_nobody_serves_gives_up_in_one_line(fleet: WorkerFleet) -> None:
+    env = clean_env() | {"TOOLQ_BROKER_URL": fleet.settings.broker_url or ""}
+
+    ran = toolq("wait", "no_such_tool", "--timeout", "1", env=env)
+
+    told(
+        ran,
+        1,
+        "error: after 1 s no live worker serves no_such_tool; start one (toolq worker --pool "
+        "POOL) and see what it printed",
+    )
+
+
+def test_wait_without_a_broker_has_nothing_to_wait_for() -> None:
+    ran = toolq("wait", env=clean_env())
+
+    told(ran, 2, "error: no broker configured (TOOLQ_BROKER_URL): there is no fleet to wait for")
