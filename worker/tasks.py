@@ -32,12 +32,13 @@ from celery.signals import (
 import worker.inspect_views  # noqa: F401  (Celery inspect shows each call's summary only)
 from worker.app import app
 from worker.contract.errors import ToolqError
-from worker.contract.fleet_secret import fleet_secret
+from worker.contract.fleet_secret import FleetSecretError, fleet_secret
 from worker.contract.jobs.delivery import JobTask
 from worker.contract.runtime.heartbeat import Heartbeat
 from worker.contract.runtime.lifeline import VITALS, consumer_lost
 from worker.contract.runtime.log_context import show_ids
 from worker.contract.settings import get_worker_settings
+from worker.contract.settings_check import EXIT_BAD_SETTINGS
 from worker.contract.wire import POOLS, TASK_NAME, Pool, ToolCallResult
 from worker.executor import Executor, NotRunHere
 from worker.housekeeping import Housekeeping, worker_limits
@@ -138,6 +139,17 @@ def _own_queue(sender: str, instance: Any, **_: Any) -> None:
     # alone, through a queue of its own.
     if "sandbox" in served_pools(instance.app):
         serve_own_queue(sender, instance)
+
+
+@worker_init.connect  # type: ignore[untyped-decorator]
+def _refuse_without_the_fleet_secret(**_: Any) -> None:
+    # Read before the first call: a worker that cannot seal answers says why in one line and
+    # exits, rather than answer every call with an error or with answers nobody takes.
+    try:
+        fleet_secret(get_worker_settings().fleet_secret_file)
+    except FleetSecretError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        os._exit(EXIT_BAD_SETTINGS)
 
 
 @worker_init.connect  # type: ignore[untyped-decorator]

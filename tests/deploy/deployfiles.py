@@ -47,8 +47,21 @@ def compose() -> Manifest:
 
 
 def services() -> dict[str, Manifest]:
-    found: dict[str, Manifest] = compose()["services"]
-    return found
+    """The services that keep running; not the one-shot ones (``one_shot_services``)."""
+    return {
+        name: service
+        for name, service in compose()["services"].items()
+        if str(service.get("restart")) != "no"
+    }
+
+
+def one_shot_services() -> dict[str, Manifest]:
+    """Services that run once before the others (``restart: "no"``): the fleet secret's."""
+    return {
+        name: service
+        for name, service in compose()["services"].items()
+        if str(service.get("restart")) == "no"
+    }
 
 
 def toolq_services() -> dict[str, Manifest]:

@@ -50,6 +50,8 @@ MAPPED_UIDS = range(0, 65536)
 #: uids a run must never take: the image's user, and nobody.
 RESERVED_UIDS = (10001, 65534)
 APPARMOR_PROFILE = "toolq-sandbox"
+#: The fleet secret's volume, as every long-running toolq container mounts it.
+FLEET_SECRET_MOUNT = "fleet-secret:/var/lib/toolq/fleet:ro"
 
 
 def keda_schema(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -338,7 +340,11 @@ def test_sandbox_receives_no_secret_but_the_redis_password() -> None:
             if "secretKeyRef" in variable.get("valueFrom", {})
         ]
         assert references == [{"name": REDIS_SECRET, "key": REDIS_PASSWORD}]
-    assert not [v for v in spec.get("volumes", []) if {"secret", "projected"} & set(v)]
+    # The fleet secret alone, as a file its commands' uids cannot read (they seal nothing).
+    mounted = [v for v in spec.get("volumes", []) if {"secret", "projected"} & set(v)]
+    assert mounted == [
+        {"name": "fleet-secret", "secret": {"secretName": "toolq-fleet", "defaultMode": 0o440}}
+    ]
 
 
 # -- every container is locked down ------------------------------------------------------------
@@ -535,7 +541,7 @@ def test_agents_workers_hold_the_model_key_and_no_workspace() -> None:
     environment = files.service_environment(service)
     assert re.fullmatch(r"\$\{OPENAI_API_KEY:\?.+\}", environment["OPENAI_API_KEY"])
     assert "TOOLQ_API_TOKEN" not in environment
-    assert "volumes" not in service
+    assert service.get("volumes", []) == [FLEET_SECRET_MOUNT]  # the fleet secret, no workspace
     # The model is outside: a network that reaches off the host, and the broker's.
     networks = files.compose()["networks"]
     attached = files.service_networks(service)
@@ -604,16 +610,38 @@ def test_example_secrets_hold_only_placeholders() -> None:
 def test_no_secret_is_set_in_plain_text() -> None:
     for name, service in files.services().items():
         for variable, value in files.service_environment(service).items():
-            if SECRET_NAME.search(variable):
+            # A *_FILE variable names where a secret is, not the secret.
+            if SECRET_NAME.search(variable) and not variable.endswith("_FILE"):
                 assert value.startswith("${") and ":-" not in value, f"{name}: {variable}"
     for name in files.objects("ConfigMap"):
         assert not [
-            key for key in files.objects("ConfigMap")[name]["data"] if SECRET_NAME.search(key)
+            key
+            for key in files.objects("ConfigMap")[name]["data"]
+            if SECRET_NAME.search(key) and not key.endswith("_FILE")
         ]
     for name in files.objects("Deployment"):
         for container in files.containers(name):
             plain = [v["name"] for v in container.get("env", []) if "value" in v]
             assert not [variable for variable in plain if SECRET_NAME.search(variable)]
+
+
+def test_one_fleet_secret_is_made_once_and_every_toolq_container_reads_it() -> None:
+    [maker] = files.one_shot_services().values()
+    assert maker["volumes"] == [FLEET_SECRET_MOUNT.removesuffix(":ro")]
+    assert maker["network_mode"] == "none" and maker["cap_add"] == ["CHOWN"]
+    script = maker["entrypoint"][-1]
+    assert "make_secret_file" in script and "0o400" in script
+    for name, service in files.toolq_services().items():
+        assert FLEET_SECRET_MOUNT in service.get("volumes", []), name
+        assert files.service_environment(service)["TOOLQ_FLEET_SECRET_FILE"] == (
+            "/var/lib/toolq/fleet/fleet-secret"
+        )
+        assert service["depends_on"]["fleet-secret"] == {
+            "condition": "service_completed_successfully"
+        }
+    for name in files.toolq_deployments():
+        mounts = {m["name"]: m for m in files.containers(name)[0]["volumeMounts"]}
+        assert mounts["fleet-secret"]["readOnly"] is True, name
 
 
 # -- Redis wants a password, and every client has it -------------------------------------------

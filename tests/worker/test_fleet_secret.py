@@ -9,8 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
 
+from api.local.stack import worker_argv
 from worker.contract.fleet_secret import (
     FleetSecret,
     FleetSecretError,
@@ -18,6 +18,7 @@ from worker.contract.fleet_secret import (
     fleet_secret,
 )
 from worker.contract.settings import WorkerSettings
+from worker.contract.settings_check import EXIT_BAD_SETTINGS
 
 NOBODY = 65534
 
@@ -86,8 +87,28 @@ def test_an_unfit_secret_file_is_refused_in_one_line_naming_the_setting(
     message = str(refused.value)
     assert message.startswith(f"TOOLQ_FLEET_SECRET_FILE {path}: ") and why in message
     assert "\n" not in message
-    with pytest.raises(ValidationError, match="TOOLQ_FLEET_SECRET_FILE"):
-        WorkerSettings(fleet_secret_file=path)
+
+
+def test_a_worker_given_an_unfit_secret_file_refuses_to_start_in_one_line(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "secret"
+    path.write_bytes(b"x" * 64)
+    path.chmod(0o644)
+    env = {
+        **os.environ,
+        "TOOLQ_BROKER_URL": "redis://127.0.0.1:1/0",
+        "TOOLQ_WORKSPACE_ROOT": str(tmp_path / "workspaces"),
+        "TOOLQ_FLEET_SECRET_FILE": str(path),
+    }
+    argv = worker_argv("tools", node="unfit@%h")
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == EXIT_BAD_SETTINGS, done.stderr
+    [line] = [text for text in done.stderr.splitlines() if text.startswith("error:")]
+    assert line == (
+        f"error: TOOLQ_FLEET_SECRET_FILE {path}: other users can read it (mode 0644); make it "
+        "0600, 0400 or 0440 (a Kubernetes Secret: defaultMode: 0440)"
+    )
 
 
 def test_a_file_the_operator_set_is_used_whole(tmp_path: Path) -> None:

@@ -10,7 +10,8 @@ Where it comes from: ``TOOLQ_FLEET_SECRET_FILE`` (a file of the operator's, e.g.
 Secret mounted as a file), else a file made once in the user's private state folder
 (``$XDG_STATE_HOME/toolq``, by default ``~/.local/state/toolq``, mode 0700, the file 0600), which
 every process of that user on that host shares. Hosts do not share it: a fleet on several hosts
-sets the file. A file that others can read is refused, in one line naming the setting.
+sets the file. A file that users other than its owner and group can read is refused, in one line
+naming the setting.
 
 An answer also says which secret sealed it (``secret_id``, a hash of it that tells nothing of
 it), so a caller whose workers read another secret says so rather than wait in silence.
@@ -91,10 +92,12 @@ def _read_secret(path: Path) -> FleetSecret:
         os.close(fd)
     if not stat.S_ISREG(mode):
         raise FleetSecretError(f"{SECRET_SETTING} {path}: not a regular file")
-    if mode & 0o077:
+    # Its group may read it (a Kubernetes Secret given to a pod's fsGroup): a run's uid has a
+    # group of its own and no other.
+    if mode & 0o007:
         raise FleetSecretError(
             f"{SECRET_SETTING} {path}: other users can read it (mode {stat.S_IMODE(mode):04o}); "
-            "make it 0600 or 0400 (a Kubernetes Secret: defaultMode: 0400)"
+            "make it 0600, 0400 or 0440 (a Kubernetes Secret: defaultMode: 0440)"
         )
     value = data.strip()
     if not MIN_SECRET_BYTES <= len(value) <= _MAX_SECRET_BYTES:

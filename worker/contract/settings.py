@@ -12,7 +12,6 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from worker.contract.fleet_secret import fleet_secret
 from worker.contract.image_sources import ImageSources
 from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES, DEFAULT_TRANSFER_MAX_BYTES
 from worker.contract.mcp_servers import load_servers
@@ -88,10 +87,10 @@ class FleetSettings(BaseSettings):
     result_ttl_s: int = Field(86_400, gt=0, description="How long results are kept.")
     fleet_secret_file: Path | None = Field(
         None,
-        description="A file (0600 or 0400, at least 32 bytes) holding the secret every worker "
-        "and caller of the fleet shares, which seals each answer to its call; it is never in "
-        "a message. Unset: a file made once under ~/.local/state/toolq, shared by one user's "
-        "processes on one host: a fleet on several hosts must set it.",
+        description="A file (0600, 0400 or 0440, at least 32 bytes) holding the secret every "
+        "worker and caller of the fleet shares, which seals each answer to its call; it is "
+        "never in a message. Unset: a file made once under ~/.local/state/toolq, shared by one "
+        "user's processes on one host: a fleet on several hosts must set it.",
     )
     log_format: Literal["auto", "json", "text"] = Field("auto", description="auto: JSON off a TTY.")
     log_level: str = Field("INFO", description="Python logging level.")
@@ -113,14 +112,6 @@ class FleetSettings(BaseSettings):
             ImageSources.parse(str(text) for text in texts)  # one line naming a bad entry
             return [str(text).strip() for text in texts if str(text).strip()]
         return value
-
-    @field_validator("fleet_secret_file")
-    @classmethod
-    def _secret_is_usable(cls, path: Path | None) -> Path | None:
-        # Read now, so a process with a bad file refuses to start rather than refuse answers.
-        if path is not None:
-            fleet_secret(path)
-        return path
 
     @field_validator("broker_url")
     @classmethod
