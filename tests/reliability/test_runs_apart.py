@@ -30,6 +30,7 @@ from tests.conftest import Caller, wait_for
 from tests.reliability.conftest import Stack, start_stack
 from tests.reliability.report import Report, Row
 from tests.reliability.userns import deploy_like_stack, userns_unavailable
+from worker.contract.fleet_secret import SECRET_SETTING, fleet_secret
 from worker.retention import Expired, prune
 from worker.sandbox.volumes import volumes_unavailable
 
@@ -216,6 +217,43 @@ async def test_the_worker_and_its_secrets_are_out_of_reach(runs: Runs) -> None:
         row.observed = f"secret shown: {WORKER_SECRET in shown}; {len(alive)}/{len(workers)} alive"
         assert WORKER_SECRET not in shown
         assert alive == workers
+
+
+def _worker_variable(pid: int, name: str) -> str:
+    """``name``'s value in the environment of process ``pid`` (read as root)."""
+    for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+        key, _, value = item.decode(errors="replace").partition("=")
+        if key == name:
+            return value
+    raise AssertionError(f"process {pid} has no {name}")
+
+
+async def test_the_fleet_secret_that_seals_answers_is_out_of_reach(runs: Runs) -> None:
+    attacker = runs.attacker
+    stack = attacker.stack
+    [worker, *_] = stack.fleet.worker_pids("sandbox")
+    path = _worker_variable(worker, SECRET_SETTING)
+    secret = fleet_secret(stack.settings.fleet_secret_file).value.decode()
+    half = len(secret) // 2
+    # The file read, and the secret looked for in every environment and command line the
+    # command can read; the pattern is put together in a file, so no command line holds it.
+    search = (
+        f"cat {path} {Path(path).parent}/* 2>&1; "
+        f"printf '%s%s' '{secret[:half]}' '{secret[half:]}' > pattern; "
+        "grep -l -F -f pattern /proc/[0-9]*/cmdline /proc/[0-9]*/environ 2>/dev/null; true"
+    )
+    with runs.case(
+        "run_bash reads the sandbox worker's fleet secret file (TOOLQ_FLEET_SECRET_FILE, "
+        "which seals every answer) and looks for the secret in every /proc/*/environ and "
+        "cmdline it can read",
+        "not read, found nowhere: no answer can be sealed from a run",
+    ) as row:
+        answer = await attacker.bash(search)
+        shown = answer["stdout"] + answer["stderr"]
+        found = [line for line in answer["stdout"].splitlines() if line.startswith("/proc/")]
+        row.observed = f"secret shown: {secret in shown}; found in: {found or 'none'}"
+        assert secret not in shown
+        assert found == []
 
 
 async def test_the_broker_is_out_of_reach(runs: Runs) -> None:

@@ -27,6 +27,7 @@ from api.local.stack import worker_argv, worker_environment
 from tests.conftest import REPO, RedisServer, WorkerFleet, fleet_settings, wait_for
 from tests.reliability import delegated
 from tests.reliability.conftest import Stack, variables_set
+from worker.contract.fleet_secret import SECRET_SETTING, fleet_secret
 from worker.contract.keys import keys
 from worker.contract.settings import WorkerSettings
 from worker.contract.uid_range import DEFAULT_UID_RANGE, UidRange
@@ -87,6 +88,8 @@ class DeployLikeFleet(WorkerFleet):
             **worker_environment(self.settings),
             "TMPDIR": str(tmp),
             "PYTHONPATH": str(REPO),
+            # The callers' fleet secret, as a pod has it: a file of the namespace root's own.
+            SECRET_SETTING: str(self._secret_copy()),
         }
         for pool in POOLS:
             argv = worker_argv(pool, node=f"{pool}-userns@%h", concurrency=2, loglevel="WARNING")
@@ -110,6 +113,19 @@ class DeployLikeFleet(WorkerFleet):
         finally:
             client.close()
         return self
+
+    def _secret_copy(self) -> Path:
+        """The fleet secret of this process (the callers'), copied for the namespace root, which
+        cannot read this user's own (``TOOLQ_FLEET_SECRET_FILE``)."""
+        secret = fleet_secret(self.settings.fleet_secret_file)
+        folder = self._workdir / "fleet"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        copy = folder / "fleet-secret"
+        copy.write_bytes(secret.value)
+        copy.chmod(0o600)
+        for path in (folder, copy):
+            os.chown(path, OUTER_ROOT, OUTER_ROOT)
+        return copy
 
     def _flags(self, pool: str) -> list[str]:
         return [DELEGATE_FLAG] if self._delegate and pool == "sandbox" else []
