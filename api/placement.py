@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 
-from api.agent_options import AgentOptions
+from api.agent_options import ORCHESTRATOR, AgentOptions
 from api.dispatch import Dispatcher
 from api.fleet import Fleet, load_fleet
 from api.images.environment import RunEnvironment
@@ -24,7 +24,6 @@ from api.run_tools import RunTools, enable_tool
 from api.settings import OrchestratorSettings
 from worker.contract.settings import FleetSettings, WorkerSettings, get_worker_settings
 from worker.contract.wire import AGENTS_QUEUE, POOLS, ToolContextSnapshot
-from worker.tools.context import ToolContext
 from worker.tools.registry import ToolRegistry
 
 
@@ -162,6 +161,8 @@ class ConversationTools:
         self._dispatcher = dispatcher
         self._owns_dispatcher = False
         self._local_stack: weakref.finalize[[], ConversationTools] | None = None
+        #: In process: ends what runs the calls (``worker.tools.in_process.LocalCalls``).
+        self._close_local_calls: Callable[[], None] | None = None
         try:
             if placement.tools is ToolSite.IN_PROCESS:
                 self._add_tools_here(run_id, options, context, worker_settings)
@@ -185,7 +186,11 @@ class ConversationTools:
         enable_tool(self.registry, self.fleet, name)
 
     async def close(self) -> None:
-        """End the run's container, close the owned dispatcher, stop the local stack."""
+        """End the run's container, close the owned dispatcher, stop the local stack or the
+        runner of the calls made in process."""
+        if self._close_local_calls is not None:
+            self._close_local_calls()
+            self._close_local_calls = None
         if self.environment is not None:
             await self.environment.end()
         if self._owns_dispatcher and self._dispatcher is not None:
@@ -200,16 +205,23 @@ class ConversationTools:
         context: Callable[[], ToolContextSnapshot],
         worker_settings: WorkerSettings | None,
     ) -> None:
+        """The tools a worker would serve, as proxies of the fleet's kind whose calls run in
+        this process through the worker's own runner (caps, limits, quota and errors alike)."""
         if options.image is not None:
             raise ValueError("an image needs a fleet: in_process runs tools here")
-        # The worker floor's tools are imported only when asked for.
-        from worker.tools.factory import create_run_tool_registry
+        # The worker floor's machinery is loaded only when asked for: an orchestrator that
+        # sends its calls to a fleet never holds the sandbox, images or plugins.
+        from worker.tools.in_process import LocalCalls
 
-        create_run_tool_registry(
-            worker_settings or get_worker_settings(),
-            ToolContext(source=context),
+        local = LocalCalls(worker_settings or get_worker_settings(), ORCHESTRATOR)
+        self._close_local_calls = local.close
+        RunTools(
+            local,
+            local.specs,
             run_id,
-            self.registry,
+            context,
+            timeout_ms=options.tool_timeout_ms,
+            registry=self.registry,
         )
 
     def _add_fleet_tools(
@@ -225,10 +237,11 @@ class ConversationTools:
             self._owns_dispatcher = True
             self._dispatcher = Dispatcher(self.settings)
         RunTools(
-            self.fleet,
             self._dispatcher,
+            self.fleet.model_tools.values(),
             run_id,
             context,
+            fleet=self.fleet,
             timeout_ms=options.tool_timeout_ms,
             registry=self.registry,
         )

@@ -1,14 +1,14 @@
-"""A worker tool as the orchestrator's registry sees it: a proxy that sends the call to its pool."""
+"""A worker tool as the orchestrator's registry sees it: a proxy that sends the call to its pool,
+through the fleet's ``Dispatcher`` or, in process, ``worker.tools.in_process.LocalCalls``."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from api.dispatch import Dispatcher
-from worker.contract.wire import ToolContextSnapshot, ToolSpec
+from worker.contract.wire import ToolCallRequest, ToolCallResult, ToolContextSnapshot, ToolSpec
 from worker.tools.interface import ProxyTool, ToolOutcome
 
 
@@ -16,6 +16,25 @@ class AnyArgs(BaseModel):
     """The worker validates against the real model; the proxy passes everything through."""
 
     model_config = ConfigDict(extra="allow")
+
+
+class CallSender(Protocol):
+    """Where a run's calls go: the fleet's workers (``api.dispatch.Dispatcher``) or this
+    process's own runner (``LocalCalls``); either answers as a worker does."""
+
+    def build_request(
+        self,
+        spec: ToolSpec,
+        *,
+        task_id: str,
+        run_id: str,
+        tool_call_id: str | None = None,
+        arguments: str | dict[str, Any],
+        context: ToolContextSnapshot | None = None,
+        timeout_ms: int | None = None,
+    ) -> ToolCallRequest: ...
+
+    async def call(self, request: ToolCallRequest, pool: str) -> ToolCallResult: ...
 
 
 class RemoteTool(ProxyTool):
@@ -28,7 +47,7 @@ class RemoteTool(ProxyTool):
     def __init__(
         self,
         spec: ToolSpec,
-        dispatcher: Dispatcher,
+        dispatcher: CallSender,
         run_id: str,
         context: Callable[[], ToolContextSnapshot],
         new_task_id: Callable[[], str],

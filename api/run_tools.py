@@ -10,24 +10,25 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterable
 
-from api.dispatch import Dispatcher
 from api.fleet import Fleet
-from api.remote_tool import RemoteTool
-from worker.contract.wire import ToolContextSnapshot
+from api.remote_tool import CallSender, RemoteTool
+from worker.contract.wire import ToolContextSnapshot, ToolSpec
 from worker.tools.registry import ToolRegistry
 
 
 class RunTools:
-    """The model tools of ``fleet`` for run ``run_id``: on by default as the workers say, then
-    ``enable`` and ``disable`` applied. ``context`` is read when a call is sent."""
+    """The model tools ``specs`` for run ``run_id``, sent through ``sender``: on by default as
+    the workers say, then ``enable`` and ``disable`` applied. ``context`` is read when a call is
+    sent. ``fleet``: the fleet whose workers serve them; None when they run in this process."""
 
     def __init__(
         self,
-        fleet: Fleet,
-        dispatcher: Dispatcher,
+        sender: CallSender,
+        specs: Iterable[ToolSpec],
         run_id: str,
         context: Callable[[], ToolContextSnapshot],
         *,
+        fleet: Fleet | None = None,
         timeout_ms: int | None = None,
         enable: Iterable[str] = (),
         disable: Iterable[str] = (),
@@ -41,9 +42,11 @@ class RunTools:
         # with the first attempt's stored results.
         self._attempt = uuid.uuid4().hex[:8]
         self._call_seq = 0
-        for spec in fleet.model_tools.values():
+        for spec in specs:
+            if not spec.for_model:
+                continue
             self.registry.register(
-                RemoteTool(spec, dispatcher, run_id, context, self.next_task_id, timeout_ms)
+                RemoteTool(spec, sender, run_id, context, self.next_task_id, timeout_ms)
             )
             if not spec.enabled_by_default:
                 self.registry.disable(spec.name)

@@ -116,6 +116,10 @@ class CallRunner:
             self.settings.workspace_root, self.settings.workspace_quota_bytes
         )
 
+    def close(self) -> None:
+        """Close the loop of coroutine tools: the process runs no more calls."""
+        self._loop.close()
+
     def run(
         self,
         request: ToolCallRequest,

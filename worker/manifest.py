@@ -6,13 +6,18 @@ from collections.abc import Iterable
 
 from worker.contract.settings import WorkerSettings
 from worker.contract.wire import POOLS, Pool, ToolSpec
+from worker.tools.registry import ToolRegistry
 
 
 def fleet_tool_specs(settings: WorkerSettings, pools: Iterable[Pool] = POOLS) -> list[ToolSpec]:
     """Every tool a worker of ``pools`` with these settings has, in registration order."""
     from worker.call_runner import build_registry
 
-    registry = build_registry(settings, pools=pools)
+    return tool_specs(build_registry(settings, pools=pools), settings)
+
+
+def tool_specs(registry: ToolRegistry, settings: WorkerSettings) -> list[ToolSpec]:
+    """The specs of the tools of ``registry``, built with ``settings``, in registration order."""
     specs = []
     for position, name in enumerate(registry.get_tool_names()):
         tool = registry.get(name)

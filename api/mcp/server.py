@@ -116,10 +116,11 @@ class SessionRuns:
         # Started with the first session: a server nobody connects to reads no replies.
         await self.dispatcher.start()
         return RunTools(
-            fleet,
             self.dispatcher,
+            fleet.model_tools.values(),
             f"mcp-{uuid.uuid4().hex[:16]}",
             ToolContextSnapshot,
+            fleet=fleet,
             timeout_ms=choice.tool_timeout_ms,
             enable=choice.enable,
             disable=choice.disable,

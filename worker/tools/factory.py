@@ -119,19 +119,3 @@ def create_fleet_tool_registry(
     )
     register_plugins(load_plugins(tuple(settings.plugins)), registry, context, workspace)
     return registry
-
-
-def create_run_tool_registry(
-    settings: WorkerSettings,
-    context: ToolContext,
-    run_id: str,
-    registry: ToolRegistry | None = None,
-) -> ToolRegistry:
-    """One run's tools in this process, as the fleet would serve them: the run's workspace
-    prepared as a worker prepares it, the built-ins and plugins, less ``disabled_tools``."""
-    sandbox = SandboxConfig.from_settings(settings)
-    workspace = prepare_workspace(Path(settings.workspace_root) / run_id, sandbox)
-    registry = create_fleet_tool_registry(settings, context, workspace, registry)
-    for name in settings.disabled_tools:
-        registry.unregister(name)
-    return registry

@@ -214,7 +214,7 @@ class ToolRegistry:
             async with asyncio.timeout(timeout_ms / 1000) as limit:
                 if inspect.iscoroutinefunction(tool.execute):
                     return await tool.execute(args)
-                result = await _in_daemon_thread(tool.execute, args)
+                result = await run_in_daemon_thread(tool.execute, args)
                 if inspect.isawaitable(result):
                     return await result
                 return result
@@ -232,7 +232,7 @@ class _DeadlinePassed(ToolqError):
     """A tool run here was still running at its deadline."""
 
 
-def _in_daemon_thread(function: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+def run_in_daemon_thread(function: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
     """``function(*args)`` in a thread of its own, as a future of the running loop.
 
     Unlike ``asyncio.to_thread``, nothing waits for the thread when its caller stops waiting
