@@ -37,7 +37,9 @@ async def test_calls_in_flight_through_repeated_redis_crashes_are_all_answered_o
         tmp_path / "stack",
         redis_appendonly=True,
         hard_limit_grace_s=1.0,
-        reply_margin_s=3.0,
+        # The deploy's margin past a call's limit (its default): time for a worker whose
+        # connection dropped to take calls again.
+        reply_margin_s=10.0,
         resend_after_s=1.0,
     )
     try:
@@ -66,6 +68,9 @@ async def test_calls_in_flight_through_repeated_redis_crashes_are_all_answered_o
                 stack.redis.stop()
                 stack.redis.start()
             answers = dict(await asyncio.gather(*calls))
+        sandbox_log = "\n".join(
+            line for line in stack.fleet.log("sandbox", 2000).splitlines() if line.startswith("[")
+        )
     finally:
         stack.stop()
 
@@ -73,7 +78,10 @@ async def test_calls_in_flight_through_repeated_redis_crashes_are_all_answered_o
     lost = {name: r.output for name, r in answers.items() if r.error_kind in LOST}
     twice = {name: n for name, n in runs.items() if n > 1}
     assert len(answers) == RESTARTS * CALLS_PER_RESTART
-    assert lost == {}, f"{len(lost)} calls lost to the restarts: {list(lost.values())[:3]}"
+    assert lost == {}, (
+        f"{len(lost)} calls lost to the restarts: {list(lost)}, e.g. {next(iter(lost.values()))}; "
+        f"the sandbox worker's log:\n{sandbox_log[-8000:]}"
+    )
     assert twice == {}, f"calls run more than once: {twice}"
     # No call is answered ok that never ran.
     said_ok_unrun = [n for n, r in answers.items() if not r.is_error and runs[n] == 0]
