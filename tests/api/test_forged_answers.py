@@ -10,6 +10,7 @@ import asyncio
 import base64
 import json
 import re
+import secrets
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +26,14 @@ from api.events import AgentEvent, ToolCallFinished
 from api.llm import ChatModel, RetryPolicy
 from api.scripted.script import Script
 from api.scripted.server import ScriptedServer
-from tests.conftest import WorkerFleet, orchestrator_settings, tool_spec, until
+from tests.conftest import (
+    RedisServer,
+    WorkerFleet,
+    fleet_settings,
+    orchestrator_settings,
+    tool_spec,
+    until,
+)
 from worker.contract.fleet_secret import fleet_secret
 from worker.contract.keys import UNACKED_HASH, keys
 from worker.contract.wire import ToolCallResult
@@ -215,3 +223,37 @@ async def test_an_attacker_with_the_brokers_password_finds_no_key_and_forges_no_
     assert answer.is_sealed_with(key)
     assert dispatcher.refused_answers >= len(forgeries)
     client.close()
+
+
+async def test_workers_that_read_another_secret_are_named_not_waited_for_in_silence(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    # An operator's mistake: the workers were given another TOOLQ_FLEET_SECRET_FILE.
+    theirs = tmp_path / "their-secret"
+    theirs.write_text(secrets.token_hex(32))
+    theirs.chmod(0o600)
+    root = tmp_path / "workspaces"
+    root.mkdir()
+    url = f"redis://127.0.0.1:{redis_server.port}/11"
+    workers = WorkerFleet(
+        fleet_settings(url, root, fleet_secret_file=theirs, default_timeout_ms=2_000)
+    ).start()
+    try:
+        settings = orchestrator_settings(
+            fleet_settings(url, root, default_timeout_ms=2_000), fleet_secret_file=None
+        )
+        async with Dispatcher(settings) as dispatcher:
+            request = dispatcher.build_request(
+                tool_spec("read_file"),
+                task_id=f"elsewhere-{uuid.uuid4().hex}",
+                run_id="elsewhere",
+                arguments={"path": "nothing.txt"},
+            )
+            answer = await asyncio.wait_for(dispatcher.call(request, "tools"), 60)
+            refused = dispatcher.refused_answers
+    finally:
+        workers.stop()
+    assert refused >= 1
+    assert answer.is_error and "sealed under another fleet secret" in answer.output
+    assert "TOOLQ_FLEET_SECRET_FILE" in answer.output
+    assert fleet_secret(theirs).secret_id in answer.output
