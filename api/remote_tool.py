@@ -69,9 +69,8 @@ class RemoteTool(ProxyTool):
         self._new_task_id = new_task_id
         self._timeout_ms = timeout_ms
 
-    # A class tool's schema is its class's; a proxy's is its spec's, so there is none to give
-    # without an instance.
-    def get_schema(self) -> dict[str, Any]:  # type: ignore[override]
+    # A proxy's schema is its spec's, as its workers published it.
+    def get_schema(self) -> dict[str, Any]:
         return self.spec.schema_for_model()
 
     async def forward(

@@ -17,6 +17,13 @@ MAX_LISTED_RUNS = 10_000
 NOTICE_RESERVE_BYTES = 512
 
 
+def cap_in_words(cap_bytes: int) -> str:
+    """A cap as a tool's description tells the model: ``50 KB`` for 51,200 bytes, else bytes."""
+    if cap_bytes % 1024 == 0:
+        return f"{cap_bytes // 1024:,} KB"
+    return f"{cap_bytes:,} bytes"
+
+
 def answer_budget(cap_bytes: int) -> int:
     """How many bytes of an answer a tool may fill before its closing notice.
 

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field, field_validator
 
+from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES, cap_in_words
 from worker.contract.settings import get_worker_settings
 from worker.contract.variables import Variables
 from worker.contract.wire import CommandAnswer, StreamsCut
@@ -51,19 +52,23 @@ class RunBashArgs(ToolArgs):
         return command
 
 
+def _description(cap_bytes: int) -> str:
+    return (
+        "Run a shell command (/bin/sh -c) in the workspace and get back JSON with stdout, "
+        "stderr, exit_code, timed_out, duration_ms and usage (cpu_ms, max_rss_kb, pids_peak, "
+        f"killed_processes, oom_killed). Each stream keeps its first {cap_in_words(cap_bytes)}. "
+        "stdin is empty; there is no network access where the sandbox has a network namespace. "
+        "Processes left running in the background are killed when the command ends. "
+        "Commands can change or destroy any file in the workspace, and nothing undoes them. "
+        "Off unless enabled: offered only where the caller switched it on."
+    )
+
+
 class RunBashTool(ExecutableTool):
     """Runs a shell command in the workspace, isolated, and reports what it printed."""
 
     name = "run_bash"
-    description = (
-        "Run a shell command (/bin/sh -c) in the workspace and get back JSON with stdout, "
-        "stderr, exit_code, timed_out, duration_ms and usage (cpu_ms, max_rss_kb, pids_peak, "
-        "killed_processes, oom_killed). Each stream keeps its first 50 KB. stdin is empty; "
-        "there is no network access where the sandbox has a network namespace. Processes left "
-        "running in the background are killed when the command ends. "
-        "Commands can change or destroy any file in the workspace, and nothing undoes them. "
-        "Off unless enabled: offered only where the caller switched it on."
-    )
+    description = _description(DEFAULT_OUTPUT_CAP_BYTES)
     Args: ClassVar[type[BaseModel]] = RunBashArgs
     pool = "sandbox"
     idempotent = False
@@ -81,6 +86,8 @@ class RunBashTool(ExecutableTool):
         self._config = (
             config if config is not None else SandboxConfig.from_settings(get_worker_settings())
         )
+        # The model is told the cap this tool applies (TOOLQ_OUTPUT_CAP_BYTES), not the default.
+        self.description = _description(self._config.output_cap_bytes)
 
     def execute(self, args: dict[str, Any]) -> str:
         cwd = working_directory(self._workspace, args.get("cwd"))

@@ -9,7 +9,12 @@ from typing import Any, BinaryIO
 
 from pydantic import Field
 
-from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES, answer_budget, fit_utf8
+from worker.contract.limits import (
+    DEFAULT_OUTPUT_CAP_BYTES,
+    answer_budget,
+    cap_in_words,
+    fit_utf8,
+)
 from worker.tools.interface import ExecutableTool, ToolArgs, TruncatedText
 from worker.tools.paths import (
     PathNotFoundError,
@@ -50,14 +55,26 @@ class ReadFileArgs(ToolArgs):
     )
 
 
+def _read_file_description(cap_bytes: int) -> str:
+    return (
+        "Read a text file in the workspace and return its contents. Files over "
+        f"{cap_in_words(cap_bytes)} are cut to their first part, with a notice of the full "
+        "size; binary files are refused."
+    )
+
+
 class ReadFileTool(WorkspaceTool):
     name = "read_file"
-    description = (
-        "Read a text file in the workspace and return its contents. Files over 50 KB are cut "
-        "to their first part, with a notice of the full size; binary files are refused."
-    )
+    description = _read_file_description(DEFAULT_OUTPUT_CAP_BYTES)
     Args = ReadFileArgs
     idempotent = True
+
+    def __init__(
+        self, workspace: Workspace, *, output_cap_bytes: int = DEFAULT_OUTPUT_CAP_BYTES
+    ) -> None:
+        super().__init__(workspace, output_cap_bytes=output_cap_bytes)
+        # The model is told the cap this tool applies (TOOLQ_OUTPUT_CAP_BYTES), not the default.
+        self.description = _read_file_description(output_cap_bytes)
 
     def execute(self, args: dict[str, Any]) -> str:
         codec = text_codec(args["encoding"])

@@ -97,9 +97,8 @@ class JsonSchemaTool(FunctionTool):
     parameters: ClassVar[dict[str, Any]]
     validator: ClassVar[Validator]
 
-    @classmethod
-    def get_schema(cls) -> dict[str, Any]:
-        return function_tool(cls.name, cls.description, json.loads(json.dumps(cls.parameters)))
+    def get_schema(self) -> dict[str, Any]:
+        return function_tool(self.name, self.description, json.loads(json.dumps(self.parameters)))
 
     @classmethod
     def check_arguments(cls, args: dict[str, Any]) -> dict[str, Any] | list[str]:

@@ -115,10 +115,10 @@ class ExecutableTool(ABC):
         the answer's own form: a line of its own here, a field for tools that answer JSON."""
         return f"{output}\n[{notice}]"
 
-    @classmethod
-    def get_schema(cls) -> dict[str, Any]:
-        """The OpenAI tool definition, derived from ``Args``."""
-        return function_tool(cls.name, cls.description, parameters_schema(cls.Args))
+    def get_schema(self) -> dict[str, Any]:
+        """The OpenAI tool definition, derived from ``Args``, with this tool's description (a
+        tool may word its own from its settings: read_file and run_bash name their cap)."""
+        return function_tool(self.name, self.description, parameters_schema(self.Args))
 
     @classmethod
     def check_arguments(cls, args: dict[str, Any]) -> dict[str, Any] | list[str]:

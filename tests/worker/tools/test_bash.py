@@ -250,8 +250,8 @@ async def test_bad_arguments_are_refused_with_a_clear_message(bash: RunBashTool)
         assert message in outcome.output, (arguments, outcome.output)
 
 
-def test_the_tool_describes_itself_for_the_sandbox_pool() -> None:
-    schema = RunBashTool.get_schema()["function"]
+def test_the_tool_describes_itself_for_the_sandbox_pool(sandbox_workspace: Workspace) -> None:
+    schema = RunBashTool(sandbox_workspace).get_schema()["function"]
 
     assert schema["parameters"]["required"] == ["command"]
     assert schema["parameters"]["properties"]["timeout"]["maximum"] == 600_000
@@ -260,8 +260,10 @@ def test_the_tool_describes_itself_for_the_sandbox_pool() -> None:
     assert RunBashTool.caps_own_output is True
 
 
-def test_the_schema_warns_that_commands_can_destroy_files_and_that_it_is_off_by_default() -> None:
-    description = RunBashTool.get_schema()["function"]["description"]
+def test_the_schema_warns_that_commands_can_destroy_files_and_that_it_is_off_by_default(
+    sandbox_workspace: Workspace,
+) -> None:
+    description = RunBashTool(sandbox_workspace).get_schema()["function"]["description"]
     assert "can change or destroy any file in the workspace" in description
     assert "Off unless enabled" in description
     assert RunBashTool.enabled_by_default is False

@@ -25,7 +25,7 @@ def fits_the_cap(answer: str) -> bool:
     return len(answer.encode("utf-8")) <= DEFAULT_OUTPUT_CAP_BYTES
 
 
-def test_tool_flags() -> None:
+def test_tool_flags(workspace: Workspace) -> None:
     idempotent = {filesystem.ReadFileTool, filesystem.ListDirTool, filesystem.MkdirTool}
     for tool in (
         filesystem.ReadFileTool,
@@ -37,7 +37,7 @@ def test_tool_flags() -> None:
     ):
         assert tool.idempotent is (tool in idempotent), tool.name
         assert tool.enabled_by_default is (tool is not filesystem.RemoveTool), tool.name
-        schema = tool.get_schema()["function"]["parameters"]
+        schema = tool(workspace).get_schema()["function"]["parameters"]
         assert schema["additionalProperties"] is False
         assert all(field.get("description") for field in schema["properties"].values())
 

@@ -80,7 +80,7 @@ def registry_with(*tools: ExecutableTool) -> ToolRegistry:
 
 
 def test_schema_is_derived_from_args_and_named_after_the_tool() -> None:
-    schema = EchoTool.get_schema()
+    schema = EchoTool().get_schema()
     assert schema["type"] == "function"
     function = schema["function"]
     assert function["name"] == "echo"
@@ -94,7 +94,7 @@ def test_schema_is_derived_from_args_and_named_after_the_tool() -> None:
 
 
 def test_a_tool_without_args_has_an_empty_object_schema() -> None:
-    params = NoParamsTool.get_schema()["function"]["parameters"]
+    params = NoParamsTool().get_schema()["function"]["parameters"]
     assert params["type"] == "object"
     assert params["properties"] == {}
 

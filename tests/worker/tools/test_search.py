@@ -28,13 +28,13 @@ def tree(workspace: Workspace, layout: Layout) -> Path:
     return root
 
 
-def test_tool_flags() -> None:
-    for tool in (SearchTextTool, SearchFilesTool):
+def test_tool_flags(workspace: Workspace) -> None:
+    for tool in (SearchTextTool(workspace), SearchFilesTool(workspace)):
         assert tool.idempotent is True
         assert tool.enabled_by_default is True
         schema = tool.get_schema()["function"]["parameters"]
         assert all(field.get("description") for field in schema["properties"].values())
-    paths = SearchTextTool.get_schema()["function"]["parameters"]["properties"]["paths"]
+    paths = SearchTextTool(workspace).get_schema()["function"]["parameters"]["properties"]["paths"]
     assert paths["type"] == "array"
 
 

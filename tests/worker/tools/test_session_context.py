@@ -19,10 +19,11 @@ CONVERSATION: list[dict[str, Any]] = [
 ]
 
 
-def test_tool_flags() -> None:
+def test_tool_flags(workspace: Workspace) -> None:
     assert SaveSessionContextTool.name == "save_session_context"
     assert SaveSessionContextTool.idempotent is False
-    schema = SaveSessionContextTool.get_schema()["function"]["parameters"]
+    made = SaveSessionContextTool(ToolContext(source=ToolContextSnapshot), workspace)
+    schema = made.get_schema()["function"]["parameters"]
     assert schema["required"] == ["reason"]
     assert schema["properties"]["reason"]["description"]
 

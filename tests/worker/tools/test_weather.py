@@ -55,7 +55,7 @@ async def test_bad_arguments_name_the_parameter(
 
 
 def test_schema_describes_location() -> None:
-    function = GetCurrentWeatherTool.get_schema()["function"]
+    function = GetCurrentWeatherTool().get_schema()["function"]
     assert function["name"] == "get_current_weather"
     assert function["parameters"]["required"] == ["location"]
     assert function["parameters"]["properties"]["location"]["description"]
