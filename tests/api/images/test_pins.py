@@ -8,7 +8,7 @@ import time
 import fakeredis.aioredis
 import pytest
 
-from api.images.pins import Pin, RunPins
+from api.images.pins import RECREATED_NOTICE, Pin, RunPins
 from worker.contract.keys import keys
 from worker.contract.wire import ToolCallRequest, ToolCallResult
 from worker.images.owner import pinned_queue, pool_of_queue
@@ -108,7 +108,8 @@ async def test_a_run_that_allows_it_is_sent_to_its_container_started_again(
         return ToolCallResult(task_id=req.task_id, tool=req.tool, output="ran")
 
     answer = await pins.call(request(), "sandbox", send, redis)
-    assert answer.output == "ran"
+    # The model is told first that what was outside the workspace is gone, then the answer.
+    assert answer.output == RECREATED_NOTICE.format(image=repr("i")) + "\nran"
     # A new id: the lost call's answer is stored under the old one.
     assert sent == [("run-1.call.r", pinned_queue(fresh_worker))]
 
