@@ -21,7 +21,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from redis.exceptions import RedisError
@@ -38,7 +38,7 @@ from api.http.cancels import watch_cancels
 from api.http.metrics import ApiMetrics
 from api.http.run_stream import stream_into_run
 from api.http.state.batches import BatchStatus
-from api.http.state.runs import CANCELLED_ERROR, RunEnding
+from api.http.state.runs import CANCELLED_ERROR
 from api.http.state.store import ApiStore
 from api.images.environment import ImageUnavailable
 from api.llm import ChatModel, ModelError
@@ -206,7 +206,7 @@ class AgentExecutor:
                 if not await self._store.mark_running(run_id):
                     return  # cancelled before it started
                 if await self._store.cancels_requested([run_id]):
-                    await self._finish(run_id, RunEnding("cancelled", error=CANCELLED_ERROR))
+                    await self._finish(run_id, RunEnd(status="cancelled", error=CANCELLED_ERROR))
                     return
                 fleet = await self.fleet()
                 if self._on_agents_pool(fleet):
@@ -225,7 +225,7 @@ class AgentExecutor:
                 answer = await stream_into_run(self._store, run_id, agent, prompt)
                 await self._finish(
                     run_id,
-                    RunEnding("succeeded", answer=answer, stop_reason=agent.stop_reason),
+                    RunEnd(status="succeeded", answer=answer, stop_reason=agent.stop_reason),
                     agent,
                 )
             except asyncio.CancelledError:
@@ -234,19 +234,21 @@ class AgentExecutor:
                     if remote:  # the agents worker stops it too, rather than run it for nobody
                         with contextlib.suppress(RedisError, OSError):
                             await self._store.request_cancel(run_id)
-                    await self._finish(run_id, RunEnding("failed", error=SHUTDOWN_ERROR), agent)
+                    await self._finish(run_id, RunEnd(status="failed", error=SHUTDOWN_ERROR), agent)
                 else:
-                    await self._finish(run_id, RunEnding("cancelled", error=CANCELLED_ERROR), agent)
+                    await self._finish(
+                        run_id, RunEnd(status="cancelled", error=CANCELLED_ERROR), agent
+                    )
             except ModelError as exc:
                 await self._finish(
-                    run_id, RunEnding("failed", error=f"the model API failed: {exc}"), agent
+                    run_id, RunEnd(status="failed", error=f"the model API failed: {exc}"), agent
                 )
             except ImageUnavailable as exc:  # one line naming the image and the cause
-                await self._finish(run_id, RunEnding("failed", error=str(exc)), agent)
+                await self._finish(run_id, RunEnd(status="failed", error=str(exc)), agent)
             except Exception as exc:
                 log.exception("run %s failed", run_id)
                 await self._finish(
-                    run_id, RunEnding("failed", error=f"{type(exc).__name__}: {exc}"), agent
+                    run_id, RunEnd(status="failed", error=f"{type(exc).__name__}: {exc}"), agent
                 )
             finally:
                 observer.close()
@@ -265,21 +267,15 @@ class AgentExecutor:
             return False
         end = RunEnd.model_validate(ended)
         self._metrics.record_tool_calls(end.tool_calls)
-        ending = RunEnding(
-            end.status,
-            answer=end.answer,
-            stop_reason=end.stop_reason,
-            error=end.error,
-            orchestrator=end.orchestrator,
-            attempts=end.attempts,
-        )
-        await self._finish(run_id, ending)
+        await self._finish(run_id, end)
         return True
 
-    async def _finish(self, run_id: str, ending: RunEnding, agent: Agent | None = None) -> None:
+    async def _finish(self, run_id: str, ending: RunEnd, agent: Agent | None = None) -> None:
         """Record the run's end; ``agent`` is the one that ran it here, if it ran here."""
         if agent is not None:
-            ending = replace(ending, transcript=agent.transcript(), orchestrator=process_name())
+            ending = ending.model_copy(
+                update={"transcript": agent.transcript(), "orchestrator": process_name()}
+            )
         for attempt in range(1, FINISH_ATTEMPTS + 1):
             try:
                 ended = await self._store.finish_run(run_id, ending)

@@ -10,11 +10,11 @@ import functools
 import json
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 from pydantic import BaseModel, Field
 
+from api.agents.messages import RunEnd
 from api.http.redis_clients import bounded_block_ms
 from api.http.state.listing import Listed, ListQuery, list_current, record_tags
 from api.http.state.records import (
@@ -36,22 +36,6 @@ from worker.contract.keys import (
 )
 
 RunStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-
-
-@dataclass(frozen=True, slots=True)
-class RunEnding:
-    """How a run ended, as its record keeps it."""
-
-    status: RunStatus
-    error: str | None = None
-    answer: str | None = None
-    stop_reason: str | None = None
-    #: The conversation, when this replica ran it (the agents pool writes its own).
-    transcript: Mapping[str, Any] | None = None
-    #: hostname:pid of the process that ran it.
-    orchestrator: str | None = None
-    #: Runs of the conversation on the agents pool; None when it ran in a replica.
-    attempts: int | None = None
 
 
 #: A cancelled run's error, wherever it ran.
@@ -165,7 +149,7 @@ class RunStore(RecordStore):
         )
         return text(entry)
 
-    async def finish_run(self, run_id: str, ending: RunEnding) -> bool:
+    async def finish_run(self, run_id: str, ending: RunEnd) -> bool:
         """End an active run and append its ``done`` event; False if it had already ended."""
         fields: dict[str, str] = {"status": ending.status}
         if ending.orchestrator is not None:
@@ -265,7 +249,9 @@ class RunStore(RecordStore):
         """Fail an active run whose replica's lease expired; True if this ended it."""
         if not await self._lease_expired(replica):
             return False
-        return await self.finish_run(run_id, RunEnding("failed", error=lost_error(replica, "run")))
+        return await self.finish_run(
+            run_id, RunEnd(status="failed", error=lost_error(replica, "run"))
+        )
 
 
 def event_entries(

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from api.agents.messages import RunEnd
 from api.http import event_hub, sse
 from api.http.event_hub import EventHub, Feed
 from api.http.redis_clients import store_client
-from api.http.state.runs import RunEnding
 from api.http.state.store import ApiStore
 from tests.conftest import RedisServer
 
@@ -152,7 +152,7 @@ async def test_a_stream_too_slow_for_the_reader_catches_up_from_redis(
             await store.add_event(run_id, {"type": "text_delta", "text": str(n)})
             for n in range(1, 20)
         ]
-        assert await store.finish_run(run_id, RunEnding("succeeded"))
+        assert await store.finish_run(run_id, RunEnd(status="succeeded"))
 
         async def handed_too_many() -> bool:
             return witness.fell_behind

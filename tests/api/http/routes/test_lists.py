@@ -15,8 +15,8 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from api.agents.messages import RunEnd
 from api.http.app import create_app
-from api.http.state.runs import RunEnding
 from api.http.state.store import ApiStore
 from tests.api.http.conftest import StubExecutor, api_settings, emptied_database
 from tests.conftest import RedisServer
@@ -108,7 +108,7 @@ async def test_runs_are_filtered_by_status_tag_and_creation_time(
     other = await start_runs(alice, 2, tags=["adhoc"])
     for run_id in nightly[:2]:
         assert await store.mark_running(run_id)
-        assert await store.finish_run(run_id, RunEnding("failed", error="the model API failed"))
+        assert await store.finish_run(run_id, RunEnd(status="failed", error="the model API failed"))
     created = {run["id"]: run["created_at"] for run in (await alice.get("/v1/runs")).json()["runs"]}
 
     failed = (await alice.get("/v1/runs", params={"status": "failed"})).json()

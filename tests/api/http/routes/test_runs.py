@@ -13,8 +13,8 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from api.agents.messages import RunEnd
 from api.http.app import create_app
-from api.http.state.runs import RunEnding
 from api.http.state.store import ApiStore
 from tests.api.http.conftest import StubExecutor, api_settings, fake_redis, serving, sse_events
 
@@ -128,7 +128,7 @@ async def test_events_replay_then_follow_live_until_done(
     await store.add_event(
         run_id, {"type": "final_answer", "text": "Hello", "stop_reason": "answered"}
     )
-    ended = RunEnding("succeeded", answer="Hello", stop_reason="answered")
+    ended = RunEnd(status="succeeded", answer="Hello", stop_reason="answered")
     assert await store.finish_run(run_id, ended)
     response = await asyncio.wait_for(reader, 10)
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from api.http.state.runs import RunEnding
+from api.agents.messages import RunEnd
 from api.http.state.store import ApiStore
 from tests.api.http.conftest import AUTH, fake_redis, serving
 
@@ -165,7 +165,7 @@ async def test_a_live_run_is_followed_with_a_ticket_never_the_token(
     url = live_url(page)
     assert url.startswith(f"/ui/live/runs/{run_id}?") and f"after={first}" in url
     assert "correct-horse" not in url and "ticket=" in url
-    ended = RunEnding("succeeded", answer="done", stop_reason="answered")
+    ended = RunEnd(status="succeeded", answer="done", stop_reason="answered")
     assert await store.finish_run(run_id, ended)
     stream = await anonymous.get(url)
     assert stream.status_code == 200
