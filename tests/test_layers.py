@@ -1,47 +1,154 @@
-"""The two floors and the contract between them: the import rule, read from the source.
+"""The two floors and the contract between them: the import rule, read from the source and
+checked on what importing each module actually loads.
 
 ``api`` (the orchestrator) may import from ``worker`` only the contract (``worker.contract``) and
-the tool model (``worker.tools``), so that a change to the workers' own machinery never reaches
-the orchestrator, and a fact both sides share is stated once. The contract imports nothing else
-of toolq's: it is the floor both stand on.
+the tool model (``TOOL_MODEL``), so that a change to the workers' own machinery never reaches
+the orchestrator, and a fact both sides share is stated once. One exception, made at run time:
+a conversation that runs its tools in process imports the worker's runner
+(``worker.tools.in_process``) inside the function that asks for it. The contract imports nothing
+else of toolq's: it is the floor both stand on.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.util
+import json
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-API_MAY_IMPORT = ("worker.contract", "worker.tools")
+#: What a tool is, a registry of tools, tools made of functions, the conversation a tool reads.
+TOOL_MODEL = (
+    "worker.tools.interface",
+    "worker.tools.registry",
+    "worker.tools.functions",
+    "worker.tools.context",
+)
+API_MAY_IMPORT = ("worker.contract", *TOOL_MODEL)
+#: Imported by ``api`` only inside a function, when a conversation runs its tools in process.
+API_MAY_IMPORT_AT_RUN_TIME = ("worker.tools.in_process",)
 
 
-def imported_modules(path: Path) -> list[tuple[int, str]]:
-    """Every module a file imports, with its line, at any depth (lazy imports too)."""
-    found: list[tuple[int, str]] = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+def inside(module: str, allowed: tuple[str, ...]) -> bool:
+    return any(module == a or module.startswith(a + ".") for a in allowed)
+
+
+def is_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def imported_modules(path: Path) -> list[tuple[int, str, bool]]:
+    """Every module a file imports, with its line and whether the import runs only when a
+    function is called (a lazy import), at any depth."""
+    found: list[tuple[int, str, bool]] = []
+
+    def visit(node: ast.AST, lazy: bool) -> None:
         if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name) for alias in node.names]
+            found.extend((node.lineno, alias.name, lazy) for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.append((node.lineno, node.module))
+            # ``from worker.tools import registry`` imports the module worker.tools.registry.
+            for alias in node.names:
+                named = f"{node.module}.{alias.name}"
+                module = named if is_module(named) else node.module
+                found.append((node.lineno, module, lazy))
+        in_function = isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+        for child in ast.iter_child_nodes(node):
+            visit(child, lazy or in_function)
+
+    visit(ast.parse(path.read_text(), filename=str(path)), False)
     return found
 
 
-def breaches(folder: str, forbidden: str, allowed: tuple[str, ...]) -> list[str]:
-    """``file:line module`` for each import of ``forbidden`` outside ``allowed``."""
+def breaches(
+    folder: str, forbidden: str, allowed: tuple[str, ...], at_run_time: tuple[str, ...] = ()
+) -> list[str]:
+    """``file:line module`` for each import of ``forbidden`` outside ``allowed`` (and, for an
+    import inside a function, outside ``at_run_time``)."""
     found = []
     for path in sorted((ROOT / folder).rglob("*.py")):
-        for line, module in imported_modules(path):
-            inside = module == forbidden or module.startswith(forbidden + ".")
-            if inside and not any(module == a or module.startswith(a + ".") for a in allowed):
-                found.append(f"{path.relative_to(ROOT)}:{line} {module}")
-    return found
+        for line, module, lazy in imported_modules(path):
+            if not inside(module, (forbidden,)) or inside(module, allowed):
+                continue
+            if lazy and inside(module, at_run_time):
+                continue
+            found.append(f"{path.relative_to(ROOT)}:{line} {module}")
+    return list(dict.fromkeys(found))
+
+
+#: Run in a fresh interpreter: imports every module of a package in turn and prints, for each,
+#: the modules its import loaded that were not loaded before (a module two of them import is
+#: named under the first).
+_LOADING = """
+import importlib, json, pkgutil, sys
+package = importlib.import_module(sys.argv[1])
+loaded, found = set(sys.modules), {}
+for info in sorted(pkgutil.walk_packages(package.__path__, package.__name__ + "."), key=str):
+    try:
+        importlib.import_module(info.name)
+    except Exception as exc:
+        found[info.name] = ["(import failed: %r)" % exc]
+        continue
+    found[info.name] = sorted(set(sys.modules) - loaded)
+    loaded = set(sys.modules)
+print(json.dumps(found))
+"""
+
+
+def loaded_by_importing(package: str, path: Path = ROOT) -> dict[str, list[str]]:
+    """Each module of ``package`` (found on ``path``) with the modules importing it loads."""
+    done = subprocess.run(
+        [sys.executable, "-c", _LOADING, package],
+        cwd=path,
+        env={"PYTHONPATH": f"{path}:{ROOT}", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    loaded: dict[str, list[str]] = json.loads(done.stdout)
+    return loaded
+
+
+def loaded_breaches(loaded: dict[str, list[str]]) -> list[str]:
+    """``module: name`` for each module of ``worker`` outside the contract and the tool model
+    in what importing each module loaded (``loaded_by_importing``); the packages above those
+    aside, whose ``__init__`` comes with them."""
+    packages_above = {
+        ".".join(name.split(".")[:depth])
+        for name in API_MAY_IMPORT
+        for depth in range(1, name.count(".") + 1)
+    }
+    return [
+        f"{module}: {name}"
+        for module, names in loaded.items()
+        for name in names
+        if name.startswith("(")
+        or (
+            inside(name, ("worker",))
+            and not inside(name, API_MAY_IMPORT)
+            and name not in packages_above
+        )
+    ]
 
 
 def test_the_orchestrator_imports_only_the_contract_and_the_tool_model() -> None:
-    assert breaches("api", "worker", API_MAY_IMPORT) == []
+    assert breaches("api", "worker", API_MAY_IMPORT, API_MAY_IMPORT_AT_RUN_TIME) == []
+
+
+def test_importing_any_orchestrator_module_loads_only_the_contract_and_the_tool_model() -> None:
+    """What an import line hides: a module of the tool model that imported the sandbox would
+    bring it into every orchestrator process, and no import line of ``api`` would show it."""
+    loaded = loaded_by_importing("api")
+    assert len(loaded) > 100  # every module was imported
+    assert loaded_breaches(loaded) == []
 
 
 def test_the_contract_stands_on_nothing_else_of_toolqs() -> None:
@@ -58,7 +165,10 @@ def test_the_workers_never_import_the_orchestrator() -> None:
     [
         ("from worker.executor import Executor\n", ["worker.executor"]),
         ("def f():\n    import worker.sandbox.run\n", ["worker.sandbox.run"]),
-        ("from worker.contract.keys import keys\nfrom worker.tools import bash\n", []),
+        ("from worker.contract.keys import keys\nfrom worker.tools import registry\n", []),
+        ("from worker.tools.factory import prepare_workspace\n", ["worker.tools.factory"]),
+        ("from worker.tools.in_process import LocalCalls\n", ["worker.tools.in_process"]),
+        ("def f():\n    from worker.tools.in_process import LocalCalls\n", []),
     ],
 )
 def test_the_rule_sees_every_kind_of_import(
@@ -68,8 +178,28 @@ def test_the_rule_sees_every_kind_of_import(
     (tmp_path / "api").mkdir()
     (tmp_path / "api" / "module.py").write_text(source)
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
-    found = [entry.split(" ")[1] for entry in breaches("api", "worker", API_MAY_IMPORT)]
+    found = [
+        entry.split(" ")[1]
+        for entry in breaches("api", "worker", API_MAY_IMPORT, API_MAY_IMPORT_AT_RUN_TIME)
+    ]
     assert found == expected
+
+
+def test_the_loading_check_sees_what_an_allowed_import_brings(tmp_path: Path) -> None:
+    """The checker itself: an import of the tool model is fine; one that brings the workers'
+    machinery along is named with what it brought, and a lazy import brings nothing."""
+    package = tmp_path / "probe_api"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "fine.py").write_text("from worker.tools.registry import ToolRegistry\n")
+    (package / "lazy.py").write_text("def f():\n    import worker.tools.in_process\n")
+    (package / "leaky.py").write_text("from worker.tools import factory\n")
+
+    found = loaded_breaches(loaded_by_importing("probe_api", tmp_path))
+
+    assert not any(entry.startswith(("probe_api.fine:", "probe_api.lazy:")) for entry in found)
+    assert "probe_api.leaky: worker.tools.factory" in found
+    assert "probe_api.leaky: worker.sandbox" in found
 
 
 BUILTIN_EXCEPTIONS = {
