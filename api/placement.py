@@ -161,7 +161,7 @@ class ConversationTools:
         self._dispatcher = dispatcher
         self._owns_dispatcher = False
         self._local_stack: weakref.finalize[[], ConversationTools] | None = None
-        #: In process: ends what runs the calls (``worker.tools.in_process.LocalCalls``).
+        #: In process: ends what runs the calls (``worker.in_process.LocalCalls``).
         self._close_local_calls: Callable[[], None] | None = None
         try:
             if placement.tools is ToolSite.IN_PROCESS:
@@ -211,7 +211,7 @@ class ConversationTools:
             raise ValueError("an image needs a fleet: in_process runs tools here")
         # The worker floor's machinery is loaded only when asked for: an orchestrator that
         # sends its calls to a fleet never holds the sandbox, images or plugins.
-        from worker.tools.in_process import LocalCalls
+        from worker.in_process import LocalCalls
 
         local = LocalCalls(worker_settings or get_worker_settings(), ORCHESTRATOR)
         self._close_local_calls = local.close

@@ -1,5 +1,5 @@
 """A worker tool as the orchestrator's registry sees it: a proxy that sends the call to its pool,
-through the fleet's ``Dispatcher`` or, in process, ``worker.tools.in_process.LocalCalls``."""
+through the fleet's ``Dispatcher`` or, in process, ``worker.in_process.LocalCalls``."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ checked on what importing each module actually loads.
 the tool model (``TOOL_MODEL``), so that a change to the workers' own machinery never reaches
 the orchestrator, and a fact both sides share is stated once. One exception, made at run time:
 a conversation that runs its tools in process imports the worker's runner
-(``worker.tools.in_process``) inside the function that asks for it. The contract imports nothing
+(``worker.in_process``) inside the function that asks for it. The contract imports nothing
 else of toolq's: it is the floor both stand on.
 """
 
@@ -31,7 +31,7 @@ TOOL_MODEL = (
 )
 API_MAY_IMPORT = ("worker.contract", *TOOL_MODEL)
 #: Imported by ``api`` only inside a function, when a conversation runs its tools in process.
-API_MAY_IMPORT_AT_RUN_TIME = ("worker.tools.in_process",)
+API_MAY_IMPORT_AT_RUN_TIME = ("worker.in_process",)
 
 
 def inside(module: str, allowed: tuple[str, ...]) -> bool:
@@ -167,8 +167,8 @@ def test_the_workers_never_import_the_orchestrator() -> None:
         ("def f():\n    import worker.sandbox.run\n", ["worker.sandbox.run"]),
         ("from worker.contract.keys import keys\nfrom worker.tools import registry\n", []),
         ("from worker.tools.factory import prepare_workspace\n", ["worker.tools.factory"]),
-        ("from worker.tools.in_process import LocalCalls\n", ["worker.tools.in_process"]),
-        ("def f():\n    from worker.tools.in_process import LocalCalls\n", []),
+        ("from worker.in_process import LocalCalls\n", ["worker.in_process"]),
+        ("def f():\n    from worker.in_process import LocalCalls\n", []),
     ],
 )
 def test_the_rule_sees_every_kind_of_import(
@@ -192,7 +192,7 @@ def test_the_loading_check_sees_what_an_allowed_import_brings(tmp_path: Path) ->
     package.mkdir()
     (package / "__init__.py").write_text("")
     (package / "fine.py").write_text("from worker.tools.registry import ToolRegistry\n")
-    (package / "lazy.py").write_text("def f():\n    import worker.tools.in_process\n")
+    (package / "lazy.py").write_text("def f():\n    import worker.in_process\n")
     (package / "leaky.py").write_text("from worker.tools import factory\n")
 
     found = loaded_breaches(loaded_by_importing("probe_api", tmp_path))

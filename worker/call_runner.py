@@ -1,7 +1,7 @@
 """One tool call run on this process's tools: checked, run, capped, its usage and its workspace's
 growth accounted. A worker's executor runs each delivery through it (``worker.executor``, which
 adds the start marker and the stored answer); an orchestrator's in-process tools run through it
-too (``worker.tools.in_process``), so a call gets the same caps, limits, quota and errors
+too (``worker.in_process``), so a call gets the same caps, limits, quota and errors
 wherever it runs."""
 
 from __future__ import annotations
