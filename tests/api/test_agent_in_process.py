@@ -92,6 +92,8 @@ async def test_in_process_the_fleets_tools_run_here(model: Models, tmp_path: Pat
     assert 65 <= weather["temperature_f"] <= 75
     bash = json.loads(records["c-3"].output)
     assert (bash["stdout"], bash["exit_code"]) == ("in process", 0), bash
+    # What its command used comes back beside the answer, as from a worker.
+    assert records["c-3"].usage is not None and records["c-3"].usage == bash["usage"]
     assert (tmp_path / agent.run_id / "out").is_dir()
 
 
@@ -184,6 +186,7 @@ async def test_an_in_process_plugins_big_answer_is_capped_as_on_the_fleet(
     assert here.truncated and there.truncated
     assert here.output == there.output  # the same cut, the same notice of the full size
     assert (here.is_error, here.error_kind) == (there.is_error, there.error_kind)
+    assert here.usage is None and there.usage is None  # no command ran: nothing to report
     # The model is sent the capped answer, not the whole.
     assert agent.messages[-2] == {"role": "tool", "tool_call_id": "c-big", "content": here.output}
 
