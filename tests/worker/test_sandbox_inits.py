@@ -21,6 +21,7 @@ from tests.conftest import wait_for
 from tests.worker.conftest import namespaces_unavailable
 from worker.sandbox import SHELL, SandboxConfig, run_sandboxed
 from worker.sandbox.cgroups import detect_layout
+from worker.sandbox.host_registry import HostRegistry
 from worker.sandbox.launcher import launcher
 from worker.sandbox.layers import plan_for
 from worker.sandbox.plan import Plan
@@ -193,5 +194,7 @@ def test_a_calls_group_is_removed_after_the_answer(init: Init) -> None:
         for h in detect_layout("auto", "/sys/fs/cgroup").hierarchies
         if "pids" in h.jobs
     )
-    assert folder.name.startswith(f"{os.getpid()}."), folder
+    # Named after this process's worker id, whose lock proves it alive from any PID namespace.
+    worker = HostRegistry(init.config.host_state).worker_id(init.config.fleet())
+    assert folder.name.startswith(f"{worker}-"), folder
     wait_for(lambda: not folder.exists(), 10, "the call's group to be removed")
