@@ -31,7 +31,7 @@ from api.broker import producer_app
 from api.call_watch import CallWatch, InFlight
 from api.images.pins import RunPins
 from api.publishing import SEND_BATCH, CallPublisher
-from worker.contract.deadlines import call_limit_ms
+from worker.contract.deadlines import limited_request
 from worker.contract.jobs.replies import RECONNECT, ReplyReader
 from worker.contract.keys import keys
 from worker.contract.settings import FleetSettings
@@ -141,24 +141,19 @@ class Dispatcher:
         context: ToolContextSnapshot | None = None,
         timeout_ms: int | None = None,
     ) -> ToolCallRequest:
-        """A request whose deadline follows the tool's limit, clamped to the fleet's maximum."""
-        limit = call_limit_ms(
+        """A request whose deadline follows the tool's limit, clamped to the fleet's maximum,
+        with time for the worker's hard limit and for the reply to come back."""
+        return limited_request(
             self._settings,
-            override=timeout_ms,
-            timeout_argument=spec.timeout_argument,
-            arguments=arguments,
-            tool_default_ms=spec.default_timeout_ms,
-        )
-        wait_s = limit / 1000 + self._settings.hard_limit_grace_s + self._settings.reply_margin_s
-        return ToolCallRequest(
+            spec,
             task_id=task_id,
-            tool_call_id=tool_call_id,
             run_id=run_id,
-            tool=spec.name,
+            tool_call_id=tool_call_id,
             arguments=arguments,
-            context=context or ToolContextSnapshot(),
-            timeout_ms=limit,
-            deadline=time.time() + wait_s,
+            context=context,
+            timeout_ms=timeout_ms,
+            now=time.time(),
+            wait_beyond_limit_s=self._settings.hard_limit_grace_s + self._settings.reply_margin_s,
             reply_to=self.reply_key,
         )
 

@@ -12,7 +12,7 @@ import asyncio
 from typing import Any
 
 from worker.call_runner import CallRunner, timed_out
-from worker.contract.deadlines import call_limit_ms
+from worker.contract.deadlines import limited_request
 from worker.contract.settings import WorkerSettings
 from worker.contract.wire import (
     ToolCallRequest,
@@ -51,22 +51,16 @@ class LocalCalls:
     ) -> ToolCallRequest:
         """A request whose limit follows the fleet's rule; no queue lies between it and its
         run, so its deadline is its limit."""
-        limit = call_limit_ms(
+        return limited_request(
             self._settings,
-            override=timeout_ms,
-            timeout_argument=spec.timeout_argument,
-            arguments=arguments,
-            tool_default_ms=spec.default_timeout_ms,
-        )
-        return ToolCallRequest(
+            spec,
             task_id=task_id,
-            tool_call_id=tool_call_id,
             run_id=run_id,
-            tool=spec.name,
+            tool_call_id=tool_call_id,
             arguments=arguments,
-            context=context or ToolContextSnapshot(),
-            timeout_ms=limit,
-            deadline=self._runner.clock() + limit / 1000,
+            context=context,
+            timeout_ms=timeout_ms,
+            now=self._runner.clock(),
         )
 
     async def call(self, request: ToolCallRequest, pool: str) -> ToolCallResult:

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from worker.contract.settings import FleetSettings
+from worker.contract.wire import ToolCallRequest, ToolContextSnapshot, ToolSpec
 
 #: Beyond a limit the call's arguments set: time for the tool to stop itself and report.
 REPORT_MARGIN_MS = 1000
@@ -54,3 +55,40 @@ def call_limit_ms(
         or settings.default_timeout_ms
     )
     return min(max(limit, 1), settings.max_timeout_ms)
+
+
+def limited_request(
+    settings: FleetSettings,
+    spec: ToolSpec,
+    *,
+    task_id: str,
+    run_id: str,
+    tool_call_id: str | None,
+    arguments: str | dict[str, Any],
+    context: ToolContextSnapshot | None,
+    timeout_ms: int | None,
+    now: float,
+    wait_beyond_limit_s: float = 0.0,
+    reply_to: str | None = None,
+) -> ToolCallRequest:
+    """A request for ``spec`` whose limit follows the rule above; nobody waits for its answer
+    past ``now`` plus that limit plus ``wait_beyond_limit_s`` (the time a queue and a reply
+    take, where there are any)."""
+    limit = call_limit_ms(
+        settings,
+        override=timeout_ms,
+        timeout_argument=spec.timeout_argument,
+        arguments=arguments,
+        tool_default_ms=spec.default_timeout_ms,
+    )
+    return ToolCallRequest(
+        task_id=task_id,
+        tool_call_id=tool_call_id,
+        run_id=run_id,
+        tool=spec.name,
+        arguments=arguments,
+        context=context or ToolContextSnapshot(),
+        timeout_ms=limit,
+        deadline=now + limit / 1000 + wait_beyond_limit_s,
+        reply_to=reply_to,
+    )
