@@ -121,13 +121,19 @@ def _default_secret(path: Path) -> FleetSecret:
 
 
 def make_secret_file(path: Path) -> None:
-    """A new random secret at ``path`` (its folder made 0700), unless one is there already.
-    Written aside and linked into place: two processes making it at once agree on one."""
+    """A new random secret at ``path`` (its folder made 0700), unless one is there already."""
+    write_once(path, secrets.token_hex(MIN_SECRET_BYTES).encode())
+
+
+def write_once(path: Path, content: bytes) -> None:
+    """``content`` at ``path`` (mode 0600, its folder made 0700), unless a file is there
+    already. Written aside and linked into place: two processes writing it at once agree on one
+    content, and no reader ever sees half of it."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     draft = path.parent / f".{path.name}.{secrets.token_hex(8)}"
     fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        os.write(fd, secrets.token_hex(MIN_SECRET_BYTES).encode())
+        os.write(fd, content)
     finally:
         os.close(fd)
     try:

@@ -17,6 +17,8 @@ import os
 import secrets
 from pathlib import Path
 
+from worker.contract.fleet_secret import write_once
+
 #: Folder beside the run workspaces for toolq's own state (as ``worker.quota.STATE_DIR``).
 STATE_DIR = ".toolq"
 KEY_FILE = "fleet-key"
@@ -34,18 +36,7 @@ def fleet_key(root: Path) -> bytes:
     key = state / KEY_FILE
     with contextlib.suppress(FileNotFoundError):
         return _read(key)
-    state.mkdir(mode=0o700, parents=True, exist_ok=True)
-    draft = state / f".{KEY_FILE}.{secrets.token_hex(8)}"
-    fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        os.write(fd, secrets.token_bytes(_KEY_BYTES))
-    finally:
-        os.close(fd)
-    try:
-        with contextlib.suppress(FileExistsError):
-            os.link(draft, key)
-    finally:
-        os.unlink(draft)
+    write_once(key, secrets.token_bytes(_KEY_BYTES))
     return _read(key)
 
 
