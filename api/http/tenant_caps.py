@@ -13,8 +13,6 @@ the lease while it lives, and the places of a replica that died free themselves 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import uuid
 from collections.abc import Sequence
@@ -23,6 +21,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from api.http.state.periodic import Periodic
 from api.settings import OrchestratorSettings
 from worker.contract.errors import ToolqError
 from worker.contract.keys import tenant_holdings_key
@@ -111,8 +110,12 @@ class TenantCaps:
         }
         self._lease_ms = int(lease_s * 1000)
         self._held: dict[str, set[str]] = {}
-        self._renewer: asyncio.Task[None] | None = None
-        self._stopping = asyncio.Event()
+        self._renewer = Periodic(
+            self.renew,
+            lease_s / 3,
+            name="toolq-tenant-caps",
+            failing="tenant places: could not renew their lease",
+        )
 
     def limit(self, cap: Cap) -> int:
         return self._limits[cap.kind]
@@ -151,26 +154,10 @@ class TenantCaps:
         return int(await self._redis.zcount(key, f"({now_s * 1000 + now_us // 1000}", "+inf"))
 
     async def start(self) -> None:
-        self._renewer = asyncio.create_task(self._keep(), name="toolq-tenant-caps")
+        self._renewer.start()
 
     async def stop(self) -> None:
-        # An event, not a cancellation: redis-py on Python 3.11 can lose a cancellation.
-        self._stopping.set()
-        if self._renewer is not None:
-            await self._renewer
-            self._renewer = None
-
-    async def _keep(self) -> None:
-        interval = self._lease_ms / 3000
-        while not self._stopping.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), interval)
-            if self._stopping.is_set():
-                return
-            try:
-                await self.renew()
-            except (RedisError, OSError) as exc:
-                log.warning("tenant places: could not renew their lease: %s", exc)
+        await self._renewer.stop()
 
     async def renew(self) -> None:
         """Every place this replica holds stays taken for another lease."""
