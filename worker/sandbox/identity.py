@@ -35,9 +35,6 @@ log = logging.getLogger(__name__)
 
 CLAIMS = "uids"
 TMP = "tmp"
-#: The host's folders every uid can write: without a mount namespace, what a run's uid left at
-#: their top is removed with the run's workspace.
-SHARED_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm")
 #: What a claim kept aside holds before the id of the run that left its uid unclean.
 QUARANTINED = b"quarantined:"
 #: The most claims looked at before the range is called full: probing is linear from the hash.
@@ -122,7 +119,7 @@ def make_run_tmp(root: Path, key: str, gid: int) -> str:
 
 def release(root: Path, run_id: str, uid: int, host_state: str | Path = HOST_STATE) -> None:
     """Let ``uid`` go, if ``run_id`` holds it (its workspace was removed): its /tmp goes, and
-    what the uid left at the top of this host's shared folders (without a mount namespace).
+    all the uid left in the kernel and at the top of this host's shared folders (``reset_uid``).
     A uid kept aside stays claimed on this host too: what is left of it is this host's."""
     shutil.rmtree(run_tmp(root, run_id), ignore_errors=True)
     claim = claims_dir(root) / str(uid)
@@ -133,8 +130,6 @@ def release(root: Path, run_id: str, uid: int, host_state: str | Path = HOST_STA
             with contextlib.suppress(FileNotFoundError):
                 claim.unlink()
             return
-        for folder in SHARED_FOLDERS:
-            remove_owned(folder, uid)
         left = reset_uid(uid)
         if left:
             # Kept aside, held by no run: handed on, it would carry the old run's state.
@@ -157,36 +152,6 @@ def _another_fleets_here(root: Path, uid: int, host_state: str | Path) -> bool:
         return holder is not None and holder.fleet != fleet_id(root)
     except (HostRegistryError, OSError):
         return False  # no registry here, or no key: no fleet can have claimed it here
-
-
-def remove_owned(folder: str, uid: int) -> None:
-    """Remove the entries of ``folder`` (not below) that ``uid`` owns, links never followed."""
-    try:
-        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        with os.scandir(dir_fd) as entries:
-            owned = [
-                (entry.name, entry.is_dir(follow_symlinks=False))
-                for entry in entries
-                if _owner(entry) == uid
-            ]
-        for name, is_dir in owned:
-            with contextlib.suppress(OSError):
-                if is_dir:
-                    shutil.rmtree(name, dir_fd=dir_fd)
-                else:
-                    os.unlink(name, dir_fd=dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def _owner(entry: os.DirEntry[str]) -> int | None:
-    try:
-        return entry.stat(follow_symlinks=False).st_uid
-    except OSError:
-        return None
 
 
 def _holder(claim: Path) -> bytes | None:

@@ -21,12 +21,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import signal
 import time
 from collections.abc import Iterator
 
 from worker.sandbox.config import REAP_BOUND_S, SandboxConfig
 from worker.sandbox.host_registry import HostRegistry
+from worker.sandbox.pidfd_kill import kill_checked, owned_by
 from worker.sandbox.plan import Plan
 
 #: Where the runtime puts the control groups of runs' image containers.
@@ -96,7 +96,7 @@ def sweep_uid(uid: int) -> int:
         if not found or time.monotonic() > deadline:
             break
         for pid in found:
-            killed += _kill(pid, uid)
+            killed += kill_checked(pid, owned_by(uid))
         time.sleep(pause)
         pause = min(pause * 2, 0.05)
     return killed
@@ -134,20 +134,3 @@ def _in_a_box(pid: int) -> bool:
     except OSError:
         return False
     return any(line.split(":", 2)[-1].startswith(BOX_GROUPS) for line in lines)
-
-
-def _kill(pid: int, uid: int) -> int:
-    # Checked again through a pidfd, so a pid reused meanwhile is never signalled.
-    try:
-        pidfd = os.pidfd_open(pid)
-    except OSError:
-        return 0
-    try:
-        if os.stat(f"/proc/{pid}", follow_symlinks=False).st_uid != uid:
-            return 0
-        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-        return 1
-    except OSError:
-        return 0
-    finally:
-        os.close(pidfd)

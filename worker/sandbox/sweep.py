@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import time
 from collections.abc import Iterator
 
@@ -13,6 +12,7 @@ from worker.sandbox.callgroup import sweep_groups
 from worker.sandbox.config import MARKER_VARIABLE, REAP_BOUND_S, SandboxConfig, SandboxError
 from worker.sandbox.host_registry import HostRegistry, HostRegistryError
 from worker.sandbox.layers import plan_for
+from worker.sandbox.pidfd_kill import kill_checked
 from worker.sandbox.run_guard import sweep_idle_uids
 
 
@@ -100,15 +100,4 @@ def _environ(pid: int) -> bytes:
 
 
 def _kill_if_marked(pid: int, needle: bytes) -> None:
-    # Checked again through a pidfd, so a pid reused meanwhile is never signalled.
-    try:
-        pidfd = os.pidfd_open(pid)
-    except OSError:
-        return
-    try:
-        if needle in _environ(pid):
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-    except OSError:
-        pass
-    finally:
-        os.close(pidfd)
+    kill_checked(pid, lambda held: needle in _environ(held))

@@ -19,12 +19,11 @@ import contextlib
 import ctypes
 import os
 import shutil
-import signal
-import stat
 import time
 from pathlib import Path
 
 from worker.sandbox.keyrings import clear_uid_keyrings
+from worker.sandbox.pidfd_kill import kill_checked, owned_by
 
 #: The host's folders every uid can write, whose top a run's uid may have left files in.
 WRITABLE_BY_ALL = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue")
@@ -46,13 +45,12 @@ def reset_uid(
     # Processes first: a live one could make again what is removed after it.
     while end_processes and _processes_of(uid) and time.monotonic() < deadline:
         for pid in _processes_of(uid):
-            _kill(pid, uid)
+            kill_checked(pid, owned_by(uid))
         time.sleep(0.01)
     for kind, ident in _ipc_objects_of(uid):
         _remove_ipc(kind, ident)
     for folder in WRITABLE_BY_ALL:
-        for name in _owned_entries(folder, uid):
-            _remove_entry(folder, name)
+        remove_owned(folder, uid)
     keyrings_left = clear_uid_keyrings(uid)
     left: list[str] = []
     if end_processes and (processes := _processes_of(uid)):
@@ -83,21 +81,6 @@ def _processes_of(uid: int) -> list[int]:
                         if status.read().rsplit(b")", 1)[1].split()[0] != b"Z":
                             found.append(int(entry.name))
     return found
-
-
-def _kill(pid: int, uid: int) -> None:
-    # Through a pidfd, checked again: a pid reused meanwhile is never signalled.
-    try:
-        pidfd = os.pidfd_open(pid)
-    except OSError:
-        return
-    try:
-        if os.stat(f"/proc/{pid}", follow_symlinks=False).st_uid == uid:
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-    except OSError:
-        pass
-    finally:
-        os.close(pidfd)
 
 
 def _ipc_objects_of(uid: int) -> list[tuple[str, int]]:
@@ -131,25 +114,35 @@ def _remove_ipc(kind: str, ident: int) -> None:
 def _owned_entries(folder: str, uid: int) -> list[str]:
     """The names at the top of ``folder`` that ``uid`` owns, links never followed."""
     with contextlib.suppress(OSError), os.scandir(folder) as entries:
-        owned = []
-        for entry in entries:
-            with contextlib.suppress(OSError):
-                if entry.stat(follow_symlinks=False).st_uid == uid:
-                    owned.append(entry.name)
-        return owned
+        return [entry.name for entry in entries if _owner(entry) == uid]
     return []
 
 
-def _remove_entry(folder: str, name: str) -> None:
+def remove_owned(folder: str, uid: int) -> None:
+    """Remove the entries of ``folder`` (not below) that ``uid`` owns, links never followed."""
     try:
         dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return
     try:
-        with contextlib.suppress(OSError):
-            if stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
-                shutil.rmtree(name, dir_fd=dir_fd)
-            else:
-                os.unlink(name, dir_fd=dir_fd)
+        with os.scandir(dir_fd) as entries:
+            owned = [
+                (entry.name, entry.is_dir(follow_symlinks=False))
+                for entry in entries
+                if _owner(entry) == uid
+            ]
+        for name, is_dir in owned:
+            with contextlib.suppress(OSError):
+                if is_dir:
+                    shutil.rmtree(name, dir_fd=dir_fd)
+                else:
+                    os.unlink(name, dir_fd=dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def _owner(entry: os.DirEntry[str]) -> int | None:
+    try:
+        return entry.stat(follow_symlinks=False).st_uid
+    except OSError:
+        return None
