@@ -10,13 +10,18 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
+from api.commands.checks import (
+    checked_image,
+    checked_settings,
+    console,
+    err,
+    reachable_fleet,
+)
+from api.commands.servers import mcp, scripted_llm, serve, view
 from api.commands.usage_errors import COMMAND_LINE_ERROR, exit_refused
-from api.listening import port_option
-from api.settings import check_settings, get_settings
-from worker.contract.settings_check import debugging, exit_on_bad_settings
+from api.settings import get_settings
+from worker.contract.settings_check import debugging
 from worker.contract.wire import AGENTS_QUEUE, POOLS
 
 app = typer.Typer(
@@ -29,15 +34,9 @@ app = typer.Typer(
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-console = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
 
-#: The exit status when the configured broker or result store cannot be used.
-EXIT_UNREACHABLE = 1
 #: The exit status of an error nobody foresaw (its traceback shows with TOOLQ_DEBUG=1).
 EXIT_UNEXPECTED = 1
-#: The exit status when something must be installed or set up on this host first.
-EXIT_MISSING_DEPENDENCY = 3
 
 
 def _print_version(asked: bool) -> None:
@@ -61,29 +60,6 @@ def _toolq(
     """
 
 
-def _checked_settings() -> None:
-    """Every command starts here: a setting that is wrong is named, and the command exits with
-    status 2 before it starts anything. (Not in the group's callback, which would run before
-    a command's --help too.)"""
-    exit_on_bad_settings(check_settings)
-
-
-def _reachable_fleet(*, local_too: bool = False) -> None:
-    """With a broker configured, it and the result store answer, or the command ends here in
-    one line, with exit status 1: before the command's own (slower) imports, and before any
-    conversation starts. ``local_too``: the default broker too (a worker connects to it)."""
-    settings = get_settings()
-    if settings.local_mode and not local_too:
-        return
-    from api.connections import FleetUnreachableError, check_connections
-
-    try:
-        check_connections(settings)
-    except FleetUnreachableError as exc:
-        err.print(f"error: {exc}", markup=False, soft_wrap=True, highlight=False)
-        raise typer.Exit(EXIT_UNREACHABLE) from None
-
-
 @app.command()
 def worker(
     pool: Annotated[
@@ -97,7 +73,7 @@ def worker(
 ) -> None:
     """Start a worker of one pool (the same as: celery -A worker.app worker -Q POOL), or an
     agents worker, which runs whole conversations (celery -A api.agents.app worker -Q agents)."""
-    _checked_settings()
+    checked_settings()
     served = (*POOLS, AGENTS_QUEUE)
     if pool not in served:
         raise typer.BadParameter(f"pool must be one of {', '.join(served)}", param_hint="--pool")
@@ -110,7 +86,7 @@ def worker(
             err.print(f"error: an agents worker asks the model: {exc}", markup=False)
             raise typer.Exit(2) from None
     # Celery would print its banner, then retry a broker that is down a hundred times.
-    _reachable_fleet(local_too=True)
+    reachable_fleet(local_too=True)
     from api.local.stack import worker_argv
 
     # A name of its own: two workers of one pool on a host would share a sandbox worker's own
@@ -152,9 +128,9 @@ def run(
     if tool calls failed (unless --fail-on-tool-error); 1 when it could not start or finish
     (the broker, workers or model API failing); 2 for wrong settings or no model API.
     """
-    _checked_settings()
-    _checked_image(image)
-    _reachable_fleet()
+    checked_settings()
+    checked_image(image)
+    reachable_fleet()
     from api.commands.conversation import run_conversation
 
     code = run_conversation(
@@ -174,25 +150,11 @@ def run(
     raise typer.Exit(code)
 
 
-def _checked_image(image: str | None) -> None:
-    """An image reference that cannot be one stops the command in one line, exit status 2."""
-    if image is None:
-        return
-    from worker.contract.image_errors import ImageError
-    from worker.contract.image_reference import parse_reference
-
-    try:
-        parse_reference(image)
-    except ImageError as exc:
-        err.print(f"error: {exc}", markup=False)
-        raise typer.Exit(2) from None
-
-
 @app.command()
 def demo() -> None:
     """A scripted conversation on a local stack: needs no API key."""
-    _checked_settings()
-    _reachable_fleet()
+    checked_settings()
+    reachable_fleet()
     from api.commands.conversation import run_demo
 
     raise typer.Exit(run_demo(console=console, err=err))
@@ -209,8 +171,8 @@ def tools(
     ] = False,
 ) -> None:
     """The fleet's tools: pool, on by default or not, live workers serving each."""
-    _checked_settings()
-    _reachable_fleet()
+    checked_settings()
+    reachable_fleet()
     from api.commands.fleet_report import show_tools
 
     raise typer.Exit(show_tools(console=console, err=err, as_json=as_json))
@@ -221,8 +183,8 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
 ) -> None:
     """Queue depths, live workers per pool, calls in flight."""
-    _checked_settings()
-    _reachable_fleet()
+    checked_settings()
+    reachable_fleet()
     from api.commands.fleet_report import show_status
 
     raise typer.Exit(show_status(console=console, err=err, as_json=as_json))
@@ -245,7 +207,7 @@ def wait(
 
     Exit status: 0 ready; 1 not in time, or a --pid ended (it will not serve); 2 no broker.
     """
-    _checked_settings()
+    checked_settings()
     from api.commands.wait import EXIT_READY, wait_for_fleet
 
     waited = wait_for_fleet(get_settings(), tools or [], timeout_s=timeout, pids=pid or [])
@@ -293,8 +255,8 @@ def batch(
     ] = False,
 ) -> None:
     """Run many conversations or tasks; rerun the same command to resume."""
-    _checked_settings()
-    _reachable_fleet()
+    checked_settings()
+    reachable_fleet()
     from api.batch.command import run_batch_command
 
     raise typer.Exit(
@@ -323,86 +285,11 @@ def report(
     raise typer.Exit(run_report_command(results, as_json=as_json, out=console, err=err))
 
 
-@app.command()
-def serve(
-    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, port_option("Port.")] = 8000,
-) -> None:
-    """The HTTP API (runs, batches, tools, SSE events, metrics) and the web viewer at /."""
-    _checked_settings()
-    from api.http.server import serve as serve_api
-
-    serve_api(host=host, port=port)
-
-
-@app.command()
-def mcp(
-    enable: Annotated[list[str] | None, typer.Option(help="Switch a tool on (repeatable).")] = None,
-    disable: Annotated[
-        list[str] | None, typer.Option(help="Switch a tool off (repeatable).")
-    ] = None,
-    tool_timeout_ms: Annotated[
-        int | None, typer.Option(min=1, help="Deadline of every call, in ms (default: the tool's).")
-    ] = None,
-    image: Annotated[
-        str | None,
-        typer.Option(help="Run the session's commands in a container of this OCI image."),
-    ] = None,
-    broker: Annotated[
-        str | None,
-        typer.Option(
-            help="The fleet's broker URL, as TOOLQ_BROKER_URL (an MCP client passes its server "
-            "few of the shell's variables); neither: a local stack of its own."
-        ),
-    ] = None,
-) -> None:
-    """The fleet's tools as an MCP server on stdin/stdout: one run, one workspace. It says on
-    stderr which fleet it serves."""
-    try:
-        from api.mcp.server import ToolChoice
-        from api.mcp.stdio import serve_stdio
-    except ImportError as exc:
-        err.print(f"error: toolq mcp needs pip install 'toolq[mcp]' ({exc})", markup=False)
-        raise typer.Exit(EXIT_MISSING_DEPENDENCY) from None
-    if broker is not None:
-        os.environ["TOOLQ_BROKER_URL"] = broker  # checked, then read, as the variable would be
-        get_settings.cache_clear()
-    _checked_settings()
-    _checked_image(image)
-    _reachable_fleet()
-    choice = ToolChoice(tuple(enable or ()), tuple(disable or ()), tool_timeout_ms, image)
-    raise typer.Exit(serve_stdio(get_settings(), choice))
-
-
-@app.command()
-def view(
-    results: Annotated[Path, typer.Argument(help="A batch's output JSONL (toolq batch -o).")],
-    port: Annotated[int, port_option("Port on 127.0.0.1 (default: a free one).")] = 0,
-    browser: Annotated[
-        bool, typer.Option("--browser/--no-browser", help="Open the page in a browser.")
-    ] = True,
-) -> None:
-    """Look through a batch's results in the web viewer: a read-only server on 127.0.0.1."""
-    from api.http.viewer.view import view_results
-
-    raise typer.Exit(view_results(results, port=port, open_browser=browser))
-
-
-@app.command("scripted-llm")
-def scripted_llm(
-    script: Annotated[Path | None, typer.Option(help="Script JSON (default: the demo).")] = None,
-    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, port_option("Port.")] = 8900,
-) -> None:
-    """An OpenAI-compatible server that replays scripted answers (for tests and demos)."""
-    _checked_settings()
-    from api.scripted.server import serve as serve_scripted
-
-    try:
-        serve_scripted(script, host, port)
-    except ValueError as exc:  # the script file is missing or not a script
-        err.print(f"error: {escape(str(exc))}", soft_wrap=True)
-        raise typer.Exit(2) from None
+# Registered last, so that --help lists them after the others, as it always has.
+app.command()(serve)
+app.command()(mcp)
+app.command()(view)
+app.command("scripted-llm")(scripted_llm)
 
 
 def main() -> None:

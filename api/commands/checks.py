@@ -1,0 +1,55 @@
+"""What every ``toolq`` command checks before it starts: its settings, the image it was given, and
+that the fleet it needs answers; each failure is one line on stderr and an exit status."""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+
+from api.settings import check_settings, get_settings
+from worker.contract.settings_check import exit_on_bad_settings
+
+console = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+#: The exit status when the configured broker or result store cannot be used.
+EXIT_UNREACHABLE = 1
+#: The exit status when something must be installed or set up on this host first.
+EXIT_MISSING_DEPENDENCY = 3
+
+
+def checked_settings() -> None:
+    """Every command starts here: a setting that is wrong is named, and the command exits with
+    status 2 before it starts anything. (Not in the group's callback, which would run before
+    a command's --help too.)"""
+    exit_on_bad_settings(check_settings)
+
+
+def reachable_fleet(*, local_too: bool = False) -> None:
+    """With a broker configured, it and the result store answer, or the command ends here in
+    one line, with exit status 1: before the command's own (slower) imports, and before any
+    conversation starts. ``local_too``: the default broker too (a worker connects to it)."""
+    settings = get_settings()
+    if settings.local_mode and not local_too:
+        return
+    from api.connections import FleetUnreachableError, check_connections
+
+    try:
+        check_connections(settings)
+    except FleetUnreachableError as exc:
+        err.print(f"error: {exc}", markup=False, soft_wrap=True, highlight=False)
+        raise typer.Exit(EXIT_UNREACHABLE) from None
+
+
+def checked_image(image: str | None) -> None:
+    """An image reference that cannot be one stops the command in one line, exit status 2."""
+    if image is None:
+        return
+    from worker.contract.image_errors import ImageError
+    from worker.contract.image_reference import parse_reference
+
+    try:
+        parse_reference(image)
+    except ImageError as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(2) from None
