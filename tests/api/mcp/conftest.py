@@ -34,6 +34,20 @@ def fleet_env(fleet: WorkerFleet) -> dict[str, str]:
     return clean_env() | worker_environment(fleet.settings)
 
 
+def mcp_refused(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``toolq mcp`` with ``args``, as a client starts it (nothing on stdin), when it is expected
+    to refuse before serving: what it said and its exit status."""
+    return subprocess.run(
+        [TOOLQ, "mcp", *args],
+        env=env,
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
 class ServedApi:
     """``toolq serve`` on a free port, with a token (or ``env``'s tokens); its log (stdout and
     stderr) for failures."""

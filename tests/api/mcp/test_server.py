@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import httpx2
@@ -17,11 +16,11 @@ from mcp.shared.exceptions import MCPError
 from api.fleet import read_manifest
 from tests.api.mcp.conftest import (
     AUTH,
-    TOOLQ,
     Connect,
     ServedApi,
     fleet_env,
     http_session,
+    mcp_refused,
     mcp_url,
 )
 from tests.conftest import WorkerFleet, wait_for
@@ -131,15 +130,7 @@ async def test_a_sessions_workspace_is_removed_when_the_session_ends(
 
 
 def test_toolq_mcp_refuses_a_tool_the_fleet_lacks_before_serving(fleet: WorkerFleet) -> None:
-    done = subprocess.run(
-        [TOOLQ, "mcp", "--enable", "teleport"],
-        env=fleet_env(fleet),
-        input="",
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = mcp_refused(["--enable", "teleport"], env=fleet_env(fleet))
     assert done.returncode == 1
     assert done.stdout == ""  # stdout is the protocol's alone
     assert "Cannot enable 'teleport': no worker serves it" in done.stderr

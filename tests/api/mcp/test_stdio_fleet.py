@@ -5,7 +5,6 @@ never reaches it; ``--broker`` does, and a line on stderr says which fleet it se
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from mcp.client.stdio import get_default_environment, stdio_client
 
 from api.mcp.stdio import served_fleet
 from api.settings import OrchestratorSettings
-from tests.api.mcp.conftest import TOOLQ
+from tests.api.mcp.conftest import TOOLQ, mcp_refused
 from tests.conftest import WorkerFleet
 
 pytestmark = pytest.mark.integration
@@ -48,14 +47,8 @@ async def test_a_client_without_the_shells_variables_reaches_the_fleet_named_by_
 
 
 def test_a_broker_that_does_not_answer_is_one_line_before_serving() -> None:
-    done = subprocess.run(
-        [TOOLQ, "mcp", "--broker", "redis://:hunter2@127.0.0.1:1/0"],
-        env={"PATH": os.environ["PATH"]},
-        input="",
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    done = mcp_refused(
+        ["--broker", "redis://:hunter2@127.0.0.1:1/0"], env={"PATH": os.environ["PATH"]}
     )
     assert done.returncode == 1
     assert done.stdout == ""
@@ -65,15 +58,7 @@ def test_a_broker_that_does_not_answer_is_one_line_before_serving() -> None:
 
 
 def test_a_broker_url_toolq_cannot_use_is_refused_as_the_variable_is() -> None:
-    done = subprocess.run(
-        [TOOLQ, "mcp", "--broker", "http://127.0.0.1:6379"],
-        env={"PATH": os.environ["PATH"]},
-        input="",
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = mcp_refused(["--broker", "http://127.0.0.1:6379"], env={"PATH": os.environ["PATH"]})
     assert done.returncode == 2
     assert done.stderr.startswith("error: TOOLQ_BROKER_URL")
     assert len(done.stderr.splitlines()) == 1
