@@ -341,6 +341,11 @@ def find_process(argv: tuple[str, ...]) -> list[int]:
     return [p.pid for p in processes().values() if p.argv == argv]
 
 
+def pids_with(marker: str) -> list[int]:
+    """Pids of the processes whose command line holds ``marker``."""
+    return [p.pid for p in processes().values() if marker in " ".join(p.argv)]
+
+
 def ancestors(pid: int) -> list[int]:
     """``pid``, its parent, and so on up to init."""
     table = processes()

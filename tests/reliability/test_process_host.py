@@ -20,7 +20,7 @@ import pytest
 from api.dispatch import Dispatcher
 from tests.conftest import Caller, until
 from tests.host_sysctls import host_is_hardened, host_sysctls_restored
-from tests.reliability.conftest import Stack, start_stack
+from tests.reliability.conftest import Stack, pids_with, start_stack
 from tests.reliability.report import Report
 from worker.sandbox import SandboxConfig
 from worker.sandbox.hardening import hardening_refusal
@@ -156,7 +156,7 @@ async def test_a_run_sees_neither_another_runs_processes_nor_the_workers(
                 lambda: (victim.workspace / "ready").exists() or running.done(),
                 "the victim's command to run",
             )
-            victim_pids = _pids_with(marker)
+            victim_pids = pids_with(marker)
             assert victim_pids, "the victim's command is not running"
             looked = await attacker.bash(
                 "ps -eo pid,uid,args; ls /proc; cat /proc/[0-9]*/cmdline | tr '\\0' ' '"
@@ -183,15 +183,3 @@ def _read_or_empty(path: str) -> str:
         return Path(path).read_text(errors="replace")
     except OSError:
         return ""
-
-
-def _pids_with(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker.encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found

@@ -15,6 +15,7 @@ import pytest
 from api.local.stack import worker_argv, worker_environment
 from tests.conftest import RedisServer, fleet_settings, wait_for
 from tests.host_sysctls import host_is_hardened, host_sysctls_restored, read_host_sysctls
+from tests.reliability.conftest import pids_with
 from tests.worker.conftest import RUN_UIDS, run_in_workspace
 from worker.sandbox import SandboxConfig
 from worker.sandbox.hardening import hardening_refusal
@@ -179,8 +180,8 @@ def test_a_command_sees_only_its_own_runs_processes(config: SandboxConfig) -> No
     )
     victim_call.start()
     try:
-        wait_for(lambda: _pids_with(marker) != [], timeout=30, what="the victim's command to start")
-        seen = _pids_with(marker)
+        wait_for(lambda: pids_with(marker) != [], timeout=30, what="the victim's command to start")
+        seen = pids_with(marker)
 
         answer = run_in_workspace(
             config,
@@ -200,18 +201,6 @@ def test_a_command_sees_only_its_own_runs_processes(config: SandboxConfig) -> No
     assert str(os.getpid()) not in listed  # nor the worker's
     assert str(victim.owner[0]) not in listed
     assert ended, "the victim's call did not end"
-
-
-def _pids_with(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker.encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 def test_a_hardening_it_does_not_know_is_refused_naming_the_choices() -> None:
