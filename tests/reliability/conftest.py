@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 from collections import defaultdict
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 from api.local.stack import LocalStack
-from tests.conftest import REPO, RedisServer, WorkerFleet, fleet_settings
+from tests.conftest import REPO, Caller, RedisServer, WorkerFleet, fleet_settings
 from tests.reliability.report import Outcome, Report, Row, machine_header
 from worker.contract.settings import WorkerSettings
 
@@ -259,6 +260,26 @@ class Stack:
             stack.stop()
         self.fleet.stop()
         self.redis.stop()
+
+
+@dataclass
+class Run:
+    """One run's calls through a stack's queue."""
+
+    caller: Caller
+    stack: Stack
+
+    async def bash(self, command: str, timeout_ms: int = 15_000) -> dict[str, Any]:
+        """What ``command`` printed and returned, as run_bash answers; a failed call fails the
+        test."""
+        result = await self.caller("run_bash", {"command": command, "timeout": timeout_ms})
+        assert not result.is_error, result.output
+        answer: dict[str, Any] = json.loads(result.output)
+        return answer
+
+    @property
+    def workspace(self) -> Path:
+        return self.stack.workspace_root / self.caller.run_id
 
 
 def start_stack(

@@ -7,20 +7,17 @@ sysctls back as they found them."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import secrets
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from api.dispatch import Dispatcher
 from tests.conftest import Caller, until
 from tests.host_sysctls import host_is_hardened, host_sysctls_restored
-from tests.reliability.conftest import Stack, pids_with, start_stack
+from tests.reliability.conftest import Run, Stack, pids_with, start_stack
 from tests.reliability.report import Report
 from worker.sandbox import SandboxConfig
 from worker.sandbox.hardening import hardening_refusal
@@ -47,22 +44,6 @@ def process_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             yield stack
         finally:
             stack.stop()
-
-
-@dataclass
-class Run:
-    caller: Caller
-    stack: Stack
-
-    async def bash(self, command: str, timeout_ms: int = 15_000) -> dict[str, Any]:
-        result = await self.caller("run_bash", {"command": command, "timeout": timeout_ms})
-        assert not result.is_error, result.output
-        answer: dict[str, Any] = json.loads(result.output)
-        return answer
-
-    @property
-    def workspace(self) -> Path:
-        return self.stack.workspace_root / self.caller.run_id
 
 
 @pytest.fixture

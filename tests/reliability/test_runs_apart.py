@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import secrets
 import shutil
@@ -21,13 +20,12 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from api.dispatch import Dispatcher
 from tests.conftest import Caller, wait_for
-from tests.reliability.conftest import Stack, start_stack
+from tests.reliability.conftest import Run, Stack, start_stack
 from tests.reliability.report import Report, Row
 from tests.reliability.userns import deploy_like_stack, userns_unavailable
 from worker.contract.fleet_secret import SECRET_SETTING, fleet_secret
@@ -69,24 +67,6 @@ def mode_stack(
     stack = start_stack(workdir, env=env, redis_password=password, sandbox_isolation=isolation)
     yield mode, stack
     stack.stop()
-
-
-@dataclass
-class Run:
-    """One run's calls through the queue."""
-
-    caller: Caller
-    stack: Stack
-
-    async def bash(self, command: str, timeout_ms: int = 10_000) -> dict[str, Any]:
-        result = await self.caller("run_bash", {"command": command, "timeout": timeout_ms})
-        assert not result.is_error, result.output
-        answer: dict[str, Any] = json.loads(result.output)
-        return answer
-
-    @property
-    def workspace(self) -> Path:
-        return Path(self.stack.settings.workspace_root) / self.caller.run_id
 
 
 @dataclass
