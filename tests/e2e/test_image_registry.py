@@ -24,9 +24,9 @@ import pytest
 
 from api.local.stack import free_port
 from api.scripted.server import ScriptedServer
-from tests.conftest import WorkerFleet, scripted_server, wait_for
+from tests.conftest import WorkerFleet, wait_for
 from tests.e2e.test_batch_cli import run_batch, write_items
-from tests.e2e.test_batch_images import OS_RELEASE, env_for
+from tests.e2e.test_batch_images import env_for, item, model  # noqa: F401 (model: a fixture)
 from tests.results_file import finished_records
 from tests.worker.images.builders import Images, built_or_skip
 from tests.worker.images.builders import image_fleet as fleet_of_images
@@ -136,33 +136,19 @@ def registry_fleet(built: tuple[Path, Images], registry: Registry) -> Iterator[W
         yield workers
 
 
-@pytest.fixture
-def model(tmp_path: Path) -> Iterator[ScriptedServer]:
-    scripts = tmp_path / "scripts"
-    scripts.mkdir()
-    with scripted_server(scripts, {"os_release": OS_RELEASE}, default="Done.") as server:
-        yield server
-
-
 def test_a_batch_pulls_by_tag_and_records_the_digest(
-    registry_fleet: WorkerFleet, registry: Registry, model: ScriptedServer, tmp_path: Path
+    registry_fleet: WorkerFleet,
+    registry: Registry,
+    model: ScriptedServer,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
-    def line(item_id: str, image: str) -> dict[str, object]:
-        return {
-            "id": item_id,
-            "prompt": "which system?",
-            "model": "scripted:os_release",
-            "enable": ["run_bash"],
-            "image": image,
-        }
-
     source = write_items(
         tmp_path / "in.jsonl",
         [
-            line("pulled", registry.image),
-            line("again", registry.image),
-            line("no-tag", f"{registry.host}/toolq/alpha:nope"),
-            line("unreachable", "127.0.0.1:1/toolq/alpha:v1"),
+            item("pulled", "os_release", image=registry.image),
+            item("again", "os_release", image=registry.image),
+            item("no-tag", "os_release", image=f"{registry.host}/toolq/alpha:nope"),
+            item("unreachable", "os_release", image="127.0.0.1:1/toolq/alpha:v1"),
         ],
     )
     output = tmp_path / "out.jsonl"

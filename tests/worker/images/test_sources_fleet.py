@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from api.scripted.server import ScriptedServer
-from tests.conftest import WorkerFleet, scripted_server
+from tests.conftest import WorkerFleet
 from tests.e2e.test_batch_cli import run_batch, write_items
-from tests.e2e.test_batch_images import OS_RELEASE, env_for
+from tests.e2e.test_batch_images import env_for, item, model  # noqa: F401 (model: a fixture)
 from tests.e2e.test_image_registry import Registry, built, registry  # noqa: F401 (fixtures)
 from tests.results_file import finished_records
 from tests.worker.images.builders import Images, image_fleet
@@ -36,31 +36,14 @@ def allowing_fleet(
         yield workers
 
 
-@pytest.fixture
-def model(tmp_path: Path) -> Iterator[ScriptedServer]:
-    scripts = tmp_path / "scripts"
-    scripts.mkdir()
-    with scripted_server(scripts, {"os_release": OS_RELEASE}, default="Done.") as server:
-        yield server
-
-
 def test_named_sources_run_and_others_are_refused_unreached(
     allowing_fleet: WorkerFleet,
     built: tuple[Path, Images],  # noqa: F811
     registry: Registry,  # noqa: F811
-    model: ScriptedServer,
+    model: ScriptedServer,  # noqa: F811
     tmp_path: Path,
 ) -> None:
     _, images = built
-
-    def line(item_id: str, image: str) -> dict[str, object]:
-        return {
-            "id": item_id,
-            "prompt": "which system?",
-            "model": "scripted:os_release",
-            "enable": ["run_bash"],
-            "image": image,
-        }
 
     with listener() as probe:
         refused = {
@@ -70,9 +53,9 @@ def test_named_sources_run_and_others_are_refused_unreached(
         source = write_items(
             tmp_path / "in.jsonl",
             [
-                line("registry", registry.image),
-                line("folder", images.alpha),
-                *(line(item_id, image) for item_id, image in refused.items()),
+                item("registry", "os_release", image=registry.image),
+                item("folder", "os_release", image=images.alpha),
+                *(item(item_id, "os_release", image=image) for item_id, image in refused.items()),
             ],
         )
         output = tmp_path / "out.jsonl"
