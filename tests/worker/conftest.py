@@ -8,6 +8,8 @@ import os
 import pwd
 import secrets
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -18,7 +20,7 @@ import fakeredis
 import pytest
 import redis
 
-from tests.conftest import TEST_PLUGINS, RedisServer
+from tests.conftest import REPO, TEST_PLUGINS, RedisServer, wait_for
 from worker.contract.fleet_secret import FleetSecret
 from worker.contract.settings import WorkerSettings
 from worker.contract.uid_range import DEFAULT_UID_RANGE, UidRange
@@ -155,6 +157,30 @@ def sleeps(tag: str) -> list[int]:
             ):
                 found.append(int(entry.name))
     return found
+
+
+def orphaned_sleep(folder: Path, config: str) -> str:
+    """A worker process runs ``sleep 300`` sandboxed with ``config`` (Python source of a
+    ``SandboxConfig``) in ``folder``, and is killed once the command itself runs: the tag of the
+    command it leaves behind (see ``sleeps``), for the test to see what ends it."""
+    tag = f"{secrets.randbelow(10**6)}.{secrets.randbelow(100)}"
+    script = (
+        "from pathlib import Path\n"
+        "from worker.sandbox import SandboxConfig, run_sandboxed\n"
+        f"where = Path({str(folder)!r})\n"
+        f"run_sandboxed('sleep 300 {tag}; echo', cwd=where, home=where, env={{}},\n"
+        f"              timeout_ms=60000, config={config})\n"
+    )
+    worker = subprocess.Popen(
+        [sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(REPO)}
+    )
+    try:
+        # The command itself, not only its wrappers: the parent-death signal is set by then.
+        wait_for(lambda: bool(sleeps(tag)), 10, "the command to start")
+    finally:
+        worker.kill()
+        worker.wait()
+    return tag
 
 
 def namespaces_unavailable() -> str | None:

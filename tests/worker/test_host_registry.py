@@ -17,7 +17,7 @@ import pytest
 
 from api.local.stack import worker_argv, worker_environment
 from tests.conftest import REPO, RedisServer, fleet_settings, wait_for
-from tests.worker.conftest import sleeps
+from tests.worker.conftest import orphaned_sleep, sleeps
 from worker.contract.uid_range import UidRange
 from worker.sandbox import SandboxConfig, sweep_orphans
 from worker.sandbox.callgroup import CallGroup, sweep_groups
@@ -284,24 +284,10 @@ def test_runs_sharing_one_uid_are_swept_only_by_their_own_fleet(
     environment: its worker's id, which another fleet's sweep never takes for one of its own."""
     if os.geteuid() != 0:
         pytest.skip("runs as the sandbox user need a root worker")
-    tag = f"{secrets.randbelow(10**6)}.27"
     options = {"isolation": "process", "cgroup": "off", "uid_range": None, "shared_allowed": True}
-    script = (
-        "from pathlib import Path\n"
-        "from worker.sandbox import SandboxConfig, run_sandboxed\n"
-        f"where = Path({str(sandbox_dir)!r})\n"
-        f"config = SandboxConfig(workspace_root={str(roots[0])!r}, **{options!r})\n"
-        f"run_sandboxed('sleep 300 {tag}; echo', cwd=where, home=where, env={{}},\n"
-        "              timeout_ms=60000, config=config)\n"
+    tag = orphaned_sleep(
+        sandbox_dir, f"SandboxConfig(workspace_root={str(roots[0])!r}, **{options!r})"
     )
-    worker = subprocess.Popen(
-        [sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(REPO)}
-    )
-    try:
-        wait_for(lambda: bool(sleeps(tag)), 10, "the command to start")
-    finally:
-        worker.kill()
-        worker.wait()
     other_fleet = SandboxConfig(workspace_root=str(roots[1]), **options)  # type: ignore[arg-type]
     own_fleet = SandboxConfig(workspace_root=str(roots[0]), **options)  # type: ignore[arg-type]
 

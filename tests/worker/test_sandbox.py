@@ -15,7 +15,13 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, wait_for
-from tests.worker.conftest import NOBODY, config_for, namespaces_unavailable, sleeps
+from tests.worker.conftest import (
+    NOBODY,
+    config_for,
+    namespaces_unavailable,
+    orphaned_sleep,
+    sleeps,
+)
 from worker import sandbox
 from worker.sandbox import (
     SandboxConfig,
@@ -285,23 +291,7 @@ def test_an_unprivileged_worker_still_limits_its_commands(sandbox_dir: Path) -> 
 
 def test_a_worker_killed_mid_call_leaves_no_command_running(mode: str, sandbox_dir: Path) -> None:
     """With namespaces the command dies with its worker; without, the next worker sweeps it."""
-    tag = f"{secrets.randbelow(10**6)}.25"
-    script = (
-        "from pathlib import Path\n"
-        "from worker.sandbox import SandboxConfig, run_sandboxed\n"
-        f"run_sandboxed('sleep 300 {tag}; echo', cwd=Path({str(sandbox_dir)!r}), "
-        f"home=Path({str(sandbox_dir)!r}), env={{}}, timeout_ms=60000, "
-        f"config=SandboxConfig(isolation={mode!r}))\n"
-    )
-    worker = subprocess.Popen(
-        [sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(REPO)}
-    )
-    try:
-        # The command itself, not only its wrappers: the parent-death signal is set by then.
-        wait_for(lambda: bool(sleeps(tag)), 10, "the command to start")
-    finally:
-        worker.kill()
-        worker.wait()
+    tag = orphaned_sleep(sandbox_dir, f"SandboxConfig(isolation={mode!r})")
     if mode == "process":
         wait_for(
             lambda: sandbox.sweep_orphans(config_for(mode)) == 0 and not sleeps(tag),
