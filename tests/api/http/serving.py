@@ -133,3 +133,19 @@ class Replica:
             f"run {run_id} to be {'/'.join(statuses)}",
         )
         return self.run(run_id)
+
+
+@contextmanager
+def two_replicas(
+    env: dict[str, str], log_dir: Path, token: str
+) -> Iterator[tuple[Replica, Replica]]:
+    """Two replicas, ``a`` and ``b``, of one API started side by side (both launched before
+    either is waited on); both stopped however the block ends."""
+    first, second = Replica(env, log_dir, "a", token), Replica(env, log_dir, "b", token)
+    try:
+        first.launch()
+        second.launch()
+        yield first.ready(), second.ready()
+    finally:
+        first.stop()
+        second.stop()

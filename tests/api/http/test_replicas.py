@@ -16,7 +16,7 @@ from api.agents.messages import ConversationResult
 from api.fleet import FLEET_TTL_S
 from api.http.runner import SHUTDOWN_ERROR
 from api.scripted.server import ScriptedServer
-from tests.api.http.serving import Replica, serve_environment
+from tests.api.http.serving import Replica, serve_environment, two_replicas
 from tests.conftest import AgentsWorker, WorkerFleet, wait_for
 from worker.contract.keys import conversation_keys as k
 
@@ -45,15 +45,8 @@ def replicas(
 ) -> Iterator[tuple[Replica, Replica]]:
     env = serve_environment(fleet, model, TOKEN)
     logs = tmp_path_factory.mktemp("api-logs")
-    first = Replica(env, logs, "a", TOKEN)
-    second = Replica(env, logs, "b", TOKEN)
-    try:
-        first.launch()
-        second.launch()
-        yield first.ready(), second.ready()
-    finally:
-        first.stop()
-        second.stop()
+    with two_replicas(env, logs, TOKEN) as started:
+        yield started
 
 
 def sample(text: str, name: str, **labels: str) -> float:

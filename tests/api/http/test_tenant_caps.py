@@ -22,7 +22,7 @@ from api.http.app import create_app
 from api.http.tenant_caps import RUNS, CapReached, TenantCaps
 from api.scripted.server import ScriptedServer
 from tests.api.http.conftest import StubExecutor, api_settings, emptied_database
-from tests.api.http.serving import Replica, serve_environment
+from tests.api.http.serving import Replica, serve_environment, two_replicas
 from tests.api.http.test_tenants import bearer, callers_of, tokens_file
 from tests.conftest import RedisServer, WorkerFleet, wait_for
 
@@ -136,14 +136,8 @@ def replicas(
     env = serve_environment(fleet, model, ALICE)
     env.pop("TOOLQ_API_TOKEN")
     env |= {"TOOLQ_API_TOKENS_FILE": str(tokens), "TOOLQ_TENANT_MAX_RUNS": str(CAP)}
-    first, second = Replica(env, folder, "a", ALICE), Replica(env, folder, "b", ALICE)
-    try:
-        first.launch()
-        second.launch()
-        yield first.ready(), second.ready()
-    finally:
-        first.stop()
-        second.stop()
+    with two_replicas(env, folder, ALICE) as replicas:
+        yield replicas
 
 
 @pytest.mark.integration
