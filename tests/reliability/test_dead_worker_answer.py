@@ -61,6 +61,17 @@ def announces(settings_url: str, pool: str, node: str) -> bool:
         client.close()
 
 
+@pytest.fixture
+def sandbox_worker(
+    own_redis: RedisServer,
+    lone_worker: Callable[..., LoneWorker],  # noqa: F811
+    tmp_path: Path,
+) -> LoneWorker:
+    """A lone sandbox worker, serving, whose calls may run twice a model's command's limit."""
+    settings = settings_for(own_redis, tmp_path, max_timeout_ms=2 * CALL_MS)
+    return lone_worker(settings, "sandbox").wait_ready()
+
+
 async def command_started(argv: tuple[str, ...]) -> list[int]:
     found: list[int] = []
 
@@ -74,12 +85,9 @@ async def command_started(argv: tuple[str, ...]) -> list[int]:
 
 @pytest.mark.timeout(300)
 async def test_a_call_whose_worker_is_killed_is_answered_interrupted_before_its_deadline(
-    own_redis: RedisServer,
-    lone_worker: Callable[..., LoneWorker],  # noqa: F811
-    tmp_path: Path,
+    sandbox_worker: LoneWorker,
 ) -> None:
-    settings = settings_for(own_redis, tmp_path, max_timeout_ms=2 * CALL_MS)
-    worker = lone_worker(settings, "sandbox").wait_ready()
+    worker, settings = sandbox_worker, sandbox_worker.settings
     node = worker_node(worker)
     argv = ("sleep", "60.25")
     leftovers: list[int] = []
@@ -109,12 +117,9 @@ async def test_a_call_whose_worker_is_killed_is_answered_interrupted_before_its_
 
 @pytest.mark.timeout(300)
 async def test_a_live_workers_long_call_is_answered_by_it(
-    own_redis: RedisServer,
-    lone_worker: Callable[..., LoneWorker],  # noqa: F811
-    tmp_path: Path,
+    sandbox_worker: LoneWorker,
 ) -> None:
-    settings = settings_for(own_redis, tmp_path, max_timeout_ms=2 * CALL_MS)
-    worker = lone_worker(settings, "sandbox").wait_ready()
+    worker, settings = sandbox_worker, sandbox_worker.settings
     node = worker_node(worker)
     async with Dispatcher(settings) as dispatcher:
         caller = Caller(dispatcher, settings, "run-live-worker")
