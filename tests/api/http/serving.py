@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
+import uvicorn
+from fastapi import FastAPI
 
 from api.local.stack import free_port, worker_environment
 from api.scripted.server import ScriptedServer
@@ -149,3 +153,20 @@ def two_replicas(
     finally:
         first.stop()
         second.stop()
+
+
+@asynccontextmanager
+async def served_in_thread(app: FastAPI, **options: Any) -> AsyncIterator[str]:
+    """``app`` under uvicorn, in a thread of this process, with uvicorn's ``options`` (its
+    log level "warning" unless they say otherwise); its base URL."""
+    port = free_port()
+    options.setdefault("log_level", "warning")
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, **options))
+    thread = threading.Thread(target=server.run, name="app-under-test", daemon=True)
+    thread.start()
+    try:
+        await asyncio.to_thread(wait_for, lambda: server.started, 30, "the app to serve")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await asyncio.to_thread(thread.join, 30)

@@ -9,27 +9,22 @@ so that each one follows the pause after it live.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
-from fastapi import FastAPI
 from openai import AsyncOpenAI
 
 from api.http import sse
 from api.http.app import create_app
 from api.llm import ChatModel, RetryPolicy
-from api.local.stack import free_port
 from api.scripted.server import ScriptedServer
 from tests.api.http.conftest import TOKEN
-from tests.api.http.serving import Replica
-from tests.conftest import WorkerFleet, orchestrator_settings, wait_for
+from tests.api.http.serving import Replica, served_in_thread
+from tests.conftest import WorkerFleet, orchestrator_settings
 
 pytestmark = pytest.mark.integration
 
@@ -215,22 +210,6 @@ async def test_a_thousand_followers_leave_new_streams_and_health_working(
         assert events_of(frames)[-1]["status"] == "cancelled"
 
 
-@contextlib.asynccontextmanager
-async def served(app: FastAPI) -> AsyncIterator[str]:
-    """``app`` under uvicorn, in a thread of this process; its base URL."""
-    port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="app-under-test", daemon=True)
-    thread.start()
-    try:
-        await asyncio.to_thread(wait_for, lambda: server.started, 30, "the app to serve")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await asyncio.to_thread(thread.join, 30)
-
-
 @pytest.mark.timeout(120)
 async def test_a_pause_longer_than_the_redis_socket_timeout_sends_keep_alives_not_a_cut(
     fleet: WorkerFleet,
@@ -243,7 +222,7 @@ async def test_a_pause_longer_than_the_redis_socket_timeout_sends_keep_alives_no
     # keep-alive interval as it is (no shorter than that timeout).
     app = create_app(settings, model=ChatModel(openai, RetryPolicy(attempts=1)))
     gate = tmp_path / "gate"
-    async with served(app) as url, open_client(url) as client:
+    async with served_in_thread(app) as url, open_client(url) as client:
         body = {"prompt": str(gate), "options": {"model": "scripted:ponder_briefly"}}
         created = await client.post("/v1/runs", json=body)
         assert created.status_code == 202, created.text

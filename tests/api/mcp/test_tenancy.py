@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -18,7 +17,6 @@ import httpx2
 import mcp_types as types
 import pytest
 import redis
-import uvicorn
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -26,9 +24,9 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 import api.mcp.http
 from api.http.app import create_app
-from api.local.stack import free_port
 from api.settings import OrchestratorSettings
 from tests.api.http.conftest import StubExecutor
+from tests.api.http.serving import served_in_thread
 from tests.api.mcp.conftest import ServedApi, mcp_url
 from tests.conftest import RedisServer, WorkerFleet, wait_for
 from worker.contract.keys import tenant_holdings_key
@@ -231,18 +229,9 @@ async def served_here(
         ),
         executor=lambda *_: StubExecutor(),
     )
-    port = free_port()
     # No log config of uvicorn's own: its loggers then reach the root logger, and caplog.
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="debug", log_config=None)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="mcp-under-test", daemon=True)
-    thread.start()
-    try:
-        await asyncio.to_thread(wait_for, lambda: server.started, 30, "the app to serve")
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        server.should_exit = True
-        await asyncio.to_thread(thread.join, 30)
+    async with served_in_thread(app, log_level="debug", log_config=None) as url:
+        yield f"{url}/mcp"
 
 
 async def test_no_logger_of_the_server_sees_a_session_id_at_any_level(
