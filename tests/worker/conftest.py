@@ -20,6 +20,7 @@ import fakeredis
 import pytest
 import redis
 
+from api.local.stack import worker_argv, worker_environment
 from tests.conftest import REPO, TEST_PLUGINS, RedisServer, wait_for
 from worker.contract.fleet_secret import FleetSecret
 from worker.contract.settings import WorkerSettings
@@ -181,6 +182,16 @@ def orphaned_sleep(folder: Path, config: str) -> str:
         worker.kill()
         worker.wait()
     return tag
+
+
+def sandbox_worker_start(settings: WorkerSettings) -> tuple[int, list[str]]:
+    """A sandbox worker started with ``settings``, expected to refuse: its exit status and the
+    ``error:`` lines it said."""
+    env = {**os.environ, **worker_environment(settings)}
+    argv = worker_argv("sandbox", node="refusing@%h", loglevel="WARNING")
+    refused = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    lines = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    return refused.returncode, lines
 
 
 def namespaces_unavailable() -> str | None:

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from api.local.stack import worker_argv, worker_environment
 from tests.conftest import REPO, RedisServer, fleet_settings, wait_for
-from tests.worker.conftest import orphaned_sleep, sleeps
+from tests.worker.conftest import orphaned_sleep, sandbox_worker_start, sleeps
 from worker.contract.uid_range import UidRange
 from worker.sandbox import SandboxConfig, sweep_orphans
 from worker.sandbox.callgroup import CallGroup, sweep_groups
@@ -266,13 +265,10 @@ def test_a_sandbox_worker_that_cannot_use_the_hosts_registry_refuses_to_start(
     opened.mkdir()
     opened.chmod(0o755)
     settings = fleet_settings(own_redis.url, tmp_path / "workspaces", sandbox_host_state=opened)
-    env = {**os.environ, **worker_environment(settings)}
-    argv = worker_argv("sandbox", node="refusing@%h", loglevel="WARNING")
 
-    refused = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    status, lines = sandbox_worker_start(settings)
 
-    assert refused.returncode == EXIT_CANNOT_ISOLATE
-    lines = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert status == EXIT_CANNOT_ISOLATE
     assert lines == [f"error: {HostRegistry(opened).refusal()}"]
     assert "TOOLQ_SANDBOX_HOST_STATE" in lines[0]
 

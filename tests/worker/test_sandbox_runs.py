@@ -16,7 +16,7 @@ import redis
 from api.dispatch import Dispatcher
 from api.local.stack import worker_argv, worker_environment
 from tests.conftest import Caller, RedisServer, WorkerFleet, fleet_settings, wait_for
-from tests.worker.conftest import run_in_workspace
+from tests.worker.conftest import run_in_workspace, sandbox_worker_start
 from worker.contract.keys import keys
 from worker.contract.uid_range import DEFAULT_UID_RANGE, UidRange
 from worker.contract.wire import LAYER_RUN_UID
@@ -128,16 +128,14 @@ def test_a_sandbox_worker_refuses_to_start_with_runs_sharing_a_uid(
     own_redis: RedisServer, tmp_path: Path
 ) -> None:
     settings = fleet_settings(own_redis.url, tmp_path, sandbox_uid_range="")
-    env = {**os.environ, **worker_environment(settings)}
-    argv = worker_argv("sandbox", node="refusing@%h", loglevel="WARNING")
 
-    refused = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    status, lines = sandbox_worker_start(settings)
 
-    assert refused.returncode == EXIT_CANNOT_ISOLATE
-    lines = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert status == EXIT_CANNOT_ISOLATE
     assert lines == [f"error: {SandboxConfig.from_settings(settings).sharing_refusal()}"]
     # The operator allows it: the worker starts (and is stopped once it said so).
-    env["TOOLQ_SANDBOX_SHARED"] = "allow"
+    env = {**os.environ, **worker_environment(settings), "TOOLQ_SANDBOX_SHARED": "allow"}
+    argv = worker_argv("sandbox", node="allowed@%h", loglevel="WARNING")
     allowed = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
     try:
         client = redis.Redis.from_url(settings.redis_url)
