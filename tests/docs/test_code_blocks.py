@@ -67,6 +67,39 @@ def session_script(page_blocks: list[Block], folder: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def run_in_session(
+    argv: list[str],
+    *,
+    cwd: Path,
+    env: dict[str, str],
+    output: tuple[Path, Path],
+    timeout_s: float,
+    what: str,
+) -> int:
+    """``argv`` in a session of its own, its stdout and stderr written to the files ``output``
+    (files, not pipes: what it leaves running in the background holds its output open); its exit
+    status. Still running after ``timeout_s``, it fails the test naming ``what``; whatever it
+    left running is ended either way."""
+    stdout, stderr = output
+    with stdout.open("wb") as out, stderr.open("wb") as err:
+        process = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+        )
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{what} still ran after {timeout_s} s:\n{tail(stderr, 4000)}")
+    finally:
+        stop_group(process)
+    return process.returncode
+
+
 def stop_group(process: subprocess.Popen[bytes]) -> None:
     """End what the page left running (servers, workers started with ``&``): its process
     group, politely first."""
@@ -96,25 +129,16 @@ def test_the_code_of_the_page_runs(page: Path, tmp_path: Path, model: ScriptedSe
             (folder / block.title).write_text(block.code)
     script = folder / "_page.sh"
     script.write_text(session_script(page_blocks, folder))
-    # Files, not pipes: what the page leaves running in the background holds its output open.
     stdout, stderr = tmp_path / "stdout", tmp_path / "stderr"
-    with stdout.open("wb") as out, stderr.open("wb") as err:
-        process = subprocess.Popen(
-            ["bash", script.name],
-            cwd=folder,
-            env=page_environment(model.base_url),
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=err,
-            start_new_session=True,
-        )
-    try:
-        process.wait(timeout=PAGE_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{page.name} still ran after {PAGE_TIMEOUT_S} s:\n{tail(stderr, 4000)}")
-    finally:
-        stop_group(process)
-    assert process.returncode == 0, (
+    status = run_in_session(
+        ["bash", script.name],
+        cwd=folder,
+        env=page_environment(model.base_url),
+        output=(stdout, stderr),
+        timeout_s=PAGE_TIMEOUT_S,
+        what=page.name,
+    )
+    assert status == 0, (
         f"a block of {page.relative_to(REPO)} failed (the last '>>>' names it):\n"
         f"--- stdout\n{tail(stdout, 3000)}\n--- stderr\n{tail(stderr, 6000)}"
     )

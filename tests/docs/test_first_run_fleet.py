@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from api.local.stack import free_port
 from tests.docs.blocks import REPO, blocks
-from tests.docs.test_code_blocks import page_environment, stop_group, tail
+from tests.docs.test_code_blocks import page_environment, run_in_session
 
 pytestmark = pytest.mark.e2e
 
@@ -67,23 +66,15 @@ def run_block(tmp_path: Path, model_url: str, *, extra: str = "") -> tuple[int, 
     script.write_text(f"set -euo pipefail\n{extra}{fleet_block()}\n")
     env = page_environment(model_url) | {"HOME": str(home), "TMPDIR": str(home)}
     out, err = tmp_path / "stdout", tmp_path / "stderr"
-    with out.open("wb") as stdout, err.open("wb") as stderr:
-        process = subprocess.Popen(
-            as_a_user(["bash", str(script)]),
-            cwd=home,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=stdout,
-            stderr=stderr,
-            start_new_session=True,
-        )
-    try:
-        process.wait(timeout=BLOCK_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the fleet block still ran after {BLOCK_TIMEOUT_S} s:\n{tail(err, 4000)}")
-    finally:
-        stop_group(process)
-    return process.returncode, out.read_text(), err.read_text(errors="replace")
+    status = run_in_session(
+        as_a_user(["bash", str(script)]),
+        cwd=home,
+        env=env,
+        output=(out, err),
+        timeout_s=BLOCK_TIMEOUT_S,
+        what="the fleet block",
+    )
+    return status, out.read_text(), err.read_text(errors="replace")
 
 
 def test_the_fleet_block_stops_with_what_to_set_for_a_user_who_is_not_root(
