@@ -35,7 +35,11 @@ Task = tuple[str, str | None]
 def fleet_variables(fleet: WorkerFleet) -> dict[str, str]:
     """The TOOLQ_* variables that point a caller at ``fleet``, with its deadlines."""
     shared = fleet.settings.model_dump(include=set(FleetSettings.model_fields), exclude_none=True)
-    return {f"TOOLQ_{name.upper()}": str(value) for name, value in shared.items()}
+    # Lists as the settings read them from the environment: comma-separated.
+    return {
+        f"TOOLQ_{name.upper()}": ",".join(value) if isinstance(value, list) else str(value)
+        for name, value in shared.items()
+    }
 
 
 @pytest.fixture(scope="package")
