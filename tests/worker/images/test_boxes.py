@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import wait_for
 from tests.worker.images.builders import Images
 from tests.worker.images.conftest import MAX_PROCESSES, Host
 from worker.contract.image_errors import EnvironmentLost, ImageError
@@ -258,8 +259,14 @@ def test_an_ended_box_leaves_nothing(host: Host, images: Images) -> None:
     host.boxes.end("run-end", time.monotonic() + 30)
     assert not bundle.exists()
     assert not process_alive(box.init_pid)
-    assert host.boxes.runtime(box.image).state(box.name) is None
-    assert not list(Path("/sys/fs/cgroup").glob(f"*{box.cgroups_path}"))
+    # runsc's delete goes on after the end returns (its sandbox has exited): waited for here.
+    runtime = host.boxes.runtime(box.image)
+    wait_for(lambda: runtime.state(box.name) is None, 30, "the runtime to forget the box")
+    wait_for(
+        lambda: not list(Path("/sys/fs/cgroup").glob(f"*{box.cgroups_path}")),
+        30,
+        "the box's control groups to go",
+    )
     with pytest.raises(EnvironmentLost):
         run(host, workspace, box, "echo too late")
 
