@@ -24,6 +24,9 @@ from bench.batch_throughput import batch_throughput_case
 from bench.big_output import big_output_case
 from bench.conversations import conversations_case
 from bench.images import images_case
+from bench.real_items import FULL as REAL_FULL
+from bench.real_items import QUICK as REAL_QUICK
+from bench.real_items import RealSizes, real_items_case
 from bench.report import machine, markdown, plot, write_json
 from bench.round_trip import TOOLQ, round_trip_case
 from bench.sandbox_cgroups import cgroup_case
@@ -75,6 +78,7 @@ class Sizes:
     scaling_repeats: int
     #: The most worker instances the scaling case runs; None: as many as the machine's cores.
     scaling_instances: int | None
+    real_items: RealSizes
 
 
 FULL = Sizes(
@@ -106,6 +110,7 @@ FULL = Sizes(
     scaling_warmup=300,
     scaling_repeats=2,
     scaling_instances=None,
+    real_items=REAL_FULL,
 )
 QUICK = Sizes(
     round_trips=30,
@@ -136,6 +141,7 @@ QUICK = Sizes(
     scaling_warmup=5,
     scaling_repeats=1,
     scaling_instances=2,
+    real_items=REAL_QUICK,
 )
 
 
@@ -233,6 +239,9 @@ def run_cases(sizes: Sizes, progress: Progress) -> list[CaseResult]:
                             sizes.batch_conversations,
                             sizes.batch_repeats,
                         )
+        # Pools of their own (tools and sandbox, two processes each) beside bare Celery's.
+        with progress.step("real items vs bare Celery"):
+            real = real_items_case(settings, sizes.real_items)
         # Sandbox workers of their own, one configuration at a time: no other may take the calls.
         with progress.step("run_bash with and without control groups"):
             cgroups = cgroup_case(settings, sizes.bash_calls, sizes.warmup, sizes.cgroup_rounds)
@@ -252,6 +261,7 @@ def run_cases(sizes: Sizes, progress: Progress) -> list[CaseResult]:
         scaling,
         images,
         batch,
+        real,
     ]
 
 

@@ -13,8 +13,8 @@ import pytest
 from bench.sandbox_parts import EXEC, HANDOVER, IN_PROCESS, PAUSED, TMPFS
 from bench.scaling import deploy_concurrency
 
-# The quick run takes about two minutes on a small, busy machine.
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(200)]
+# The quick run takes over two minutes on a small, busy machine.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(230)]
 
 REPO = Path(__file__).resolve().parents[2]
 CASES = {
@@ -31,6 +31,7 @@ CASES = {
     "scaling",
     "images",
     "batch_throughput",
+    "real_items",
 }
 
 
@@ -42,7 +43,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=170,
+        timeout=200,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-4000:]
