@@ -8,7 +8,7 @@ seen (``Pump.until_exit``), and the answer. The hand-over is told apart by the l
 took: one made for its run (its shell already waits as the run's uid) or one made for any run.
 Calls go at once, as the bench's worker-ready calls come, and after a pause, as an agent's next
 command follows a model turn. After the answer, off the call's path, the launcher's thread ends
-the call's namespace (``launcher._end``) and makes the next launches (``launch.launch``, then the
+the call's namespace (``ready_pool._end``) and makes the next launches (``launch.launch``, then the
 init's word, ``Launch.confirm``). Two parts are timed on their own, in forked children:
 exec of ``/bin/sh -c true`` by a process forked ahead (what a call costs where no shell waits
 for it already as its run's uid), and the private folders' mounts (a tmpfs on each, and a bind
@@ -35,10 +35,10 @@ from bench.probes import WallProbe
 from bench.sandbox_layers import COMMAND, SHELL_ONLY, TIMEOUT_MS
 from worker.contract.settings import WorkerSettings
 from worker.sandbox import SandboxConfig, SandboxError, run_sandboxed
-from worker.sandbox import launch as launching
-from worker.sandbox import launcher as launchers
 from worker.sandbox import output as pumping
 from worker.sandbox.plan import PRIVATE_FOLDERS
+from worker.sandbox.start import launch as launching
+from worker.sandbox.start import ready_pool as launchers
 from worker.tools.factory import prepare_workspace
 
 IN_PROCESS = "run_sandboxed 'true' in process, the pool's configuration"

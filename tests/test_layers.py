@@ -164,7 +164,7 @@ def test_the_workers_never_import_the_orchestrator() -> None:
     ("source", "expected"),
     [
         ("from worker.executor import Executor\n", ["worker.executor"]),
-        ("def f():\n    import worker.sandbox.run\n", ["worker.sandbox.run"]),
+        ("def f():\n    import worker.sandbox.command\n", ["worker.sandbox.command"]),
         ("from worker.contract.keys import keys\nfrom worker.tools import registry\n", []),
         ("from worker.tools.factory import prepare_workspace\n", ["worker.tools.factory"]),
         ("from worker.in_process import LocalCalls\n", ["worker.in_process"]),

@@ -1,7 +1,7 @@
 """A control group delegated to a deploy-like worker, as a runtime that delegates one to a pod
 would: a group of its own in each hierarchy that does a job for calls (memory, pids, freezer,
 cpuacct), owned by the namespace's root, with the worker's first process in it. The worker then
-makes its call groups below it (``worker.sandbox.cgroups``), as it would in such a pod.
+makes its call groups below it (``worker.sandbox.cgroup_layout``), as it would in such a pod.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import contextlib
 import os
 from pathlib import Path
 
-from worker.sandbox.cgroups import V1_CONTROLLERS, read_or_empty
+from worker.sandbox.cgroup_layout import V1_CONTROLLERS, read_or_empty
 
 #: Where the host mounts its control groups.
 CGROUP_ROOT = Path("/sys/fs/cgroup")

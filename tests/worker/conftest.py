@@ -35,7 +35,7 @@ from worker.sandbox import (
     describe_isolation,
     run_sandboxed,
 )
-from worker.sandbox.launcher import launcher
+from worker.sandbox.start.ready_pool import launcher
 from worker.tools.workspace import Workspace
 
 #: The built-in tools, in the order a worker registers and publishes them.

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.sandbox import cgroups as cgroup_detection
-from worker.sandbox.cgroups import CgroupLayout, detect_layout
+from worker.sandbox import cgroup_layout as cgroup_detection
+from worker.sandbox.cgroup_layout import CgroupLayout, detect_layout
 
 V1_CONTROLLERS = ("pids", "memory", "cpuacct", "freezer")
 

@@ -19,8 +19,8 @@ from tests.conftest import REPO, RedisServer, fleet_settings, wait_for
 from tests.worker.conftest import orphaned_sleep, sandbox_worker_start, sleeps
 from worker.contract.uid_range import UidRange
 from worker.sandbox import SandboxConfig, sweep_orphans
-from worker.sandbox.callgroup import CallGroup, sweep_groups
-from worker.sandbox.cgroups import CgroupLayout, detect_layout
+from worker.sandbox.call_cgroup import CallGroup, sweep_groups
+from worker.sandbox.cgroup_layout import CgroupLayout, detect_layout
 from worker.sandbox.fleet_key import KEY_FILE, STATE_DIR, fleet_id
 from worker.sandbox.host_registry import HostRegistry
 from worker.sandbox.identity import IdentityError, claims_dir, identity_of, release

@@ -19,11 +19,11 @@ from tests.conftest import REPO, wait_for
 from tests.worker.conftest import config_for, sleeps
 from worker import sandbox
 from worker.sandbox import SandboxConfig, SandboxError, describe_isolation, run_sandboxed
-from worker.sandbox.cgroups import CgroupLayout, detect_layout
+from worker.sandbox.cgroup_layout import CgroupLayout, detect_layout
 from worker.sandbox.host_registry import HostRegistry
-from worker.sandbox.launcher import READY, launcher
 from worker.sandbox.layers import plan_for
 from worker.sandbox.result import SandboxResult
+from worker.sandbox.start.ready_pool import READY, launcher
 
 ROOT = "/sys/fs/cgroup"
 
@@ -232,7 +232,7 @@ import os, signal, sys
 from pathlib import Path
 from worker.sandbox import SandboxConfig, describe_isolation, run_sandboxed
 from worker.sandbox.host_registry import HostRegistry
-from worker.sandbox.launch import Launch
+from worker.sandbox.start.launch import Launch
 config = SandboxConfig(isolation=sys.argv[1])
 describe_isolation(config)  # the plan's own probes run before the worker is made to die
 print(HostRegistry(config.host_state).worker_id(config.fleet()), flush=True)

@@ -14,13 +14,13 @@ from tests.conftest import wait_for
 from tests.worker.conftest import run_in_workspace
 from worker.contract.uid_range import DEFAULT_UID_RANGE, UidRange
 from worker.sandbox import SandboxConfig, SandboxResult
+from worker.sandbox import command as running
 from worker.sandbox import plan as planning
-from worker.sandbox import run as running
-from worker.sandbox.launch import Launch
-from worker.sandbox.launcher import EACH_RUN, launcher
 from worker.sandbox.layers import plan_for
 from worker.sandbox.pidfd import has_exited
 from worker.sandbox.plan import Plan
+from worker.sandbox.start.launch import Launch
+from worker.sandbox.start.ready_pool import EACH_RUN, launcher
 from worker.tools.factory import prepare_workspace
 from worker.tools.workspace import Workspace
 

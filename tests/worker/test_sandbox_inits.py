@@ -20,13 +20,13 @@ import pytest
 from tests.conftest import wait_for
 from tests.worker.conftest import namespaces_unavailable
 from worker.sandbox import SHELL, SandboxConfig, run_sandboxed
-from worker.sandbox.cgroups import detect_layout
+from worker.sandbox.cgroup_layout import detect_layout
 from worker.sandbox.host_registry import HostRegistry
-from worker.sandbox.launcher import launcher
 from worker.sandbox.layers import plan_for
 from worker.sandbox.plan import Plan
 from worker.sandbox.programs import signals_ignored_here
 from worker.sandbox.result import SandboxResult
+from worker.sandbox.start.ready_pool import launcher
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def init(
     planner: Callable[[SandboxConfig, int], Plan] = plan_for
     if kind in ("bash", "dash"):
         planner = _as_made_without(True, kind == "dash")
-        monkeypatch.setattr("worker.sandbox.run.plan_for", planner)
+        monkeypatch.setattr("worker.sandbox.command.plan_for", planner)
     made = planner(config, 0).for_folder(str(sandbox_dir))
     assert (made.shell_ahead is not None, made.forks_ahead) == (ahead, kind != "dash")
     launcher.release()

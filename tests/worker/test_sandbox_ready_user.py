@@ -14,10 +14,10 @@ import pytest
 from tests.conftest import wait_for
 from tests.worker.conftest import NOBODY
 from worker.sandbox import SandboxConfig, run_sandboxed
-from worker.sandbox.cgroups import detect_layout
-from worker.sandbox.launcher import READY, launcher
+from worker.sandbox.cgroup_layout import detect_layout
 from worker.sandbox.layers import plan_for
 from worker.sandbox.result import SandboxResult
+from worker.sandbox.start.ready_pool import READY, launcher
 
 
 @pytest.fixture(autouse=True)

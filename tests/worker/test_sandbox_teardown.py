@@ -18,7 +18,7 @@ from worker.sandbox.config import SandboxConfig
 from worker.sandbox.ending import Ending
 from worker.sandbox.layers import plan_for
 from worker.sandbox.output import CappedStream
-from worker.sandbox.spawns import SpawnedProcess
+from worker.sandbox.start.spawner_client import SpawnedProcess
 
 #: A parent that forks a child which exits at once, says its pid, and never reaps it.
 _NEVER_REAPS = (

@@ -9,21 +9,20 @@ a way to gain privileges. Where the machine allows it (see ``describe_isolation`
 private PID and network namespaces: nothing it starts outlives it and it cannot reach the network
 or see other processes.
 
-The parts: ``config`` (what the sandbox is told), ``cgroups`` (which hierarchy does which job on
-this machine), ``callgroup`` (one call's groups), ``launch`` (a call's groups and namespaces, made
-ready before the call), ``spawner`` and ``spawns`` (the small process that makes a root worker's
-launches, and the worker's side of it), ``layers`` (the layers, and which of them this machine
-gives), ``plan`` (the command line that sets them up), ``scripts`` (the shell text a launch runs
-and reads), ``programs`` (the user and the programs a plan needs), ``identity`` (a uid per run),
-``run_guard`` (what a run leaves where no namespace collects it), ``volumes`` (a file system per
-run), ``output`` (the capped streams and the pump reading them), ``procfs`` (a launch's processes
-found in /proc), ``pidfd`` (an exit status told through a pidfd), ``ending`` (killing, reaping,
-counting, or letting a command that ended alone answer before its namespace ends), ``result`` (what
-a run tells and what it used), ``sweep`` (finding what dead worker processes left), and ``run``
-(one command from start to end).
+The parts: ``config`` (what the sandbox is told), ``cgroup_layout`` (which hierarchy does which
+job on this machine), ``call_cgroup`` (one call's groups), ``start`` (every way a command is
+started, in one folder: see its docstring), ``layers`` (the layers, and which of them this machine
+gives), ``plan`` (the command line that sets them up), ``programs`` (the user and the programs a
+plan needs), ``identity`` (a uid per run), ``uid_leftovers`` (what a run leaves where no namespace
+collects it), ``volumes`` (a file system per run), ``output`` (the capped streams and the pump
+reading them), ``pidfd`` (an exit status told through a pidfd), ``ending`` (killing, reaping,
+counting, or letting a command that ended alone answer before its namespace ends), ``result``
+(what a run tells and what it used), ``sweep`` (finding what dead worker processes left), and
+``command`` (one command from start to end).
 """
 
 from worker.contract.wire import LAYER_RUN_UID
+from worker.sandbox.command import CommandCall, run_sandboxed
 from worker.sandbox.config import (
     MARKER_VARIABLE,
     SAFE_PATH,
@@ -46,7 +45,6 @@ from worker.sandbox.layers import (
     describe_isolation,
 )
 from worker.sandbox.result import SandboxResult, Usage
-from worker.sandbox.run import CommandCall, run_sandboxed
 from worker.sandbox.sweep import sweep_orphans
 
 __all__ = [

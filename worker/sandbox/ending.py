@@ -20,15 +20,15 @@ import subprocess
 import time
 from dataclasses import InitVar, dataclass
 
-from worker.sandbox.callgroup import CallGroup, poll_until
-from worker.sandbox.cgroups import stat_fields
+from worker.sandbox.call_cgroup import CallGroup, poll_until
+from worker.sandbox.cgroup_layout import stat_fields
 from worker.sandbox.config import REAP_BOUND_S
 from worker.sandbox.output import CappedStream
 from worker.sandbox.pidfd import exit_status, zombie_codes_readable
 from worker.sandbox.plan import Plan
-from worker.sandbox.procfs import ForkedCommand, children, first_child_in_namespace
 from worker.sandbox.result import Usage
-from worker.sandbox.spawns import LaunchedProcess
+from worker.sandbox.start.proc_lookup import ForkedCommand, children, first_child_in_namespace
+from worker.sandbox.start.spawner_client import LaunchedProcess
 from worker.sandbox.sweep import sweep_marked
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ the host whatever its fleet, broker, workspace root, PID namespace or isolation 
   every PID namespace, so what a worker names with its id (its calls' control groups) is provably
   its own and provably left behind once the lock is free. A pid proves neither.
 - ``uid-locks/<uid>.lock``: held by the calls of a uid's run that run without namespaces
-  (``run_guard``); the sweep of the uid takes it exclusively.
+  (``uid_leftovers``); the sweep of the uid takes it exclusively.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ class HostRegistry:
                     (self.folder / _UIDS / str(uid)).unlink()
 
     def uid_lock(self, uid: int) -> int:
-        """A descriptor of ``uid``'s call lock (``run_guard``), for ``flock``."""
+        """A descriptor of ``uid``'s call lock (``uid_leftovers``), for ``flock``."""
         path = self._ensure() / _UID_LOCKS / f"{uid}.lock"
         return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
 

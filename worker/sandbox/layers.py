@@ -13,7 +13,7 @@ import stat
 import subprocess
 
 from worker.contract.wire import LAYER_RUN_UID
-from worker.sandbox.cgroups import detect_layout
+from worker.sandbox.cgroup_layout import detect_layout
 from worker.sandbox.config import SAFE_PATH, SHELL, SandboxConfig, SandboxError
 from worker.sandbox.keyrings import session_keyrings_work
 from worker.sandbox.pidfd import tells_exit_after_reaping
@@ -24,7 +24,7 @@ from worker.sandbox.programs import (
     sandbox_ids,
     signals_ignored_here,
 )
-from worker.sandbox.scripts import HIDE_SCRIPT
+from worker.sandbox.start.shell_text import HIDE_SCRIPT
 from worker.sandbox.volumes import volumes_unavailable
 
 #: The layers a command can get, as ``describe_isolation`` and every result name them.

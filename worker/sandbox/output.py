@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import IO
 
-from worker.sandbox.spawns import LaunchedProcess
+from worker.sandbox.start.spawner_client import LaunchedProcess
 
 _READ_CHUNK = 65_536
 

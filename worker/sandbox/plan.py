@@ -12,7 +12,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from worker.sandbox.cgroups import CgroupLayout
+from worker.sandbox.cgroup_layout import CgroupLayout
 from worker.sandbox.config import (
     INPUT_FOLDER,
     MARKER_VARIABLE,
@@ -20,7 +20,7 @@ from worker.sandbox.config import (
     SandboxConfig,
     SandboxError,
 )
-from worker.sandbox.scripts import (
+from worker.sandbox.start.shell_text import (
     FORK_AHEAD,
     PRIVATE_SCRIPT,
     READ_AND_RUN,
@@ -68,10 +68,11 @@ class Plan:
     #: gives its background command SIGINT and SIGQUIT back itself, so a call starts one
     #: program, not ``env`` and then the command.
     init_shell: str = SHELL
-    #: A root worker's launches come from its spawner (``worker.sandbox.spawner``): system
-    #: calls in a small process of its own instead of five programs per launch. Its init forks
-    #: ahead like bash's; the process forked is the call's shell already (``shell_ahead``), or
-    #: sets the call up itself (folder, limits, variables, the drop) and execs the command.
+    #: A root worker's launches come from its spawner
+    #: (``worker.sandbox.start.spawner_process``): system calls in a small process of its own
+    #: instead of five programs per launch. Its init forks ahead like bash's; the process forked
+    #: is the call's shell already (``shell_ahead``), or sets the call up itself (folder, limits,
+    #: variables, the drop) and execs the command.
     spawned: bool = False
     #: Each call names the uid and gid it runs as (its run's); the init drops ahead only in
     #: a launch made for a known run (``for_run``).
@@ -157,7 +158,8 @@ class Plan:
 
     def private_folders(self, config: SandboxConfig) -> dict[str, object] | None:
         """What a spawned launch's namespace covers with empty file systems of its own, and
-        binds back (``spawner._cover``): with per-run uids, /tmp and the like are the call's."""
+        binds back (``spawner_process._cover``): with per-run uids, /tmp and the like are the
+        call's."""
         if not (self.per_run and self.spawned):
             return None
         return {
@@ -235,7 +237,7 @@ class Plan:
         keep: Sequence[tuple[str, str]] = (),
     ) -> tuple[list[str], dict[str, str]]:
         """The argv to start and the environment it starts with (with control groups, the
-        shell of ``worker.sandbox.launch`` starts it from inside them). ``keep``: what a call
+        shell of ``worker.sandbox.start.launch`` starts it from inside them). ``keep``: what a call
         with private folders binds, (source, target) in order (``private_binds``)."""
         if marker:
             base_env = {**base_env, MARKER_VARIABLE: marker}

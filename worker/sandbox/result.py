@@ -20,7 +20,7 @@ _SIGNAL_HINTS = {
 @dataclass(frozen=True, slots=True)
 class Usage:
     """What a command and everything it started used; None where this machine cannot tell (no
-    control group does that job: see ``worker.sandbox.cgroups``)."""
+    control group does that job: see ``worker.sandbox.cgroup_layout``)."""
 
     #: CPU time, user and system, of every process of the command (without a control group:
     #: of those the command waited for).

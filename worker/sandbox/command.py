@@ -18,14 +18,14 @@ from worker.sandbox.config import COMMAND_ENV, INPUT_FOLDER, SHELL, SandboxConfi
 from worker.sandbox.ending import Ending
 from worker.sandbox.handover import hand_over, holder_of
 from worker.sandbox.host_registry import HostRegistry
-from worker.sandbox.launch import Launch, dies_first, made_now, session_keyring, still_bound
-from worker.sandbox.launcher import launcher
 from worker.sandbox.layers import plan_for
 from worker.sandbox.output import CappedStream, Notice, Pump
 from worker.sandbox.plan import Plan, private_binds
 from worker.sandbox.result import SandboxResult, build_result
-from worker.sandbox.run_guard import run_guard
-from worker.sandbox.spawns import LaunchedProcess
+from worker.sandbox.start.launch import Launch, dies_first, made_now, session_keyring, still_bound
+from worker.sandbox.start.ready_pool import launcher
+from worker.sandbox.start.spawner_client import LaunchedProcess
+from worker.sandbox.uid_leftovers import run_guard
 from worker.sandbox.volumes import detached_copy
 
 #: How long to keep reading once the command has ended and its leftovers were killed: their

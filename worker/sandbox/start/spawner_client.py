@@ -1,5 +1,6 @@
-"""The worker's side of its spawner (``worker.sandbox.spawner``): starting it on first use,
-asking it for a launch, and the launch's first process as the worker sees it (not its child)."""
+"""The worker's side of its spawner (``worker.sandbox.start.spawner_process``): starting it on
+first use, asking it for a launch, and the launch's first process as the worker sees it (not its
+child)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ from typing import IO, Protocol
 from worker.sandbox.bounded import wait_at_most
 from worker.sandbox.config import COMMAND_ENV, REAP_BOUND_S, SandboxError
 from worker.sandbox.pidfd import exit_status
-from worker.sandbox.spawner import MAX_MESSAGE
+from worker.sandbox.start.spawner_process import MAX_MESSAGE
 
-SPAWNER = Path(__file__).with_name("spawner.py")
+SPAWNER = Path(__file__).with_name("spawner_process.py")
 #: How often a first process that exited is looked at until its spawner has reaped it.
 _REAPED_TICK_S = 0.001
 
@@ -106,7 +107,7 @@ class Spawner:
         """A launch in the groups of ``join``: its first process and the socket to its init.
         ``shell``: the argv the process forked ahead becomes before the call, under ``limits``
         and with ``COMMAND_ENV`` (None: it reads the call itself). ``private``: the folders the
-        namespace covers, and those it binds back (``spawner._cover``)."""
+        namespace covers, and those it binds back (``spawner_process._cover``)."""
         request: dict[str, object] = {
             "join": list(join),
             "drop": drop,

@@ -118,7 +118,7 @@ def _read_line(channel: socket.socket) -> tuple[bytes, list[int]]:
 def _wait_in_a_shell(channel: socket.socket, request: dict[str, Any]) -> None:
     """The process forked ahead becomes the call's shell before the call comes, with the
     environment and the limits every call has: it reads the rest of the call from the socket
-    (as fd 3) and runs it itself (``scripts.shell_ahead_line``)."""
+    (as fd 3) and runs it itself (``shell_text.shell_ahead_line``)."""
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)

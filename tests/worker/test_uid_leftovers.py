@@ -21,7 +21,7 @@ from tests.worker.conftest import sleeps
 from worker.contract.uid_range import UidRange
 from worker.sandbox import SandboxConfig
 from worker.sandbox.host_registry import HostRegistry
-from worker.sandbox.run_guard import BOX_GROUPS, sweep_idle_uids
+from worker.sandbox.uid_leftovers import BOX_GROUPS, sweep_idle_uids
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("setpriv") is None,

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from worker.sandbox.bounded import join_at_most
 from worker.sandbox.config import REAP_BOUND_S, SandboxConfig, SandboxError
 from worker.sandbox.ending import Ending
-from worker.sandbox.launch import CONFIRM_BOUND_S, Launch, launch, made_now
 from worker.sandbox.plan import Plan
+from worker.sandbox.start.launch import CONFIRM_BOUND_S, Launch, launch, made_now
 
 log = logging.getLogger(__name__)
 

@@ -31,17 +31,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from worker.sandbox.bounded import wait_at_most
-from worker.sandbox.callgroup import CallGroup
+from worker.sandbox.call_cgroup import CallGroup
 from worker.sandbox.config import REAP_BOUND_S, SAFE_PATH, SHELL, SandboxConfig, SandboxError
 from worker.sandbox.host_registry import HostRegistry
 from worker.sandbox.keyrings import own_session_keyring
 from worker.sandbox.layers import LAYER_SESSION_KEYRING
 from worker.sandbox.pidfd import has_exited
 from worker.sandbox.plan import PER_CALL_LIMITS, Plan
-from worker.sandbox.procfs import ForkedCommand, find_forked
-from worker.sandbox.scripts import READ_AND_RUN, numbered, shell_ahead_line
-from worker.sandbox.spawner import OOM_FIRST
-from worker.sandbox.spawns import LaunchedProcess, SpawnedProcess, spawner
+from worker.sandbox.start.proc_lookup import ForkedCommand, find_forked
+from worker.sandbox.start.shell_text import READ_AND_RUN, numbered, shell_ahead_line
+from worker.sandbox.start.spawner_client import LaunchedProcess, SpawnedProcess, spawner
+from worker.sandbox.start.spawner_process import OOM_FIRST
 
 log = logging.getLogger(__name__)
 
@@ -125,8 +125,8 @@ class Launch:
         shell becomes it; with a PID namespace the init starts it, or the process the spawner
         forked ahead runs it (as the shell started ahead, or by exec). ``drop``: the uid and gid
         the spawner's process becomes (default the plan's); ``bind``: the folders it binds back
-        below the launch's private ones (``spawner._bind``); ``attach``: a detached mount and where
-        the process attaches it (the run's volume, ``volumes.detached_copy``)."""
+        below the launch's private ones (``spawner_process._bind``); ``attach``: a detached
+        mount and where the process attaches it (the run's volume, ``volumes.detached_copy``)."""
         if self.plan.spawned and self.forked is not None:
             # Made at the lowest priority, between calls; the command runs at the normal one.
             with contextlib.suppress(OSError):

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker.sandbox.cgroups import CgroupLayout, Hierarchy, read_or_empty
+from worker.sandbox.cgroup_layout import CgroupLayout, Hierarchy, read_or_empty
 from worker.sandbox.config import REAP_BOUND_S, SandboxError
 from worker.sandbox.host_registry import WORKER_ID_LENGTH, HostRegistry
 
