@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-#: Folder beside the run workspaces for toolq's own state (a run id cannot start with a dot).
-STATE_DIR = ".toolq"
+from worker.state_folder import STATE_DIR
+
 #: The longest a measurement may take; a workspace too large to walk in time counts what was
 #: seen (enough to find it past its quota, never enough to lift the mark).
 MEASURE_BOUND_S = 1.0

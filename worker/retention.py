@@ -24,9 +24,10 @@ from pathlib import Path
 
 from worker.contract.errors import ToolqError
 from worker.contract.wire import RUN_ID_PATTERN
-from worker.quota import STATE_DIR, WorkspaceQuota, measure
+from worker.quota import WorkspaceQuota, measure
 from worker.sandbox.identity import release
 from worker.sandbox.volumes import release_volume
+from worker.state_folder import STATE_DIR
 
 _RUN_ID = re.compile(RUN_ID_PATTERN)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -21,9 +21,10 @@ from worker.contract.uid_range import UidRange
 from worker.sandbox import SandboxConfig, sweep_orphans
 from worker.sandbox.call_cgroup import CallGroup, sweep_groups
 from worker.sandbox.cgroup_layout import CgroupLayout, detect_layout
-from worker.sandbox.fleet_key import KEY_FILE, STATE_DIR, fleet_id
+from worker.sandbox.fleet_key import KEY_FILE, fleet_id
 from worker.sandbox.host_registry import HostRegistry
 from worker.sandbox.identity import IdentityError, claims_dir, identity_of, release
+from worker.state_folder import STATE_DIR
 from worker.tasks import EXIT_CANNOT_ISOLATE
 
 #: A worker process of a fleet: takes its id, says it, and lives until its input closes.

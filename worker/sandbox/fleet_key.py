@@ -18,9 +18,8 @@ import secrets
 from pathlib import Path
 
 from worker.contract.fleet_secret import write_once
+from worker.state_folder import STATE_DIR
 
-#: Folder beside the run workspaces for toolq's own state (as ``worker.quota.STATE_DIR``).
-STATE_DIR = ".toolq"
 KEY_FILE = "fleet-key"
 _KEY_BYTES = 32
 #: A fleet's name where it has no workspace root to keep a key in (a bare sandbox in tests).

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from worker.contract.errors import ToolqError
-from worker.sandbox.fleet_key import STATE_DIR, existing_fleet_id
+from worker.sandbox.fleet_key import existing_fleet_id
+from worker.state_folder import STATE_DIR
 
 #: Where the registry is unless ``TOOLQ_SANDBOX_HOST_STATE`` says otherwise: a folder of the
 #: host's own that a reboot empties, as it empties the kernel state the registry describes.

@@ -26,10 +26,10 @@ from pathlib import Path
 
 from worker.contract.errors import ToolqError
 from worker.contract.uid_range import UidRange
-from worker.sandbox.fleet_key import STATE_DIR as STATE_DIR
 from worker.sandbox.fleet_key import first_uid_offset, fleet_id
 from worker.sandbox.host_registry import HOST_STATE, HostRegistry, HostRegistryError
 from worker.sandbox.uid_reset import reset_uid
+from worker.state_folder import STATE_DIR
 
 log = logging.getLogger(__name__)
 

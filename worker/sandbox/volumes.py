@@ -25,8 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from worker.sandbox.config import SAFE_PATH, SandboxError
+from worker.state_folder import STATE_DIR
 
-STATE_DIR = ".toolq"
 VOLUMES = "volumes"
 _SYS_OPEN_TREE = 428
 _OPEN_TREE_CLONE, _AT_RECURSIVE, _O_CLOEXEC = 1, 0x8000, 0o2000000
