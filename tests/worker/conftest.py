@@ -23,6 +23,7 @@ import redis
 from api.local.stack import worker_argv, worker_environment
 from tests.conftest import REPO, TEST_PLUGINS, RedisServer, wait_for
 from worker.contract.fleet_secret import FleetSecret
+from worker.contract.network import NetworkPolicy
 from worker.contract.settings import WorkerSettings
 from worker.contract.uid_range import DEFAULT_UID_RANGE, UidRange
 from worker.contract.wire import ToolCallResult
@@ -242,6 +243,8 @@ def run_in_workspace(
     command: str,
     stdin: bytes | None = None,
     before_start: Callable[[], None] | None = None,
+    network: NetworkPolicy | None = None,
+    timeout_ms: int = 10_000,
 ) -> SandboxResult:
     """``command`` as run_bash runs it in ``workspace``: as the run's uid, in its folder."""
     return run_sandboxed(
@@ -249,9 +252,10 @@ def run_in_workspace(
         cwd=workspace.root,
         home=workspace.root,
         env={},
-        timeout_ms=10_000,
+        timeout_ms=timeout_ms,
         config=config,
         identity=workspace.owner,
         stdin=stdin,
         before_start=before_start,
+        network=network,
     )

@@ -141,6 +141,12 @@ class ResourceUsage(BaseModel):
         None, description="Processes still running at the end (or the timeout), killed."
     )
     oom_killed: bool = Field(False, description="The memory limit stopped a process.")
+    network_allowed: int | None = Field(
+        None, description="Connections the run's network let through (null: no network)."
+    )
+    network_refused: int | None = Field(
+        None, description="Connections the run's network refused (null: no network)."
+    )
 
 
 class ToolCallRequest(BaseModel):

@@ -5,6 +5,7 @@ started killed, its result and usage told, and its group removed."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import subprocess
 import tempfile
@@ -14,6 +15,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import NotRequired, TypedDict, Unpack
 
+from worker.contract.network import NetworkPolicy
+from worker.egress import Egress, NoNetworkNamespace, open_egress
 from worker.sandbox.config import COMMAND_ENV, INPUT_FOLDER, SHELL, SandboxConfig, SandboxError
 from worker.sandbox.ending import Ending
 from worker.sandbox.handover import hand_over, holder_of
@@ -22,7 +25,14 @@ from worker.sandbox.layers import plan_for
 from worker.sandbox.output import CappedStream, Notice, Pump
 from worker.sandbox.plan import Plan, private_binds
 from worker.sandbox.result import SandboxResult, build_result
-from worker.sandbox.start.launch import Launch, dies_first, made_now, session_keyring, still_bound
+from worker.sandbox.start.launch import (
+    CONFIRM_BOUND_S,
+    Launch,
+    dies_first,
+    made_now,
+    session_keyring,
+    still_bound,
+)
 from worker.sandbox.start.ready_pool import launcher
 from worker.sandbox.start.spawner_client import LaunchedProcess
 from worker.sandbox.uid_leftovers import run_guard
@@ -53,6 +63,8 @@ class CommandCall(TypedDict):
     #: The uid and gid of the command's run (its workspace's owner), which a root worker with
     #: per-run uids needs.
     identity: NotRequired[tuple[int, int] | None]
+    #: The run's network (``worker.egress``); None or ``"none"``: loopback alone.
+    network: NotRequired[NetworkPolicy | None]
 
 
 def run_sandboxed(command: str | Sequence[str], **call: Unpack[CommandCall]) -> SandboxResult:
@@ -96,7 +108,14 @@ def _run(
     argv, process_env = call_plan.command_line(
         command, base_env, call["env"], marker, timeout_ms, config, keep
     )
+    network = call.get("network")
+    wants_network = network is not None and not network.is_none
     if not plan.grouped:
+        if wants_network:
+            raise SandboxError(
+                "this worker runs commands without a launch of their own, so it cannot give "
+                'them a network; ask for network "none"'
+            )
         before_start()
         started = time.monotonic()
         try:
@@ -135,6 +154,7 @@ def _run(
         # Made while this call runs, at the lowest priority: the run's next call finds it.
         launcher.prepare_for_run(for_run, config)
     ending: Ending | None = None
+    egress: Egress | None = None
     try:
         before_start()
         started = time.monotonic()
@@ -142,10 +162,17 @@ def _run(
         limits = plan.limits(timeout_ms, config)
 
         def hand_over(taken: Launch, made_for: Plan) -> None:
+            nonlocal egress
+            env = process_env
+            if network is not None and wants_network:
+                if egress is not None:  # made for a launch that died
+                    egress.close()
+                egress = _egress_for(taken, network)
+                env = {**process_env, **egress.env}
             bind = () if made_for.keep else keep
             attach = _volume_of(made_for, config, home)
             try:
-                taken.start(argv, cwd, process_env, limits, drop=drop, bind=bind, attach=attach)
+                taken.start(argv, cwd, env, limits, drop=drop, bind=bind, attach=attach)
             finally:
                 if attach is not None:
                     os.close(attach[0])
@@ -163,14 +190,39 @@ def _run(
                 raise SandboxError(f"the command could not be started: {exc}") from exc
         channel = ready.channel if plan.has_init else None
         ending = Ending(ready.proc, call_plan, marker, ready.group, channel, ready.forked)
-        return _follow(ready.proc, ending, started, timeout_ms, config)
+        result = _follow(ready.proc, ending, started, timeout_ms, config)
+        return result if egress is None else _with_counts(result, egress)
     finally:
+        if egress is not None:
+            egress.close()
         if ending is not None and ending.ends_later:
             launcher.end_later(ready, ending)
         else:
             ready.close()
             ready.group.remove()
         launcher.prepare(plan, config)
+
+
+def _egress_for(ready: Launch, network: NetworkPolicy) -> Egress:
+    """The run's proxy, listening in the launch's network namespace (that of the process that
+    takes the call, which is in every namespace of the call)."""
+    ready.confirm(time.monotonic() + CONFIRM_BOUND_S)
+    pid = ready.forked.pid if ready.forked is not None else ready.proc.pid
+    try:
+        return open_egress(network, pid)
+    except NoNetworkNamespace as exc:
+        raise SandboxError(str(exc)) from None
+    except OSError as exc:
+        raise SandboxError(f"the run's network could not be set up: {exc}") from exc
+
+
+def _with_counts(result: SandboxResult, egress: Egress) -> SandboxResult:
+    """``result`` with the connections its proxy allowed and refused in its usage."""
+    counts = egress.close()
+    usage = dataclasses.replace(
+        result.usage, network_allowed=counts.allowed, network_refused=counts.refused
+    )
+    return dataclasses.replace(result, usage=usage)
 
 
 def _volume_of(chosen: Plan, config: SandboxConfig, home: Path) -> tuple[int, str] | None:

@@ -34,6 +34,10 @@ class Usage:
     killed_processes: int | None
     #: The memory limit stopped a process of the command.
     oom_killed: bool = False
+    #: Connections the run's egress proxy made for the command, and refused (``worker.egress``);
+    #: None for a run without network.
+    network_allowed: int | None = None
+    network_refused: int | None = None
 
     def as_dict(self) -> dict[str, int | bool | None]:
         return asdict(self)

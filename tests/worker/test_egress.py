@@ -1,0 +1,166 @@
+"""A run's network, attacked from inside the run: the proxy lets through what the run's list
+names and nothing else; the broker, the host's own addresses, loopback of the host and the
+metadata address stay out of reach whatever the list says; a connection that bypasses the proxy
+finds no route; and every connection is counted in the call's usage."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.worker.conftest import RUN_UIDS, run_in_workspace
+from tests.worker.netns_server import Served, free_port, served_in_namespace
+from worker.contract.network import NetworkPolicy
+from worker.sandbox import SandboxConfig, SandboxError, SandboxResult
+from worker.sandbox.layers import describe_isolation
+from worker.sandbox.start.ready_pool import launcher
+from worker.tools.factory import prepare_workspace
+from worker.tools.workspace import Workspace
+
+pytestmark = [
+    pytest.mark.netns,
+    pytest.mark.skipif(os.geteuid() != 0, reason="test namespaces and a run's network need root"),
+]
+#: curl through the proxy the run's variables name: plain HTTP, and a CONNECT tunnel (-p).
+CURL = "curl -s -S --max-time 20"
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[tuple[list[Served], Served]]:
+    with served_in_namespace((free_port(), free_port())) as found:
+        yield found
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Iterator[SandboxConfig]:
+    root = tmp_path / "workspaces"
+    root.mkdir()
+    tmp_path.chmod(0o755)
+    made = SandboxConfig(isolation="namespaces", workspace_root=str(root), uid_range=RUN_UIDS)
+    try:
+        describe_isolation(made)
+    except SandboxError as exc:
+        pytest.skip(f"no network namespaces here: {exc}")
+    yield made
+    launcher.release()
+
+
+def run(
+    config: SandboxConfig, workspace: Workspace, command: str, network: object
+) -> SandboxResult:
+    policy = NetworkPolicy.parse(network)
+    return run_in_workspace(config, workspace, command, network=policy, timeout_ms=60_000)
+
+
+def test_the_list_reaches_its_server_and_nothing_else(
+    config: SandboxConfig, servers: tuple[list[Served], Served]
+) -> None:
+    (listed, unlisted), machine = servers
+    workspace = prepare_workspace(Path(str(config.workspace_root)) / "run-list", config)
+    # The machine's own end of the link is listed: an address of the host, refused anyway.
+    network = [f"{listed.address}:{listed.port}", f"{machine.address}/32:*"]
+    command = "; ".join(
+        [
+            f"{CURL} http://{listed.address}:{listed.port}/; echo",
+            f"{CURL} -p http://{listed.address}:{listed.port}/; echo",
+            f"{CURL} http://{unlisted.address}:{unlisted.port}/",
+            f"{CURL} http://{machine.address}:{machine.port}/",
+            # The run's own loopback is its own (NO_PROXY): no broker there; and through the
+            # proxy, the host's loopback is refused, by address and by name.
+            f"{CURL} http://127.0.0.1:6379/ || echo no broker on the loopback of the run",
+            f"{CURL} --noproxy '' http://127.0.0.1:6379/",
+            f"{CURL} --noproxy '' http://localhost:6379/",
+            f"{CURL} http://169.254.169.254/latest/meta-data/",
+            f"{CURL} --noproxy '' http://[::ffff:127.0.0.1]:6379/",
+            f"{CURL} -p http://[::ffff:127.0.0.1]:6379/ || echo tunnel refused",
+        ]
+    )
+    result = run(config, workspace, command, network)
+    out = result.stdout
+    lines = out.splitlines()
+    assert lines[0] == listed.body and lines[1] == listed.body, (out, result.stderr)
+    assert unlisted.body not in out and machine.body not in out
+    assert f"{unlisted.port} is not in this run's network list" in out
+    assert f"{machine.address} is an address of the worker's host" in out
+    assert "no broker on the loopback of the run" in out
+    assert out.count("127.0.0.1 is the broker, which no run reaches") == 2
+    assert "localhost resolves only to" not in out  # not listed: never resolved
+    assert "localhost:6379 is not in this run's network list" in out
+    assert "169.254.169.254 is the metadata address" in out
+    assert "tunnel refused" in out
+    usage = result.usage
+    assert (usage.network_allowed, usage.network_refused) == (2, 7)
+
+
+def test_full_reaches_anything_but_the_broker_the_host_and_metadata(
+    config: SandboxConfig, servers: tuple[list[Served], Served]
+) -> None:
+    (_listed, unlisted), machine = servers
+    workspace = prepare_workspace(Path(str(config.workspace_root)) / "run-full", config)
+    command = "; ".join(
+        [
+            f"{CURL} http://{unlisted.address}:{unlisted.port}/; echo",
+            f"{CURL} --noproxy '' http://localhost:6379/",
+            f"{CURL} http://{machine.address}:{machine.port}/",
+            f"{CURL} http://169.254.169.254/",
+        ]
+    )
+    result = run(config, workspace, command, "full")
+    out = result.stdout
+    assert out.splitlines()[0] == unlisted.body, (out, result.stderr)
+    assert "localhost resolves only to" in out
+    assert machine.body not in out and "an address of the worker's host" in out
+    assert "169.254.169.254 is the metadata address" in out
+    usage = result.usage
+    assert (usage.network_allowed, usage.network_refused) == (1, 3)
+
+
+def test_a_connection_that_bypasses_the_proxy_finds_no_route(
+    config: SandboxConfig, servers: tuple[list[Served], Served]
+) -> None:
+    (listed, _), machine = servers
+    workspace = prepare_workspace(Path(str(config.workspace_root)) / "run-raw", config)
+    targets = [(listed.address, listed.port), (machine.address, machine.port), ("127.0.0.1", 6379)]
+    probes = "; ".join(
+        f"/usr/bin/python3 -c 'import socket; socket.create_connection((\"{h}\", {p}), 5)' "
+        f"2>/dev/null && echo reached {h} || echo blocked {h}"
+        for h, p in targets
+    )
+    no_proxy = f"env -u HTTP_PROXY -u http_proxy -u ALL_PROXY -u all_proxy {CURL} "
+    command = f"{probes}; {no_proxy}http://{listed.address}:{listed.port}/ || echo curl-blocked"
+    result = run(config, workspace, command, [f"{listed.address}:{listed.port}"])
+    out = result.stdout
+    assert "reached" not in out and listed.body not in out, out
+    assert out.count("blocked") == 4, (out, result.stderr)
+
+
+def test_a_run_without_network_has_no_proxy_and_no_counts(
+    config: SandboxConfig, servers: tuple[list[Served], Served]
+) -> None:
+    (listed, _), _machine = servers
+    workspace = prepare_workspace(Path(str(config.workspace_root)) / "run-none", config)
+    result = run(
+        config,
+        workspace,
+        f"env | grep -ci proxy; {CURL} http://{listed.address}:{listed.port}/",
+        "none",
+    )
+    assert listed.body not in result.stdout
+    assert result.stdout.splitlines()[0] == "0"
+    assert result.usage.network_allowed is None
+
+
+def test_process_mode_refuses_a_list_it_cannot_hold(tmp_path: Path) -> None:
+    root = tmp_path / "workspaces"
+    root.mkdir()
+    tmp_path.chmod(0o755)
+    config = SandboxConfig(isolation="process", workspace_root=str(root), uid_range=RUN_UIDS)
+    workspace = prepare_workspace(root / "run-process", config)
+    try:
+        with pytest.raises(SandboxError, match="network"):
+            run(config, workspace, "echo ran", ["pypi.org:443"])
+    finally:
+        launcher.release()

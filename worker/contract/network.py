@@ -1,0 +1,197 @@
+"""A run's network: what it asks for (``network``: ``"none"``, ``"full"`` or a list of
+destinations) and what the operator lets runs ask for (``TOOLQ_NETWORK_ALLOWED``).
+
+Both sides read the same words here: the orchestrator refuses a run that asks for more than it
+may before anything runs, and the worker's egress proxy (``worker.egress``) checks every
+connection against the same destinations. A destination is a host name or a CIDR, with a port
+(or ``*``, any port): ``pypi.org:443``, ``10.1.2.0/24:8080``, ``[2001:db8::/32]:443``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from worker.contract.errors import ToolqError
+
+NetworkMode = Literal["none", "list", "full"]
+#: What a run's ``network`` is on the wire: a mode's name or the list of destinations.
+NetworkChoice = str | list[str]
+#: The most destinations one run may name.
+MAX_DESTINATIONS = 64
+#: Any port, written ``*``.
+ANY_PORT = 0
+_HOST_NAME = re.compile(
+    r"^(?=.{1,253}$)(?!-)[a-z0-9-]{1,63}(?<!-)(\.(?!-)[a-z0-9-]{1,63}(?<!-))*\.?$"
+)
+
+IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+class NetworkRefused(ToolqError, ValueError):
+    """A ``network`` that is not well formed, or more than the operator allows: one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class Destination:
+    """One allowed destination: a host name or a network, and a port (``ANY_PORT``: any)."""
+
+    host: str | None
+    network: IpNetwork | None
+    port: int
+
+    @classmethod
+    def parse(cls, text: str) -> Destination:
+        written = text.strip()
+        where, port = _split_port(written)
+        if where.startswith("[") and where.endswith("]"):
+            where = where[1:-1]
+        try:
+            network = ipaddress.ip_network(where, strict=False)
+        except ValueError:
+            name = where.lower().rstrip(".")
+            if not _HOST_NAME.match(name) or name.replace(".", "").isdigit():
+                raise NetworkRefused(
+                    f"network destination {written!r} is neither a host name nor a CIDR "
+                    "(write host:port or CIDR:port, e.g. pypi.org:443 or 10.1.2.0/24:8080)"
+                ) from None
+            return cls(name, None, port)
+        return cls(None, network, port)
+
+    def covers_port(self, port: int) -> bool:
+        return self.port in (ANY_PORT, port)
+
+    def covers(self, other: Destination) -> bool:
+        """Whatever ``other`` allows, this allows too (an operator's allowance over a run's)."""
+        if self.port != ANY_PORT and self.port != other.port:
+            return False
+        if self.host is not None:
+            return other.host == self.host
+        if other.network is None or self.network is None:
+            return False
+        return other.network.version == self.network.version and other.network.subnet_of(
+            self.network  # type: ignore[arg-type]
+        )
+
+    def __str__(self) -> str:
+        where = self.host if self.host is not None else str(self.network)
+        if self.network is not None and self.network.version == 6:
+            where = f"[{where}]"
+        return f"{where}:{'*' if self.port == ANY_PORT else self.port}"
+
+
+def _split_port(text: str) -> tuple[str, int]:
+    where, colon, port_text = text.rpartition(":")
+    if not colon or not where:
+        raise NetworkRefused(
+            f"network destination {text!r} has no port (write host:port or CIDR:port, "
+            "e.g. pypi.org:443; * for any port)"
+        )
+    if port_text == "*":
+        return where, ANY_PORT
+    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise NetworkRefused(
+            f"network destination {text!r}: the port must be a number from 1 to 65535, or *"
+        )
+    return where, int(port_text)
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkPolicy:
+    """A run's network: none (loopback alone), the listed destinations, or full (anything but
+    what is always refused: the broker, the host, link-local and metadata addresses)."""
+
+    mode: NetworkMode
+    destinations: tuple[Destination, ...] = ()
+
+    @classmethod
+    def parse(cls, value: object) -> NetworkPolicy:
+        """``value`` as a run writes it; ``NetworkRefused`` in one line if it is not one."""
+        if value is None or value == "none":
+            return NONE
+        if value == "full":
+            return FULL
+        if isinstance(value, str):
+            if value.strip().startswith("["):
+                raise NetworkRefused(
+                    'network must be "none", "full" or a list of destinations, not a string '
+                    "that looks like a list"
+                )
+            value = [part for part in value.split(",") if part.strip()]
+        if not isinstance(value, Sequence) or not all(isinstance(v, str) for v in value):
+            raise NetworkRefused(
+                'network must be "none", "full" or a list of host:port / CIDR:port strings'
+            )
+        if not value:
+            return NONE
+        if len(value) > MAX_DESTINATIONS:
+            raise NetworkRefused(
+                f"network names {len(value)} destinations; at most {MAX_DESTINATIONS}"
+            )
+        return cls("list", tuple(dict.fromkeys(Destination.parse(v) for v in value)))
+
+    @property
+    def is_none(self) -> bool:
+        return self.mode == "none"
+
+    def wire(self) -> NetworkChoice:
+        """As a run writes it (and the wire carries it)."""
+        if self.mode == "list":
+            return [str(d) for d in self.destinations]
+        return self.mode
+
+    def describe(self) -> str:
+        return ", ".join(str(d) for d in self.destinations) if self.mode == "list" else self.mode
+
+
+NONE = NetworkPolicy("none")
+FULL = NetworkPolicy("full")
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkAllowance:
+    """What the operator lets runs ask for: ``none`` (only no network), ``list`` (any list),
+    ``full`` (anything), or the destinations a run's list must stay within."""
+
+    mode: NetworkMode
+    destinations: tuple[Destination, ...] = ()
+
+    @classmethod
+    def parse(cls, value: str | Iterable[str] | None, setting: str) -> NetworkAllowance:
+        """``value`` of the setting named ``setting``; ``NetworkRefused`` naming it if bad."""
+        parts = value.split(",") if isinstance(value, str) else list(value or [])
+        words = [p.strip() for p in parts if p.strip()]
+        if not words or words == ["none"]:
+            return cls("none")
+        if words in (["list"], ["full"]):
+            return cls("list" if words == ["list"] else "full")
+        try:
+            return cls("list", tuple(Destination.parse(w) for w in words))
+        except NetworkRefused as exc:
+            raise NetworkRefused(f"{setting}: {exc} (or none, list, full)") from None
+
+    def refusal(self, policy: NetworkPolicy, setting: str) -> str | None:
+        """Why ``policy`` asks for more than this allows (one line naming ``setting``); None
+        when it may run."""
+        if policy.is_none or self.mode == "full":
+            return None
+        if policy.mode == "full":
+            return f'network "full" is not allowed here ({setting}={self.describe()})'
+        if self.mode == "none":
+            return f'a network is not allowed here ({setting}=none): ask for "none"'
+        for wanted in policy.destinations:
+            if self.destinations and not any(a.covers(wanted) for a in self.destinations):
+                return (
+                    f"network destination {wanted} is not allowed here ({setting} allows "
+                    f"{self.describe()})"
+                )
+        return None
+
+    def describe(self) -> str:
+        if self.mode == "list" and self.destinations:
+            return ",".join(str(d) for d in self.destinations)
+        return self.mode
