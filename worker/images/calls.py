@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import IO
 
 from worker.contract.image_errors import EnvironmentLost
+from worker.contract.network import NetworkPolicy
+from worker.egress import Egress, NoNetworkNamespace, open_egress, with_counts
 from worker.images.boxes import Boxes, BoxRecord, box_group
 from worker.images.group import BoxGroup
 from worker.images.runtime import OciRuntime
 from worker.images.spec import merged_env, process_config
 from worker.sandbox.bounded import wait_at_most
-from worker.sandbox.config import SHELL, SandboxConfig
+from worker.sandbox.config import SHELL, SandboxConfig, SandboxError
 from worker.sandbox.output import CappedStream, Pump
 from worker.sandbox.result import SandboxResult, Usage, build_result
 
@@ -45,14 +47,21 @@ def run_in_box(
     config: SandboxConfig,
     stdin: bytes | None = None,
     before_start: Callable[[], None] | None = None,
+    network: NetworkPolicy | None = None,
 ) -> SandboxResult:
     """Run ``command`` (a string through ``/bin/sh -c``, a sequence as the argv) in the run's
     box, in ``cwd`` (a folder of the run's workspace, as the box sees it). ``EnvironmentLost``
-    when the box is gone; nothing of the command ran then."""
+    when the box is gone; nothing of the command ran then. ``network``: the run's, served by
+    a proxy listening in the box's network namespace for the call."""
     deadline = time.monotonic() + timeout_ms / 1000
     runtime = boxes.runtime(record.image)
-    with boxes.turn(record.name, deadline, record.image):
+    with (
+        boxes.turn(record.name, deadline, record.image),
+        box_egress(record, runtime, network) as egress,
+    ):
         boxes.check(record)
+        if egress is not None:
+            env = {**env, **egress.env}
         bundle = boxes.folder / record.name
         argv = [SHELL, "-c", command] if isinstance(command, str) else list(command)
         cpu_s = -(-timeout_ms // 1000) + 1
@@ -73,13 +82,39 @@ def run_in_box(
         process_file.write_text(json.dumps(process))
         try:
             with _input(stdin) as source:
-                return _follow(
+                result = _follow(
                     boxes, record, runtime, process_file, pid_file, source, deadline,
                     timeout_ms, config, before_start,
                 )  # fmt: skip
+            return result if egress is None else with_counts(result, egress.close())
         finally:
             process_file.unlink(missing_ok=True)
             pid_file.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def box_egress(
+    record: BoxRecord, runtime: OciRuntime, network: NetworkPolicy | None
+) -> Iterator[Egress | None]:
+    """The run's proxy for one call, listening in the box's network namespace; None for a run
+    without network."""
+    if network is None or network.is_none:
+        yield None
+        return
+    if runtime.gvisor:
+        raise SandboxError(
+            f"a box of {runtime.name} (gVisor) has a network stack of its own, which the "
+            f'worker\'s proxy cannot serve: run {record.run_id} may ask only for network "none" '
+            "there (TOOLQ_OCI_RUNTIME=runc gives an image a network)"
+        )
+    try:
+        egress = open_egress(network, record.init_pid)
+    except (OSError, NoNetworkNamespace) as exc:
+        raise SandboxError(f"the network of run {record.run_id}'s box: {exc}") from None
+    try:
+        yield egress
+    finally:
+        egress.close()
 
 
 def layers(record: BoxRecord) -> tuple[str, ...]:

@@ -10,14 +10,16 @@ from worker.contract.image_errors import EnvironmentLost, ImageError
 from worker.images.calls import run_in_box
 from worker.images.here import worker_boxes
 from worker.sandbox import CommandCall, SandboxResult, run_sandboxed
-from worker.tools.runtime import current_environment
+from worker.tools.runtime import current_environment, current_network
 
 
 def run_command(command: str | Sequence[str], **call: Unpack[CommandCall]) -> SandboxResult:
     """``run_sandboxed``'s contract, in the run's box when the current call names one.
     ``EnvironmentLost`` when it names a box this worker does not hold (any more)."""
     environment = current_environment()
+    network = call.get("network") or current_network()
     if environment is None:
+        call["network"] = network
         return run_sandboxed(command, **call)
     try:
         boxes = worker_boxes()
@@ -40,4 +42,5 @@ def run_command(command: str | Sequence[str], **call: Unpack[CommandCall]) -> Sa
         config=call["config"],
         stdin=call.get("stdin"),
         before_start=call.get("before_start"),
+        network=network,
     )

@@ -5,7 +5,6 @@ started killed, its result and usage told, and its group removed."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import subprocess
 import tempfile
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import NotRequired, TypedDict, Unpack
 
 from worker.contract.network import NetworkPolicy
-from worker.egress import Egress, NoNetworkNamespace, open_egress
+from worker.egress import Egress, NoNetworkNamespace, open_egress, with_counts
 from worker.sandbox.config import COMMAND_ENV, INPUT_FOLDER, SHELL, SandboxConfig, SandboxError
 from worker.sandbox.ending import Ending
 from worker.sandbox.handover import hand_over, holder_of
@@ -191,7 +190,7 @@ def _run(
         channel = ready.channel if plan.has_init else None
         ending = Ending(ready.proc, call_plan, marker, ready.group, channel, ready.forked)
         result = _follow(ready.proc, ending, started, timeout_ms, config)
-        return result if egress is None else _with_counts(result, egress)
+        return result if egress is None else with_counts(result, egress.close())
     finally:
         if egress is not None:
             egress.close()
@@ -214,15 +213,6 @@ def _egress_for(ready: Launch, network: NetworkPolicy) -> Egress:
         raise SandboxError(str(exc)) from None
     except OSError as exc:
         raise SandboxError(f"the run's network could not be set up: {exc}") from exc
-
-
-def _with_counts(result: SandboxResult, egress: Egress) -> SandboxResult:
-    """``result`` with the connections its proxy allowed and refused in its usage."""
-    counts = egress.close()
-    usage = dataclasses.replace(
-        result.usage, network_allowed=counts.allowed, network_refused=counts.refused
-    )
-    return dataclasses.replace(result, usage=usage)
 
 
 def _volume_of(chosen: Plan, config: SandboxConfig, home: Path) -> tuple[int, str] | None:

@@ -12,6 +12,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 
 from worker.contract.errors import ToolqError
+from worker.contract.network import NetworkPolicy
 from worker.contract.wire import ResourceUsage, ToolContextSnapshot
 from worker.tools.context import ToolContext
 from worker.tools.paths import _Location
@@ -34,6 +35,8 @@ class CallRuntime:
     workspace_lock: int | None = None
     #: The run's container, which its commands run in (``worker.images``); None: no image.
     environment: str | None = None
+    #: The run's network (``worker.egress``); None: loopback alone.
+    network: NetworkPolicy | None = None
 
 
 class NotAdmitted(ToolqError):
@@ -69,6 +72,12 @@ def admit_current_call() -> None:
     runtime = _current.get(None)
     if runtime is not None and runtime.admit is not None:
         runtime.admit()
+
+
+def current_network() -> NetworkPolicy | None:
+    """The network the running call's commands get; None without one, or outside a call."""
+    runtime = _current.get(None)
+    return None if runtime is None else runtime.network
 
 
 def current_environment() -> str | None:
