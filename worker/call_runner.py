@@ -18,6 +18,7 @@ from pathlib import Path
 from worker.contract.errors import ToolqError
 from worker.contract.image_errors import EnvironmentLost
 from worker.contract.limits import cap_text
+from worker.contract.session_errors import SessionLost
 from worker.contract.settings import WorkerSettings
 from worker.contract.wire import POOLS, Pool, ToolCallRequest, ToolCallResult
 from worker.images.service import image_tools
@@ -70,9 +71,11 @@ def build_registry(
     this fleet has them: built once per process, each tool acting on the workspace and
     conversation of the call in hand."""
     # A call refused admission leaves its tool as it is: the executor answers it.
-    # So is a call whose run's container is gone (``environment_lost``).
+    # So is a call whose run's container is gone (``environment_lost``), or its shell session
+    # (``session_lost``).
     registry = ToolRegistry(
-        passthrough=(*passthrough, NotAdmitted, EnvironmentLost), sync_in_thread=False
+        passthrough=(*passthrough, NotAdmitted, EnvironmentLost, SessionLost),
+        sync_in_thread=False,
     )
     workspace = CurrentWorkspace()
     create_fleet_tool_registry(settings, current_context(), workspace, registry)
@@ -195,6 +198,10 @@ class CallRunner:
                 "environment_lost",
                 f"Error: environment lost: {exc}. Nothing of {request.tool} ran.",
                 self.worker_name,
+            )
+        except SessionLost as exc:
+            return ToolCallResult.failure(
+                request, "session_lost", f"Error: {exc}. Nothing was typed.", self.worker_name
             )
         except self.time_limit:
             return timed_out(request, self.worker_name)

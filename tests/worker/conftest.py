@@ -51,6 +51,7 @@ BUILT_INS = [
     "search_text",
     "search_files",
     "run_bash",
+    "bash_session",
 ]
 #: The caller's inbox in requests made by ``request``.
 REPLY = "toolq:reply:test"

@@ -45,6 +45,9 @@ ErrorKind = Literal[
     # The run's container (its image's) is gone: its worker died, or it was ended. Nothing of
     # the call ran.
     "environment_lost",
+    # The run's shell session (bash_session) is gone with the worker that held it: the call
+    # typed nothing, and no new shell was started in its place.
+    "session_lost",
     "bad_request",  # the message was not a valid request
     "no_answer",  # no worker started it by the deadline (none listening, or all too busy)
     "broker_unavailable",  # the call could not be sent

@@ -231,6 +231,12 @@ class WorkerSettings(FleetSettings):
         256, gt=0, description="run_bash process limit: per call (control group), else per user."
     )
     sandbox_file_size_mb: int = Field(256, gt=0, description="run_bash largest file written.")
+    session_idle_s: float = Field(
+        1800.0,
+        gt=0,
+        description="How long (seconds) a bash_session shell lives without a call before it "
+        "ends, with everything it started; it ends with its run in any case.",
+    )
     sandbox_cgroup: Literal["auto", "v2", "v1", "off"] = Field(
         "auto",
         description="Control groups for run_bash: auto takes each job from v2, else v1; v2 or "

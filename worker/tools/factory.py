@@ -1,5 +1,5 @@
-"""The default tool set: the ten built-in tools, remove and run_bash registered but off; and the
-fleet's, which adds the plugins."""
+"""The default tool set: the eleven built-in tools, remove, run_bash and bash_session
+registered but off; and the fleet's, which adds the plugins."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from worker.plugins import load_plugins, register_plugins
 from worker.sandbox import SandboxConfig
 from worker.sandbox.volumes import ensure_volume
 from worker.tools.bash import RunBashTool
+from worker.tools.bash_session import BashSessionTool
 from worker.tools.context import ToolContext
 from worker.tools.filesystem import (
     ListDirTool,
@@ -95,6 +96,7 @@ def create_default_tool_registry(
         SearchTextTool(ws, output_cap_bytes=cap),
         SearchFilesTool(ws, output_cap_bytes=cap),
         RunBashTool(ws, replace(sandbox, output_cap_bytes=cap)),
+        BashSessionTool(ws, replace(sandbox, output_cap_bytes=cap)),
     ):
         registry.register(tool)
         if not tool.enabled_by_default:

@@ -47,6 +47,7 @@ from worker.contract.operations import (
 from worker.images.commands import run_command
 from worker.retention import remove_held, run_ids
 from worker.sandbox import SandboxConfig
+from worker.sessions.holders import RunSessions
 from worker.tools.bash import command_answer, working_directory
 from worker.tools.interface import ExecutableTool
 from worker.tools.paths import PathNotFoundError, WorkspaceError, shown
@@ -248,11 +249,19 @@ class RemoveWorkspaceTool(ServiceTool[NoArguments]):
     description = "Remove the run's whole workspace, unless another call of the run is in flight."
     workspace_effect = "frees"  # measured after: a quota mark goes with the workspace
 
+    def __init__(
+        self, workspace: Workspace, transfer_max_bytes: int, sandbox: SandboxConfig
+    ) -> None:
+        super().__init__(workspace, transfer_max_bytes)
+        self._sandbox = sandbox
+
     def serve(self, request: NoArguments) -> RemoveWorkspaceAnswer:
         runtime = current_runtime()
         if runtime.workspace_lock is None:
             raise RuntimeError("a workspace is removed only by a worker's call, which holds it")
         root = runtime.workspace.root
+        # The run is over: its shells end first, and nothing of them is left on this host.
+        RunSessions(self._sandbox, root, idle_s=1).end_all()
         kept = remove_held(root.parent, root.name, runtime.workspace_lock)
         return RemoveWorkspaceAnswer(removed=kept is None, kept=kept)
 
@@ -309,7 +318,7 @@ def service_tools(
         PutFilesTool(workspace, transfer_max_bytes),
         ReadWholeFileTool(workspace, transfer_max_bytes),
         CollectFilesTool(workspace, transfer_max_bytes),
-        RemoveWorkspaceTool(workspace, transfer_max_bytes),
+        RemoveWorkspaceTool(workspace, transfer_max_bytes, sandbox),
         ListWorkspacesTool(workspace, transfer_max_bytes),
         ExecTool(workspace, transfer_max_bytes, sandbox),
     ]

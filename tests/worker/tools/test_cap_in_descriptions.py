@@ -11,7 +11,11 @@ from worker.contract.limits import cap_in_words
 from worker.contract.settings import WorkerSettings
 from worker.manifest import fleet_tool_specs
 
-CUT_BY_THE_CAP = {"read_file": "Files over {cap} are cut", "run_bash": "its first {cap}."}
+CUT_BY_THE_CAP = {
+    "read_file": "Files over {cap} are cut",
+    "run_bash": "its first {cap}.",
+    "bash_session": "its latest {cap} kept",
+}
 
 
 @pytest.mark.parametrize(

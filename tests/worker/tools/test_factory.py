@@ -31,12 +31,15 @@ def default_tools(
     )
 
 
-def test_the_ten_built_ins_in_order_remove_and_run_bash_off(workspace: Workspace) -> None:
+def test_the_built_ins_in_order_remove_run_bash_and_bash_session_off(
+    workspace: Workspace,
+) -> None:
     registry = default_tools(workspace)
 
     assert registry.get_tool_names() == BUILT_INS
     enabled = [name for name in BUILT_INS if registry.is_tool_enabled(name)]
-    assert enabled == [name for name in BUILT_INS if name not in ("remove", "run_bash")]
+    off = ("remove", "run_bash", "bash_session")
+    assert enabled == [name for name in BUILT_INS if name not in off]
 
 
 async def test_a_disabled_built_in_is_refused_until_enabled(workspace: Workspace) -> None:

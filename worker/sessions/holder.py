@@ -1,0 +1,341 @@
+"""A session's holder: a process of the worker's own that owns the session's terminal, starts
+its shell in the run's box (through ``run_sandboxed``, as run_bash's commands: the run's uid,
+its namespaces, its control groups and limits), and answers the worker's calls on a unix socket
+it was handed, listening, by the worker process that started it.
+
+It ends, taking the shell and all it started with it, when it is asked to (the run ended, or a
+``restart``), when no call came for the idle time the operator set, when the run's workspace is
+gone, or when the worker that started it dies: a session never outlives its worker, so a call
+after that finds no holder and answers "session lost". Its shell's last-resort end is the
+parent-death signal every sandboxed command has: the holder gone, its box goes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import pickle
+import secrets
+import select
+import socket
+import struct
+import subprocess
+import sys
+import termios
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from worker.sandbox import SandboxConfig, SandboxError, run_sandboxed
+from worker.sandbox.layers import plan_for
+from worker.sessions.records import SessionRecord
+from worker.sessions.screen import Screen
+from worker.sessions.shell import shell_command, shell_env
+from worker.sessions.wire import (
+    HolderAnswer,
+    HolderRequest,
+    parse_request,
+    read_line,
+    send_line,
+)
+
+log = logging.getLogger("toolq.session")
+
+#: The longest a session's shell may live, whatever else: its box's time limit.
+LIFETIME_MS = 24 * 3600 * 1000
+#: How long the shell may take to show its first prompt.
+START_BOUND_S = 60.0
+#: Between two looks at the worker, the workspace and the idle time.
+LOOK_EVERY_S = 1.0
+#: Output that stopped this long ago is what a program waiting for input shows.
+QUIET_S = 0.5
+#: How long ``type`` and ``read`` wait at most for output to settle.
+SETTLE_S = 1.0
+#: How long ``interrupt`` waits at most for the prompt.
+INTERRUPT_S = 5.0
+#: How long the shell has to end once its terminal hangs up, before the holder exits anyway.
+END_BOUND_S = 10.0
+#: A call's own reading and writing of its line.
+CONNECTION_S = 10.0
+#: The terminal's size: wide, so that lines are seldom wrapped.
+ROWS, COLUMNS = 50, 200
+
+
+@dataclass(frozen=True, slots=True)
+class HolderSpec:
+    """What a holder is started with, from the worker process that starts it."""
+
+    #: The listening socket, handed over open.
+    listen_fd: int
+    record: str
+    home: str
+    cwd: str
+    identity: tuple[int, int] | None
+    config: SandboxConfig
+    #: The worker's main process: the holder ends when it does.
+    watch_pid: int
+    idle_s: float
+
+
+class Holder:
+    def __init__(self, spec: HolderSpec) -> None:
+        self._spec = spec
+        self._listener = socket.socket(fileno=spec.listen_fd)
+        self._nonce = secrets.token_hex(8)
+        self._screen = Screen(self._nonce, spec.config.output_cap_bytes)
+        self._master, self._slave = os.openpty()
+        self._box: threading.Thread | None = None
+        self._reader: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._ended_why = ""
+        self._last_call = time.monotonic()
+        self._workspace = _folder_id(spec.home)
+
+    def run(self) -> None:
+        record = SessionRecord.read(Path(self._spec.record))
+        watch = _pidfd(self._spec.watch_pid)
+        if watch is None:
+            self._end("its worker stopped before it started")
+            return
+        try:
+            self._start_shell()
+            if not self._first_prompt():
+                self._end("its shell did not start")
+                return
+            _loopback_up(self._master)
+            if record is not None:
+                record.with_holder(os.getpid()).write(Path(self._spec.record))
+            self._serve(watch)
+        finally:
+            os.close(watch)
+
+    def _start_shell(self) -> None:
+        fcntl.ioctl(self._slave, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLUMNS, 0, 0))
+        modes = termios.tcgetattr(self._slave)
+        modes[3] &= ~termios.ECHO  # what is typed is not shown back
+        termios.tcsetattr(self._slave, termios.TCSANOW, modes)
+        terminal = os.ttyname(self._slave)
+        config = self._spec.config
+        plan = plan_for(config, os.geteuid()).for_identity(self._spec.identity)
+        if plan.drop_to is not None:
+            # The run's alone: no other uid may open the terminal by its path.
+            os.chown(terminal, *plan.drop_to)
+        os.chmod(terminal, 0o600)
+        self._box = threading.Thread(target=self._box_life, args=(terminal,), daemon=True)
+        self._box.start()
+        self._reader = threading.Thread(target=self._read_terminal, daemon=True)
+        self._reader.start()
+
+    def _box_life(self, terminal: str) -> None:
+        try:
+            result = run_sandboxed(
+                shell_command(terminal),
+                cwd=Path(self._spec.cwd),
+                home=Path(self._spec.home),
+                env=shell_env(self._nonce),
+                timeout_ms=LIFETIME_MS,
+                config=self._spec.config,
+                identity=self._spec.identity,
+            )
+            log.info("the shell ended: exit %s", result.exit_code)
+        except SandboxError as exc:
+            log.error("the shell could not start: %s", exc)
+        finally:
+            self._screen.close()
+
+    def _read_terminal(self) -> None:
+        # A read blocked on the terminal would keep it open past its closing (no hang-up):
+        # the reader looks, and stops when the holder ends.
+        while not self._stopping.is_set():
+            try:
+                ready, _, _ = select.select([self._master], [], [], LOOK_EVERY_S / 4)
+                if not ready:
+                    continue
+                data = os.read(self._master, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            self._screen.append(data)
+
+    def _first_prompt(self) -> bool:
+        self._screen.wait(time.monotonic() + START_BOUND_S, None)
+        _, _, at_prompt, _ = self._screen.take()
+        return at_prompt and not self._screen.closed
+
+    def _serve(self, watch: int) -> None:
+        while True:
+            listening = self._listener.fileno()
+            ready, _, _ = select.select([listening, watch], [], [], LOOK_EVERY_S)
+            if watch in ready:
+                self._end("its worker stopped", lost=True)
+                return
+            if listening in ready:
+                with contextlib.suppress(OSError):
+                    conn, _ = self._listener.accept()
+                    with conn:
+                        if self._answer(conn):
+                            return
+                self._last_call = time.monotonic()
+                continue
+            if time.monotonic() - self._last_call > self._spec.idle_s:
+                self._end(f"no call came for {self._spec.idle_s:g} s (TOOLQ_SESSION_IDLE_S)")
+                return
+            if _folder_id(self._spec.home) != self._workspace:
+                self._end("its run's workspace was removed", forget=True)
+                return
+
+    def _answer(self, conn: socket.socket) -> bool:
+        """Answer one call; whether the holder is to end."""
+        conn.settimeout(CONNECTION_S)
+        request = parse_request(read_line(conn))
+        if request.action == "end":
+            self._end("it was ended", conn)
+            return True
+        conn.settimeout(request.wait_ms / 1000 + CONNECTION_S)
+        send_line(conn, self._act(request))
+        return False
+
+    def _act(self, request: HolderRequest) -> HolderAnswer:
+        now = time.monotonic()
+        deadline = now + request.wait_ms / 1000
+        screen = self._screen
+        if not screen.closed:
+            if request.action == "type_submit":
+                self._type(request.input + "\n", deadline)
+                screen.wait(deadline, QUIET_S)
+            elif request.action == "type":
+                self._type(request.input, deadline)
+                screen.wait(min(deadline, now + SETTLE_S), QUIET_S)
+            elif request.action == "interrupt":
+                self._type("\x03", deadline)
+                screen.wait(min(deadline, now + INTERRUPT_S), None)
+            else:  # read
+                screen.wait(min(deadline, now + SETTLE_S), QUIET_S)
+        text, cut, at_prompt, exit_code = screen.take()
+        output = text.decode("utf-8", errors="replace").replace("\r\n", "\n")
+        return HolderAnswer(
+            output=output,
+            running=not at_prompt and not screen.closed,
+            exit_code=exit_code,
+            cut_bytes=cut,
+            ended=screen.closed,
+        )
+
+    def _type(self, text: str, deadline: float) -> None:
+        self._screen.typed()
+        data = text.encode()
+        while data:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return  # the terminal takes no more: the program does not read its input
+            _, writable, _ = select.select([], [self._master], [], left)
+            if writable:
+                written = os.write(self._master, data[:512])
+                data = data[written:]
+
+    def _end(
+        self,
+        why: str,
+        conn: socket.socket | None = None,
+        *,
+        lost: bool = False,
+        forget: bool = False,
+    ) -> None:
+        """Hang up the terminal (the shell and its jobs get SIGHUP), wait a bounded time for its
+        box to end, and say why the session ended where the next call finds it: unless it is
+        ``lost`` (its worker stopped), which the next call tells by the record alone, or its
+        run is over (``forget``): then nothing of it is left."""
+        self._ended_why = why
+        log.info("the session ends: %s", why)
+        path = Path(self._spec.record)
+        record = SessionRecord.read(path)
+        if forget:
+            forget_files(path)
+        elif record is not None and not lost:
+            record.ended_because(why).write(path)
+        self._listener.close()
+        self._stopping.set()
+        if self._reader is not None:
+            self._reader.join(LOOK_EVERY_S)
+        os.close(self._master)
+        os.close(self._slave)
+        if self._box is not None:
+            self._box.join(END_BOUND_S)
+        if conn is not None:
+            with contextlib.suppress(OSError):
+                send_line(conn, HolderAnswer(ended=True))
+
+
+def forget_files(record: Path) -> None:
+    """Remove a session's files (its record, socket and log), and its run's folder once empty."""
+    for suffix in (".json", ".sock", ".log"):
+        record.with_suffix(suffix).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        record.parent.rmdir()
+
+
+def _loopback_up(master: int) -> None:
+    """The shell's network namespace (the run's own, where the sandbox gives one) with its
+    loopback up, as a container's: a server started in one call answers ``localhost`` in the
+    next. Nothing else of the network: the namespace has no other interface."""
+    try:
+        shell = os.tcgetpgrp(master)
+        theirs = os.readlink(f"/proc/{shell}/ns/net")
+    except OSError:
+        return
+    if theirs == os.readlink("/proc/self/ns/net"):
+        return  # the host's network: its loopback is up already
+    try:
+        subprocess.run(
+            ["nsenter", f"--net=/proc/{shell}/ns/net", "ip", "link", "set", "lo", "up"],
+            check=True,
+            capture_output=True,
+            timeout=START_BOUND_S,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("the session's loopback could not be brought up: %s", exc)
+
+
+def _folder_id(path: str) -> tuple[int, int] | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except OSError:
+        return None
+
+
+def main() -> None:
+    """Started by ``holders.start``: the spec comes pickled on standard input, from the worker
+    process itself."""
+    spec: HolderSpec = pickle.load(sys.stdin.buffer)  # noqa: S301 - written by the worker
+    if os.fork():
+        # Out of the starting process's children: it reaps this one now, and the holder's
+        # life is its own (it watches the worker's main process instead).
+        os._exit(0)
+    os.setsid()
+    log_path = Path(spec.record).with_suffix(".log")
+    logging.basicConfig(filename=log_path, level=logging.INFO, format="%(asctime)s %(message)s")
+    try:
+        Holder(spec).run()
+    except Exception:
+        log.exception("the holder failed")
+    finally:
+        # Whatever threads are left (a box that would not end) go with the process; the
+        # parent-death signal of the shell's box ends it.
+        logging.shutdown()
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

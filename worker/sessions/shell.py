@@ -1,0 +1,28 @@
+"""The session's shell: bash, interactive, on the session's terminal as its controlling
+terminal (Ctrl-C reaches the command in the foreground), without line editing (what the model
+types is not echoed back) and with an empty prompt, telling the holder each time it waits at
+its prompt, with the last command's exit status, by a terminal sequence that shows nothing."""
+
+from __future__ import annotations
+
+import shlex
+
+#: The shell's variables: no prompt text, and the word that it waits at its prompt.
+PROMPT_WORD = "printf '\\033]9;toolq-%s:%%d\\007' \"$?\""
+
+
+def shell_command(terminal: str) -> str:
+    """The command line that becomes the session's shell, its standard streams ``terminal``
+    (the path of the terminal's other end) and its controlling terminal that one."""
+    tty = shlex.quote(terminal)
+    return f"exec setsid --wait --ctty bash --noprofile --norc --noediting -i 0<>{tty} 1>&0 2>&0"
+
+
+def shell_env(nonce: str) -> dict[str, str]:
+    """The shell's own variables, over the run's minimal environment."""
+    return {
+        "PS1": "",
+        "PS2": "",
+        "TERM": "dumb",
+        "PROMPT_COMMAND": PROMPT_WORD % nonce,
+    }
