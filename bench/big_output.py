@@ -12,8 +12,8 @@ from typing import Any
 
 import redis
 
-from api.dispatch import Dispatcher
-from api.fleet import read_manifest
+from api.calls.dispatch import Dispatcher
+from api.calls.fleet import read_manifest
 from api.local.stack import LocalStack
 from bench.procinfo import status_kb
 from bench.round_trip import RUN_ID

@@ -19,7 +19,7 @@ from typing import Any
 
 from celery.result import ResultSet
 
-from api.dispatch import Dispatcher
+from api.calls.dispatch import Dispatcher
 from bench import bare_celery
 from bench.round_trip import noop_burst, noop_spec
 from worker.contract.settings import WorkerSettings, get_worker_settings

@@ -21,7 +21,7 @@ from typing import Any
 
 import aiohttp
 
-from api.llm import ChatModel
+from api.model.client import ChatModel
 from api.settings import get_settings
 
 #: Requests in flight at once, as many conversations would have.

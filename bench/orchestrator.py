@@ -22,13 +22,13 @@ from typing import Any
 
 from openai._base_client import AsyncAPIClient
 
-import api.llm_body
-from api.agent import Agent, AgentOptions
-from api.collector import tuned_for_many_conversations
-from api.dispatch import Dispatcher
-from api.fleet import load_fleet
-from api.llm import ChatModel
-from api.publishing import CallPublisher
+import api.model.body
+from api.calls.dispatch import Dispatcher
+from api.calls.fleet import load_fleet
+from api.calls.publishing import CallPublisher
+from api.conversation.agent import Agent, AgentOptions
+from api.model.client import ChatModel
+from api.process.gc_tuning import tuned_for_many_conversations
 from api.settings import get_settings
 from bench.probes import CpuProbe
 from bench.procinfo import status_kb
@@ -78,7 +78,7 @@ class RecordingExecutor(ThreadPoolExecutor):
 def install_probes() -> list[CpuProbe]:
     """Where the orchestrator's CPU goes: the model client's request building, and publishing."""
     probes = [
-        CpuProbe(api.llm_body, "chat_body", "toolq chat request body"),
+        CpuProbe(api.model.body, "chat_body", "toolq chat request body"),
         CpuProbe(AsyncAPIClient, "_build_request", "openai request building"),
         CpuProbe(CallPublisher, "send", PUBLISH_PROBE),
         CpuProbe(ReplyReader, "deliver", "toolq reply parsing"),

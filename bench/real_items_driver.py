@@ -18,14 +18,14 @@ import time
 import uuid
 from typing import Any
 
-from api.agent import Agent
 from api.batch.items import BatchItem
 from api.batch.runner import run_item, run_items
-from api.collector import tuned_for_many_conversations
-from api.dispatch import Dispatcher
-from api.fleet import load_fleet
-from api.llm import ChatModel
-from api.run_workspace import RunWorkspace, calls_end_within_s
+from api.calls.dispatch import Dispatcher
+from api.calls.fleet import load_fleet
+from api.conversation.agent import Agent
+from api.model.client import ChatModel
+from api.process.gc_tuning import tuned_for_many_conversations
+from api.runs.workspace import RunWorkspace, calls_end_within_s
 from api.settings import get_settings
 from bench.orchestrator import install_probes
 from bench.probes import CpuProbe

@@ -19,8 +19,8 @@ from typing import Any
 
 import redis
 
-from api.dispatch import Dispatcher
-from api.fleet import read_manifest
+from api.calls.dispatch import Dispatcher
+from api.calls.fleet import read_manifest
 from bench import redis_echo
 from bench.noop_plugin import NoopTool
 from bench.stack import TRANSPORT_NOTE, BareWorker, python_path

@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass
 
 import redis
 
-from api.dispatch import Dispatcher
-from api.fleet import read_manifest
+from api.calls.dispatch import Dispatcher
+from api.calls.fleet import read_manifest
 from bench.round_trip import RUN_ID, WorkersReady
 from bench.sandbox_layers import COMMAND, SHELL_ONLY, LayerTimings
 from bench.sandbox_parts import IN_PROCESS, PAUSE_S, SandboxParts, parts_note

@@ -10,7 +10,7 @@ from typing import Any
 
 from celery.result import ResultSet
 
-from api.dispatch import Dispatcher
+from api.calls.dispatch import Dispatcher
 from api.local.stack import LocalStack
 from bench.cost import CostMeter
 from bench.procinfo import process_tree

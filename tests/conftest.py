@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import pytest
 import redis
 
-from api.dispatch import Dispatcher
-from api.fleet import read_manifest
+from api.calls.dispatch import Dispatcher
+from api.calls.fleet import read_manifest
 from api.local.stack import (
     LocalStack,
     free_port,

@@ -14,10 +14,10 @@ from typing import Any, cast
 import pytest
 from pydantic import ValidationError
 
-from api.dispatch import Dispatcher
-from api.fleet import Fleet
+from api.calls.dispatch import Dispatcher
+from api.calls.fleet import Fleet
 from api.images.fields import ImageFields
-from api.run_workspace import RunWorkspace, ServiceCallError
+from api.runs.workspace import RunWorkspace, ServiceCallError
 from worker.contract import operations as ops
 from worker.contract.operations import OPERATIONS, Operation, Refusal, Success
 from worker.contract.settings import WorkerSettings

@@ -6,7 +6,7 @@ Flower's worker pages, which ask the same) with each task's arguments as they ca
 for ``--safe`` output; a call's arguments hold whole files, its run's ``env`` values, secrets a
 user passed on. These commands are registered again here, in place of Celery's, and always
 answer with the summary the caller put in the message (``argsrepr``: the tool and the run, see
-``api.publishing``). Imported by the worker (``worker.tasks``) before it takes any command.
+``api.calls.publishing``). Imported by the worker (``worker.tasks``) before it takes any command.
 """
 
 from __future__ import annotations

@@ -31,7 +31,6 @@ from typing import Any
 from celery import Celery
 from redis.exceptions import RedisError
 
-from api.agent_options import AgentOptions
 from api.agents.live_run import run_record
 from api.agents.messages import (
     CONVERSATION_TASK,
@@ -43,8 +42,9 @@ from api.agents.messages import (
 from api.agents.store import ConversationStore, attempt_of, store_client
 from api.batch.items import BatchItem
 from api.batch.runner import failed_record
-from api.broker import producer_app
-from api.fleet import read_queue_depths
+from api.calls.broker import producer_app
+from api.calls.fleet import read_queue_depths
+from api.conversation.agent_options import AgentOptions
 from api.settings import OrchestratorSettings
 from worker.contract.errors import ToolqError
 from worker.contract.jobs.replies import ReplyReader

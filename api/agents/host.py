@@ -30,12 +30,12 @@ from api.agents.messages import (
 from api.agents.store import ConversationStore, store_client
 from api.batch.items import BatchItem
 from api.batch.runner import failed_record, process_name, run_item
-from api.dispatch import Dispatcher
-from api.fleet import CachedFleet
+from api.calls.dispatch import Dispatcher
+from api.calls.fleet import CachedFleet
 from api.http.cancels import watch_cancels
 from api.http.state.runs import RunStore
-from api.llm import ChatModel
-from api.logs import log_context
+from api.model.client import ChatModel
+from api.process.logs import log_context
 from api.settings import OrchestratorSettings
 from worker.contract.batch_record import BatchLine
 

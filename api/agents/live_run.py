@@ -16,15 +16,15 @@ from typing import Any
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
-from api.agent import Agent, AgentOptions
 from api.agents.messages import RunEnd, RunEndLine, RunOutcome
 from api.batch.runner import time_limit_error
-from api.dispatch import Dispatcher
-from api.events import TextDiscarded, event_to_dict
-from api.fleet import Fleet
+from api.calls.dispatch import Dispatcher
+from api.calls.fleet import Fleet
+from api.conversation.agent import Agent, AgentOptions
+from api.conversation.events import TextDiscarded, event_to_dict
 from api.http.run_stream import stream_into_run
 from api.http.state.runs import CANCELLED_ERROR, RunStore
-from api.llm import ChatModel, ModelError
+from api.model.client import ChatModel, ModelError
 from api.settings import OrchestratorSettings
 
 log = logging.getLogger(__name__)

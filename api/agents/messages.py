@@ -34,7 +34,9 @@ class LiveRun(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     prompt: str
-    options: dict[str, Any] = Field(description="``AgentOptions`` as JSON (api/agent_options.py).")
+    options: dict[str, Any] = Field(
+        description="``AgentOptions`` as JSON (api/conversation/agent_options.py)."
+    )
 
 
 class ConversationRequest(BaseModel):

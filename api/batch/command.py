@@ -30,12 +30,12 @@ from api.batch.progress import (
 from api.batch.results import OutputBusyError, ResultLog
 from api.batch.runner import run_item, run_items
 from api.batch.tag import batch_run_id, batch_tag_for_output
-from api.collector import tuned_for_many_conversations
-from api.dispatch import Dispatcher
-from api.fleet import Fleet, load_fleet
-from api.llm import ChatModel, ModelError, model_api_from_env
-from api.logs import configure_logging
-from api.placement import AgentsPool, Placement, fleet_started, place
+from api.calls.dispatch import Dispatcher
+from api.calls.fleet import Fleet, load_fleet
+from api.conversation.placement import AgentsPool, Placement, fleet_started, place
+from api.model.client import ChatModel, ModelError, model_api_from_env
+from api.process.gc_tuning import tuned_for_many_conversations
+from api.process.logs import configure_logging
 from api.settings import OrchestratorSettings, get_settings
 from worker.contract.errors import ToolqError
 

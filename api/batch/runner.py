@@ -12,15 +12,15 @@ import time
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
-from api.agent import DEFAULT_SYSTEM_PROMPT, Agent, AgentOptions
 from api.batch.items import BatchItem, ItemLimits
 from api.batch.task import Task, TaskFailed, TaskResults
-from api.dispatch import Dispatcher
-from api.fleet import Fleet
-from api.images.environment import RunEnvironment
-from api.llm import ChatModel, ModelError
-from api.logs import log_context
-from api.run_workspace import RunWorkspace
+from api.calls.dispatch import Dispatcher
+from api.calls.fleet import Fleet
+from api.conversation.agent import DEFAULT_SYSTEM_PROMPT, Agent, AgentOptions
+from api.model.client import ChatModel, ModelError
+from api.process.logs import log_context
+from api.runs.environment import RunEnvironment
+from api.runs.workspace import RunWorkspace
 from api.settings import OrchestratorSettings
 from worker.contract.batch_record import BatchLine, BatchRecord, TokenUsage
 

@@ -1,7 +1,7 @@
 """An item as a task: its workspace prepared before the conversation (files, set-up command) and
 judged and collected after it (target, check command, artifacts).
 
-Everything goes through the fleet's service operations (``api.run_workspace``): files and
+Everything goes through the fleet's service operations (``api.runs.workspace``): files and
 artifacts through the tools pool, commands through the sandbox pool with run_bash's isolation,
 so a task runs the same where the orchestrator shares no disk with the workers.
 """
@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from api.batch.items import BatchItem, ItemLimits
-from api.fleet import Fleet
-from api.images.environment import ImageUnavailable, RunEnvironment
-from api.run_workspace import CommandResult, FileProblemError, RunWorkspace, ServiceCallError
+from api.calls.fleet import Fleet
+from api.runs.environment import ImageUnavailable, RunEnvironment
+from api.runs.workspace import CommandResult, FileProblemError, RunWorkspace, ServiceCallError
 from worker.contract.errors import ToolqError
 from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES, MAX_COLLECTED_FILES
 from worker.contract.operations import EXEC

@@ -32,7 +32,7 @@ def reachable_fleet(*, local_too: bool = False) -> None:
     settings = get_settings()
     if settings.local_mode and not local_too:
         return
-    from api.connections import FleetUnreachableError, check_connections
+    from api.process.connections import FleetUnreachableError, check_connections
 
     try:
         check_connections(settings)

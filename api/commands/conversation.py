@@ -11,12 +11,12 @@ from openai import AsyncOpenAI, OpenAIError
 from rich.console import Console
 from rich.markup import escape
 
-from api import events
-from api.agent import Agent, AgentOptions
-from api.fleet import NoWorkersError
-from api.images.environment import ImageUnavailable
-from api.llm import ChatModel, ModelError, model_client
+from api.calls.fleet import NoWorkersError
+from api.conversation import events
+from api.conversation.agent import Agent, AgentOptions
 from api.local.stack import LocalStackError, fleet_for
+from api.model.client import ChatModel, ModelError, model_client
+from api.runs.environment import ImageUnavailable
 from api.settings import OrchestratorSettings, get_settings
 
 DEMO_PROMPT = (

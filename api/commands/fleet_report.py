@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from api.calls.fleet import Fleet, calls_in_flight, load_fleet, queue_depths
 from api.commands.conversation import EXIT_FAILED, say_error
-from api.fleet import Fleet, calls_in_flight, load_fleet, queue_depths
 from api.local.stack import LocalStackError, fleet_for
 from api.settings import get_settings
 from worker.contract.keys import conversation_keys

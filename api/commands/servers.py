@@ -18,7 +18,7 @@ from api.commands.checks import (
     err,
     reachable_fleet,
 )
-from api.listening import port_option
+from api.process.listening import port_option
 from api.settings import get_settings
 
 

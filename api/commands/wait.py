@@ -11,8 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from api.connections import FleetUnreachableError, check_connections
-from api.fleet import Fleet, load_fleet
+from api.calls.fleet import Fleet, load_fleet
+from api.process.connections import FleetUnreachableError, check_connections
 from api.settings import OrchestratorSettings
 
 #: Ready.

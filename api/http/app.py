@@ -26,8 +26,8 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match, Route
 from starlette.types import Receive, Scope, Send
 
-from api import fleet as fleet_module
-from api.fleet import Fleet
+from api.calls import fleet as fleet_module
+from api.calls.fleet import Fleet
 from api.http.admission import StreamAdmission
 from api.http.auth import BodySizeLimit, TokenGuard, require_tenant
 from api.http.bodies import UNAUTHORIZED, FieldProblem, refusal
@@ -45,7 +45,7 @@ from api.http.viewer.routes import mount_viewer
 from api.http.viewer.store import StoreSources
 from api.http.viewer.tickets import StreamTickets
 from api.http.viewer.viewer import Viewer
-from api.llm import ChatModel, ModelError
+from api.model.client import ChatModel, ModelError
 from api.settings import OrchestratorSettings, get_settings
 from worker.contract.keys import DEFAULT_TENANT
 from worker.contract.wire import AGENTS_QUEUE, POOLS

@@ -7,8 +7,8 @@ from typing import Annotated, Any
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.agent import AgentOptions
 from api.batch.items import BatchItem
+from api.conversation.agent import AgentOptions
 from api.http.state.batches import BatchSummary
 from api.http.state.listing import MAX_TAGS, TAG_PATTERN
 from api.http.state.runs import RunSummary

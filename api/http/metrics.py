@@ -19,7 +19,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from api.events import AgentEvent, ToolCallFinished, ToolCallStarted
+from api.conversation.events import AgentEvent, ToolCallFinished, ToolCallStarted
 from api.http.recent_calls import RecentCalls
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST

@@ -12,7 +12,7 @@ import copy
 from typing import Any
 
 from api.batch.items import ItemLimits
-from api.fleet import Fleet
+from api.calls.fleet import Fleet
 
 #: (component, property, which names): the tool lists of the request bodies.
 TOOL_LISTS = (

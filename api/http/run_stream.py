@@ -8,8 +8,14 @@ import contextlib
 from collections.abc import AsyncGenerator
 from typing import cast
 
-from api.agent import Agent
-from api.events import AgentEvent, FinalAnswer, ToolCallFinished, ToolCallStarted, event_to_dict
+from api.conversation.agent import Agent
+from api.conversation.events import (
+    AgentEvent,
+    FinalAnswer,
+    ToolCallFinished,
+    ToolCallStarted,
+    event_to_dict,
+)
 from api.http.state.runs import RunStore
 
 

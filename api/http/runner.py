@@ -26,24 +26,24 @@ from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
-from api.agent import Agent, AgentOptions
 from api.agents.client import ConversationClient, NoAgentsError
 from api.agents.messages import RunEnd
 from api.batch.items import BatchItem
 from api.batch.runner import process_name, run_item, run_items
 from api.batch.tag import batch_run_id, batch_tag
-from api.dispatch import Dispatcher
-from api.fleet import CachedFleet, Fleet, load_fleet
+from api.calls.dispatch import Dispatcher
+from api.calls.fleet import CachedFleet, Fleet, load_fleet
+from api.conversation.agent import Agent, AgentOptions
+from api.conversation.placement import AgentsPool, place
 from api.http.cancels import watch_cancels
 from api.http.metrics import ApiMetrics
 from api.http.run_stream import stream_into_run
 from api.http.state.batches import BatchStatus
 from api.http.state.runs import CANCELLED_ERROR
 from api.http.state.store import ApiStore
-from api.images.environment import ImageUnavailable
-from api.llm import ChatModel, ModelError
-from api.logs import log_context
-from api.placement import AgentsPool, place
+from api.model.client import ChatModel, ModelError
+from api.process.logs import log_context
+from api.runs.environment import ImageUnavailable
 from api.settings import OrchestratorSettings
 from worker.contract.batch_record import BatchRecord
 

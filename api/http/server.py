@@ -15,7 +15,7 @@ from types import FrameType
 from typing import NoReturn
 
 from api.http.tenants import Tenants, TokensFileError
-from api.listening import listen
+from api.process.listening import listen
 from api.settings import OrchestratorSettings, get_settings
 
 log = logging.getLogger(__name__)
@@ -58,10 +58,10 @@ def _serve_on(
     # Imported once the port is ours (see the module's docstring).
     import uvicorn
 
-    from api.connections import FleetUnreachableError, check_connections
     from api.http.app import create_app
     from api.local.stack import LocalStackError, fleet_for
-    from api.logs import configure_logging
+    from api.process.connections import FleetUnreachableError, check_connections
+    from api.process.logs import configure_logging
 
     configure_logging(settings)
     if settings.local_mode:

@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 from fastapi import Depends, HTTPException, Request
 from redis.exceptions import RedisError
 
-from api.fleet import Fleet
+from api.calls.fleet import Fleet
 from api.http.event_hub import EventHub
 from api.http.metrics import ApiMetrics
 from api.http.runner import RunExecutor

@@ -1,2 +1,3 @@
-"""A run's image, from the orchestrator's side: the run's container started on a sandbox worker
-(``environment``), and the run's calls kept on that worker's queue (``pins``)."""
+"""What a run says of its image (``fields``) and where a run may take it from (``sources``);
+the run's container is started by ``api.runs.environment``, its calls pinned by
+``api.calls.pins``."""

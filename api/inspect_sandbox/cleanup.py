@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from api.inspect_sandbox.link import FleetLink
 from api.inspect_sandbox.owners import RUN_PREFIX, live_owners, new_run_id, owner_of
-from api.run_workspace import FileProblemError, RunWorkspace, ServiceCallError
+from api.runs.workspace import FileProblemError, RunWorkspace, ServiceCallError
 
 
 @dataclass

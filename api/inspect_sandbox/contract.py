@@ -15,7 +15,7 @@ from inspect_ai.util import (
 )
 from inspect_ai.util._sandbox.events import SandboxTimeoutError
 
-from api.run_workspace import CommandResult, FileProblemError, ServiceCallError
+from api.runs.workspace import CommandResult, FileProblemError, ServiceCallError
 from worker.contract.errors import ToolqError
 
 #: Call failures that mean the sandbox could not be reached, not that the operation failed.

@@ -27,14 +27,14 @@ from inspect_ai.util import (
 )
 from pydantic import BaseModel
 
-from api.images.environment import ImageUnavailable, RunEnvironment
 from api.inspect_sandbox.cleanup import clean_up
 from api.inspect_sandbox.contract import call_error, exec_outcome, file_error
 from api.inspect_sandbox.image_config import CONFIG_FILES, ToolqSandboxConfig, sandbox_config
 from api.inspect_sandbox.link import LINK
 from api.inspect_sandbox.outside import SHELL, read_outside, write_outside
 from api.inspect_sandbox.owners import new_run_id
-from api.run_workspace import (
+from api.runs.environment import ImageUnavailable, RunEnvironment
+from api.runs.workspace import (
     FileProblemError,
     RunWorkspace,
     ServiceCallError,

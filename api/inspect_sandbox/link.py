@@ -18,8 +18,8 @@ import threading
 
 import anyio
 
-from api.dispatch import Dispatcher
-from api.fleet import Fleet, load_fleet
+from api.calls.dispatch import Dispatcher
+from api.calls.fleet import Fleet, load_fleet
 from api.inspect_sandbox.owners import EvalOwner
 from api.local.stack import fleet_for
 from api.settings import OrchestratorSettings

@@ -14,7 +14,7 @@ import base64
 import errno
 
 from api.inspect_sandbox.contract import file_error
-from api.run_workspace import CommandResult, FileProblemError, RunWorkspace
+from api.runs.workspace import CommandResult, FileProblemError, RunWorkspace
 
 SHELL = "/bin/sh"
 #: The exit codes of the scripts below, each standing for the exception it is turned into.

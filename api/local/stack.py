@@ -24,9 +24,9 @@ from pathlib import Path
 
 import redis
 
-from api.background import Background
 from api.local.children import spawn
 from api.local.leftovers import FOLDER_PREFIX, StackRecorder, clear_leftovers
+from api.process.background import Background
 from api.settings import OrchestratorSettings
 from worker.contract.errors import ToolqError
 from worker.contract.fleet_secret import SECRET_SETTING, fleet_secret

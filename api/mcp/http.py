@@ -24,8 +24,8 @@ from starlette.datastructures import Headers, QueryParams
 from starlette.requests import Request
 from starlette.types import Message, Receive, Scope, Send
 
-from api.dispatch import Dispatcher
-from api.fleet import Fleet
+from api.calls.dispatch import Dispatcher
+from api.calls.fleet import Fleet
 from api.http.tenant_caps import MCP_SESSIONS, CapReached, Holding, TenantCaps
 from api.images.sources import tenant_vet
 from api.mcp.server import (
@@ -44,7 +44,7 @@ from api.mcp.tenancy import (
     refusal,
     tenant_of,
 )
-from api.run_workspace import calls_end_within_s
+from api.runs.workspace import calls_end_within_s
 from api.settings import OrchestratorSettings
 from worker.contract.image_errors import ImageError
 from worker.contract.image_reference import parse_reference

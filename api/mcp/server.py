@@ -24,12 +24,12 @@ from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from redis.exceptions import RedisError
 
-from api.dispatch import Dispatcher
-from api.fleet import Fleet, NoWorkersError
-from api.images.environment import ImageUnavailable, ImageVet, RunEnvironment
-from api.logs import log_context
-from api.run_tools import RunTools
-from api.run_workspace import FileProblemError, RunWorkspace, ServiceCallError
+from api.calls.dispatch import Dispatcher
+from api.calls.fleet import Fleet, NoWorkersError
+from api.calls.run_tools import RunTools
+from api.process.logs import log_context
+from api.runs.environment import ImageUnavailable, ImageVet, RunEnvironment
+from api.runs.workspace import FileProblemError, RunWorkspace, ServiceCallError
 from worker.contract.wire import ToolContextSnapshot
 
 log = logging.getLogger(__name__)

@@ -16,8 +16,8 @@ import anyio
 from kombu.utils.url import maybe_sanitize_url
 from mcp.server.stdio import stdio_server
 
-from api.dispatch import Dispatcher
-from api.fleet import Fleet, NoWorkersError, load_fleet
+from api.calls.dispatch import Dispatcher
+from api.calls.fleet import Fleet, NoWorkersError, load_fleet
 from api.local.stack import LocalStackError, fleet_for
 from api.mcp.server import SessionRuns, ToolChoice, fleet_mcp_server
 from api.settings import OrchestratorSettings
@@ -30,7 +30,7 @@ STDIO_SESSION = "stdio"
 def serve_stdio(settings: OrchestratorSettings, choice: ToolChoice) -> int:
     """Serve until the client closes stdin; 1 when there is no fleet or a tool asked for is not
     served (said on stderr, before anything is read from stdin)."""
-    from api.logs import configure_logging
+    from api.process.logs import configure_logging
 
     configure_logging(settings)
     # A client that closes our stdin waits a moment, then sends SIGTERM: as an exception it

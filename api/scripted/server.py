@@ -26,8 +26,8 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import Receive, Scope, Send
 
-from api.background import Background
-from api.listening import listen
+from api.process.background import Background
+from api.process.listening import listen
 from api.scripted.script import (
     DEFAULT_SCRIPT_PATH,
     SHIPPED_SCRIPTS_DIR,

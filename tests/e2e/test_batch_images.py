@@ -15,9 +15,9 @@ import mcp_types as types
 import pytest
 from mcp import Client, StdioServerParameters
 
-from api.agent import Agent, AgentOptions
-from api.llm import model_client
+from api.conversation.agent import Agent, AgentOptions
 from api.local.stack import worker_environment
+from api.model.client import model_client
 from api.scripted.server import ScriptedServer
 from tests.conftest import (
     WorkerFleet,

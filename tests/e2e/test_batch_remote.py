@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import redis
 
-from api.fleet import live_workers
+from api.calls.fleet import live_workers
 from api.local.stack import worker_argv, worker_environment
 from tests.conftest import RedisServer, fleet_settings, scripted_server, wait_for
 from tests.e2e.test_batch_cli import run_batch, write_items

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from api.fleet import read_manifest
+from api.calls.fleet import read_manifest
 from api.local.stack import free_port, worker_environment
 from api.scripted.script import Script
 from api.scripted.server import ScriptedServer

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from api.dispatch import Dispatcher
+from api.calls.dispatch import Dispatcher
 from api.local.stack import LocalStack, free_port, worker_environment
 from api.scripted.script import Script
 from api.scripted.server import ScriptedServer

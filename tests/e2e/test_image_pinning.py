@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from api.dispatch import Dispatcher
-from api.fleet import load_fleet
-from api.images.environment import RunEnvironment
-from api.run_workspace import RunWorkspace, ServiceCallError
+from api.calls.dispatch import Dispatcher
+from api.calls.fleet import load_fleet
+from api.runs.environment import RunEnvironment
+from api.runs.workspace import RunWorkspace, ServiceCallError
 from tests.conftest import WorkerFleet, wait_for
 from tests.worker.images.builders import Images, built_or_skip
 from tests.worker.images.builders import image_fleet as fleet_of_images

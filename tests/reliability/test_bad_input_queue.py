@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from api.dispatch import Dispatcher
+from api.calls.dispatch import Dispatcher
 from tests.conftest import REPO, Caller
 from tests.reliability.conftest import Stack, start_stack
 from tests.reliability.report import Counts, Report, Row

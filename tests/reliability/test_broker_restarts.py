@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from api.dispatch import Dispatcher
+from api.calls.dispatch import Dispatcher
 from tests.conftest import Caller, until
 from tests.reliability.conftest import start_stack
 from worker.contract.wire import ToolCallResult

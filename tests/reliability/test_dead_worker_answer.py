@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from api.dispatch import Dispatcher
+from api.calls.dispatch import Dispatcher
 from tests.conftest import Caller, RedisServer, wait_for
 from tests.reliability.conftest import alive, find_process
 from tests.reliability.test_deaf_workers import LoneWorker, lone_worker, settings_for  # noqa: F401

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 import redis
 
-from api.dispatch import Dispatcher
-from api.fleet import live_workers
+from api.calls.dispatch import Dispatcher
+from api.calls.fleet import live_workers
 from api.local.stack import worker_argv, worker_environment
 from tests.conftest import Caller, RedisServer, fleet_settings, start_logged, wait_for
 from tests.plugins.faulty_consumer import STOP_HANGS_VARIABLE

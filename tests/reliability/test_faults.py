@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from api.dispatch import Dispatcher
+from api.calls.dispatch import Dispatcher
 from api.local.stack import worker_environment
 from api.scripted.server import ScriptedServer
 from tests.conftest import Caller, StartModel, WorkerFleet, wait_for
@@ -396,12 +396,11 @@ async def test_a_redis_restart_mid_batch_loses_no_call_and_runs_none_twice(
     if blamed and not worker_deaths:
         report.gap(
             "After a Redis restart, `no_answer` blames workers that are there",
-            "api/call_watch.py `_not_started_why` says 'no worker is serving the … queue' when "
-            "it finds "
-            "no heartbeat key, but a restarted Redis has none until each worker's next "
-            f"heartbeat (worker/manifest.py, every {HEARTBEAT_INTERVAL_S:g} s): {blamed} calls "
-            "in the restart test were told so while both workers were alive. Saying 'no worker "
-            "has announced itself since the store restarted (or none is serving)' when the "
+            "api/calls/call_watch.py `_not_started_why` says 'no worker is serving the … queue' "
+            "when it finds no heartbeat key, but a restarted Redis has none until each worker's "
+            f"next heartbeat (worker/manifest.py, every {HEARTBEAT_INTERVAL_S:g} s): {blamed} "
+            "calls in the restart test were told so while both workers were alive. Saying 'no "
+            "worker has announced itself since the store restarted (or none is serving)' when the "
             "store's uptime is shorter than the heartbeat TTL would not mislead.",
         )
     # Measured here, asserted in test_deaf_workers.py: a worker serves on, or exits to be

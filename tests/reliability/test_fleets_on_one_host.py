@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import redis
 
-from api.dispatch import Dispatcher
+from api.calls.dispatch import Dispatcher
 from api.local.stack import worker_argv, worker_environment
 from tests.conftest import Caller, RedisServer, fleet_settings, start_logged, wait_for
 from tests.reliability.conftest import find_process

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from api.dispatch import Dispatcher
+from api.calls.dispatch import Dispatcher
 from tests.conftest import Caller, wait_for
 from tests.reliability.conftest import Stack, alive, find_process, processes, start_stack
 from tests.reliability.report import Counts, Report

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from api.dispatch import Dispatcher
+from api.calls.dispatch import Dispatcher
 from tests.conftest import Caller, until
 from tests.host_sysctls import host_is_hardened, host_sysctls_restored
 from tests.reliability.conftest import Run, Stack, pids_with, start_stack

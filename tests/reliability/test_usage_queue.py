@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from api.dispatch import Dispatcher
+from api.calls.dispatch import Dispatcher
 from tests.conftest import Caller, wait_for
 from tests.reliability.conftest import Stack, start_stack
 from tests.reliability.report import Counts, Report

@@ -12,7 +12,7 @@ from typing import Any
 import fakeredis
 import pytest
 
-from api.dispatch import Dispatcher
+from api.calls.dispatch import Dispatcher
 from tests.worker.conftest import REPLY, replies, request, worker_settings
 from worker.contract.keys import keys
 from worker.contract.limits import cap_text

@@ -14,7 +14,7 @@ import pytest
 import redis
 from kombu import Connection, Exchange, Producer
 
-from api.fleet import live_workers, read_manifest
+from api.calls.fleet import live_workers, read_manifest
 from tests.conftest import Caller, WorkerFleet, wait_for
 from tests.plugins.probe_tools import AREA_PARAMETERS
 from tests.worker.conftest import BUILT_INS
@@ -207,7 +207,7 @@ async def test_a_redelivered_call_that_finished_is_not_run_again(call: Caller) -
 
 
 async def test_a_queue_without_workers_answers_no_answer(redis_server: object) -> None:
-    from api.dispatch import Dispatcher
+    from api.calls.dispatch import Dispatcher
     from tests.conftest import fleet_settings
 
     url = redis_server.url.rsplit("/", 1)[0] + "/5"  # type: ignore[attr-defined]
@@ -245,7 +245,7 @@ def own_fleet(redis_server: object, tmp_path: Path) -> Iterator[WorkerFleet]:
 async def test_a_worker_killed_mid_call(
     own_fleet: WorkerFleet, tool: str, expected_runs: int
 ) -> None:
-    from api.dispatch import Dispatcher
+    from api.calls.dispatch import Dispatcher
 
     async with Dispatcher(own_fleet.settings) as dispatcher:
         caller = Caller(dispatcher, own_fleet.settings, f"run-kill-{tool}")
@@ -263,7 +263,7 @@ async def test_a_worker_killed_mid_call(
 
 
 async def test_workers_survive_a_broker_restart(tmp_path: Path) -> None:
-    from api.dispatch import Dispatcher
+    from api.calls.dispatch import Dispatcher
     from tests.conftest import RedisServer, fleet_settings
 
     server = RedisServer(tmp_path)
@@ -284,7 +284,7 @@ async def test_workers_survive_a_broker_restart(tmp_path: Path) -> None:
 
 
 async def test_a_local_stack_starts_a_worker_again_after_it_exits(own_fleet: WorkerFleet) -> None:
-    from api.dispatch import Dispatcher
+    from api.calls.dispatch import Dispatcher
 
     first = own_fleet.worker_pids("tools")[0]
     os.kill(first, signal.SIGKILL)
@@ -297,7 +297,7 @@ async def test_a_local_stack_starts_a_worker_again_after_it_exits(own_fleet: Wor
 async def test_a_worker_on_a_workspace_root_not_made_yet_serves_and_prunes(
     tmp_path: Path,
 ) -> None:
-    from api.dispatch import Dispatcher
+    from api.calls.dispatch import Dispatcher
     from tests.conftest import RedisServer, fleet_settings
 
     server = RedisServer(tmp_path)

@@ -14,7 +14,7 @@ import fakeredis
 import pytest
 import redis
 
-from api.dispatch import Dispatcher
+from api.calls.dispatch import Dispatcher
 from tests.conftest import Caller, RedisServer, WorkerFleet, fleet_settings
 from tests.worker.conftest import assert_cut_short, request, worker_settings
 from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES

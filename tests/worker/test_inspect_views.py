@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from api.dispatch import Dispatcher
+from api.calls.dispatch import Dispatcher
 from api.local.stack import worker_environment
 from tests.conftest import WorkerFleet, orchestrator_settings, tool_spec, until
 from worker.contract.fleet_secret import fleet_secret

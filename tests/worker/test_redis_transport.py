@@ -11,7 +11,7 @@ from kombu import Connection, Exchange, Queue
 from kombu.common import ignore_errors
 
 from api.agents.app import agents_config
-from api.broker import producer_app, producer_config
+from api.calls.broker import producer_app, producer_config
 from api.settings import OrchestratorSettings
 from tests.conftest import RedisServer
 from worker.app import celery_config, create_celery_app

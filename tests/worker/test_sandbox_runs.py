@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from api.dispatch import Dispatcher
+from api.calls.dispatch import Dispatcher
 from api.local.stack import worker_argv, worker_environment
 from tests.conftest import Caller, RedisServer, WorkerFleet, fleet_settings, wait_for
 from tests.worker.conftest import run_in_workspace, sandbox_worker_start

@@ -10,7 +10,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from api.batch.summary import ItemSummary
-from api.fleet import Fleet
+from api.calls.fleet import Fleet
 from api.http.services import Services, read_queue_depths
 from api.http.sse import run_event_stream
 from api.http.state.batches import ScoredBatch

@@ -22,7 +22,7 @@ from fastapi import FastAPI
 from api.http.viewer.results_file import ResultsFileSource, results_path_problem
 from api.http.viewer.routes import mount_viewer
 from api.http.viewer.viewer import Viewer
-from api.listening import listen
+from api.process.listening import listen
 
 HOST = "127.0.0.1"
 

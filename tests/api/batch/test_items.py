@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from api.batch.items import BatchItem, ItemLimits, parse_item, scan_input
-from api.fleet import Fleet
+from api.calls.fleet import Fleet
 from api.settings import OrchestratorSettings
 from tests.api.batch.conftest import write_lines
 from tests.conftest import tool_spec

@@ -19,10 +19,10 @@ from api.batch.items import BatchItem, scan_input
 from api.batch.results import ResultLog
 from api.batch.runner import run_item, run_items
 from api.batch.tag import batch_run_id, batch_tag_for_output
-from api.dispatch import Dispatcher
-from api.fleet import Fleet
-from api.llm import ChatModel, ModelError, ModelToolCall, ModelTurn, RetryPolicy, Usage
-from api.logs import current_context
+from api.calls.dispatch import Dispatcher
+from api.calls.fleet import Fleet
+from api.model.client import ChatModel, ModelError, ModelToolCall, ModelTurn, RetryPolicy, Usage
+from api.process.logs import current_context
 from api.settings import OrchestratorSettings
 from tests.api.batch.conftest import record, write_lines
 from worker.contract.batch_record import BatchRecord

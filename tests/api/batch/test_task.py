@@ -17,10 +17,10 @@ import pytest
 from api.batch.items import BatchItem
 from api.batch.runner import run_item
 from api.batch.task import check_verdict, target_verdict
-from api.dispatch import Dispatcher
-from api.fleet import Fleet
-from api.llm import ChatModel, ModelTurn, RetryPolicy, Usage
-from api.run_workspace import CommandResult
+from api.calls.dispatch import Dispatcher
+from api.calls.fleet import Fleet
+from api.model.client import ChatModel, ModelTurn, RetryPolicy, Usage
+from api.runs.workspace import CommandResult
 from api.settings import OrchestratorSettings
 from tests.conftest import tool_spec
 from worker.contract.wire import ToolCallResult, ToolSpec, WorkerInfo

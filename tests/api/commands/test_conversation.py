@@ -7,8 +7,8 @@ import io
 import pytest
 from rich.console import Console
 
-from api import events
 from api.commands.conversation import render_event, run_conversation
+from api.conversation import events
 
 
 def rendered(*shown: events.AgentEvent) -> str:

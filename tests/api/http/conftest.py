@@ -19,9 +19,9 @@ import pytest
 import redis.asyncio as aioredis
 from fastapi import FastAPI
 
-from api.agent import AgentOptions
 from api.batch.items import BatchItem
-from api.fleet import Fleet
+from api.calls.fleet import Fleet
+from api.conversation.agent import AgentOptions
 from api.http.app import create_app
 from api.http.runner import BatchSubmission, OnEnd
 from api.scripted.server import ScriptedServer

@@ -5,7 +5,7 @@ from __future__ import annotations
 import fakeredis
 import httpx
 
-from api.fleet import Fleet
+from api.calls.fleet import Fleet
 from api.http.app import create_app
 from tests.api.http.conftest import StubExecutor, api_settings, fake_redis, serving
 

@@ -20,7 +20,7 @@ from openai import AsyncOpenAI
 
 from api.http import sse
 from api.http.app import create_app
-from api.llm import ChatModel, RetryPolicy
+from api.model.client import ChatModel, RetryPolicy
 from api.scripted.server import ScriptedServer
 from tests.api.http.conftest import TOKEN
 from tests.api.http.serving import Replica, served_in_thread

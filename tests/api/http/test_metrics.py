@@ -9,7 +9,13 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.events import AgentEvent, FinalAnswer, TextDelta, ToolCallFinished, ToolCallStarted
+from api.conversation.events import (
+    AgentEvent,
+    FinalAnswer,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+)
 from api.http.app import create_app
 from api.http.metrics import ApiMetrics, default_metrics, record_event
 from api.settings import OrchestratorSettings

@@ -6,7 +6,7 @@ from typing import Any
 
 import httpx
 
-from api.fleet import Fleet
+from api.calls.fleet import Fleet
 from api.http.openapi import with_fleet_tools
 from tests.api.http.conftest import FLEET
 

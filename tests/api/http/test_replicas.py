@@ -13,7 +13,7 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.agents.messages import ConversationResult
-from api.fleet import FLEET_TTL_S
+from api.calls.fleet import FLEET_TTL_S
 from api.http.runner import SHUTDOWN_ERROR
 from api.scripted.server import ScriptedServer
 from tests.api.http.serving import Replica, serve_environment, two_replicas

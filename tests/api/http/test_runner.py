@@ -17,12 +17,12 @@ from fastapi import FastAPI
 from openai import AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.dispatch import Dispatcher
+from api.calls.dispatch import Dispatcher
 from api.http.app import create_app
 from api.http.metrics import ApiMetrics
 from api.http.runner import SHUTDOWN_ERROR, AgentExecutor, RunExecutor, RunExecutorFactory
 from api.http.state.store import ApiStore
-from api.llm import ChatModel, RetryPolicy
+from api.model.client import ChatModel, RetryPolicy
 from api.scripted.server import ScriptedServer
 from api.settings import OrchestratorSettings
 from tests.api.http.conftest import (

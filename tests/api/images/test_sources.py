@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from api.http.app import create_app
-from api.images.environment import ImageUnavailable, RunEnvironment
 from api.images.sources import is_public, tenant_image_refusal
+from api.runs.environment import ImageUnavailable, RunEnvironment
 from tests.api.http.conftest import FLEET, StubExecutor, api_settings, fake_redis, serving
 from worker.contract.image_sources import ImageSources
 

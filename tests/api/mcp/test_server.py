@@ -13,7 +13,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from api.fleet import read_manifest
+from api.calls.fleet import read_manifest
 from tests.api.mcp.conftest import (
     AUTH,
     Connect,

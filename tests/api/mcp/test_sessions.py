@@ -6,8 +6,8 @@ from typing import cast
 
 import pytest
 
-from api.dispatch import Dispatcher
-from api.fleet import Fleet, NoWorkersError
+from api.calls.dispatch import Dispatcher
+from api.calls.fleet import Fleet, NoWorkersError
 from api.mcp.server import SessionRuns, ToolChoice
 from tests.api.http.conftest import FLEET
 

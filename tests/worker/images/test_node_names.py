@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from api.dispatch import Dispatcher
+from api.calls.dispatch import Dispatcher
 from api.local.stack import worker_argv, worker_environment
 from tests.conftest import Caller, RedisServer, fleet_settings, wait_for
 from worker.contract.keys import keys

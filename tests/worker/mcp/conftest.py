@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from api.dispatch import Dispatcher
+from api.calls.dispatch import Dispatcher
 from api.local.stack import LocalStack
 from tests.conftest import REPO, Caller, RedisServer, fleet_settings
 from worker.contract.settings import WorkerSettings

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import redis
 
-from api.fleet import live_workers, read_manifest
+from api.calls.fleet import live_workers, read_manifest
 from tests.conftest import Caller, wait_for
 from tests.worker.mcp.conftest import McpFleet
 from worker.contract.wire import ToolCallResult

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from api.dispatch import Dispatcher
+from api.calls.dispatch import Dispatcher
 from tests.conftest import Caller, WorkerFleet, wait_for
 from tests.worker.sessions.helpers import (
     alive,

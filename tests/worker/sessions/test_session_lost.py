@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from api.dispatch import Dispatcher
+from api.calls.dispatch import Dispatcher
 from tests.conftest import Caller, RedisServer, wait_for
 from tests.reliability.test_deaf_workers import LoneWorker, lone_worker, settings_for  # noqa: F401
 from tests.worker.sessions.helpers import alive, holder_pids, processes_with, session, token
