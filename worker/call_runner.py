@@ -222,6 +222,7 @@ class CallRunner:
             truncated=truncated,
             worker=self.worker_name,
             usage=runtime.usage,
+            holder=runtime.holder,
         )
 
     def _refusal(

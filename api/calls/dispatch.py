@@ -31,6 +31,7 @@ from api.calls.broker import producer_app
 from api.calls.call_watch import CallWatch, InFlight
 from api.calls.pins import RunPins
 from api.calls.publishing import SEND_BATCH, CallPublisher
+from api.calls.session_pins import SessionPins
 from worker.contract.deadlines import limited_request
 from worker.contract.jobs.replies import RECONNECT, ReplyReader
 from worker.contract.keys import keys
@@ -86,6 +87,8 @@ class Dispatcher:
         self._closing = False
         #: The runs whose sandbox calls go to the worker holding their container.
         self.pins = RunPins()
+        #: The runs whose sandbox calls go to the worker holding their shell sessions.
+        self.session_pins = SessionPins()
 
     @property
     def redis(self) -> aioredis.Redis:
@@ -160,8 +163,16 @@ class Dispatcher:
     async def call(self, request: ToolCallRequest, pool: str) -> ToolCallResult:
         """Send one call and wait for its answer until its deadline; never raises for failures.
         A sandbox call of a run with an image goes to the worker that holds the run's container
-        (``api.calls.pins``)."""
-        return await self.pins.call(request, pool, self._send_and_wait, self._redis)
+        (``api.calls.pins``); one of a run with shell sessions, to the worker that holds them
+        (``api.calls.session_pins``)."""
+        if self.pins.get(request.run_id) is None:
+            placed = await self.session_pins.place(request, pool, self._redis)
+            if isinstance(placed, ToolCallResult):
+                return placed
+            request, pool = placed
+        result = await self.pins.call(request, pool, self._send_and_wait, self._redis)
+        self.session_pins.settle(request, result)
+        return result
 
     async def _send_and_wait(self, request: ToolCallRequest, pool: str) -> ToolCallResult:
         if not self._replies.started:

@@ -196,6 +196,12 @@ class ToolCallResult(BaseModel):
     truncated: bool = False
     worker: str | None = Field(None, description="hostname:pid of the process that ran it.")
     usage: ResourceUsage | None = Field(None, description="What a command used (run_bash).")
+    holder: str | None = Field(
+        None,
+        description="The queue of the sandbox worker that holds the run's shell sessions "
+        "(bash_session): the run's next sandbox calls go there, as an image run's go to its "
+        "container's worker.",
+    )
     seal: str | None = Field(
         None,
         description="HMAC-SHA256 of the rest of the answer under the call's own key, derived "

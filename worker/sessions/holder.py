@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from worker.contract.network import NetworkPolicy
 from worker.sandbox import SandboxConfig, SandboxError, run_sandboxed
 from worker.sandbox.layers import plan_for
 from worker.sessions.records import SessionRecord
@@ -78,6 +79,9 @@ class HolderSpec:
     #: The worker's main process: the holder ends when it does.
     watch_pid: int
     idle_s: float
+    #: The run's network (``worker.egress``), its proxy served by the holder for the shell's
+    #: whole life; None: loopback alone.
+    network: NetworkPolicy | None = None
 
 
 class Holder:
@@ -139,6 +143,7 @@ class Holder:
                 timeout_ms=LIFETIME_MS,
                 config=self._spec.config,
                 identity=self._spec.identity,
+                network=self._spec.network,
             )
             log.info("the shell ended: exit %s", result.exit_code)
         except SandboxError as exc:

@@ -18,7 +18,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from worker.contract.network import NetworkPolicy
 from worker.contract.session_errors import RESTART_HINT, SessionEnded, SessionLost
+from worker.images.owner import current_owner
 from worker.sandbox import SandboxConfig
 from worker.sessions.holder import START_BOUND_S, HolderSpec, forget_files
 from worker.sessions.records import SessionRecord
@@ -34,16 +36,9 @@ _STARTING_S = 30.0
 
 
 def worker_main_pid() -> int:
-    """The worker process whose end ends a session: a Celery pool process's parent (the
-    worker itself), else this process."""
-    try:
-        import billiard.process
-
-        if billiard.process.current_process().name.startswith("ForkPoolWorker"):
-            return os.getppid()
-    except ImportError:  # pragma: no cover - billiard comes with Celery
-        pass
-    return os.getpid()
+    """The worker process whose end ends a session: the Celery worker's main process (which
+    its pool processes inherit), else this process."""
+    return current_owner().pid
 
 
 def sessions_folder(config: SandboxConfig) -> Path:
@@ -56,8 +51,15 @@ def sessions_folder(config: SandboxConfig) -> Path:
 class RunSessions:
     """The sessions of the run whose workspace is ``home``."""
 
-    def __init__(self, config: SandboxConfig, home: Path, idle_s: float) -> None:
+    def __init__(
+        self,
+        config: SandboxConfig,
+        home: Path,
+        idle_s: float,
+        network: NetworkPolicy | None = None,
+    ) -> None:
         self._config = config
+        self._network = network
         self._home = home
         self._idle_s = idle_s
         key = hashlib.sha256(os.path.realpath(home).encode()).hexdigest()[:24]
@@ -163,6 +165,7 @@ class RunSessions:
                     identity=identity,
                     config=self._config,
                     watch_pid=worker_main_pid(),
+                    network=self._network,
                     idle_s=self._idle_s,
                 )
                 starter = subprocess.Popen(

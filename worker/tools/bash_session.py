@@ -16,12 +16,18 @@ from pydantic import BaseModel, Field, model_validator
 
 from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES, cap_in_words
 from worker.contract.settings import get_worker_settings
+from worker.images.owner import current_owner
 from worker.sandbox import SandboxConfig
 from worker.sessions.holders import MAX_SESSIONS_PER_RUN, RunSessions
 from worker.sessions.wire import Action, HolderAnswer, HolderRequest
 from worker.tools.bash import MAX_TIMEOUT_MS
 from worker.tools.interface import ExecutableTool, ToolArgs
-from worker.tools.runtime import admit_current_call, current_environment
+from worker.tools.runtime import (
+    admit_current_call,
+    current_environment,
+    current_network,
+    report_holder,
+)
 from worker.tools.workspace import Workspace
 
 #: How long a call waits for the prompt or for output when it gives no time.
@@ -116,7 +122,7 @@ class BashSessionTool(ExecutableTool):
 
     def sessions(self) -> RunSessions:
         """The sessions of the call's run."""
-        return RunSessions(self._config, self._workspace.root, self._idle_s)
+        return RunSessions(self._config, self._workspace.root, self._idle_s, current_network())
 
     def execute(self, args: dict[str, Any]) -> str:
         if current_environment() is not None:
@@ -128,6 +134,7 @@ class BashSessionTool(ExecutableTool):
         sessions = self.sessions()
         cwd, identity = self._workspace.root, self._workspace.owner
         admit_current_call()
+        report_holder(current_owner().queue)
         if action == "restart":
             sessions.restart(name, cwd=cwd, identity=identity)
             read = HolderRequest(action="read", wait_ms=timeout)

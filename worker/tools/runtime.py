@@ -27,6 +27,8 @@ class CallRuntime:
     workspace: Workspace
     context: ToolContextSnapshot
     usage: ResourceUsage | None = None
+    #: The queue of the worker holding the run's shell sessions, once a session call ran.
+    holder: str | None = None
     #: Waits until the call may start its effects, raising ``NotAdmitted`` if it may not (see
     #: ``admit_current_call``); None: nothing to wait for.
     admit: Callable[[], None] | None = None
@@ -85,6 +87,13 @@ def current_environment() -> str | None:
     or outside a worker's call."""
     runtime = _current.get(None)
     return None if runtime is None else runtime.environment
+
+
+def report_holder(queue: str) -> None:
+    """Tell the call's result which worker's queue holds the run's shell sessions."""
+    runtime = _current.get(None)
+    if runtime is not None:
+        runtime.holder = queue
 
 
 def report_usage(usage: ResourceUsage) -> None:

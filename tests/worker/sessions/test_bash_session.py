@@ -145,3 +145,12 @@ async def test_a_shell_that_exited_says_so_until_restarted(call: Caller) -> None
     assert ("exited" in answer or "ended" in answer) and "restart" in answer, answer
     assert (await session(call, "restart"))["running"] is False
     assert (await session(call, "type_submit", "echo hi"))["output"] == "hi\n"
+
+
+async def test_the_runs_calls_go_to_the_worker_holding_its_sessions(call: Caller) -> None:
+    first = await session_result(call, "type_submit", "echo $$")
+
+    assert first.holder is not None and first.holder.startswith("sandbox.")
+    assert call.dispatcher.session_pins.holder(call.run_id) == first.holder
+    again = await session_result(call, "type_submit", "echo $$")
+    assert again.output == first.output  # the same shell
