@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import json
 import os
 import resource
@@ -31,6 +32,8 @@ from bench.orchestrator import install_probes
 from bench.probes import CpuProbe
 
 MODEL = "scripted"
+#: Names a file to write a cProfile of the run to (its pid appended), for looking into its CPU.
+PROFILE_ENV = "BENCH_PROFILE_OUT"
 #: The orchestrator's CPU in making a run's agent (its tools, its registry): a run's start here.
 RUN_START_PROBE = "run start: Agent made (its tools)"
 
@@ -92,8 +95,17 @@ def main() -> None:
     parser.add_argument("--llm", required=True, help="OpenAI base URL of the scripted model")
     parser.add_argument("--items", type=int, required=True)
     args = parser.parse_args()
+    # Where a profile of the run is written (cProfile's format), when asked for.
+    profile_to = os.environ.get(PROFILE_ENV)
+    profiler = cProfile.Profile(time.process_time) if profile_to else None
     with tuned_for_many_conversations():  # as `toolq batch` runs its conversations
-        print(json.dumps(asyncio.run(run_all(args.llm, args.items))))
+        if profiler is not None:
+            profiler.enable()
+        figures = asyncio.run(run_all(args.llm, args.items))
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(f"{profile_to}.{os.getpid()}")
+    print(json.dumps(figures))
 
 
 if __name__ == "__main__":

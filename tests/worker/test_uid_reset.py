@@ -103,6 +103,25 @@ def test_a_reset_uid_keeps_nothing_its_last_run_left() -> None:
         reset_uid(uid)
 
 
+def test_a_uid_whose_processes_are_all_gone_still_loses_all_they_left() -> None:
+    # The run's last process exited before its workspace went: the reset finds no process to
+    # end, and must still leave nothing of the uid's behind.
+    uid = _free_uid()
+    planted = _as(uid, PLANT, SECRET, secrets.token_hex(4))
+    assert planted.returncode == 0, planted.stderr
+    files = planted.stdout.split()
+    try:
+        assert _sysv_of(uid) == ["shm", "msg"]
+
+        assert reset_uid(uid) == []
+
+        assert _as(uid, FIND_KEYS).stdout.strip() == "[]"
+        assert _sysv_of(uid) == []
+        assert [path for path in files if os.path.lexists(path)] == []
+    finally:
+        reset_uid(uid)
+
+
 def test_a_uid_that_cannot_be_shown_clean_is_kept_aside(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

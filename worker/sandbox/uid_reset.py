@@ -38,33 +38,51 @@ RESET_BOUND_S = 5.0
 def reset_uid(
     uid: int, *, end_processes: bool = True, deadline_s: float = RESET_BOUND_S
 ) -> list[str]:
-    """Remove what ``uid`` left in this worker's namespaces and on this host, then look again;
-    returns what is still there (empty: nothing of the uid is left). ``end_processes``: its
-    processes are ended and counted too."""
+    """Remove what ``uid`` left in this worker's namespaces and on this host, then look again
+    (where a process of the uid could have made something meanwhile); returns what is still
+    there (empty: nothing of the uid is left). ``end_processes``: its processes are ended and
+    counted too."""
     deadline = time.monotonic() + deadline_s
     # Processes first: a live one could make again what is removed after it.
-    while end_processes and _processes_of(uid) and time.monotonic() < deadline:
-        for pid in _processes_of(uid):
-            kill_checked(pid, owned_by(uid))
-        time.sleep(0.01)
+    ended = end_processes and _end_processes(uid, deadline)
     for kind, ident in _ipc_objects_of(uid):
         _remove_ipc(kind, ident)
-    for folder in WRITABLE_BY_ALL:
-        remove_owned(folder, uid)
+    kept = [f"{folder}/{name}" for folder in WRITABLE_BY_ALL for name in remove_owned(folder, uid)]
     keyrings_left = clear_uid_keyrings(uid)
     left: list[str] = []
-    if end_processes and (processes := _processes_of(uid)):
+    # Where processes were ended (or are not ours to end), one may have made something since:
+    # everything is looked at again. Where the uid had none, nothing of it can have come since
+    # (a process of a uid is made by another of it, or by a call of its run, and none runs as
+    # its workspace goes): what could not be removed is what is left.
+    look_again = ended or not end_processes
+    if ended and (processes := _processes_of(uid)):
         left.append(f"{len(processes)} process(es)")
     # A shared memory segment still attached goes with its last process, which was just killed.
     while (objects := _ipc_objects_of(uid)) and time.monotonic() < deadline:
         time.sleep(0.01)
     if objects:
         left.append(f"SysV IPC objects {', '.join(f'{kind} {ident}' for kind, ident in objects)}")
-    for folder in WRITABLE_BY_ALL:
-        left += [f"{folder}/{name}" for name in _owned_entries(folder, uid)]
+    if look_again:
+        kept = [
+            f"{folder}/{name}" for folder in WRITABLE_BY_ALL for name in _owned_entries(folder, uid)
+        ]
+    left += kept
     if keyrings_left is not None:
         left.append(keyrings_left)
     return left
+
+
+def _end_processes(uid: int, deadline: float) -> bool:
+    """End the processes of ``uid`` (until ``deadline``); whether it had any."""
+    found = _processes_of(uid)
+    if not found:
+        return False
+    while found and time.monotonic() < deadline:
+        for pid in found:
+            kill_checked(pid, owned_by(uid))
+        time.sleep(0.01)
+        found = _processes_of(uid)
+    return True
 
 
 def _processes_of(uid: int) -> list[int]:
@@ -118,12 +136,13 @@ def _owned_entries(folder: str, uid: int) -> list[str]:
     return []
 
 
-def remove_owned(folder: str, uid: int) -> None:
-    """Remove the entries of ``folder`` (not below) that ``uid`` owns, links never followed."""
+def remove_owned(folder: str, uid: int) -> list[str]:
+    """Remove the entries of ``folder`` (not below) that ``uid`` owns, links never followed;
+    the names of those that could not be removed."""
     try:
         dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        return
+        return []
     try:
         with os.scandir(dir_fd) as entries:
             owned = [
@@ -131,14 +150,20 @@ def remove_owned(folder: str, uid: int) -> None:
                 for entry in entries
                 if _owner(entry) == uid
             ]
+        kept: list[str] = []
         for name, is_dir in owned:
-            with contextlib.suppress(OSError):
+            try:
                 if is_dir:
                     shutil.rmtree(name, dir_fd=dir_fd)
                 else:
                     os.unlink(name, dir_fd=dir_fd)
+            except FileNotFoundError:
+                continue  # gone already
+            except OSError:
+                kept.append(name)
     finally:
         os.close(dir_fd)
+    return kept
 
 
 def _owner(entry: os.DirEntry[str]) -> int | None:
