@@ -2,7 +2,7 @@
 
 ```
 <cache>/boxes/<name>/record.json   what the box is (``BoxRecord``): run, image, owner, user
-<cache>/boxes/<name>/config.json   its OCI configuration; rootfs, lower, upper, work: its files
+<cache>/boxes/<name>/config.json   its OCI configuration; rootfs, upper, work: its files
 <cache>/boxes/<name>.lock          held while the box starts, runs a call, or ends
 ```
 
@@ -40,7 +40,7 @@ from worker.images.inside import (
 )
 from worker.images.locks import lock_by
 from worker.images.loopback import loopback_up
-from worker.images.mounts import MountError, host_id, mount_rootfs, remove_bundle
+from worker.images.mounts import MountError, host_id, image_view, mount_rootfs, remove_bundle
 from worker.images.owner import Owner, current_owner, process_alive
 from worker.images.rootfs import resolve_in_root
 from worker.images.runtime import OciRuntime, RuntimeFailed
@@ -249,17 +249,18 @@ class Boxes:
         settings = self.settings
         bundle = self.folder / name
         info = os.stat(workspace)
-        inside = box_user(image, cached, runtime, user)
         workdir = box_workdir(cached.record.workdir)
-        if workdir != DEFAULT_WORKDIR:
-            # The workspace is mounted over the image's WorkingDir: what the image has there
-            # comes into the workspace first, as into a new Docker volume.
-            seed_workspace(resolve_in_root(cached.rootfs, workdir), workspace, host_ids)
-        uids = id_maps(inside[0], host_ids[0], settings.id_block)
-        gids = id_maps(inside[1], host_ids[1], settings.id_block)
-        os.chown(bundle, host_id(uids, 0), host_id(gids, 0))
         try:
-            mount_rootfs(cached.rootfs, bundle, uids, gids)
+            with image_view(cached.layer_roots, bundle / "view") as view:
+                inside = box_user(image, cached, view, runtime, user)
+                if workdir != DEFAULT_WORKDIR:
+                    # The workspace is mounted over the image's WorkingDir: what the image has
+                    # there comes into the workspace first, as into a new Docker volume.
+                    seed_workspace(resolve_in_root(view, workdir), workspace, host_ids)
+            uids = id_maps(inside[0], host_ids[0], settings.id_block)
+            gids = id_maps(inside[1], host_ids[1], settings.id_block)
+            os.chown(bundle, host_id(uids, 0), host_id(gids, 0))
+            mount_rootfs(cached.layer_roots, bundle, uids, gids)
         except MountError as exc:
             raise ImageError(image, f"its root file system could not be mounted: {exc}") from None
         (bundle / "hosts").write_text(f"127.0.0.1\tlocalhost {name[:63]}\n::1\tlocalhost\n")

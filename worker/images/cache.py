@@ -1,22 +1,25 @@
-"""The image cache of a sandbox worker (``TOOLQ_IMAGE_CACHE``): each image unpacked once per
-host, by digest, shared by the worker's processes and bounded by ``TOOLQ_IMAGE_CACHE_BYTES``.
+"""The image cache of a sandbox worker (``TOOLQ_IMAGE_CACHE``): each layer unpacked once per
+host, by diff id, shared by the images that have it and by the worker's processes; bounded by
+``TOOLQ_IMAGE_CACHE_BYTES`` (every layer counted once).
 
 ```
-<cache>/images/<hex>/rootfs      the image's files, never written after unpacking
-<cache>/images/<hex>/image.json  what toolq keeps of it (``ImageRecord``)
+<cache>/images/<hex>/image.json  what toolq keeps of an image (``ImageRecord``): its layers
 <cache>/images/<hex>/used        touched when a container starts from it: the LRU clock
+<cache>/layers/<hex>/root        a layer's files, never written after (``layer_store``)
 <cache>/pulls/<hex>.lock         held while one process pulls that digest; the others wait
 <cache>/tags/<hex>.json          what a tag last resolved to, and when (``worker.images.tags``)
 <cache>/lock                     held while images are counted, claimed or evicted
 ```
 
-An image is pulled into a folder of its own under ``pulls/`` and renamed into place whole, so a
-process killed mid-pull leaves no half image (only a folder the next sweep removes). Before its
-layers are unpacked, what they unpack to is counted (``worker.images.layers``), stopping at the
-bound less the images containers use: an image past it is refused with nothing unpacked, saying
-which limit. When a new image does not fit, the least recently used images that no container
-uses are removed first; when even that is not enough the pull fails, saying the cache is full of
-images in use.
+An image is pulled into a folder of its own under ``pulls/``: only the layers the cache has not
+are unpacked there, and they and the image's record are moved into place together, under the
+cache's lock, so a process killed mid-pull leaves no half image (only a folder the next sweep
+removes). Before a layer is unpacked, what the new layers unpack to is counted
+(``worker.images.layers``), stopping at the bound less the layers of images containers use: an
+image past it is refused with nothing unpacked, saying which limit. When a new image does not
+fit, the least recently used images that no container uses are removed first, and with them the
+layers no other image has; when even that is not enough the pull fails, saying the cache is
+full of images in use.
 """
 
 from __future__ import annotations
@@ -31,11 +34,14 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from worker.contract.errors import ToolqError
 from worker.contract.image_errors import ImageError
 from worker.contract.image_reference import ImageReference
-from worker.images.fetch import Tools, image_config
+from worker.images.fetch import Tools, image_config, image_layers
+from worker.images.layer_store import LayerStore
 from worker.images.layers import TooLarge, readable_size, unpacked_bytes
 from worker.images.locks import lock_by
+from worker.images.mounts import image_view, unmount_below
 from worker.images.rootfs import has_shell
 from worker.images.tags import TagResolver
 
@@ -43,6 +49,8 @@ from worker.images.tags import TagResolver
 DEFAULT_TAG_TTL_S = 600.0
 #: Between two looks at a lock another process holds.
 _LOCK_POLL_S = 0.05
+#: How long a sweep waits for the cache's lock to remove unused layers.
+_COLLECT_WAIT_S = 1.0
 
 
 class ImageRecord(BaseModel):
@@ -55,18 +63,21 @@ class ImageRecord(BaseModel):
     env: list[str]
     user: str
     workdir: str
+    #: Its layers' diff ids, bottom first (none: a cache of before layers were shared).
+    layers: list[str] = []
 
 
 class CachedImage:
-    """An image in the cache: its record and its root file system."""
+    """An image in the cache: its record and its layers' files, bottom first."""
 
-    def __init__(self, folder: Path, record: ImageRecord) -> None:
+    def __init__(self, folder: Path, record: ImageRecord, layer_roots: list[Path]) -> None:
         self.folder = folder
         self.record = record
+        self.layer_roots = layer_roots
 
-    @property
-    def rootfs(self) -> Path:
-        return self.folder / "rootfs"
+
+class _LayerGone(ToolqError):
+    """A layer the pull counted on was removed (its last image evicted) before it was placed."""
 
 
 class ImageCache:
@@ -85,6 +96,7 @@ class ImageCache:
         self.bound = bound
         self.tools = tools
         self._in_use = in_use
+        self.layers = LayerStore(root)
         self.tags = TagResolver(root, tag_ttl_s, tools, self._present)
 
     def resolve(self, ref: ImageReference, deadline: float) -> str:
@@ -107,7 +119,7 @@ class ImageCache:
                 pulled = self._pull(ref, digest, deadline) or pulled
             with self.locked(deadline, ref):
                 image = self._load(digest)
-                if image is None:
+                if image is None or not self._present(digest):
                     continue  # evicted between the pull and the claim: pull again
                 (image.folder / "used").touch()
                 claim(image)
@@ -140,10 +152,13 @@ class ImageCache:
             lock = pulls / f"{entry.name.split('.', 1)[0]}.lock"
             try:
                 with _flock(lock, time.monotonic(), None, ""):
+                    unmount_below(entry)
                     shutil.rmtree(entry, ignore_errors=True)
                     removed += 1
             except ImageError:
                 continue  # a pull of that digest is under way
+        with contextlib.suppress(ImageError):  # the cache is busy: the next sweep collects
+            self.collect(time.monotonic() + _COLLECT_WAIT_S)
         _empty(self.root / "trash")
         return removed
 
@@ -158,56 +173,92 @@ class ImageCache:
             work = pulls / f"{hex_digest}.{uuid.uuid4().hex[:8]}"
             try:
                 work.mkdir()
-                self._unpack(ref, digest, work, deadline)
+                layout = work / "layout"
+                self.tools.copy(ref, digest, layout, deadline)
+                for attempt in range(3):
+                    try:
+                        self._unpack(ref, digest, layout, work / f"unpack-{attempt}", deadline)
+                        break
+                    except _LayerGone:
+                        continue
+                else:
+                    raise ImageError(ref.text, "the layers it shares kept being evicted")
             finally:
+                unmount_below(work)
                 shutil.rmtree(work, ignore_errors=True)
         return True
 
-    def _unpack(self, ref: ImageReference, digest: str, work: Path, deadline: float) -> None:
-        layout, bundle = work / "layout", work / "bundle"
-        self.tools.copy(ref, digest, layout, deadline)
-        self._check_fits(ref, layout, deadline)
-        self.tools.unpack(ref, layout, bundle, deadline)
+    def _unpack(
+        self, ref: ImageReference, digest: str, layout: Path, work: Path, deadline: float
+    ) -> None:
+        """Unpack the layers of ``layout`` the cache has not, then place them and the image's
+        record; ``_LayerGone`` when a layer it counted on was evicted meanwhile."""
         try:
+            layers = image_layers(layout)
             config = image_config(layout)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ImageError(ref.text, f"its configuration cannot be read: {exc}") from None
-        rootfs = bundle / "rootfs"
-        if not has_shell(rootfs):
-            raise ImageError(
-                ref.text,
-                "it has no /bin/sh, which every command of a run goes through "
-                "(use an image with a shell)",
-            )
-        record = ImageRecord(
-            digest=digest,
-            reference=ref.text,
-            size_bytes=disk_usage(rootfs),
-            env=[str(e) for e in config.get("Env") or []],
-            user=str(config.get("User") or ""),
-            workdir=str(config.get("WorkingDir") or ""),
-        )
-        image = work / "image"
-        image.mkdir()
-        rootfs.rename(image / "rootfs")
-        (image / "image.json").write_text(record.model_dump_json())
-        (image / "used").touch()
+        held = {layer.diff_id for layer in layers if self.layers.present(layer.diff_id)}
+        self._check_fits(ref, layout, held, deadline)
+        work.mkdir()
+        unpacked: dict[str, tuple[Path, int]] = {}
+        roots = []
+        for number, layer in enumerate(layers, 1):
+            if layer.diff_id in held:
+                roots.append(self.layers.root(layer.diff_id))
+                continue
+            if layer.diff_id not in unpacked:
+                folder = work / f"layer-{number}"
+                (folder / "root").mkdir(parents=True)
+                self.tools.unpack_layer(ref, number, layer, folder / "root", deadline)
+                unpacked[layer.diff_id] = (folder, disk_usage(folder / "root"))
+            roots.append(unpacked[layer.diff_id][0] / "root")
+        with image_view(roots, work / "view") as view:
+            if not has_shell(view):
+                raise ImageError(
+                    ref.text,
+                    "it has no /bin/sh, which every command of a run goes through "
+                    "(use an image with a shell)",
+                )
+        diff_ids = [layer.diff_id for layer in layers]
         with self.locked(deadline, ref):
-            self._make_room(ref, record.size_bytes)
+            if not all(self.layers.present(d) or d in unpacked for d in diff_ids):
+                raise _LayerGone
+            new = {d: u for d, u in unpacked.items() if not self.layers.present(d)}
+            self._make_room(ref, sum(size for _, size in new.values()), set(diff_ids))
+            for diff_id, (folder, size) in new.items():
+                self.layers.place(diff_id, folder, size)
+            sizes = self.layers.sizes()
+            record = ImageRecord(
+                digest=digest,
+                reference=ref.text,
+                size_bytes=sum(sizes.get(d, 0) for d in dict.fromkeys(diff_ids)),
+                env=[str(e) for e in config.get("Env") or []],
+                user=str(config.get("User") or ""),
+                workdir=str(config.get("WorkingDir") or ""),
+                layers=diff_ids,
+            )
+            image = work / "image"
+            image.mkdir()
+            (image / "image.json").write_text(record.model_dump_json())
+            (image / "used").touch()
             target = self._folder(digest)
-            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.exists():
+                self._discard(target)  # an image of a cache from before layers were shared
             image.rename(target)
 
-    def _check_fits(self, ref: ImageReference, layout: Path, deadline: float) -> None:
-        """Count what the copied image unpacks to, stopping at the room the cache can make for
-        it (its bound less the images containers use); ``ImageError`` naming the limit when it
-        is past it, before anything is unpacked."""
+    def _check_fits(
+        self, ref: ImageReference, layout: Path, present: set[str], deadline: float
+    ) -> None:
+        """Count what the copied image's layers the cache has not (``present``) unpack to,
+        stopping at the room the cache can make for them (its bound less the layers of images
+        containers use); ``ImageError`` naming the limit when they are past it, before anything
+        is unpacked."""
         with self.locked(deadline, ref):
-            used = self._in_use()
-            held = sum(i.record.size_bytes for i in self.images() if i.record.digest in used)
+            held = self._bytes_of(self._layers_in_use())
         room = max(self.bound - held, 0)
         try:
-            unpacked_bytes(ref.text, layout, room)
+            unpacked_bytes(ref.text, layout, room, present)
         except TooLarge as large:
             if large.counted > self.bound:
                 raise ImageError(
@@ -223,21 +274,22 @@ class ImageCache:
                 "containers use",
             ) from None
 
-    def _make_room(self, ref: ImageReference, size: int) -> None:
-        """Evict least recently used images no container uses until ``size`` more bytes fit;
-        ``ImageError`` when they cannot."""
-        images = self.images()
-        used = self._in_use()
-        total = sum(i.record.size_bytes for i in images)
+    def _make_room(self, ref: ImageReference, size: int, keep: set[str]) -> None:
+        """Evict least recently used images no container uses, and the layers no image left
+        has (but ``keep``, the new image's), until ``size`` more bytes fit; ``ImageError`` when
+        they cannot."""
+        total = sum(self.layers.sizes().values())
         if total + size <= self.bound:
             return
+        used = self._in_use()
         idle = sorted(
-            (i for i in images if i.record.digest not in used),
+            (i for i in self.images() if i.record.digest not in used),
             key=lambda i: _mtime(i.folder / "used"),
         )
         for image in idle:
-            self._evict(image)
-            total -= image.record.size_bytes
+            self._discard(image.folder)
+            self._collect(keep)
+            total = sum(self.layers.sizes().values())
             if total + size <= self.bound:
                 return
         raise ImageError(
@@ -247,29 +299,62 @@ class ImageCache:
             "that running containers use",
         )
 
-    def _evict(self, image: CachedImage) -> None:
+    def collect(self, deadline: float) -> int:
+        """Remove the layers no image has, and images of a cache from before layers were
+        shared that no container uses (a pull or an eviction cut short leaves them); how many
+        layers went. Under the cache's lock."""
+        with self.locked(deadline):
+            used = self._in_use()
+            for image in self.images():
+                if not image.record.layers and image.record.digest not in used:
+                    self._discard(image.folder)
+            return self._collect(set())
+
+    def _collect(self, keep: set[str]) -> int:
+        wanted = set(keep)
+        for image in self.images():
+            wanted.update(image.record.layers)
+        removed = 0
+        for diff_id in self.layers.sizes():
+            if diff_id not in wanted:
+                self.layers.remove(diff_id)
+                removed += 1
+        return removed
+
+    def _layers_in_use(self) -> set[str]:
+        used = self._in_use()
+        return {d for i in self.images() if i.record.digest in used for d in i.record.layers}
+
+    def _bytes_of(self, diff_ids: set[str]) -> int:
+        return sum(size for d, size in self.layers.sizes().items() if d in diff_ids)
+
+    def _discard(self, folder: Path) -> None:
         trash = self.root / "trash"
         trash.mkdir(exist_ok=True)
-        aside = trash / f"{image.folder.name}.{uuid.uuid4().hex[:8]}"
-        image.folder.rename(aside)
+        aside = trash / f"{folder.name}.{uuid.uuid4().hex[:8]}"
+        folder.rename(aside)
         shutil.rmtree(aside, ignore_errors=True)
 
     def _folder(self, digest: str) -> Path:
         return self.root / "images" / digest.partition(":")[2]
 
     def _present(self, digest: str) -> bool:
-        return (self._folder(digest) / "image.json").is_file()
+        image = self._load(digest)
+        return (
+            image is not None
+            and bool(image.record.layers)
+            and all(self.layers.present(d) for d in image.record.layers)
+        )
 
     def _load(self, digest: str) -> CachedImage | None:
         return self._load_folder(self._folder(digest))
 
-    @staticmethod
-    def _load_folder(folder: Path) -> CachedImage | None:
+    def _load_folder(self, folder: Path) -> CachedImage | None:
         try:
             record = ImageRecord.model_validate_json((folder / "image.json").read_bytes())
         except (OSError, ValueError):
             return None
-        return CachedImage(folder, record)
+        return CachedImage(folder, record, [self.layers.root(d) for d in record.layers])
 
 
 def disk_usage(root: Path) -> int:

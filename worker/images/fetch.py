@@ -1,5 +1,5 @@
 """Getting an image with the real tools: skopeo resolves its digest and copies it into a local
-OCI layout, umoci unpacks that layout into a root file system.
+OCI layout, whose layers are then unpacked one by one (``worker.images.unpack``).
 
 Whatever they refuse becomes one ``ImageError`` line: an unknown reference, a registry that
 refuses or cannot be reached, a layout or archive that is missing or corrupt.
@@ -25,7 +25,7 @@ from worker.contract.image_reference import ImageReference
 LAYOUT_TAG = "image"
 #: The most of a tool's complaint quoted in an error.
 _DETAIL_CHARS = 300
-#: What skopeo and umoci say, and what it means for the image.
+#: What skopeo says, and what it means for the image.
 _UNREACHABLE = (
     "connection refused",
     "no such host",
@@ -54,7 +54,7 @@ class RegistryUnreachable(ImageError):
 
 @dataclass(frozen=True, slots=True)
 class Tools:
-    """Where skopeo and umoci are, and how the registries are reached."""
+    """How skopeo reaches the registries, and how a copied image's layers are unpacked."""
 
     auth_file: Path | None = None
     insecure_registries: tuple[str, ...] = ()
@@ -86,14 +86,15 @@ class Tools:
             deadline,
         )
 
-    def unpack(self, ref: ImageReference, layout: Path, bundle: Path, deadline: float) -> None:
-        """``layout``'s image as ``bundle/rootfs``, its files owned as the image says."""
-        umoci = _binary(ref, "umoci")
-        _run(
-            ref,
-            [umoci, "unpack", "--image", f"{layout}:{LAYOUT_TAG}", str(bundle)],
-            deadline,
-            what="umoci could not unpack its layers",
+    def unpack_layer(
+        self, ref: ImageReference, number: int, layer: LayerBlob, target: Path, deadline: float
+    ) -> None:
+        """The image's ``number``-th layer (bottom first) into the empty folder ``target``, in
+        overlayfs's form (``worker.images.unpack``)."""
+        from worker.images.unpack import unpack_layer
+
+        unpack_layer(
+            ref.text, number, layer.media_type, layer.blob, layer.diff_id, target, deadline
         )
 
     def _source_flags(self, ref: ImageReference, prefix: str) -> list[str]:
@@ -135,6 +136,37 @@ def image_config(layout: Path) -> dict[str, Any]:
     config = _read_json(layout_blob(layout, manifest["config"]["digest"]))
     inner = config.get("config") or {}
     return inner if isinstance(inner, dict) else {}
+
+
+@dataclass(frozen=True, slots=True)
+class LayerBlob:
+    """One layer of a copied image: how it is compressed, its blob, and its diff id (the digest
+    of its uncompressed tar, as the image's configuration gives it)."""
+
+    media_type: str
+    blob: Path
+    diff_id: str
+
+
+def image_layers(layout: Path) -> list[LayerBlob]:
+    """The layers of the image tagged ``LAYOUT_TAG`` in ``layout``, bottom first; ``ValueError``
+    (or ``KeyError``, ``TypeError``) when its manifest and configuration disagree."""
+    manifest = image_manifest(layout)
+    config = _read_json(layout_blob(layout, manifest["config"]["digest"]))
+    layers = manifest.get("layers") or []
+    diff_ids = (config.get("rootfs") or {}).get("diff_ids") or []
+    if len(diff_ids) != len(layers):
+        raise ValueError(
+            f"its manifest has {len(layers)} layers and its configuration {len(diff_ids)} diff ids"
+        )
+    found = []
+    for layer, diff_id in zip(layers, diff_ids, strict=True):
+        if not re.fullmatch(r"sha256:[0-9a-f]{64}", str(diff_id)):
+            raise ValueError(f"not a sha256 diff id: {diff_id!r}")
+        found.append(
+            LayerBlob(str(layer["mediaType"]), layout_blob(layout, layer["digest"]), str(diff_id))
+        )
+    return found
 
 
 def layout_blob(layout: Path, digest: str) -> Path:

@@ -20,13 +20,14 @@ INIT_CANDIDATES = ("/usr/bin/catatonit", "/usr/libexec/podman/catatonit")
 
 
 def box_user(
-    image: str, cached: CachedImage, runtime: OciRuntime, user: str | None
+    image: str, cached: CachedImage, view: Path, runtime: OciRuntime, user: str | None
 ) -> tuple[int, int]:
     """Who runs in the box: ``user``, else the image's User. gVisor's file server reaches the
     workspace as the box's root: under runsc that root is the run's own uid and the box's
-    commands run as it, whatever user the image names (one asked for is refused)."""
+    commands run as it, whatever user the image names (one asked for is refused). ``view``:
+    the image's files (``worker.images.mounts.image_view``)."""
     try:
-        inside = lookup_user(cached.rootfs, user if user is not None else cached.record.user)
+        inside = lookup_user(view, user if user is not None else cached.record.user)
     except ValueError as exc:
         raise ImageError(image, str(exc)) from None
     if runtime.gvisor and inside[0] != 0:

@@ -13,14 +13,14 @@ import gzip
 import io
 import tarfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, cast
 
 from worker.contract.errors import ToolqError
 from worker.contract.image_errors import ImageError
-from worker.images.fetch import image_manifest, layout_blob
+from worker.images.fetch import image_layers
 
 #: What a file's content takes on disk: whole blocks.
 _BLOCK = 4096
@@ -37,19 +37,20 @@ class TooLarge(ToolqError, ValueError):
         self.counted = counted
 
 
-def unpacked_bytes(image: str, layout: Path, bound: int) -> int:
+def unpacked_bytes(image: str, layout: Path, bound: int, held: Container[str] = frozenset()) -> int:
     """The bytes of disk the image tagged in ``layout`` takes unpacked (its layers' files, each
-    rounded up to whole blocks). ``TooLarge`` as soon as the count passes ``bound``;
+    rounded up to whole blocks), but for its layers whose diff id is in ``held`` (the cache
+    has them unpacked already). ``TooLarge`` as soon as the count passes ``bound``;
     ``ImageError`` when a layer cannot be read as a tar archive."""
     try:
-        layers = image_manifest(layout).get("layers") or []
-        blobs = [(str(each["mediaType"]), layout_blob(layout, each["digest"])) for each in layers]
+        blobs = [(layer.media_type, layer.blob) for layer in image_layers(layout)
+                 if layer.diff_id not in held]  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ImageError(image, f"its manifest cannot be read: {exc}") from None
     total = 0
     for number, (media_type, blob) in enumerate(blobs, 1):
         try:
-            with _decompressed(image, media_type, blob) as stream:
+            with decompressed(image, media_type, blob) as stream:
                 total = _count_tar(stream, total, bound)
         except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
             raise ImageError(
@@ -81,7 +82,7 @@ def _disk_of(member: tarfile.TarInfo) -> int:
 
 
 @contextmanager
-def _decompressed(image: str, media_type: str, blob: Path) -> Iterator[io.BufferedIOBase]:
+def decompressed(image: str, media_type: str, blob: Path) -> Iterator[io.BufferedIOBase]:
     """``blob``'s tar stream, decompressed as its media type says."""
     with blob.open("rb") as raw:
         if media_type.endswith(("+gzip", ".tar.gzip")):

@@ -1,12 +1,14 @@
-"""A container's root file system: the cached image, read-only, beneath a writable layer of the
-run's own (overlayfs), the image seen through an idmapped mount.
+"""A container's root file system: the cached image's layers, read-only, beneath a writable
+layer of the run's own (overlayfs), each layer seen through an idmapped mount.
 
-The image's files are unpacked once with the owners the image gives them (root's are uid 0).
-Each container sees them through an idmapped mount (Linux 5.12 and later; overlayfs takes one
-as a lower layer since 5.19) whose mapping is the container's: the image's user is the run's own
-uid, so the run's processes own what the image gave its user, copy it up into their own layer
-when they write it, and own the workspace files the tools wrote for them, with no copy and no
-chown of the image.
+The layers are unpacked once with the owners the image gives them (root's are uid 0), and shared
+by every image and run that has them. Each container sees them through idmapped, read-only
+clones (Linux 5.12 and later; overlayfs takes them as lower layers since 5.19) whose mapping is
+the container's: the image's user is the run's own uid, so the run's processes own what the
+image gave its user, copy it up into their own layer when they write it, and own the workspace
+files the tools wrote for them, with no copy and no chown of the image. The clones are never
+attached anywhere (overlayfs is given them by descriptor and holds them): the container's root
+is its one mount, and unmounting it leaves nothing of it mounted.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ import contextlib
 import ctypes
 import ctypes.util
 import os
+import re
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from worker.contract.errors import ToolqError
@@ -34,14 +37,13 @@ _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 #: How long the holder of a user namespace may take to exit once its input closed.
 _HOLDER_END_S = 5.0
 _SYS_OPEN_TREE = 428
-_SYS_MOVE_MOUNT = 429
 _SYS_MOUNT_SETATTR = 442
 _AT_FDCWD = -100
 _AT_EMPTY_PATH = 0x1000
 _AT_RECURSIVE = 0x8000
 _OPEN_TREE_CLONE = 1
 _OPEN_TREE_CLOEXEC = os.O_CLOEXEC
-_MOVE_MOUNT_F_EMPTY_PATH = 0x4
+_MOUNT_ATTR_RDONLY = 0x00000001
 _MOUNT_ATTR_IDMAP = 0x00100000
 _MNT_DETACH = 2
 
@@ -60,12 +62,12 @@ class MountError(ToolqError, OSError):
 
 
 def mount_rootfs(
-    image_root: Path, bundle: Path, uids: Sequence[IdMap], gids: Sequence[IdMap]
+    layer_roots: Sequence[Path], bundle: Path, uids: Sequence[IdMap], gids: Sequence[IdMap]
 ) -> Path:
-    """``bundle/rootfs``: ``image_root`` seen with the container's id mappings (``bundle/lower``)
-    beneath the writable ``bundle/upper``. Undo with ``unmount_rootfs``."""
-    lower, upper, work, rootfs = (bundle / n for n in ("lower", "upper", "work", "rootfs"))
-    for folder in (lower, upper, work, rootfs):
+    """``bundle/rootfs``: ``layer_roots`` (bottom first) seen with the container's id mappings,
+    read-only, beneath the writable ``bundle/upper``. Undo with ``unmount_rootfs``."""
+    upper, work, rootfs = (bundle / n for n in ("upper", "work", "rootfs"))
+    for folder in (upper, work, rootfs):
         folder.mkdir(mode=0o700, exist_ok=True)
     # The layer's top is the root folder the container sees: its user's, like the image's.
     owner = host_id(uids, 0)
@@ -74,19 +76,48 @@ def mount_rootfs(
     # The box's root and its mount point: readable by all, as any root folder.
     os.chmod(upper, 0o755)  # noqa: S103
     os.chmod(rootfs, 0o755)  # noqa: S103
-    userns = _user_namespace(uids, gids)
+    clones: list[int] = []
     try:
-        _idmapped_clone(image_root, lower, userns)
+        userns = _user_namespace(uids, gids)
+        try:
+            for root in reversed(layer_roots):
+                clones.append(_idmapped_clone(root, userns))
+        finally:
+            os.close(userns)
+        options = f"lowerdir={_by_descriptor(clones)},upperdir={upper},workdir={work}"
+        _mount("overlay", rootfs, "overlay", options)
     finally:
-        os.close(userns)
-    options = f"lowerdir={lower},upperdir={upper},workdir={work}"
-    _mount("overlay", rootfs, "overlay", options)
+        for fd in clones:
+            os.close(fd)
     return rootfs
 
 
+@contextlib.contextmanager
+def image_view(layer_roots: Sequence[Path], at: Path) -> Iterator[Path]:
+    """``layer_roots`` (bottom first) merged, read-only, at ``at`` while the block runs: the
+    image's files as the image sees them (its users, its shell), read from outside it."""
+    at.mkdir(mode=0o700, exist_ok=True)
+    # Without an upper layer overlayfs wants two lower ones: an empty one at the bottom.
+    empty = at.with_name(f"{at.name}.empty")
+    empty.mkdir(mode=0o700, exist_ok=True)
+    fds = [
+        os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for root in [empty, *layer_roots]
+    ]
+    try:
+        _mount("overlay", at, "overlay", f"ro,lowerdir={_by_descriptor(fds[::-1])}")
+    finally:
+        for fd in fds:
+            os.close(fd)
+    try:
+        yield at
+    finally:
+        _libc.umount2(os.fsencode(at), _MNT_DETACH)
+
+
 def unmount_rootfs(bundle: Path) -> None:
-    """Undo ``mount_rootfs`` (what of it was made); the folders stay for the caller to remove."""
-    for name in ("rootfs", "lower"):
+    """Undo ``mount_rootfs`` and ``image_view`` (what of them was made); the folders stay for
+    the caller to remove. ``lower`` is where a worker of before shared layers had its image."""
+    for name in ("rootfs", "view", "lower"):
         path = bundle / name
         # A mount made twice (a retried start) is undone as often as it was made.
         for _ in range(4):
@@ -97,8 +128,29 @@ def unmount_rootfs(bundle: Path) -> None:
 def remove_bundle(bundle: Path) -> None:
     """Unmount and delete a container's folder; its layer goes with it."""
     unmount_rootfs(bundle)
-    if not is_mount(bundle / "rootfs") and not is_mount(bundle / "lower"):
+    if not any(is_mount(bundle / name) for name in ("rootfs", "view", "lower")):
         shutil.rmtree(bundle, ignore_errors=True)
+
+
+def unmount_below(folder: Path) -> None:
+    """Whatever is mounted at or below ``folder`` (an image view a killed pull left)."""
+    prefix = os.fsdecode(os.path.abspath(folder))
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo", "rb") as info:
+        points = [_unescape(line.split()[4].decode("utf-8", "surrogateescape")) for line in info]
+        for point in sorted(points, reverse=True):
+            if point == prefix or point.startswith(prefix + "/"):
+                _libc.umount2(os.fsencode(point), _MNT_DETACH)
+
+
+def _unescape(point: str) -> str:
+    """A mount point as mountinfo writes it (space, tab, newline, backslash in octal)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), point)
+
+
+def _by_descriptor(fds: Sequence[int]) -> str:
+    """Layers for overlayfs's options by their descriptors: short, whatever their paths, so
+    that an image of many layers stays within the options' one page."""
+    return ":".join(f"/proc/self/fd/{fd}" for fd in fds)
 
 
 def is_mount(path: Path) -> bool:
@@ -145,7 +197,8 @@ def _user_namespace(uids: Sequence[IdMap], gids: Sequence[IdMap]) -> int:
             wait_at_most(holder, _HOLDER_END_S, "the killed user namespace holder")
 
 
-def _idmapped_clone(source: Path, target: Path, userns: int) -> None:
+def _idmapped_clone(source: Path, userns: int) -> int:
+    """A detached, read-only clone of ``source`` with ``userns``'s mapping: its descriptor."""
     fd = _check(
         _libc.syscall(
             _SYS_OPEN_TREE,
@@ -156,26 +209,22 @@ def _idmapped_clone(source: Path, target: Path, userns: int) -> None:
         f"open_tree of {source}",
     )
     try:
-        attr = _MountAttr(_MOUNT_ATTR_IDMAP, 0, 0, userns)
+        attr = _MountAttr(_MOUNT_ATTR_IDMAP | _MOUNT_ATTR_RDONLY, 0, 0, userns)
         _check(
             _libc.syscall(
                 _SYS_MOUNT_SETATTR, fd, b"", _AT_EMPTY_PATH, ctypes.byref(attr), ctypes.sizeof(attr)
             ),
             "an idmapped mount (Linux 5.12 or later, on a file system that allows it)",
         )
-        _check(
-            _libc.syscall(
-                _SYS_MOVE_MOUNT, fd, b"", _AT_FDCWD, os.fsencode(target), _MOVE_MOUNT_F_EMPTY_PATH
-            ),
-            f"move_mount to {target}",
-        )
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
+    return fd
 
 
 def _mount(source: str, target: Path, fstype: str, options: str) -> None:
     result = _libc.mount(source.encode(), os.fsencode(target), fstype.encode(), 0, options.encode())
-    _check(result, f"the {fstype} mount of the container's root")
+    _check(result, f"the {fstype} mount of the image's layers at {target.name}")
 
 
 def _check(result: int, what: str) -> int:

@@ -115,6 +115,24 @@ def build_image(
     return f"oci:{layout}:{tag}"
 
 
+def derive_image(layout: Path, base: str, tag: str, files: Mapping[str, bytes]) -> str:
+    """An image tagged ``tag`` in ``layout``: the image tagged ``base`` there, its layers
+    shared, and one layer more that adds ``files``; its reference."""
+    umoci = shutil.which("umoci")
+    assert umoci is not None
+    _run(umoci, "tag", "--image", f"{layout}:{base}", tag)
+    bundle = layout.parent / f".bundle-{tag}"
+    shutil.rmtree(bundle, ignore_errors=True)
+    _run(umoci, "unpack", "--image", f"{layout}:{tag}", str(bundle))
+    for path, content in files.items():
+        target = bundle / "rootfs" / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content)
+    _run(umoci, "repack", "--image", f"{layout}:{tag}", str(bundle))
+    shutil.rmtree(bundle, ignore_errors=True)
+    return f"oci:{layout}:{tag}"
+
+
 def _run(*argv: str) -> None:
     subprocess.run(argv, check=True, capture_output=True)
 

@@ -14,7 +14,7 @@ from worker.contract.image_errors import ImageError
 from worker.contract.image_reference import ImageReference
 from worker.images.boxes import BoxRecord
 from worker.images.cache import disk_usage
-from worker.images.fetch import Tools
+from worker.images.fetch import LayerBlob, Tools
 
 #: The cache's bound in these tests, and what the bomb inflates to.
 BOUND = 8 << 20
@@ -23,13 +23,15 @@ BOMB = 64 << 20
 
 @dataclass(frozen=True)
 class UnpackRecorder(Tools):
-    """The real tools, noting each image they unpacked."""
+    """The real tools, noting each image whose layers they unpacked (once per layer)."""
 
     unpacked: list[str] = field(default_factory=list)
 
-    def unpack(self, ref: ImageReference, layout: Path, bundle: Path, deadline: float) -> None:
+    def unpack_layer(
+        self, ref: ImageReference, number: int, layer: LayerBlob, target: Path, deadline: float
+    ) -> None:
         self.unpacked.append(ref.text)
-        super().unpack(ref, layout, bundle, deadline)
+        super().unpack_layer(ref, number, layer, target, deadline)
 
 
 @pytest.fixture

@@ -44,9 +44,12 @@ def layout_of(root: Path, layers: list[tuple[str, bytes]]) -> Path:
         (blobs / digest).write_bytes(content)
         return {"digest": f"sha256:{digest}", "size": len(content)}
 
+    # Diff ids as a configuration gives them (what counting reads; unpacking checks them).
+    diff_ids = [f"sha256:{hashlib.sha256(content).hexdigest()}" for _, content in layers]
+    config = json.dumps({"rootfs": {"type": "layers", "diff_ids": diff_ids}}).encode()
     manifest = {
         "schemaVersion": 2,
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **blob(b"{}")},
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **blob(config)},
         "layers": [{"mediaType": kind, **blob(content)} for kind, content in layers],
     }
     reference = {"org.opencontainers.image.ref.name": LAYOUT_TAG}

@@ -1,0 +1,86 @@
+"""The image cache's layers, each unpacked once per host and shared by every image that has it.
+
+```
+<cache>/layers/<hex>/root        the layer's files in overlayfs's form, never written after
+<cache>/layers/<hex>/layer.json  its diff id and the disk its files take (``LayerRecord``)
+```
+
+``<hex>`` is the layer's diff id (the sha256 of its uncompressed tar), which its unpacking
+checked. A layer is unpacked into a folder of the pull's own and renamed into place whole; a
+layer that another pull placed first is kept and the copy dropped. Layers are removed when no
+image of the cache has them any more (``ImageCache``, under the cache's lock).
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+
+from pydantic import BaseModel
+
+
+class LayerRecord(BaseModel):
+    diff_id: str
+    size_bytes: int
+
+
+class LayerStore:
+    """The layers below ``<cache>/layers``; ``trash`` is where removed ones go first (a rename,
+    so a half removed layer is never seen as one)."""
+
+    def __init__(self, cache_root: Path) -> None:
+        self.folder = cache_root / "layers"
+        self.trash = cache_root / "trash"
+
+    def root(self, diff_id: str) -> Path:
+        """The layer's files (a lower layer of the containers of its images)."""
+        return self._folder(diff_id) / "root"
+
+    def record(self, diff_id: str) -> LayerRecord | None:
+        try:
+            return LayerRecord.model_validate_json(
+                (self._folder(diff_id) / "layer.json").read_bytes()
+            )
+        except (OSError, ValueError):
+            return None
+
+    def present(self, diff_id: str) -> bool:
+        return self.record(diff_id) is not None
+
+    def sizes(self) -> dict[str, int]:
+        """Every layer present: its diff id and its disk."""
+        found = {}
+        for entry in sorted(self.folder.iterdir()) if self.folder.is_dir() else []:
+            record = self.record(f"sha256:{entry.name}")
+            if record is not None:
+                found[record.diff_id] = record.size_bytes
+        return found
+
+    def place(self, diff_id: str, unpacked: Path, size: int) -> None:
+        """The layer unpacked at ``unpacked`` (a folder whose ``root`` holds its files) into
+        place, unless one is there already."""
+        if self.present(diff_id):
+            return
+        (unpacked / "layer.json").write_text(
+            LayerRecord(diff_id=diff_id, size_bytes=size).model_dump_json()
+        )
+        target = self._folder(diff_id)
+        self.folder.mkdir(mode=0o700, exist_ok=True)
+        if target.exists():
+            self._discard(target)  # a layer folder a killed pull left without its record
+        unpacked.rename(target)
+
+    def remove(self, diff_id: str) -> None:
+        target = self._folder(diff_id)
+        if target.exists():
+            self._discard(target)
+
+    def _discard(self, target: Path) -> None:
+        self.trash.mkdir(exist_ok=True)
+        aside = self.trash / f"layer-{target.name}.{uuid.uuid4().hex[:8]}"
+        target.rename(aside)
+        shutil.rmtree(aside, ignore_errors=True)
+
+    def _folder(self, diff_id: str) -> Path:
+        return self.folder / diff_id.partition(":")[2]
