@@ -36,6 +36,7 @@ from bench.sandbox_parts import sandbox_parts
 from bench.scaling import deploy_concurrency, instance_steps, measure_curve, measure_split
 from bench.scaling_report import plot_scaling, scaling_case
 from bench.search_tree import search_case
+from bench.sessions import sessions_case
 from bench.stack import bare_worker, bench_settings, private_redis, python_path, toolq_workers
 from bench.stats import CaseResult
 from bench.tasks import tasks_case
@@ -174,6 +175,8 @@ def run_cases(sizes: Sizes, progress: Progress) -> list[CaseResult]:
         viewer = viewer_case(sizes.viewer_lines, sizes.viewer_runs)
     with progress.step("a run's container from an image"):
         images = images_case(max(3, sizes.bash_calls // 10), sizes.bash_calls)
+    with progress.step("a bash_session call beside run_bash's"):
+        sessions = sessions_case(sizes.bash_calls, sizes.warmup)
     by_concurrency: dict[int, dict[str, Any]] = {}
     with private_redis() as url, tempfile.TemporaryDirectory(prefix="toolq-bench-ws-") as ws:
         # Run folders belong to the sandbox user; it must be able to reach them.
@@ -260,6 +263,7 @@ def run_cases(sizes: Sizes, progress: Progress) -> list[CaseResult]:
         agents,
         scaling,
         images,
+        sessions,
         batch,
         real,
     ]

@@ -30,6 +30,7 @@ CASES = {
     "agents_pool",
     "scaling",
     "images",
+    "sessions",
     "batch_throughput",
     "real_items",
 }
