@@ -5,13 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
-from kombu import Queue
 
 from worker.contract.runtime.lifeline import serve_or_exit
 from worker.contract.runtime.redis_transport import transport_setting
 from worker.contract.settings import WorkerSettings, get_worker_settings
 from worker.contract.settings_check import checked_worker_settings, exit_on_bad_settings
-from worker.contract.wire import POOLS
+from worker.contract.wire import POOLS, task_queues
 
 
 def celery_config(settings: WorkerSettings) -> dict[str, Any]:
@@ -33,7 +32,7 @@ def celery_config(settings: WorkerSettings) -> dict[str, Any]:
         "worker_cancel_long_running_tasks_on_connection_loss": True,
         "broker_connection_retry_on_startup": True,
         "result_expires": settings.result_ttl_s,
-        "task_queues": [Queue(pool, routing_key=pool) for pool in POOLS],
+        "task_queues": task_queues(*POOLS),
         "task_default_queue": "tools",
         # Flower and `celery events` need these; they cost a message per task state.
         "worker_send_task_events": True,

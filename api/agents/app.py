@@ -6,13 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
-from kombu import Queue
 
 from api.settings import OrchestratorSettings, get_settings
 from worker.contract.keys import AGENTS_UNACKED_HASH, AGENTS_UNACKED_INDEX, AGENTS_UNACKED_MUTEX
 from worker.contract.runtime.lifeline import serve_or_exit
 from worker.contract.runtime.redis_transport import transport_setting
-from worker.contract.wire import AGENTS_QUEUE
+from worker.contract.wire import AGENTS_QUEUE, task_queues
 
 #: Seconds a conversation's message stays unacknowledged past its time limit before the Redis
 #: transport hands it out again (its caller will have sent it again long before).
@@ -42,7 +41,7 @@ def agents_config(settings: OrchestratorSettings) -> dict[str, Any]:
         # whether it still runs; the threads pool could not cancel it anyway.
         "worker_cancel_long_running_tasks_on_connection_loss": False,
         "broker_connection_retry_on_startup": True,
-        "task_queues": [Queue(AGENTS_QUEUE, routing_key=AGENTS_QUEUE)],
+        "task_queues": task_queues(AGENTS_QUEUE),
         "task_default_queue": AGENTS_QUEUE,
         "worker_send_task_events": True,
         "worker_hijack_root_logger": False,

@@ -10,11 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
-from kombu import Queue
 
 from worker.contract.runtime.redis_transport import transport_setting
 from worker.contract.settings import FleetSettings
-from worker.contract.wire import AGENTS_QUEUE, POOLS
+from worker.contract.wire import AGENTS_QUEUE, POOLS, task_queues
 
 
 def producer_config(settings: FleetSettings) -> dict[str, Any]:
@@ -23,8 +22,7 @@ def producer_config(settings: FleetSettings) -> dict[str, Any]:
         **transport_setting(settings.effective_broker_url),
         "task_serializer": "json",
         "accept_content": ["json"],
-        # The queues as workers declare them: a RabbitMQ queue declared twice must match.
-        "task_queues": [Queue(name, routing_key=name) for name in (*POOLS, AGENTS_QUEUE)],
+        "task_queues": task_queues(*POOLS, AGENTS_QUEUE),
         "task_default_queue": POOLS[0],
         # A task-sent event for every call: monitors (Flower, `celery events`) see calls while
         # they wait in the queue, not only once a worker takes them. It goes out in the same

@@ -12,6 +12,7 @@ import hashlib
 import hmac
 from typing import Annotated, Any, Literal
 
+from kombu import Queue
 from pydantic import BaseModel, ConfigDict, Field
 
 from worker.contract.errors import ErrorKind
@@ -27,6 +28,13 @@ POOLS: tuple[Pool, ...] = ("tools", "sandbox")
 AGENTS_QUEUE: Literal["agents"] = "agents"
 #: What a live worker serves, as its heartbeat says: tool pools, or the agents queue.
 Served = Literal[Pool, "agents"]
+
+
+def task_queues(*names: Served) -> list[Queue]:
+    """The queues ``names`` as every Celery app of toolq declares them, a worker's and a
+    producer's alike: a RabbitMQ queue declared twice must be declared the same way."""
+    return [Queue(name, routing_key=name) for name in names]
+
 
 #: The one Celery task a tool call is.
 TASK_NAME = "toolq.execute_tool"

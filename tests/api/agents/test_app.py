@@ -8,11 +8,13 @@ from pathlib import Path
 
 from api.agents.app import agents_config, create_agents_app
 from api.agents.messages import CONVERSATION_TASK
+from api.calls.broker import producer_config
 from api.local.stack import worker_argv
 from api.settings import OrchestratorSettings
 from worker.app import celery_config
 from worker.contract.keys import AGENTS_UNACKED_HASH, UNACKED_HASH
 from worker.contract.settings import WorkerSettings
+from worker.contract.wire import AGENTS_QUEUE, POOLS
 
 
 def settings(**values: object) -> OrchestratorSettings:
@@ -27,6 +29,23 @@ def test_conversations_are_acknowledged_late_many_to_a_thread_pool() -> None:
     assert config["worker_prefetch_multiplier"] == 1
     assert [queue.name for queue in config["task_queues"]] == ["agents"]
     assert config["accept_content"] == ["json"]
+
+
+def test_every_app_declares_a_queue_it_shares_the_same_way() -> None:
+    """A RabbitMQ queue declared twice must match: the orchestrator's producer, the tool pools'
+    workers and the agents workers declare each queue they share alike."""
+    declared: dict[str, list[object]] = {}
+    for config in (
+        producer_config(settings()),
+        celery_config(WorkerSettings(broker_url="redis://127.0.0.1:1/0")),
+        agents_config(settings()),
+    ):
+        for queue in config["task_queues"]:
+            declared.setdefault(queue.name, []).append(queue)
+    assert sorted(declared) == sorted({*POOLS, AGENTS_QUEUE})
+    # Each is declared by the producer and by the workers that serve it.
+    assert all(len(queues) == 2 for queues in declared.values())
+    assert all(queue == queues[0] for queues in declared.values() for queue in queues)
 
 
 def test_the_visibility_timeout_outlasts_a_conversation_and_is_kept_apart() -> None:
