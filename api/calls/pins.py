@@ -26,7 +26,8 @@ RECREATED_NOTICE = (
     "for this command: the workspace is as it was, and everything outside it (packages "
     "installed, files written elsewhere, processes left running) is gone]"
 )
-#: Ends the answer of a pinned call whose time ran out unstarted: it is not sent again.
+#: Ends the answer of a pinned call whose time ran out unstarted, for the model: the call is not
+#: sent again (decided on its answer's error kind, ``no_answer``, never on this text).
 _NOT_STARTED = " (its time ran out waiting)"
 
 
@@ -94,14 +95,17 @@ class RunPins:
         """``send`` the call where it goes; a container lost before the call ran is started
         again, once, where the run allows it, and the call sent to it."""
 
-        async def call_once(request: ToolCallRequest) -> ToolCallResult:
+        async def call_once(request: ToolCallRequest) -> tuple[ToolCallResult, bool]:
+            """The call's answer, and whether its time is spent: no worker took it by its
+            deadline (``no_answer``), so it is not sent again."""
             placed = await self.place(request, pool, redis)
             if isinstance(placed, ToolCallResult):
-                return placed
-            return self.settle(placed[0], await send(*placed))
+                return placed, False
+            answer = await send(*placed)
+            return self.settle(placed[0], answer), answer.error_kind == "no_answer"
 
-        result = await call_once(request)
-        if result.error_kind != "environment_lost" or result.output.endswith(_NOT_STARTED):
+        result, spent = await call_once(request)
+        if result.error_kind != "environment_lost" or spent:
             return result
         try:
             again = await self.recreated(request)
@@ -111,7 +115,7 @@ class RunPins:
             )
         if again is None:
             return result
-        return self.recreated_notice(again, await call_once(again))
+        return self.recreated_notice(again, (await call_once(again))[0])
 
     def settle(self, request: ToolCallRequest, result: ToolCallResult) -> ToolCallResult:
         """A pinned call that no worker started: its container's worker is gone."""

@@ -122,3 +122,44 @@ async def test_a_call_no_worker_took_says_environment_lost(
     settled = pins.settle(sent, unanswered)
     assert settled.error_kind == "environment_lost"
     assert "its worker stopped" in settled.output
+
+
+async def test_whether_a_lost_call_is_sent_again_is_decided_by_its_answers_kind(
+    redis: fakeredis.aioredis.FakeRedis,
+) -> None:
+    """A call no worker took by its deadline is not sent again; one its container's worker
+    answered ``environment_lost`` is, to the container started again, whatever text either
+    answer ends with (a worker's words can end like the caller's own)."""
+    await redis.set(keys.worker_heartbeat("sandbox", WORKER), "{}")
+    fresh_worker = "sandbox-4d5e6f@host"
+    await redis.set(keys.worker_heartbeat("sandbox", fresh_worker), "{}")
+    restarts: list[str] = []
+
+    async def restart() -> Pin:
+        restarts.append("again")
+        return Pin("run-1", "toolq-new", fresh_worker, pinned_queue(fresh_worker), "i", "d")
+
+    def pinned() -> RunPins:
+        pins = RunPins()
+        pins.pin(pin(restart))
+        return pins
+
+    async def unanswered(req: ToolCallRequest, queue: str) -> ToolCallResult:
+        return ToolCallResult.failure(req, "no_answer", "Error: no worker took it")
+
+    answer = await pinned().call(request(), "sandbox", unanswered, redis)
+    assert answer.error_kind == "environment_lost" and restarts == []
+
+    sent: list[str] = []
+
+    async def lost_with_those_words(req: ToolCallRequest, queue: str) -> ToolCallResult:
+        sent.append(queue)
+        if len(sent) > 1:
+            return ToolCallResult(task_id=req.task_id, tool=req.tool, output="ran")
+        return ToolCallResult.failure(
+            req, "environment_lost", "Error: no container here (its time ran out waiting)"
+        )
+
+    answer = await pinned().call(request(), "sandbox", lost_with_those_words, redis)
+    assert restarts == ["again"] and sent == [pinned_queue(WORKER), pinned_queue(fresh_worker)]
+    assert answer.output.endswith("\nran")
