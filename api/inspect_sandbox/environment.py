@@ -51,6 +51,10 @@ log = logging.getLogger(__name__)
 #: command is the shell's child, not its replacement: the first process of the sandbox's PID
 #: namespace is its init, which the kernel spares every signal it did not ask for.
 _IN_DIRECTORY = 'cd -P -- "$1" || exit; shift; "$@"'
+#: What Inspect's injected sandbox tools are called, and their command that starts their
+#: server (``inspect_ai.util._sandbox._cli``).
+_SANDBOX_TOOLS = "inspect-sandbox-tools"
+_START_SERVER = "start-server"
 #: Room left under the fleet's longest deadline for the worker to answer after a command ends.
 _ANSWER_ROOM_MS = 1000
 #: What a file transfer is given per MiB it may move, on top of the fleet's default deadline.
@@ -184,6 +188,17 @@ class ToolqSandboxEnvironment(SandboxEnvironment):
         if not cmd:
             raise ValueError("exec needs a command: cmd is empty")
         timeout_ms = self._command_deadline_ms(timeout)
+        if starts_a_server(cmd):
+            # Inspect's sandbox tools (bash_session(), ...) keep their sessions in a server that
+            # must outlive this exec, which is what a toolq exec never lets a command do: it
+            # starts in the run's kept shell session instead, in the same box, for the run.
+            try:
+                kept = await self.workspace.keep_running(
+                    cmd, cwd=cwd, env=env, timeout_ms=timeout_ms
+                )
+            except ServiceCallError as exc:
+                raise call_error(exc, f"the command {cmd[0]!r}") from exc
+            return exec_outcome(kept, cmd, timeout_ms / 1000)
         try:
             result = await self.workspace.run(
                 [SHELL, "-c", _IN_DIRECTORY, "sh", cwd or ".", *cmd],
@@ -257,3 +272,9 @@ class ToolqSandboxEnvironment(SandboxEnvironment):
         in JSON, a few MiB a second on a busy machine."""
         allowance = size * _TRANSFER_MS_PER_MIB // 2**20
         return min(self._settings.default_timeout_ms + allowance, self._settings.max_timeout_ms)
+
+
+def starts_a_server(cmd: list[str]) -> bool:
+    """``cmd`` starts the server of Inspect's injected sandbox tools."""
+    name = cmd[0].rsplit("/", 1)[-1] if cmd else ""
+    return len(cmd) == 2 and cmd[1] == _START_SERVER and name == _SANDBOX_TOOLS

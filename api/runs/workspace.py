@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
+import shlex
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -30,6 +32,10 @@ from worker.contract.settings import FleetSettings
 from worker.contract.wire import CommandAnswer, ToolCallResult, ToolSpec
 
 #: Between two tries at removing a workspace another call of the run holds.
+#: The built-in tool that keeps a run's shells (``worker.tools.bash_session``).
+SESSION_TOOL = "bash_session"
+#: The run's session kept for programs that must outlive their call (``keep_running``).
+KEPT_SESSION = "kept"
 _FIRST_PAUSE_S = 0.1
 _LONGEST_PAUSE_S = 2.0
 
@@ -158,6 +164,53 @@ class RunWorkspace:
             )
         answer, worker = await self._call(operations.EXEC, request, None)
         return CommandResult.model_validate({**dict(answer), "worker": worker})
+
+    async def keep_running(
+        self,
+        command: Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_ms: int,
+    ) -> CommandResult:
+        """Start ``command`` (an argv) in the run's shell session kept for programs that must
+        outlive their call (a server the run's later commands talk to): in the run's box, as
+        run_bash's commands, until the run ends (``bash_session``, session ``KEPT_SESSION``).
+        Its answer as a command's: its exit status (-1 while it still runs), the terminal's
+        output as its stdout."""
+        spec = self._fleet.tools.get(SESSION_TOOL)
+        if spec is None:
+            raise ServiceCallError(
+                f"no worker of this fleet offers {SESSION_TOOL} (workers of an older toolq?)",
+                "unknown_tool",
+            )
+        argv = [*(f"{name}={value}" for name, value in (env or {}).items()), *command]
+        line = shlex.join(["cd", "-P", "--", cwd or "."]) + " && " + shlex.join(["env", *argv])
+        result = await call_operation(
+            self._dispatcher,
+            spec,
+            self.run_id,
+            {
+                "action": "type_submit",
+                "input": line,
+                "session": KEPT_SESSION,
+                "timeout": timeout_ms,
+            },
+            pool=spec.pool,
+            timeout_ms=timeout_ms,
+        )
+        if result.is_error:
+            raise ServiceCallError(result.output, result.error_kind)
+        answer = json.loads(result.output)
+        exit_code = answer["exit_code"] if answer["exit_code"] is not None else -1
+        return CommandResult(
+            stdout=answer["output"],
+            stderr="",
+            exit_code=exit_code,
+            timed_out=False,
+            duration_ms=int(result.duration_ms),
+            worker=result.worker,
+        )
 
     async def remove(self, *, timeout_ms: int | None = None, wait_s: float = 0.0) -> bool:
         """Remove the whole workspace; whether there was one.
