@@ -188,10 +188,11 @@ class ToolqSandboxEnvironment(SandboxEnvironment):
         if not cmd:
             raise ValueError("exec needs a command: cmd is empty")
         timeout_ms = self._command_deadline_ms(timeout)
-        if starts_a_server(cmd):
+        if starts_a_server(cmd) and self.environment is None:
             # Inspect's sandbox tools (bash_session(), ...) keep their sessions in a server that
             # must outlive this exec, which is what a toolq exec never lets a command do: it
-            # starts in the run's kept shell session instead, in the same box, for the run.
+            # starts in the run's kept shell session instead, in the same box, for the run. A
+            # run with an image has no sessions yet: there the server lives for its exec alone.
             try:
                 kept = await self.workspace.keep_running(
                     cmd, cwd=cwd, env=env, timeout_ms=timeout_ms
