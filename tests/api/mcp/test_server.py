@@ -24,6 +24,7 @@ from tests.api.mcp.conftest import (
     mcp_url,
 )
 from tests.conftest import WorkerFleet, wait_for
+from tests.worker.sessions.helpers import processes_with, token
 
 pytestmark = pytest.mark.integration
 
@@ -170,3 +171,29 @@ async def test_a_stateless_http_client_may_list_but_not_call(served_api: ServedA
         assert "read_file" in names
         with pytest.raises(MCPError, match="keeps a workspace per MCP session"):
             await client.call_tool("read_file", {"path": "x"})
+
+
+async def test_bash_session_keeps_its_shell_across_calls_and_ends_with_the_session(
+    connect: Connect, fleet: WorkerFleet
+) -> None:
+    mark = token()
+    async with connect(enable="bash_session") as session:
+        assert "bash_session" in [tool.name for tool in (await session.list_tools()).tools]
+        first = await session.call_tool(
+            "bash_session",
+            {
+                "action": "type_submit",
+                "input": f"mkdir -p sub && cd sub && export X=1; sleep {mark} &",
+            },
+        )
+        assert not first.is_error, text(first)
+        again = await session.call_tool(
+            "bash_session", {"action": "type_submit", "input": "pwd; echo $X"}
+        )
+        assert not again.is_error, text(again)
+        run_id = str(meta(again, "run_id"))
+        workspace = Path(fleet.settings.workspace_root) / run_id
+        assert json.loads(text(again))["output"] == f"{workspace}/sub\n1\n"
+        assert processes_with(f"sleep {mark}")
+    wait_for(lambda: not workspace.exists(), timeout=60, what=f"{workspace} to be removed")
+    wait_for(lambda: not processes_with(f"sleep {mark}"), timeout=30, what="the shell's job to end")
