@@ -20,6 +20,7 @@ from pathlib import Path
 
 from bench.stats import CaseResult, Comparison, summarize
 from tests.worker.images.builders import build_image, images_folder, skip_reason
+from worker.contract.sandbox_settings import SandboxSettings
 from worker.contract.uid_range import DEFAULT_UID_RANGE, UidRange
 from worker.images.boxes import Boxes, BoxRecord, BoxSettings
 from worker.images.calls import run_in_box
@@ -50,7 +51,8 @@ def images_case(runs: int, calls: int) -> CaseResult:
         workspaces.mkdir()
         os.chmod(workspaces, 0o711)
         sandbox = SandboxConfig(
-            workspace_root=str(workspaces), uid_range=UidRange.parse(DEFAULT_UID_RANGE)
+            SandboxSettings(uid_range=str(UidRange.parse(DEFAULT_UID_RANGE))),
+            workspace_root=str(workspaces),
         )
         baseline = _run_bash_ms(sandbox, workspaces, calls)
         result.figures["run_bash_true"] = summarize(baseline)
@@ -134,10 +136,9 @@ def _boxes(root: Path, runtime: str) -> Iterator[Boxes]:
             cache_bytes=1 << 30,
             runtime=runtime,
             tools=Tools(),
-            cgroup_root=Path("/sys/fs/cgroup"),
-            memory_mb=1024,
-            max_processes=256,
-            file_size_mb=256,
+            sandbox=SandboxSettings(
+                uid_range="", memory_mb=1024, max_processes=256, file_size_mb=256
+            ),
             id_block=UidRange.parse(DEFAULT_UID_RANGE).last + 1,
         )
     )

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from worker import sandbox
+from worker.contract.sandbox_settings import SandboxSettings
 from worker.sandbox import Isolation, SandboxConfig, SandboxError, describe_isolation, run_sandboxed
 from worker.sandbox.layers import plan_for
 
@@ -60,10 +61,10 @@ class Timer:
         self.folder = folder
 
     def describe(self, isolation: Isolation) -> list[str]:
-        return describe_isolation(SandboxConfig(isolation=isolation))
+        return describe_isolation(SandboxConfig(SandboxSettings(uid_range="", isolation=isolation)))
 
     def sandboxed(self, isolation: Isolation) -> float:
-        config = SandboxConfig(isolation=isolation)
+        config = SandboxConfig(SandboxSettings(uid_range="", isolation=isolation))
         started = time.perf_counter()
         result = run_sandboxed(
             COMMAND,
@@ -80,7 +81,7 @@ class Timer:
 
     def same_command_line(self, isolation: Isolation) -> float:
         """``subprocess.run`` of the wrapped command line ``run_sandboxed`` would start."""
-        config = SandboxConfig(isolation=isolation)
+        config = SandboxConfig(SandboxSettings(uid_range="", isolation=isolation))
         base_env = {"PATH": sandbox.SAFE_PATH, "HOME": str(self.folder), "PWD": str(self.folder)}
         try:
             # The plan is the sandbox's inside: if it changes, this series is left out.

@@ -257,7 +257,7 @@ def sandbox_parts(calls: int, warmup: int) -> SandboxParts:
     try:
         config = SandboxConfig.from_settings(WorkerSettings(workspace_root=root))
         folder, owner = _run_folder(root, config)
-        size = config.memory_mb * 1024 * 1024
+        size = config.settings.memory_mb * 1024 * 1024
 
         def add(name: str, value: float) -> None:
             found.samples.setdefault(name, []).append(value)

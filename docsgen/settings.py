@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings
 
 from api.settings import OrchestratorSettings
 from docsgen.tables import cell, table
-from worker.contract.settings import ENV_PREFIX, FleetSettings, WorkerSettings
+from worker.contract.settings import ENV_PREFIX, FleetSettings, WorkerSettings, setting_names
 
 #: Each class with what it is for; each table shows the fields that class adds to the one above.
 SETTINGS_CLASSES: tuple[tuple[type[BaseSettings], str], ...] = (
@@ -43,7 +43,8 @@ def settings_of(cls: type[BaseSettings]) -> list[Setting]:
     """The settings ``cls`` declares itself (not those of the class it extends)."""
     inherited: set[str] = set()
     for base in cls.__mro__[1:]:
-        inherited |= set(getattr(base, "model_fields", {}))
+        if isinstance(base, type) and issubclass(base, BaseSettings):
+            inherited |= {name for name, _ in setting_names(base)}
     return [
         Setting(
             variable=f"{ENV_PREFIX}{name.upper()}",
@@ -51,7 +52,7 @@ def settings_of(cls: type[BaseSettings]) -> list[Setting]:
             default=_default(field),
             description=field.description or "",
         )
-        for name, field in cls.model_fields.items()
+        for name, field in setting_names(cls)
         if name not in inherited
     ]
 
@@ -59,7 +60,9 @@ def settings_of(cls: type[BaseSettings]) -> list[Setting]:
 def every_variable() -> set[str]:
     """The variable of every field of every settings class."""
     return {
-        f"{ENV_PREFIX}{name.upper()}" for cls, _ in SETTINGS_CLASSES for name in cls.model_fields
+        f"{ENV_PREFIX}{name.upper()}"
+        for cls, _ in SETTINGS_CLASSES
+        for name, _ in setting_names(cls)
     }
 
 

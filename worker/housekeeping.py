@@ -46,9 +46,9 @@ def worker_limits(settings: WorkerSettings, pools: Iterable[str]) -> WorkerLimit
 def sandbox_limits(config: SandboxConfig) -> SandboxLimits:
     """Which limits hold for run_bash here, and what enforces each."""
     base = {
-        "memory_mb": config.memory_mb,
-        "max_processes": config.max_processes,
-        "file_size_mb": config.file_size_mb,
+        "memory_mb": config.settings.memory_mb,
+        "max_processes": config.settings.max_processes,
+        "file_size_mb": config.settings.file_size_mb,
     }
     try:
         plan = plan_for(config, os.geteuid())

@@ -132,13 +132,13 @@ class LocalStack(Background):
 
     def start_workers(self, settings: WorkerSettings) -> None:
         update: dict[str, object] = {"plugins": self._plugins}
-        if os.geteuid() != 0 and settings.sandbox_shared == "deny":
+        if os.geteuid() != 0 and settings.sandbox.shared == "deny":
             # A stack of one's own, on one's own machine: its runs may share the user's uid,
             # which a fleet's sandbox workers refuse (they need root to give each run its own).
             log.warning(
                 "local stack: not root, so its runs share one uid (TOOLQ_SANDBOX_SHARED=allow)"
             )
-            update["sandbox_shared"] = "allow"
+            update["sandbox"] = settings.sandbox.model_copy(update={"shared": "allow"})
         self.settings = settings.model_copy(update=update)
         env = {**os.environ, **worker_environment(self.settings)}
         for pool in self._pools:
@@ -262,9 +262,16 @@ def worker_environment(settings: WorkerSettings) -> dict[str, str]:
     """The TOOLQ_ variables that give a worker process these settings, and the fleet secret
     of the process that starts it (its user's default one made now if need be): the workers
     seal their answers with what their callers check them by."""
+    dumped = settings.model_dump(exclude_none=True)
+    # A nested model's fields are variables of their own (TOOLQ_SANDBOX_MEMORY_MB).
+    flat = {
+        f"{name}_{inner}" if isinstance(value, dict) else name: inner_value
+        for name, value in dumped.items()
+        for inner, inner_value in (value.items() if isinstance(value, dict) else [(name, value)])
+    }
     variables = {
         f"TOOLQ_{name.upper()}": ",".join(value) if isinstance(value, list) else str(value)
-        for name, value in settings.model_dump(exclude_none=True).items()
+        for name, value in flat.items()
     }
     variables[SECRET_SETTING] = str(fleet_secret(settings.fleet_secret_file).path)
     return variables

@@ -23,7 +23,7 @@ from celery.app.utils import find_app
 
 from api.settings import OrchestratorSettings
 from tests.deploy import deployfiles as files
-from worker.contract.settings import WorkerSettings
+from worker.contract.settings import WorkerSettings, setting_names
 from worker.contract.settings_check import known_variables
 from worker.contract.wire import AGENTS_QUEUE, POOLS
 
@@ -148,7 +148,7 @@ def settings_from_files(monkeypatch: pytest.MonkeyPatch) -> None:
 
 #: Every TOOLQ_ setting is a field of one of these (or of both, where they share it).
 SETTINGS_CLASSES = (WorkerSettings, OrchestratorSettings)
-SETTING_NAMES = {name for cls in SETTINGS_CLASSES for name in cls.model_fields}
+SETTING_NAMES = {name for cls in SETTINGS_CLASSES for name, _ in setting_names(cls)}
 
 
 def settings_of(environment: dict[str, str]) -> WorkerSettings:
@@ -161,10 +161,11 @@ def settings_of(environment: dict[str, str]) -> WorkerSettings:
     }
     assert set(values) <= SETTING_NAMES, set(values) - SETTING_NAMES
     OrchestratorSettings.model_validate(
-        {k: v for k, v in values.items() if k in OrchestratorSettings.model_fields}
+        {k: v for k, v in values.items() if k in dict(setting_names(OrchestratorSettings))}
     )
+    # A sandbox field is given by its variable's name (sandbox_isolation), as in the files.
     return WorkerSettings.model_validate(
-        {k: v for k, v in values.items() if k in WorkerSettings.model_fields}
+        {k: v for k, v in values.items() if k in dict(setting_names(WorkerSettings))}
     )
 
 
@@ -742,8 +743,8 @@ def test_sandbox_isolation_is_namespaces_and_refuses_to_share(settings_from_file
     compose = settings_of(files.service_environment(files.services()[SANDBOX]))
     k8s = settings_of(files.container_environment(SANDBOX))
     for settings in (compose, k8s):
-        assert settings.sandbox_isolation == "namespaces"
-        assert settings.sandbox_shared == "deny"
+        assert settings.sandbox.isolation == "namespaces"
+        assert settings.sandbox.shared == "deny"
 
 
 def uid_range(text: str) -> range:
@@ -758,7 +759,7 @@ def test_pools_give_runs_uids_their_user_namespace_maps(settings_from_files: Non
     }
     for deploy, pools in environments.items():
         # A run's workspace belongs to its uid whichever pool touches it: the pools agree.
-        ranges = {settings_of(environment).sandbox_uid_range for environment in pools}
+        ranges = {settings_of(environment).sandbox.uid_range for environment in pools}
         assert len(ranges) == 1, f"{deploy}: {ranges}"
         uids = uid_range(ranges.pop())
         assert MAPPED_UIDS.start <= uids.start and uids.stop <= MAPPED_UIDS.stop, deploy

@@ -128,7 +128,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             workers=[],
         )
         # run_bash without its own network namespace: the sandbox host's rule alone must hold.
-        sandboxed = settings.model_copy(update={"sandbox_isolation": "process"})
+        sandboxed = settings.model_copy(
+            update={"sandbox": settings.sandbox.model_copy(update={"isolation": "process"})}
+        )
         expected = []
         for host, pool, node, pool_settings in (
             (tools_a, "tools", "toolsA", settings),

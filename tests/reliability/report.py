@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from api.local.stack import redis_server_binary
+from worker.contract.sandbox_settings import SandboxSettings
 from worker.contract.uid_range import DEFAULT_UID_RANGE, UidRange
 from worker.sandbox import SandboxConfig, SandboxError, describe_isolation
 
@@ -209,7 +210,7 @@ def _redis_server_version() -> str:
 def _isolation() -> str:
     try:
         # What a sandbox worker of this machine gives with the fleet's defaults (a uid per run).
-        default = SandboxConfig(uid_range=UidRange.parse(DEFAULT_UID_RANGE))
+        default = SandboxConfig(SandboxSettings(uid_range=str(UidRange.parse(DEFAULT_UID_RANGE))))
         return ", ".join(describe_isolation(default))
     except SandboxError as exc:
         return f"unavailable ({exc})"

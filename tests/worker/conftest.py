@@ -24,6 +24,7 @@ from api.local.stack import worker_argv, worker_environment
 from tests.conftest import REPO, TEST_PLUGINS, RedisServer, wait_for
 from worker.contract.fleet_secret import FleetSecret
 from worker.contract.network import NetworkPolicy
+from worker.contract.sandbox_settings import SandboxSettings
 from worker.contract.settings import WorkerSettings
 from worker.contract.uid_range import DEFAULT_UID_RANGE, UidRange
 from worker.contract.wire import ToolCallResult
@@ -141,9 +142,15 @@ def assert_cut_short(answer: str, item: str, total: int, what: str) -> None:
     assert f"[{total - shown:,} more {what} not shown" in answer, answer
 
 
+def one_uid(**fields: Any) -> SandboxSettings:
+    """Sandbox settings whose runs share one uid (no ``uid_range``): the sandbox user's as root,
+    the worker's own otherwise."""
+    return SandboxSettings.model_validate({"uid_range": "", **fields})
+
+
 def config_for(mode: str, **options: object) -> SandboxConfig:
     """A sandbox configuration for the isolation ``mode`` a test was given."""
-    return SandboxConfig(isolation=mode, **options)  # type: ignore[arg-type]
+    return SandboxConfig(one_uid(isolation=mode, **options))
 
 
 def sleeps(tag: str) -> list[int]:
@@ -169,7 +176,7 @@ def orphaned_sleep(folder: Path, config: str) -> str:
     tag = f"{secrets.randbelow(10**6)}.{secrets.randbelow(100)}"
     script = (
         "from pathlib import Path\n"
-        "from worker.sandbox import SandboxConfig, run_sandboxed\n"
+        "from worker.sandbox import SandboxConfig, SandboxSettings, run_sandboxed\n"
         f"where = Path({str(folder)!r})\n"
         f"run_sandboxed('sleep 300 {tag}; echo', cwd=where, home=where, env={{}},\n"
         f"              timeout_ms=60000, config={config})\n"
@@ -198,7 +205,7 @@ def sandbox_worker_start(settings: WorkerSettings) -> tuple[int, list[str]]:
 
 def namespaces_unavailable() -> str | None:
     try:
-        describe_isolation(SandboxConfig(isolation="namespaces"))
+        describe_isolation(SandboxConfig(one_uid(isolation="namespaces")))
     except SandboxError as exc:
         return str(exc)
     return None
@@ -229,7 +236,9 @@ def config(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SandboxCo
     root = tmp_path / "workspaces"
     root.mkdir()
     tmp_path.chmod(0o755)
-    made = SandboxConfig(isolation=request.param, workspace_root=str(root), uid_range=RUN_UIDS)
+    made = SandboxConfig(
+        SandboxSettings(isolation=request.param, uid_range=str(RUN_UIDS)), workspace_root=str(root)
+    )
     try:
         describe_isolation(made)
     except SandboxError as exc:  # the machine cannot give this mode

@@ -14,6 +14,7 @@ import pytest
 from tests.worker.conftest import RUN_UIDS, run_in_workspace
 from tests.worker.netns_server import Served, free_port, served_in_namespace
 from worker.contract.network import NetworkPolicy
+from worker.contract.sandbox_settings import SandboxSettings
 from worker.sandbox import SandboxConfig, SandboxError, SandboxResult
 from worker.sandbox.layers import describe_isolation
 from worker.sandbox.start.ready_pool import launcher
@@ -39,7 +40,9 @@ def config(tmp_path: Path) -> Iterator[SandboxConfig]:
     root = tmp_path / "workspaces"
     root.mkdir()
     tmp_path.chmod(0o755)
-    made = SandboxConfig(isolation="namespaces", workspace_root=str(root), uid_range=RUN_UIDS)
+    made = SandboxConfig(
+        SandboxSettings(isolation="namespaces", uid_range=str(RUN_UIDS)), workspace_root=str(root)
+    )
     try:
         describe_isolation(made)
     except SandboxError as exc:
@@ -157,7 +160,9 @@ def test_process_mode_refuses_a_list_it_cannot_hold(tmp_path: Path) -> None:
     root = tmp_path / "workspaces"
     root.mkdir()
     tmp_path.chmod(0o755)
-    config = SandboxConfig(isolation="process", workspace_root=str(root), uid_range=RUN_UIDS)
+    config = SandboxConfig(
+        SandboxSettings(isolation="process", uid_range=str(RUN_UIDS)), workspace_root=str(root)
+    )
     workspace = prepare_workspace(root / "run-process", config)
     try:
         with pytest.raises(SandboxError, match="network"):

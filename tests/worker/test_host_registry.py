@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import REPO, RedisServer, fleet_settings, wait_for
 from tests.worker.conftest import orphaned_sleep, sandbox_worker_start, sleeps
 from worker.contract.uid_range import UidRange
-from worker.sandbox import SandboxConfig, sweep_orphans
+from worker.sandbox import SandboxConfig, SandboxSettings, sweep_orphans
 from worker.sandbox.call_cgroup import CallGroup, sweep_groups
 from worker.sandbox.cgroup_layout import CgroupLayout, detect_layout
 from worker.sandbox.fleet_key import KEY_FILE, fleet_id
@@ -281,12 +281,14 @@ def test_runs_sharing_one_uid_are_swept_only_by_their_own_fleet(
     environment: its worker's id, which another fleet's sweep never takes for one of its own."""
     if os.geteuid() != 0:
         pytest.skip("runs as the sandbox user need a root worker")
-    options = {"isolation": "process", "cgroup": "off", "uid_range": None, "shared_allowed": True}
+    options = SandboxSettings(isolation="process", cgroup="off", uid_range="", shared="allow")
     tag = orphaned_sleep(
-        sandbox_dir, f"SandboxConfig(workspace_root={str(roots[0])!r}, **{options!r})"
+        sandbox_dir,
+        f"SandboxConfig(SandboxSettings(**{options.model_dump(mode='json')!r}), "
+        f"workspace_root={str(roots[0])!r})",
     )
-    other_fleet = SandboxConfig(workspace_root=str(roots[1]), **options)  # type: ignore[arg-type]
-    own_fleet = SandboxConfig(workspace_root=str(roots[0]), **options)  # type: ignore[arg-type]
+    other_fleet = SandboxConfig(options, workspace_root=str(roots[1]))
+    own_fleet = SandboxConfig(options, workspace_root=str(roots[0]))
 
     assert sweep_orphans(other_fleet) == 0
     assert sleeps(tag)

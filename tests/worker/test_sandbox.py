@@ -19,6 +19,7 @@ from tests.worker.conftest import (
     NOBODY,
     config_for,
     namespaces_unavailable,
+    one_uid,
     orphaned_sleep,
     sleeps,
 )
@@ -203,10 +204,14 @@ def test_auto_falls_back_to_process_isolation_without_namespaces(
     monkeypatch.setattr(sandbox_layers, "namespace_failure", lambda argv: reason)
     sandbox_layers.plan_for.cache_clear()
     try:
-        layers = describe_isolation(SandboxConfig(isolation="auto"))
-        result = run("echo still works", sandbox_dir, SandboxConfig(isolation="auto"))
+        layers = describe_isolation(SandboxConfig(one_uid(isolation="auto")))
+        result = run(
+            "echo still works",
+            sandbox_dir,
+            SandboxConfig(one_uid(isolation="auto")),
+        )
         with pytest.raises(SandboxError, match="Operation not permitted"):
-            describe_isolation(SandboxConfig(isolation="namespaces"))
+            describe_isolation(SandboxConfig(one_uid(isolation="namespaces")))
     finally:
         sandbox_layers.plan_for.cache_clear()
 
@@ -219,17 +224,18 @@ def test_auto_falls_back_to_process_isolation_without_namespaces(
 @as_root
 def test_a_missing_sandbox_user_is_a_clear_error() -> None:
     with pytest.raises(SandboxError, match="'toolq-no-such-user' does not exist"):
-        describe_isolation(SandboxConfig(user="toolq-no-such-user"))
+        describe_isolation(SandboxConfig(one_uid(user="toolq-no-such-user")))
 
 
 @as_root
 def test_a_worker_that_is_not_root_isolates_what_it_can(sandbox_dir: Path) -> None:
     script = (
         "import json, pathlib\n"
-        "from worker.sandbox import SandboxConfig, describe_isolation, run_sandboxed\n"
+        "from worker.sandbox import SandboxConfig, SandboxSettings, describe_isolation\n"
+        "from worker.sandbox import run_sandboxed\n"
         "here = pathlib.Path.cwd()\n"
         "for mode in ('auto', 'process'):\n"
-        "    config = SandboxConfig(isolation=mode)\n"
+        "    config = SandboxConfig(SandboxSettings(uid_range='', isolation=mode))\n"
         "    result = run_sandboxed('id -u; echo $HOME', cwd=here, home=here, env={},\n"
         "                           timeout_ms=5000, config=config)\n"
         "    print(json.dumps([mode, describe_isolation(config), result.stdout]))\n"
@@ -274,9 +280,10 @@ def test_an_unprivileged_worker_still_limits_its_commands(sandbox_dir: Path) -> 
     """Lowering one's own rlimits needs no privilege: a worker that is not root applies them."""
     script = (
         "import pathlib\n"
-        "from worker.sandbox import SandboxConfig, run_sandboxed\n"
+        "from worker.sandbox import SandboxConfig, SandboxSettings, run_sandboxed\n"
         "here = pathlib.Path.cwd()\n"
-        "config = SandboxConfig(isolation='process', file_size_mb=1)\n"
+        "settings = SandboxSettings(uid_range='', isolation='process', file_size_mb=1)\n"
+        "config = SandboxConfig(settings)\n"
         "result = run_sandboxed('head -c 3000000 /dev/zero > big; echo $?', cwd=here, home=here,\n"
         "                       env={}, timeout_ms=5000, config=config)\n"
         "print('rlimits' in result.isolation, result.stdout.strip())\n"
@@ -291,7 +298,9 @@ def test_an_unprivileged_worker_still_limits_its_commands(sandbox_dir: Path) -> 
 
 def test_a_worker_killed_mid_call_leaves_no_command_running(mode: str, sandbox_dir: Path) -> None:
     """With namespaces the command dies with its worker; without, the next worker sweeps it."""
-    tag = orphaned_sleep(sandbox_dir, f"SandboxConfig(isolation={mode!r})")
+    tag = orphaned_sleep(
+        sandbox_dir, f"SandboxConfig(SandboxSettings(uid_range='', isolation={mode!r}))"
+    )
     if mode == "process":
         wait_for(
             lambda: sandbox.sweep_orphans(config_for(mode)) == 0 and not sleeps(tag),

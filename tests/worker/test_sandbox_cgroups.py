@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, wait_for
-from tests.worker.conftest import config_for, sleeps
+from tests.worker.conftest import config_for, one_uid, sleeps
 from worker import sandbox
+from worker.contract.sandbox_settings import SandboxSettings
 from worker.sandbox import SandboxConfig, SandboxError, describe_isolation, run_sandboxed
 from worker.sandbox.cgroup_layout import CgroupLayout, detect_layout
 from worker.sandbox.host_registry import HostRegistry
@@ -63,7 +64,7 @@ def _limits(where: Path, config: SandboxConfig) -> dict[str, str]:
 
 @as_root
 def test_a_machine_without_groups_falls_back_to_rlimits(sandbox_dir: Path, tmp_path: Path) -> None:
-    config = SandboxConfig(isolation="process", cgroup_root=str(tmp_path), memory_mb=300)
+    config = SandboxConfig(one_uid(isolation="process", cgroup_root=str(tmp_path), memory_mb=300))
 
     layers = describe_isolation(config)
     limits = _limits(sandbox_dir, config)
@@ -85,13 +86,13 @@ def test_a_machine_without_groups_falls_back_to_rlimits(sandbox_dir: Path, tmp_p
 @as_root
 def test_asking_for_a_version_the_machine_lacks_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(SandboxError, match=r"cgroup v2 was requested .* no cgroup v2 hierarchy"):
-        describe_isolation(SandboxConfig(cgroup="v2", cgroup_root=str(tmp_path)))
+        describe_isolation(SandboxConfig(one_uid(cgroup="v2", cgroup_root=str(tmp_path))))
 
 
 def test_with_groups_the_rlimits_leave_memory_and_processes_to_them(
     grouped: CgroupLayout, sandbox_dir: Path
 ) -> None:
-    limits = _limits(sandbox_dir, SandboxConfig(isolation="process"))
+    limits = _limits(sandbox_dir, SandboxConfig(one_uid(isolation="process")))
 
     assert limits["Max address space"] == "unlimited"
     assert limits["Max processes"] != "256"
@@ -100,7 +101,7 @@ def test_with_groups_the_rlimits_leave_memory_and_processes_to_them(
 
 def _own_worker() -> str:
     """This process's worker id, which names the call groups it makes."""
-    config = SandboxConfig()
+    config = SandboxConfig(one_uid())
     return HostRegistry(config.host_state).worker_id(config.fleet())
 
 
@@ -209,7 +210,11 @@ def test_v2_limits_processes_and_memory_where_it_has_the_controllers(
             f"cgroup v2 here cannot limit processes and memory: {reasons.get('pids')}; "
             f"{reasons.get('memory')}"
         )
-    config = SandboxConfig(isolation="process", cgroup="v2", memory_mb=128, max_processes=8)
+    config = SandboxConfig(
+        SandboxSettings(
+            uid_range="", isolation="process", cgroup="v2", memory_mb=128, max_processes=8
+        )
+    )
 
     result = run("for i in $(seq 20); do sleep 5 & done; wait", sandbox_dir, config)
     hog = run("head -c 300M /dev/zero | tail -c 1", sandbox_dir, config)
@@ -230,10 +235,10 @@ def _own_groups(layout: CgroupLayout) -> list[Path]:
 _DIES_AS_IT_SPAWNS = """
 import os, signal, sys
 from pathlib import Path
-from worker.sandbox import SandboxConfig, describe_isolation, run_sandboxed
+from worker.sandbox import SandboxConfig, SandboxSettings, describe_isolation, run_sandboxed
 from worker.sandbox.host_registry import HostRegistry
 from worker.sandbox.start.launch import Launch
-config = SandboxConfig(isolation=sys.argv[1])
+config = SandboxConfig(SandboxSettings(uid_range="", isolation=sys.argv[1]))
 describe_isolation(config)  # the plan's own probes run before the worker is made to die
 print(HostRegistry(config.host_state).worker_id(config.fleet()), flush=True)
 send = Launch.start

@@ -16,7 +16,8 @@ from api.local.stack import worker_argv, worker_environment
 from tests.conftest import RedisServer, fleet_settings, wait_for
 from tests.host_sysctls import host_is_hardened, host_sysctls_restored, read_host_sysctls
 from tests.reliability.conftest import pids_with
-from tests.worker.conftest import RUN_UIDS, run_in_workspace
+from tests.worker.conftest import RUN_UIDS, one_uid, run_in_workspace
+from worker.contract.sandbox_settings import SandboxSettings
 from worker.sandbox import SandboxConfig
 from worker.sandbox.hardening import hardening_refusal
 from worker.sandbox.layers import LAYER_HIDDEN_PROCESSES
@@ -40,10 +41,8 @@ def _fake_sysctls(tmp_path: Path, regular: str, symlinks: str) -> Path:
 
 def _process_mode(tmp_path: Path, hardening: str) -> SandboxConfig:
     return SandboxConfig(
-        isolation="process",
+        SandboxSettings(isolation="process", uid_range=str(RUN_UIDS), host_hardening=hardening),
         workspace_root=str(tmp_path),
-        uid_range=RUN_UIDS,
-        host_hardening=hardening,  # type: ignore[arg-type]
     )
 
 
@@ -97,9 +96,10 @@ def test_the_sysctls_are_left_alone_where_runs_do_not_share_tmp(tmp_path: Path) 
     sysctls = _fake_sysctls(tmp_path, "0", "0")
     allowed = _process_mode(tmp_path, "off")
     namespaced = SandboxConfig(
-        isolation="namespaces", workspace_root=str(tmp_path), uid_range=RUN_UIDS
+        SandboxSettings(isolation="namespaces", uid_range=str(RUN_UIDS)),
+        workspace_root=str(tmp_path),
     )
-    one_uid = SandboxConfig(isolation="process", uid_range=None, shared_allowed=True)
+    one_uid = SandboxConfig(SandboxSettings(isolation="process", uid_range="", shared="allow"))
 
     for config in (allowed, namespaced, one_uid):
         assert hardening_refusal(config, sysctls) is None, config
@@ -157,7 +157,7 @@ def test_a_process_mode_worker_on_this_host_refuses_or_hardens_it(
 
 
 def test_a_command_sees_only_its_own_runs_processes(config: SandboxConfig) -> None:
-    if config.isolation != "process":
+    if config.settings.isolation != "process":
         pytest.skip("a PID namespace hides the other runs' processes already")
     root = Path(str(config.workspace_root))
     attacker = prepare_workspace(root / "run-attacker", config)
@@ -204,5 +204,5 @@ def test_a_command_sees_only_its_own_runs_processes(config: SandboxConfig) -> No
 
 
 def test_a_hardening_it_does_not_know_is_refused_naming_the_choices() -> None:
-    with pytest.raises(ValueError, match="must be one of set, check, off, not 'maybe'"):
-        SandboxConfig(host_hardening="maybe")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="Input should be 'set', 'check' or 'off'"):
+        SandboxConfig(one_uid(host_hardening="maybe"))

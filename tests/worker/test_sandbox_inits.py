@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_for
-from tests.worker.conftest import namespaces_unavailable
+from tests.worker.conftest import namespaces_unavailable, one_uid
 from worker.sandbox import SHELL, SandboxConfig, run_sandboxed
 from worker.sandbox.cgroup_layout import detect_layout
 from worker.sandbox.host_registry import HostRegistry
@@ -63,7 +63,8 @@ def init(
     kind: str = request.param
     ahead = kind == "spawner, shell ahead"
     config = SandboxConfig(
-        isolation="namespaces", workspace_root=str(sandbox_dir) if ahead else None
+        one_uid(isolation="namespaces"),
+        workspace_root=str(sandbox_dir) if ahead else None,
     )
     plan = plan_for(config, 0).for_folder(str(sandbox_dir))
     if not plan.spawned:

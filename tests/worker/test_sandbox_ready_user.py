@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_for
-from tests.worker.conftest import NOBODY
+from tests.worker.conftest import NOBODY, one_uid
 from worker.sandbox import SandboxConfig, run_sandboxed
 from worker.sandbox.cgroup_layout import detect_layout
 from worker.sandbox.layers import plan_for
@@ -62,11 +62,11 @@ def _run(command: str, cwd: Path, config: SandboxConfig) -> SandboxResult:
 
 def test_the_command_sees_the_same_as_from_a_root_init(workspace_root: Path) -> None:
     run = _run_folder(workspace_root, "run-1")
-    ready = SandboxConfig(workspace_root=str(workspace_root))
+    ready = SandboxConfig(one_uid(), workspace_root=str(workspace_root))
     assert plan_for(ready, 0).ready_in == str(workspace_root)
 
     fast = _run(PROBE, run, ready)
-    dropping = _run(PROBE, run, SandboxConfig())
+    dropping = _run(PROBE, run, SandboxConfig(one_uid()))
 
     assert (fast.exit_code, fast.stderr) == (0, "")
     assert fast.stdout == dropping.stdout
@@ -78,7 +78,7 @@ def test_the_command_sees_the_same_as_from_a_root_init(workspace_root: Path) -> 
 
 
 def test_the_init_is_the_sandbox_user_before_the_call_comes(workspace_root: Path) -> None:
-    config = SandboxConfig(workspace_root=str(workspace_root))
+    config = SandboxConfig(one_uid(), workspace_root=str(workspace_root))
     plan = plan_for(config, 0)
     launcher.release()
     launcher.prepare(plan, config)
@@ -93,7 +93,7 @@ def test_the_init_is_the_sandbox_user_before_the_call_comes(workspace_root: Path
 
 def test_statuses_and_leftovers_are_told_as_from_a_root_init(workspace_root: Path) -> None:
     run = _run_folder(workspace_root, "run-2")
-    config = SandboxConfig(workspace_root=str(workspace_root))
+    config = SandboxConfig(one_uid(), workspace_root=str(workspace_root))
 
     killed = _run("kill -9 $$", run, config)
     exited = _run("exit 137", run, config)
@@ -113,7 +113,7 @@ def test_a_folder_outside_the_runs_is_entered_by_an_init_that_stays_root(
     elsewhere = closed / "elsewhere"
     elsewhere.mkdir()
     os.chown(elsewhere, NOBODY.pw_uid, NOBODY.pw_gid)
-    config = SandboxConfig(workspace_root=str(workspace_root))
+    config = SandboxConfig(one_uid(), workspace_root=str(workspace_root))
 
     result = _run("pwd; id -u", elsewhere, config)
 
@@ -123,7 +123,7 @@ def test_a_folder_outside_the_runs_is_entered_by_an_init_that_stays_root(
 def test_runs_the_sandbox_user_cannot_pass_through_keep_a_root_init(tmp_path: Path) -> None:
     closed = tmp_path / "closed"
     closed.mkdir(mode=0o700)
-    assert plan_for(SandboxConfig(workspace_root=str(closed)), 0).ready_in is None
+    assert plan_for(SandboxConfig(one_uid(), workspace_root=str(closed)), 0).ready_in is None
 
 
 def _children(pid: int) -> list[int]:
@@ -139,7 +139,10 @@ def test_the_callers_variables_reach_the_command_as_from_a_root_init(
     command = "env | grep -A1 -E '^(A-B|ANSWER)=' | sort"
     fast, dropping = (
         run_sandboxed(command, cwd=run, home=run, env=variables, timeout_ms=5_000, config=config)
-        for config in (SandboxConfig(workspace_root=str(workspace_root)), SandboxConfig())
+        for config in (
+            SandboxConfig(one_uid(), workspace_root=str(workspace_root)),
+            SandboxConfig(one_uid()),
+        )
     )
     assert (fast.stdout, fast.stderr, fast.exit_code) == (dropping.stdout, "", 0)
     assert 'ANSWER=it\'s "quoted"' in fast.stdout
@@ -150,8 +153,7 @@ def test_every_plan_drops_to_the_sandbox_user(workspace_root: Path, isolation: s
     run = _run_folder(workspace_root, f"run-{isolation}")
     for cgroup in ("auto", "off"):
         config = SandboxConfig(
+            one_uid(cgroup=cgroup, isolation=isolation),
             workspace_root=str(workspace_root),
-            cgroup=cgroup,
-            isolation=isolation,  # type: ignore[arg-type]
         )
         assert _run("id -u", run, config).stdout == f"{NOBODY.pw_uid}\n", config

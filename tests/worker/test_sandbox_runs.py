@@ -16,8 +16,9 @@ import redis
 from api.calls.dispatch import Dispatcher
 from api.local.stack import worker_argv, worker_environment
 from tests.conftest import Caller, RedisServer, WorkerFleet, fleet_settings, wait_for
-from tests.worker.conftest import run_in_workspace, sandbox_worker_start
+from tests.worker.conftest import one_uid, run_in_workspace, sandbox_worker_start
 from worker.contract.keys import keys
+from worker.contract.sandbox_settings import SandboxSettings
 from worker.contract.uid_range import DEFAULT_UID_RANGE, UidRange
 from worker.contract.wire import LAYER_RUN_UID
 from worker.retention import prune
@@ -53,7 +54,9 @@ def test_each_run_is_a_uid_of_its_own_on_every_call(config: SandboxConfig) -> No
             assert int(count) == turn + 1
     layers = run_in_workspace(config, first, "true").isolation
     assert LAYER_RUN_UID in layers
-    assert (LAYER_PRIVATE_TMP if config.isolation == "namespaces" else LAYER_TMP_CLEANED) in layers
+    assert (
+        LAYER_PRIVATE_TMP if config.settings.isolation == "namespaces" else LAYER_TMP_CLEANED
+    ) in layers
 
 
 def test_a_workspace_made_again_is_the_one_a_call_sees(config: SandboxConfig) -> None:
@@ -111,15 +114,15 @@ def test_a_uid_range_is_checked() -> None:
 def test_a_worker_that_cannot_keep_runs_apart_says_what_is_missing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    shared = SandboxConfig(uid_range=None)
+    shared = SandboxConfig(one_uid())
     refusal = shared.sharing_refusal()
     assert refusal is not None
     assert "TOOLQ_SANDBOX_UID_RANGE is empty" in refusal
     assert "TOOLQ_SANDBOX_SHARED=allow" in refusal
-    assert SandboxConfig(uid_range=None, shared_allowed=True).sharing_refusal() is None
-    assert SandboxConfig(uid_range=RANGE).sharing_refusal() is None
+    assert SandboxConfig(one_uid(shared="allow")).sharing_refusal() is None
+    assert SandboxConfig(SandboxSettings(uid_range=str(RANGE))).sharing_refusal() is None
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    not_root = SandboxConfig(uid_range=RANGE).sharing_refusal()
+    not_root = SandboxConfig(SandboxSettings(uid_range=str(RANGE))).sharing_refusal()
     assert not_root is not None and "not root" in not_root
 
 

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.conftest import wait_for
+from tests.worker.conftest import one_uid
 from worker.sandbox import ending as ending_module
 from worker.sandbox.config import SandboxConfig
 from worker.sandbox.ending import Ending
@@ -59,7 +60,10 @@ def test_a_call_whose_process_is_never_reaped_ends_at_the_bound(
     os.close(err_write)
     # As a spawned launch looks to the worker: not its child, followed through a pidfd.
     proc = SpawnedProcess(unreaped, out_read, err_read)
-    plan = plan_for(SandboxConfig(isolation="process", cgroup="off"), os.geteuid())
+    plan = plan_for(
+        SandboxConfig(one_uid(isolation="process", cgroup="off")),
+        os.geteuid(),
+    )
     ending = Ending(proc, plan, marker="", group=None, init_socket=None)
     assert proc.stderr is not None
     stderr = CappedStream(proc.stderr, 1024)

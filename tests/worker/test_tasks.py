@@ -171,9 +171,8 @@ def test_a_call_past_its_hard_limit_is_answered_as_timed_out(
 def test_a_new_process_starts_even_when_the_sandbox_cannot_sweep(
     settings: WorkerSettings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    broken = settings.model_copy(
-        update={"sandbox_user": "toolq-no-such-user", "sandbox_uid_range": ""}
-    )
+    sandbox = settings.sandbox.model_copy(update={"user": "toolq-no-such-user", "uid_range": ""})
+    broken = settings.model_copy(update={"sandbox": sandbox})
     monkeypatch.setattr(tasks, "get_worker_settings", lambda: broken)
 
     with caplog.at_level(logging.WARNING, logger="worker.tasks"):

@@ -18,6 +18,7 @@ import pytest
 from tests.conftest import wait_for
 from tests.reliability.conftest import alive
 from tests.worker.conftest import sleeps
+from worker.contract.sandbox_settings import SandboxSettings
 from worker.contract.uid_range import UidRange
 from worker.sandbox import SandboxConfig
 from worker.sandbox.host_registry import HostRegistry
@@ -63,10 +64,12 @@ def test_the_sweep_ends_only_this_fleets_idle_uids_and_never_a_box(
     root = tmp_path / "workspaces"
     root.mkdir()
     config = SandboxConfig(
-        isolation="process",
+        SandboxSettings(
+            isolation="process",
+            uid_range=str(UidRange(first=first, last=first + 9)),
+            host_state=str(tmp_path / "host"),
+        ),
         workspace_root=str(root),
-        uid_range=UidRange(first=first, last=first + 9),
-        host_state=str(tmp_path / "host"),
     )
     host = HostRegistry(config.host_state)
     assert host.claim_uid(first, config.fleet(), "run-left-behind")

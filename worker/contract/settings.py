@@ -6,16 +6,18 @@ from __future__ import annotations
 import tempfile
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from worker.contract.image_sources import ImageSources
 from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES, DEFAULT_TRANSFER_MAX_BYTES
 from worker.contract.mcp_servers import load_servers
-from worker.contract.uid_range import DEFAULT_UID_RANGE, UidRange
+from worker.contract.run_limits import LimitsMax
+from worker.contract.sandbox_settings import SandboxSettings
 
 LOCAL_REDIS_URL = "redis://127.0.0.1:6379/0"
 ENV_PREFIX = "TOOLQ_"
@@ -55,7 +57,15 @@ class FleetSettings(BaseSettings):
     A misspelt field is an error, not a default (``extra="forbid"``).
     """
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
+    # A nested model's fields are variables of their own: TOOLQ_SANDBOX_MEMORY_MB is
+    # ``sandbox.memory_mb`` (split once, after the field's name).
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        extra="forbid",
+        frozen=True,
+        env_nested_delimiter="_",
+        env_nested_max_split=1,
+    )
 
     broker_url: str | None = Field(
         None, description="Celery broker (redis:// or amqp://). Unset: toolq starts a local stack."
@@ -84,6 +94,11 @@ class FleetSettings(BaseSettings):
     output_cap_bytes: int = Field(
         DEFAULT_OUTPUT_CAP_BYTES, gt=0, description="Cap on every tool's answer (50 KB)."
     )
+    limits_max: LimitsMax = Field(
+        default_factory=LimitsMax,
+        description="The most a run may ask for its commands (`limits`): TOOLQ_LIMITS_MAX_<FIELD>; "
+        "a run asking more is refused before anything runs.",
+    )
     result_ttl_s: int = Field(86_400, gt=0, description="How long results are kept.")
     fleet_secret_file: Path | None = Field(
         None,
@@ -103,6 +118,28 @@ class FleetSettings(BaseSettings):
         "with TOOLQ_API_TOKENS_FILE a token's run takes no host path and no loopback, private "
         "or link-local address it does not name.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nested_by_variable_name(cls, data: Any) -> Any:
+        # A nested model's field given by its variable's name (sandbox_memory_mb=...), as the
+        # environment names it, is that field of the model (``sandbox.memory_mb``).
+        if not isinstance(data, dict):
+            return data
+        for name, field in cls.model_fields.items():
+            nested = field.annotation
+            if not (isinstance(nested, type) and issubclass(nested, BaseModel)):
+                continue
+            prefix = f"{name}_"
+            named = {key: data[key] for key in data if str(key).startswith(prefix)}
+            if not named:
+                continue
+            data = {key: value for key, value in data.items() if key not in named}
+            given = data.get(name) or {}
+            merged = given.model_dump() if isinstance(given, BaseModel) else dict(given)
+            merged.update({key.removeprefix(prefix): value for key, value in named.items()})
+            data[name] = merged
+        return data
 
     @field_validator("image_sources", mode="before")
     @classmethod
@@ -190,60 +227,15 @@ class WorkerSettings(FleetSettings):
         86_400, gt=0, description="A run's workspace no call touched for this long is removed."
     )
 
-    sandbox_user: str = Field(
-        "nobody",
-        description="run_bash's user when the worker is root and runs share one uid "
-        "(TOOLQ_SANDBOX_SHARED=allow, or an empty TOOLQ_SANDBOX_UID_RANGE).",
+    sandbox: SandboxSettings = Field(
+        default_factory=SandboxSettings,
+        description="How run_bash's commands are kept apart and limited: TOOLQ_SANDBOX_<FIELD>.",
     )
-    sandbox_uid_range: str = Field(
-        DEFAULT_UID_RANGE,
-        description="The uids (and gids) runs take, FIRST-LAST: each run's commands run as a uid "
-        "of their own and its workspace is that uid's alone. Empty: runs share TOOLQ_SANDBOX_USER.",
-    )
-    sandbox_host_state: Path = Field(
-        Path("/run/toolq"),
-        description="The host's own registry of uids and live worker processes, shared by every "
-        "sandbox worker on the host whatever its fleet, so that fleets never share a uid nor end "
-        "each other's commands: a folder of the worker's user's alone (mode 0700).",
-    )
-    sandbox_shared: Literal["deny", "allow"] = Field(
-        "deny",
-        description="allow: a sandbox worker that cannot keep runs apart (no per-run uids, as "
-        "when it is not root) starts anyway and its runs share one uid; deny: it refuses to start.",
-    )
-    sandbox_isolation: Literal["auto", "namespaces", "process"] = Field(
-        "auto", description="auto: PID+network namespaces where they work, else process groups."
-    )
-    sandbox_host_hardening: Literal["set", "check", "off"] = Field(
-        "set",
-        description="Without namespaces, runs share the host's /tmp and /var/tmp, kept apart by "
-        "fs.protected_regular and fs.protected_symlinks: set turns them on where they are off "
-        "(a root worker on the host), check refuses to start where they are off, off starts "
-        "anyway.",
-    )
-    sandbox_memory_mb: int = Field(
-        1024,
-        gt=0,
-        description="run_bash memory limit: resident memory and swap of the whole command "
-        "(control group), or the address space of each process where no group can be made.",
-    )
-    sandbox_max_processes: int = Field(
-        256, gt=0, description="run_bash process limit: per call (control group), else per user."
-    )
-    sandbox_file_size_mb: int = Field(256, gt=0, description="run_bash largest file written.")
     session_idle_s: float = Field(
         1800.0,
         gt=0,
         description="How long (seconds) a bash_session shell lives without a call before it "
         "ends, with everything it started; it ends with its run in any case.",
-    )
-    sandbox_cgroup: Literal["auto", "v2", "v1", "off"] = Field(
-        "auto",
-        description="Control groups for run_bash: auto takes each job from v2, else v1; v2 or "
-        "v1 use only that version; off uses rlimits alone.",
-    )
-    sandbox_cgroup_root: Path = Field(
-        Path("/sys/fs/cgroup"), description="Where the cgroup file systems are mounted."
     )
     image_cache: Path = Field(
         Path(tempfile.gettempdir()) / "toolq" / "images",
@@ -281,13 +273,6 @@ class WorkerSettings(FleetSettings):
         "without checking their TLS certificate, e.g. a registry on loopback.",
     )
 
-    @field_validator("sandbox_uid_range")
-    @classmethod
-    def _a_uid_range(cls, text: str) -> str:
-        if text.strip():
-            UidRange.parse(text)
-        return text.strip()
-
     @field_validator("mcp_servers")
     @classmethod
     def _servers_file_is_usable(cls, path: Path | None) -> Path | None:
@@ -302,6 +287,30 @@ class WorkerSettings(FleetSettings):
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+
+def setting_names(cls: type[BaseModel]) -> list[tuple[str, FieldInfo]]:
+    """Each setting of ``cls`` by the name its variable has after ``TOOLQ_``, lower-cased: a
+    nested model's fields as ``<field>_<its field>`` (``sandbox_memory_mb``)."""
+    names: list[tuple[str, FieldInfo]] = []
+    for name, field in cls.model_fields.items():
+        nested = field.annotation
+        if isinstance(nested, type) and issubclass(nested, BaseModel):
+            names += [(f"{name}_{inner}", sub) for inner, sub in nested.model_fields.items()]
+        else:
+            names.append((name, field))
+    return names
+
+
+def variable_of(loc: tuple[int | str, ...]) -> str:
+    """The variable a validation error's location names: ``("sandbox", "memory_mb")`` is
+    TOOLQ_SANDBOX_MEMORY_MB."""
+    name = str(loc[0])
+    field = WorkerSettings.model_fields.get(name)
+    nested = field.annotation if field is not None else None
+    if len(loc) > 1 and isinstance(nested, type) and issubclass(nested, BaseModel):
+        name = f"{name}_{loc[1]}"
+    return f"{ENV_PREFIX}{name.upper()}"
 
 
 @lru_cache(maxsize=1)

@@ -25,6 +25,8 @@ from worker.contract.settings import (
     OTHER_VARIABLES,
     WorkerSettings,
     get_worker_settings,
+    setting_names,
+    variable_of,
 )
 
 #: The exit status of a process whose settings are wrong.
@@ -46,7 +48,7 @@ def known_variables(
 ) -> frozenset[str]:
     """The ``TOOLQ_`` variables of ``classes``' fields and of ``fields``, and the others toolq
     reads."""
-    names = {name for cls in classes for name in cls.model_fields} | set(fields)
+    names = {name for cls in classes for name, _ in setting_names(cls)} | set(fields)
     return frozenset({f"{ENV_PREFIX}{name.upper()}" for name in names} | set(OTHER_VARIABLES))
 
 
@@ -74,7 +76,7 @@ def validation_problems(exc: ValidationError) -> list[str]:
     for error in exc.errors(include_url=False):
         message = str(error["msg"]).removeprefix("Value error, ")
         if error["loc"]:
-            message = f"{ENV_PREFIX}{str(error['loc'][0]).upper()}: {message}"
+            message = f"{variable_of(error['loc'])}: {message}"
         problems.append(message)
     return problems
 

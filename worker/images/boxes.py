@@ -28,6 +28,7 @@ from pydantic import BaseModel
 from worker.contract.image_errors import EnvironmentLost, ImageError
 from worker.contract.image_reference import parse_reference
 from worker.contract.image_sources import ImageSources
+from worker.contract.sandbox_settings import SandboxSettings
 from worker.images.cache import DEFAULT_TAG_TTL_S, CachedImage, ImageCache
 from worker.images.fetch import Tools
 from worker.images.group import BoxGroup, swap_accounted
@@ -85,10 +86,8 @@ class BoxSettings:
     cache_bytes: int
     runtime: str
     tools: Tools
-    cgroup_root: Path
-    memory_mb: int
-    max_processes: int
-    file_size_mb: int
+    #: The sandbox's settings (``TOOLQ_SANDBOX_*``): a box's limits and where its group is.
+    sandbox: SandboxSettings
     #: The first of the 65,536 host ids that stand for a box's ids other than its user's.
     id_block: int
     #: Where images may come from (``TOOLQ_IMAGE_SOURCES``); empty: anywhere.
@@ -247,6 +246,7 @@ class Boxes:
         started: float,
     ) -> BoxRecord:
         settings = self.settings
+        sandbox = settings.sandbox
         bundle = self.folder / name
         info = os.stat(workspace)
         workdir = box_workdir(cached.record.workdir)
@@ -277,9 +277,9 @@ class Boxes:
             user=inside,
             env=box_env,
             cgroups_path=cgroups_path,
-            memory_bytes=(settings.memory_mb + (GVISOR_MEMORY_MB if runtime.gvisor else 0)) << 20,
-            swap_accounted=swap_accounted(settings.cgroup_root),
-            max_processes=None if runtime.gvisor else settings.max_processes,
+            memory_bytes=(sandbox.memory_mb + (GVISOR_MEMORY_MB if runtime.gvisor else 0)) << 20,
+            swap_accounted=swap_accounted(sandbox.cgroup_root),
+            max_processes=None if runtime.gvisor else sandbox.max_processes,
             etc_files={"/etc/hosts": str(bundle / "hosts"), "/etc/hostname": str(hostname)},
         )
         (bundle / "config.json").write_text(json.dumps(container_config(spec)))
@@ -347,7 +347,7 @@ class Boxes:
             else:
                 runtime.end_now(name, sandbox_pid)
         remove_bundle(self.folder / name)
-        BoxGroup(self.settings.cgroup_root, group_path(name)).remove()
+        BoxGroup(self.settings.sandbox.cgroup_root, group_path(name)).remove()
 
     @staticmethod
     def _read(folder: Path) -> BoxRecord | None:
@@ -383,4 +383,4 @@ def group_path(name: str) -> str:
 
 
 def box_group(settings: BoxSettings, record: BoxRecord) -> BoxGroup:
-    return BoxGroup(settings.cgroup_root, record.cgroups_path)
+    return BoxGroup(settings.sandbox.cgroup_root, record.cgroups_path)

@@ -73,7 +73,10 @@ def run_in_box(
             env=merged_env(record.env, env),
             rlimits={
                 "RLIMIT_CPU": (cpu_s, cpu_s + 1),
-                "RLIMIT_FSIZE": (config.file_size_mb * mb, config.file_size_mb * mb),
+                "RLIMIT_FSIZE": (
+                    config.settings.file_size_mb * mb,
+                    config.settings.file_size_mb * mb,
+                ),
             },
         )
         call = uuid.uuid4().hex[:12]
@@ -199,7 +202,7 @@ def _follow(
         started,
         layers(record),
         usage,
-        config.memory_mb,
+        config.settings.memory_mb,
     )
 
 

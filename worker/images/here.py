@@ -8,7 +8,6 @@ import os
 from worker.contract.image_errors import ImageError
 from worker.contract.image_sources import ImageSources
 from worker.contract.settings import WorkerSettings, get_worker_settings
-from worker.contract.uid_range import UidRange
 from worker.images.boxes import Boxes, BoxSettings
 from worker.images.fetch import Tools
 from worker.images.spec import CONTAINER_IDS
@@ -17,13 +16,13 @@ from worker.images.spec import CONTAINER_IDS
 def box_settings(settings: WorkerSettings) -> BoxSettings:
     """How this worker makes boxes; ``ImageError`` when it cannot make any: a run's box needs
     root and a uid of the run's own (``TOOLQ_SANDBOX_UID_RANGE``)."""
-    if os.geteuid() != 0 or not settings.sandbox_uid_range:
+    uids = settings.sandbox.uids
+    if os.geteuid() != 0 or uids is None:
         raise ImageError(
             "",
             "this sandbox worker cannot run images: it needs to be root with "
             "TOOLQ_SANDBOX_UID_RANGE set, so that each run's container has a uid of its own",
         )
-    uids = UidRange.parse(settings.sandbox_uid_range)
     # The ids a box maps besides its user's: the block just past the runs' own uids.
     block = uids.last + 1
     if block + CONTAINER_IDS > 2**32 - 1:
@@ -37,10 +36,7 @@ def box_settings(settings: WorkerSettings) -> BoxSettings:
         cache_bytes=settings.image_cache_bytes,
         runtime=settings.oci_runtime,
         tools=Tools(settings.registry_auth_file, tuple(settings.insecure_registries)),
-        cgroup_root=settings.sandbox_cgroup_root,
-        memory_mb=settings.sandbox_memory_mb,
-        max_processes=settings.sandbox_max_processes,
-        file_size_mb=settings.sandbox_file_size_mb,
+        sandbox=settings.sandbox,
         id_block=block,
         sources=ImageSources.parse(settings.image_sources),
         tag_ttl_s=settings.image_tag_ttl_s,

@@ -73,7 +73,7 @@ def _remove(boxes: Boxes, folder: Path, record: BoxRecord | None) -> None:
         with contextlib.suppress(RuntimeFailed):
             OciRuntime.find(name, boxes.settings.cache_root).delete(folder.name)
     remove_bundle(folder)
-    BoxGroup(boxes.settings.cgroup_root, group_path(folder.name)).remove()
+    BoxGroup(boxes.settings.sandbox.cgroup_root, group_path(folder.name)).remove()
 
 
 def _forgotten(boxes: Boxes, known: set[str]) -> int:

@@ -21,6 +21,7 @@ counting, or letting a command that ended alone answer before its namespace ends
 ``command`` (one command from start to end).
 """
 
+from worker.contract.sandbox_settings import SandboxSettings
 from worker.contract.wire import LAYER_RUN_UID
 from worker.sandbox.command import CommandCall, run_sandboxed
 from worker.sandbox.config import (
@@ -67,6 +68,7 @@ __all__ = [
     "SandboxConfig",
     "SandboxError",
     "SandboxResult",
+    "SandboxSettings",
     "Usage",
     "describe_isolation",
     "run_sandboxed",

@@ -267,7 +267,7 @@ def _follow(
         started,
         ending.plan.layers,
         ending.usage(),
-        config.memory_mb,
+        config.settings.memory_mb,
     )
 
 

@@ -6,29 +6,29 @@ from __future__ import annotations
 import os
 import pwd
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING
 
 from worker.contract.errors import ToolqError
 from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES
+from worker.contract.run_limits import RunLimits
+from worker.contract.sandbox_settings import (
+    HOST_STATE,
+    CgroupMode,
+    HostHardening,
+    Isolation,
+    SandboxSettings,
+)
 from worker.contract.uid_range import UidRange
 from worker.sandbox.fleet_key import fleet_id
-from worker.sandbox.host_registry import HOST_STATE, default_host_state
+from worker.sandbox.host_registry import default_host_state
 from worker.sandbox.identity import identity_of, make_run_tmp
 
 if TYPE_CHECKING:
     from worker.contract.settings import WorkerSettings
 
-Isolation = Literal["auto", "namespaces", "process"]
-#: What a worker whose runs share /tmp does about the host's sysctls (``worker.sandbox.hardening``).
-HostHardening = Literal["set", "check", "off"]
-#: Which control groups run_bash may use: ``auto`` takes each job (killing, CPU accounting, the
-#: process limit, the memory limit) from cgroup v2 where v2 offers it, else from v1; ``v2`` and
-#: ``v1`` use only that version; ``off`` uses none (rlimits alone).
-CgroupMode = Literal["auto", "v2", "v1", "off"]
-#: Where cgroup file systems are mounted.
-CGROUP_ROOT = "/sys/fs/cgroup"
+__all__ = ["CgroupMode", "HostHardening", "Isolation", "SandboxConfig", "SandboxError"]
 
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SHELL = "/bin/sh"
@@ -49,52 +49,44 @@ class SandboxError(ToolqError, RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class SandboxConfig:
-    """How commands are isolated and limited."""
+    """How commands are isolated and limited: the sandbox's settings as the operator gave them
+    (``TOOLQ_SANDBOX_*``), with the worker's facts the sandbox needs beside them."""
 
-    user: str = "nobody"
-    isolation: Isolation = "auto"
-    memory_mb: int = 1024
-    max_processes: int = 256
-    file_size_mb: int = 256
+    settings: SandboxSettings = field(default_factory=SandboxSettings)
     output_cap_bytes: int = DEFAULT_OUTPUT_CAP_BYTES
-    cgroup: CgroupMode = "auto"
-    cgroup_root: str = CGROUP_ROOT
     #: Where the runs' folders are: a root worker's ready launches wait there, already the
     #: sandbox user's, and enter a call's folder by its path from there. None: each call drops
     #: to the sandbox user itself. Per-run uids are claimed below it (``identity``).
     workspace_root: str | None = None
-    #: The uids runs take, one each (``worker.sandbox.identity``); None: every run is the
-    #: sandbox user.
-    uid_range: UidRange | None = None
-    #: The operator allows a worker that cannot keep runs apart to run them as one uid.
-    shared_allowed: bool = False
     #: Each run's workspace is a file system of this many bytes (``volumes``); 0: none.
     volume_bytes: int = 0
-    #: Without a mount namespace: turn on the host's sysctls that keep runs apart in /tmp, or
-    #: only check them, or neither (``worker.sandbox.hardening``).
-    host_hardening: HostHardening = "set"
-    #: The host's registry every sandbox worker on the host shares (``host_registry``).
-    host_state: str = field(default_factory=default_host_state)
 
-    def __post_init__(self) -> None:
-        if self.isolation not in get_args(Isolation):
-            raise ValueError(
-                f"sandbox isolation must be one of {', '.join(get_args(Isolation))}, "
-                f"not {self.isolation!r}"
-            )
-        if self.cgroup not in get_args(CgroupMode):
-            raise ValueError(
-                f"sandbox cgroup must be one of {', '.join(get_args(CgroupMode))}, "
-                f"not {self.cgroup!r}"
-            )
-        if self.host_hardening not in get_args(HostHardening):
-            raise ValueError(
-                f"sandbox host hardening must be one of {', '.join(get_args(HostHardening))}, "
-                f"not {self.host_hardening!r}"
-            )
-        for name in ("memory_mb", "max_processes", "file_size_mb", "output_cap_bytes"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"sandbox {name} must be positive")
+    def with_limits(self, limits: RunLimits | None) -> SandboxConfig:
+        """This configuration with a run's own memory, process and CPU limits, where it asks."""
+        if limits is None:
+            return self
+        asked = {
+            "memory_mb": limits.memory_mb,
+            "max_processes": limits.pids,
+            "cpu": limits.cpu,
+        }
+        update = {name: value for name, value in asked.items() if value is not None}
+        if not update:
+            return self
+        return replace(self, settings=self.settings.model_copy(update=update))
+
+    @property
+    def uid_range(self) -> UidRange | None:
+        """The uids runs take, one each (``worker.sandbox.identity``); None: every run is the
+        sandbox user."""
+        return self.settings.uids
+
+    @property
+    def host_state(self) -> str:
+        """The host's registry every sandbox worker on the host shares (``host_registry``):
+        the default is a folder of the worker user's own when it is not root."""
+        chosen = self.settings.host_state
+        return default_host_state() if chosen == HOST_STATE else str(chosen)
 
     @property
     def per_run_uids(self) -> bool:
@@ -111,7 +103,7 @@ class SandboxConfig:
             root, key = self._claims_for(folder)
             return identity_of(root, key, self.uid_range, self.host_state)
         try:
-            entry = pwd.getpwnam(self.user)
+            entry = pwd.getpwnam(self.settings.user)
         except KeyError:
             return None  # the sandbox refuses to run, and says why, at the first command
         return entry.pw_uid, entry.pw_gid
@@ -120,7 +112,7 @@ class SandboxConfig:
         """Why a sandbox worker with this configuration must not start (its runs would share
         one uid and could reach each other's files and processes), or None. The operator may
         allow it with ``TOOLQ_SANDBOX_SHARED=allow``."""
-        if self.per_run_uids or self.shared_allowed:
+        if self.per_run_uids or self.settings.shared == "allow":
             return None
         if os.geteuid() != 0:
             why = (
@@ -167,25 +159,10 @@ class SandboxConfig:
 
     @classmethod
     def from_settings(cls, settings: WorkerSettings) -> SandboxConfig:
+        quota_fs = settings.workspace_quota_fs == "loop"
         return cls(
-            user=settings.sandbox_user,
-            isolation=settings.sandbox_isolation,
-            memory_mb=settings.sandbox_memory_mb,
-            max_processes=settings.sandbox_max_processes,
-            file_size_mb=settings.sandbox_file_size_mb,
+            settings.sandbox,
             output_cap_bytes=settings.output_cap_bytes,
-            cgroup=settings.sandbox_cgroup,
-            cgroup_root=str(settings.sandbox_cgroup_root),
             workspace_root=str(settings.workspace_root),
-            uid_range=UidRange.parse(settings.sandbox_uid_range)
-            if settings.sandbox_uid_range
-            else None,
-            shared_allowed=settings.sandbox_shared == "allow",
-            volume_bytes=settings.workspace_quota_bytes
-            if settings.workspace_quota_fs == "loop"
-            else 0,
-            host_hardening=settings.sandbox_host_hardening,
-            host_state=default_host_state()
-            if settings.sandbox_host_state == Path(HOST_STATE)
-            else str(settings.sandbox_host_state),
+            volume_bytes=settings.workspace_quota_bytes if quota_fs else 0,
         )

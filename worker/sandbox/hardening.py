@@ -42,7 +42,12 @@ def shares_host_tmp(config: SandboxConfig) -> bool:
     # Whether /tmp is shared does not depend on control groups: the plan is made without them,
     # so that nothing is made in the cgroup hierarchy by the worker's first process.
     try:
-        plan = plan_for(dataclasses.replace(config, cgroup="off"), os.geteuid())
+        plan = plan_for(
+            dataclasses.replace(
+                config, settings=config.settings.model_copy(update={"cgroup": "off"})
+            ),
+            os.geteuid(),
+        )
     except SandboxError:
         return False  # the worker says why at its first command
     return LAYER_TMP_CLEANED in plan.layers
@@ -52,13 +57,13 @@ def hardening_refusal(config: SandboxConfig, sysctls: Path = SYSCTL_ROOT) -> str
     """Why a worker with ``config`` must not start on this host (its runs share /tmp and the
     sysctls that keep them apart there are off, and stay off), or None. With ``set``, turns
     them on first, saying so in the log. ``sysctls``: where the sysctls are read and written."""
-    if config.host_hardening == "off" or not shares_host_tmp(config):
+    if config.settings.host_hardening == "off" or not shares_host_tmp(config):
         return None
     low = {name: value for name, value in _read(sysctls).items() if value < NEEDED[name]}
     if not low:
         return None
     shown = ", ".join(f"{name}={_shown(value)}" for name, value in low.items())
-    if config.host_hardening == "set":
+    if config.settings.host_hardening == "set":
         failure = _write(sysctls, low)
         if failure is None:
             wanted = ", ".join(f"{name}={NEEDED[name]}" for name in low)

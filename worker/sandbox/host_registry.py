@@ -25,13 +25,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from worker.contract import sandbox_settings
 from worker.contract.errors import ToolqError
 from worker.sandbox.fleet_key import existing_fleet_id
 from worker.state_folder import STATE_DIR
 
 #: Where the registry is unless ``TOOLQ_SANDBOX_HOST_STATE`` says otherwise: a folder of the
 #: host's own that a reboot empties, as it empties the kernel state the registry describes.
-HOST_STATE = "/run/toolq"
+HOST_STATE = str(sandbox_settings.HOST_STATE)
 _UIDS = "uids"
 #: Where a fleet claims its uids under its workspace root (``identity.claims_dir``).
 _FLEET_CLAIMS = "uids"

@@ -81,10 +81,10 @@ def plan_for(config: SandboxConfig, euid: int) -> Plan:
     if as_root:
         # With per-run uids every call names its own; the first of the range stands in for
         # launches made ahead, which never run a command as it.
-        drop_to = _first_of(config) if per_run else sandbox_ids(config.user)
+        drop_to = _first_of(config) if per_run else sandbox_ids(config.settings.user)
         prlimit = require_binary("prlimit", "set resource limits")
         setpriv = require_binary("setpriv", "drop to the command's user")
-        user = LAYER_RUN_UID if per_run else f"user:{config.user}"
+        user = LAYER_RUN_UID if per_run else f"user:{config.settings.user}"
         layers += [user, LAYER_NO_NEW_PRIVS, LAYER_RLIMITS]
     else:
         prlimit = shutil.which("prlimit", path=SAFE_PATH) or ""
@@ -92,14 +92,14 @@ def plan_for(config: SandboxConfig, euid: int) -> Plan:
             layers.append(LAYER_RLIMITS)
     namespace_argv: tuple[str, ...] = ()
     ipc_argv: tuple[str, ...] = ()
-    if config.isolation != "process":
+    if config.settings.isolation != "process":
         argv = _namespace_argv(as_root)
         failure = namespace_failure(argv)
         if failure is None:
             namespace_argv = argv
             layers += [LAYER_PID_NS, LAYER_NET_NS, LAYER_IPC_NS]
             layers += [] if as_root else [LAYER_USER_NS]
-        elif config.isolation == "namespaces":
+        elif config.settings.isolation == "namespaces":
             raise SandboxError(
                 "namespace isolation was requested (sandbox_isolation='namespaces') but this "
                 f"machine does not allow it: {failure}"
@@ -122,11 +122,12 @@ def plan_for(config: SandboxConfig, euid: int) -> Plan:
         layers.append(LAYER_SESSION_KEYRING)
     env_binary = shutil.which("env", path=SAFE_PATH) or "/usr/bin/env"
     guard = shutil.which("setpriv", path=SAFE_PATH) or ""
-    cgroups = detect_layout(config.cgroup, config.cgroup_root)
-    if not cgroups.hierarchies and config.cgroup in ("v1", "v2"):
+    cgroups = detect_layout(config.settings.cgroup, str(config.settings.cgroup_root))
+    if not cgroups.hierarchies and config.settings.cgroup in ("v1", "v2"):
         reasons = "; ".join(sorted({why for _, why in cgroups.missing}))
         raise SandboxError(
-            f"cgroup {config.cgroup} was requested (sandbox_cgroup={config.cgroup!r}) but this "
+            f"cgroup {config.settings.cgroup} was requested "
+            f"(TOOLQ_SANDBOX_CGROUP={config.settings.cgroup}) but this "
             f"machine does not give it: {reasons}"
         )
     layers += cgroups.layers

@@ -165,7 +165,7 @@ class Plan:
         return {
             "folders": list(PRIVATE_FOLDERS),
             "bind": [list(pair) for pair in self.keep],
-            "size_bytes": config.memory_mb * 1024 * 1024,
+            "size_bytes": config.settings.memory_mb * 1024 * 1024,
         }
 
     def for_folder(self, cwd: str) -> Plan:
@@ -265,7 +265,7 @@ class Plan:
             argv += self.hide_argv
         if self.per_run and self.namespaced:
             # Still root, in the call's mount namespace: its own /tmp and the like.
-            size = str(config.memory_mb * 1024 * 1024)
+            size = str(config.settings.memory_mb * 1024 * 1024)
             pairs = [path for pair in keep for path in pair]
             argv += [SHELL, "-c", PRIVATE_SCRIPT, "toolq-private", size, *pairs, "--"]
         if not self.init_drops:
@@ -299,13 +299,13 @@ class Plan:
         # SIGXCPU at the soft limit tells what happened; SIGKILL a second later is sure.
         cpu_s = -(-timeout_ms // 1000) + 1
         mb = 1024 * 1024
-        limits = {"cpu": (cpu_s, cpu_s + 1), "fsize": (config.file_size_mb * mb,) * 2}
+        limits = {"cpu": (cpu_s, cpu_s + 1), "fsize": (config.settings.file_size_mb * mb,) * 2}
         # A control group limits by what a command holds, not what it reserves, and per call,
         # not per user: the rlimits stand in only where no group does.
         if self.cgroups.doing("memory") is None:
-            limits["as"] = (config.memory_mb * mb,) * 2
+            limits["as"] = (config.settings.memory_mb * mb,) * 2
         if self.cgroups.doing("pids") is None:
-            limits["nproc"] = (config.max_processes,) * 2
+            limits["nproc"] = (config.settings.max_processes,) * 2
         return limits
 
     def _rlimits(self, timeout_ms: int, config: SandboxConfig) -> list[str]:

@@ -87,7 +87,7 @@ def test_commands_run_in_the_samples_workspace_on_the_sandbox_workers(
     first, second, third = tool_messages(shell)
     user, workspace, lines, setup = first.text.strip().splitlines()
     # The sample's own uid, one of the fleet's range: this test runs as root.
-    assert int(user) in UidRange.parse(fleet_env.settings.sandbox_uid_range)
+    assert int(user) in UidRange.parse(fleet_env.settings.sandbox.uid_range)
     root = str(fleet_env.settings.workspace_root.resolve())
     assert re.fullmatch(rf"{re.escape(root)}/inspect-[\w.-]+", workspace), workspace
     assert lines == "3"  # the sample's files were put in its workspace

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.worker.images.builders import Images, build_test_images, images_folder, skip_reason
+from worker.contract.sandbox_settings import SandboxSettings
 from worker.contract.uid_range import DEFAULT_UID_RANGE, UidRange
 from worker.images.boxes import Boxes, BoxSettings
 from worker.images.fetch import Tools
@@ -49,10 +50,7 @@ def box_settings(cache: Path, runtime: str = "runc", cache_bytes: int = 1 << 30)
         cache_bytes=cache_bytes,
         runtime=runtime,
         tools=Tools(),
-        cgroup_root=Path("/sys/fs/cgroup"),
-        memory_mb=MEMORY_MB,
-        max_processes=MAX_PROCESSES,
-        file_size_mb=16,
+        sandbox=SandboxSettings(memory_mb=MEMORY_MB, max_processes=MAX_PROCESSES, file_size_mb=16),
         id_block=ID_BLOCK,
     )
 
@@ -67,10 +65,12 @@ class Host:
         os.chmod(self.workspaces, 0o711)
         self.boxes = Boxes(box_settings(root / "cache", runtime))
         self.sandbox = SandboxConfig(
-            memory_mb=MEMORY_MB,
-            max_processes=MAX_PROCESSES,
+            SandboxSettings(
+                memory_mb=MEMORY_MB,
+                max_processes=MAX_PROCESSES,
+                uid_range=str(UidRange.parse(DEFAULT_UID_RANGE)),
+            ),
             workspace_root=str(self.workspaces),
-            uid_range=UidRange.parse(DEFAULT_UID_RANGE),
         )
 
     def workspace(self, run_id: str) -> Workspace:

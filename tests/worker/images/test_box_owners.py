@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.worker.conftest import one_uid
 from worker.images import owner as owner_module
 from worker.images.boxes import BoxRecord
 from worker.images.owner import Owner, set_worker
@@ -23,8 +24,9 @@ from worker.sandbox import SandboxConfig
 _WORKER = r"""
 import sys
 from worker.images.owner import current_owner, set_worker
-from worker.sandbox import SandboxConfig
-set_worker("sandbox-x@host", SandboxConfig(workspace_root=sys.argv[1], host_state=sys.argv[2]))
+from worker.sandbox import SandboxConfig, SandboxSettings
+settings = SandboxSettings(uid_range="", host_state=sys.argv[2])
+set_worker("sandbox-x@host", SandboxConfig(settings, workspace_root=sys.argv[1]))
 print(current_owner().model_dump_json(), flush=True)
 sys.stdin.read()
 """
@@ -98,4 +100,4 @@ def test_a_sweep_never_ends_another_fleets_box(
 
 
 def _config(root: Path, host: Path) -> SandboxConfig:
-    return SandboxConfig(workspace_root=str(root), host_state=str(host))
+    return SandboxConfig(one_uid(host_state=str(host)), workspace_root=str(root))

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import wait_for
+from tests.worker.conftest import one_uid
 from worker.sandbox import SandboxConfig, describe_isolation
 from worker.tools.bash import RunBashArgs, RunBashTool
 from worker.tools.registry import ToolRegistry
@@ -29,7 +30,7 @@ def sandbox_workspace(sandbox_dir: Path) -> Workspace:
 
 @pytest.fixture
 def bash(sandbox_workspace: Workspace, mode: str) -> RunBashTool:
-    return RunBashTool(sandbox_workspace, SandboxConfig(isolation=mode))  # type: ignore[arg-type]
+    return RunBashTool(sandbox_workspace, SandboxConfig(one_uid(isolation=mode)))
 
 
 def run(tool: RunBashTool, command: str, **args: Any) -> dict[str, Any]:
@@ -115,7 +116,7 @@ def test_passes_env_and_hides_the_workers_secrets(
     assert "PATH=/usr/bin:/bin\n" in answer["stdout"]
     assert "LANG=C.UTF-8\n" in answer["stdout"]
     assert "EXAMPLE_TEST_API_KEY" not in answer["stdout"]
-    if os.geteuid() == 0 or bash._config.isolation == "namespaces":
+    if os.geteuid() == 0 or bash._config.settings.isolation == "namespaces":
         # As another user, or in a PID namespace, the worker's environment cannot be read.
         assert "sk-secret-4f1c9e" not in answer["stdout"]
         assert answer["exit_code"] != 0
@@ -213,7 +214,7 @@ def test_a_character_cut_by_the_cap_is_dropped_and_the_answer_stays_json(
     width = len(char.encode())
     tool = RunBashTool(
         sandbox_workspace,
-        SandboxConfig(isolation=mode, output_cap_bytes=10 * width + 1),  # type: ignore[arg-type]
+        SandboxConfig(one_uid(isolation=mode), output_cap_bytes=10 * width + 1),
     )
 
     raw = tool.execute({"command": f"printf '{char * 20}'", "timeout": 5_000})

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.worker.conftest import BUILT_INS
+from tests.worker.conftest import BUILT_INS, one_uid
 from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES
 from worker.contract.uid_range import DEFAULT_UID_RANGE, UidRange
 from worker.sandbox import SandboxConfig
@@ -27,7 +27,7 @@ def default_tools(
         ToolContext("You are a test."),
         workspace,
         output_cap_bytes=output_cap_bytes,
-        sandbox=SandboxConfig(isolation="process"),
+        sandbox=SandboxConfig(one_uid(isolation="process")),
     )
 
 

@@ -187,8 +187,8 @@ def launch(plan: Plan, config: SandboxConfig) -> Launch:
         plan.cgroups,
         worker=HostRegistry(config.host_state).worker_id(config.fleet()),
         # The plan's own processes in the group do not count against the command.
-        max_processes=config.max_processes + plan.machinery,
-        memory_bytes=config.memory_mb * _MB,
+        max_processes=config.settings.max_processes + plan.machinery,
+        memory_bytes=config.settings.memory_mb * _MB,
     )
     ready = plan.ready_argv if plan.has_init else ()
     started_in = plan.ready_in if plan.ready_in and os.path.isdir(plan.ready_in) else "/"
