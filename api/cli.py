@@ -257,7 +257,7 @@ def batch(
     """Run many conversations or tasks; rerun the same command to resume."""
     checked_settings()
     reachable_fleet()
-    from api.batch.command import run_batch_command
+    from api.commands.batch import run_batch_command
 
     raise typer.Exit(
         run_batch_command(

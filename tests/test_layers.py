@@ -7,6 +7,9 @@ the orchestrator, and a fact both sides share is stated once. One exception, mad
 a conversation that runs its tools in process imports the worker's runner
 (``worker.in_process``) inside the function that asks for it. The contract imports nothing
 else of toolq's: it is the floor both stand on.
+
+Within each floor, the folders import one way too: no folder imports one that imports it back,
+directly or through others (``folder_cycles``).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -200,6 +204,123 @@ def test_the_loading_check_sees_what_an_allowed_import_brings(tmp_path: Path) ->
     assert not any(entry.startswith(("probe_api.fine:", "probe_api.lazy:")) for entry in found)
     assert "probe_api.leaky: worker.tools.factory" in found
     assert "probe_api.leaky: worker.sandbox" in found
+
+
+def folder_of(module: str, root: Path) -> str | None:
+    """The folder of ``api`` or ``worker`` a module is in (its first level: ``api/http`` holds
+    ``api.http.viewer.store``), or for a module at the top, the module itself."""
+    parts = module.split(".")
+    if len(parts) < 2:
+        return None
+    top, first = parts[0], parts[1]
+    return f"{top}/{first}" if (root / top / first).is_dir() else f"{top}/{first}.py"
+
+
+def folder_imports(top: str, root: Path = ROOT) -> dict[str, dict[str, str]]:
+    """Which folders of ``top`` each folder imports, from its import statements at any depth
+    (a lazy import is an arrow too), with the first ``file:line`` that makes each arrow."""
+    arrows: dict[str, dict[str, str]] = {}
+    for path in sorted((root / top).rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        source = folder_of(".".join(parts), root)
+        if source is None:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            else:
+                continue
+            for name in names:
+                target = folder_of(name, root) if name.split(".")[0] == top else None
+                if target is not None and target != source:
+                    where = f"{path.relative_to(root)}:{node.lineno}"
+                    arrows.setdefault(source, {}).setdefault(target, where)
+    return arrows
+
+
+def folder_cycles(arrows: dict[str, dict[str, str]]) -> list[str]:
+    """Each cycle among the folders, as ``a -> b (file:line) -> ... -> a``: one for each group
+    of folders that reach each other (Tarjan's strongly connected components), so a fix is
+    judged against every arrow that closes the loop."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+
+    def visit(folder: str) -> None:
+        index[folder] = low[folder] = len(index)
+        stack.append(folder)
+        for target in arrows.get(folder, {}):
+            if target not in index:
+                visit(target)
+                low[folder] = min(low[folder], low[target])
+            elif target in stack:
+                low[folder] = min(low[folder], index[target])
+        if low[folder] == index[folder]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == folder:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for folder in sorted(arrows):
+        if folder not in index:
+            visit(folder)
+    return [_a_cycle_through(group, arrows) for group in groups]
+
+
+def _a_cycle_through(group: list[str], arrows: dict[str, dict[str, str]]) -> str:
+    """One cycle inside ``group`` (folders that all reach each other), from its first folder,
+    each arrow with the import that makes it."""
+    start = group[0]
+    paths = {start: [start]}
+    queue = [start]
+    while queue:  # breadth first: the shortest way back to ``start``
+        folder = queue.pop(0)
+        for target in sorted(arrows.get(folder, {})):
+            if target == start:
+                way = [*paths[folder], start]
+                return (
+                    " -> ".join(f"{a} ({arrows[a][b]})" for a, b in pairwise(way)) + f" -> {start}"
+                )
+            if target in group and target not in paths:
+                paths[target] = [*paths[folder], target]
+                queue.append(target)
+    raise AssertionError(f"no cycle through {group}")  # a group of two or more always has one
+
+
+@pytest.mark.parametrize("top", ["api", "worker"])
+def test_no_folder_imports_a_folder_that_imports_it_back(top: str) -> None:
+    """Within each floor, the folders (and the modules at its top) import one way: one that a
+    folder imports never reaches it again, however many folders lie between."""
+    arrows = folder_imports(top)
+    assert len(arrows) > 5  # the check sees the folders
+    assert folder_cycles(arrows) == []
+
+
+def test_the_cycle_check_names_a_cycle_however_long(tmp_path: Path) -> None:
+    """The checker itself: a loop through three folders is found and named arrow by arrow; a
+    folder importing itself, or a one-way chain, is not a cycle."""
+    for folder, source in {
+        "a": "from probe.b.x import y\nfrom probe.a.other import z\n",
+        "b": "def f():\n    import probe.c\n",
+        "c": "from probe import a\n",
+        "d": "from probe.a.x import y\n",
+    }.items():
+        (tmp_path / "probe" / folder).mkdir(parents=True)
+        (tmp_path / "probe" / folder / "x.py").write_text(source)
+
+    found = folder_cycles(folder_imports("probe", tmp_path))
+
+    assert found == [
+        "probe/a (probe/a/x.py:1) -> probe/b (probe/b/x.py:2) -> probe/c (probe/c/x.py:1)"
+        " -> probe/a"
+    ]
 
 
 BUILTIN_EXCEPTIONS = {

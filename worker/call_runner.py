@@ -21,12 +21,12 @@ from worker.contract.limits import cap_text
 from worker.contract.session_errors import SessionLost
 from worker.contract.settings import WorkerSettings
 from worker.contract.wire import POOLS, Pool, ToolCallRequest, ToolCallResult
-from worker.images.service import image_tools
 from worker.mcp.hosting import hosted_tools
 from worker.quota import WorkspaceQuota
 from worker.retention import WorkspaceGone, hold
 from worker.sandbox import SandboxConfig, SandboxError
 from worker.sandbox.identity import IdentityError
+from worker.tools.environment_service import image_tools
 from worker.tools.factory import create_fleet_tool_registry, prepare_workspace
 from worker.tools.interface import ExecutableTool
 from worker.tools.registry import ToolRegistry

@@ -25,18 +25,18 @@ from api.agents.messages import (
     LEASE_TTL_S,
     ConversationRequest,
     ConversationResult,
-    RunEndLine,
 )
 from api.agents.store import ConversationStore, store_client
 from api.batch.items import BatchItem
 from api.batch.runner import failed_record, process_name, run_item
 from api.calls.dispatch import Dispatcher
 from api.calls.fleet import CachedFleet
-from api.http.cancels import watch_cancels
-from api.http.state.runs import RunStore
 from api.model.client import ChatModel
 from api.process.logs import log_context
 from api.settings import OrchestratorSettings
+from api.state.cancels import watch_cancels
+from api.state.run_end import RunEndLine
+from api.state.runs import RunStore
 from worker.contract.batch_record import BatchLine
 
 log = logging.getLogger(__name__)

@@ -16,16 +16,16 @@ from typing import Any
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
-from api.agents.messages import RunEnd, RunEndLine, RunOutcome
 from api.batch.runner import time_limit_error
 from api.calls.dispatch import Dispatcher
 from api.calls.fleet import Fleet
 from api.conversation.agent import Agent, AgentOptions
 from api.conversation.events import TextDiscarded, event_to_dict
-from api.http.run_stream import stream_into_run
-from api.http.state.runs import CANCELLED_ERROR, RunStore
 from api.model.client import ChatModel, ModelError
 from api.settings import OrchestratorSettings
+from api.state.run_end import RunEnd, RunEndLine, RunOutcome
+from api.state.run_stream import stream_into_run
+from api.state.runs import CANCELLED_ERROR, RunStore
 
 log = logging.getLogger(__name__)
 

@@ -7,10 +7,11 @@ No key or secret travels here: an agents worker reads ``OPENAI_*`` from its own 
 
 from __future__ import annotations
 
-from typing import Any, Literal, NewType
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from api.state.run_end import RunEndLine
 from worker.contract.batch_record import BatchLine
 from worker.contract.wire import RUN_ID_PATTERN, TaskId
 
@@ -29,7 +30,7 @@ LEASE_RENEW_S = 5.0
 
 class LiveRun(BaseModel):
     """A conversation of the HTTP API's ``/v1/runs``: its events and transcript go to the run's
-    record as it goes (``api/http/state/runs.py``), where its replica's readers follow it."""
+    record as it goes (``api/state/runs.py``), where its replica's readers follow it."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -64,38 +65,6 @@ class ConversationRequest(BaseModel):
         if (self.item is None) == (self.run is None):
             raise ValueError("a conversation request carries either an item or a run")
         return self
-
-
-#: How a run on the agents pool ended, as its replica records it.
-RunOutcome = Literal["succeeded", "failed", "cancelled"]
-
-#: A ``RunEnd`` as its JSON object, as the caller gets it back: only ``RunEnd.line`` makes one.
-RunEndLine = NewType("RunEndLine", dict[str, Any])
-
-
-class RunEnd(BaseModel):
-    """How a run of the HTTP API ended, as its record keeps it: written by the replica that ran
-    it, or sent to that replica by the agents worker that ran it (``line``)."""
-
-    status: RunOutcome
-    answer: str | None = None
-    stop_reason: str | None = None
-    error: str | None = None
-    attempts: int | None = Field(
-        None,
-        description="Runs of the conversation on the agents pool, this one included; None when "
-        "it ran in a replica.",
-    )
-    orchestrator: str | None = Field(
-        None, description="hostname:pid of the process that ran it last, if one did."
-    )
-    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
-    #: The conversation, when a replica ran it; the agents pool writes its own, and never sends
-    #: it in its line.
-    transcript: dict[str, Any] | None = Field(None, exclude=True)
-
-    def line(self) -> RunEndLine:
-        return RunEndLine(self.model_dump())
 
 
 class ConversationResult(BaseModel):

@@ -18,7 +18,7 @@ from typing import Any, Literal
 import redis.asyncio as aioredis
 
 from api.agents.messages import LEASE_TTL_S, ConversationRequest, ConversationResult
-from api.http import redis_clients
+from api.state import redis_clients
 from worker.contract.jobs.answers import AsyncAnswerStore, RunGuard
 from worker.contract.keys import conversation_keys
 

@@ -14,7 +14,8 @@ from rich.markup import escape
 from api.calls.fleet import NoWorkersError
 from api.conversation import events
 from api.conversation.agent import Agent, AgentOptions
-from api.local.stack import LocalStackError, fleet_for
+from api.conversation.placement import fleet_started, place
+from api.local.stack import LocalStackError
 from api.model.client import ChatModel, ModelError, model_client
 from api.runs.environment import ImageUnavailable
 from api.settings import OrchestratorSettings, get_settings
@@ -69,7 +70,7 @@ def run_conversation(
     # Streamed, failed calls show with the rest; otherwise each is a line on stderr as it fails.
     observers = [] if stream else [failed_call_printer(err)]
     try:
-        with fleet_for(settings) as fleet_settings:
+        with fleet_started(settings, place(settings)) as fleet_settings:
             transcript = asyncio.run(
                 _converse(
                     client,
@@ -103,7 +104,7 @@ def run_demo(*, console: Console, err: Console) -> int:
     try:
         with (
             ScriptedServer(Script.load(DEFAULT_SCRIPT_PATH)) as server,
-            fleet_for(settings) as fleet_settings,
+            fleet_started(settings, place(settings)) as fleet_settings,
         ):
             client = model_client(
                 base_url=server.base_url,

@@ -13,7 +13,8 @@ from rich.table import Table
 
 from api.calls.fleet import Fleet, calls_in_flight, load_fleet, queue_depths
 from api.commands.conversation import EXIT_FAILED, say_error
-from api.local.stack import LocalStackError, fleet_for
+from api.conversation.placement import fleet_started, place
+from api.local.stack import LocalStackError
 from api.settings import get_settings
 from worker.contract.keys import conversation_keys
 from worker.contract.wire import AGENTS_QUEUE, LAYER_RUN_UID, POOLS, WorkerInfo
@@ -26,7 +27,7 @@ def show_tools(*, console: Console, err: Console, as_json: bool = False) -> int:
     """``toolq tools``: 0, or 1 when no worker has published its tools (or no stack started)."""
     settings = get_settings()
     try:
-        with fleet_for(settings) as fleet_settings:
+        with fleet_started(settings, place(settings)) as fleet_settings:
             fleet = load_fleet(fleet_settings.redis_url)
     except LocalStackError as exc:
         say_error(err, str(exc))

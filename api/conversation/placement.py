@@ -122,9 +122,9 @@ def fleet_started(
         return
     # Local mode is a wing; the core reaches it only in this module, and only when asked to run
     # alone.
-    from api.local.stack import fleet_for
+    from api.local.stack import local_fleet
 
-    with fleet_for(settings, agents=placement.on_agents_pool) as fleet_settings:
+    with local_fleet(settings, agents=placement.on_agents_pool) as fleet_settings:
         yield fleet_settings
 
 

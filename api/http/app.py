@@ -33,13 +33,9 @@ from api.http.auth import BodySizeLimit, TokenGuard, require_tenant
 from api.http.bodies import UNAUTHORIZED, FieldProblem, refusal
 from api.http.event_hub import EventHub
 from api.http.metrics import ApiMetrics
-from api.http.redis_clients import own_connection, store_client
 from api.http.routes import batches, runs, service
 from api.http.runner import AgentExecutor, RunExecutor, RunExecutorFactory
 from api.http.services import Services
-from api.http.state.replicas import ReplicaLease
-from api.http.state.store import ApiStore
-from api.http.tenant_caps import TenantCaps
 from api.http.tenants import Tenants
 from api.http.viewer.routes import mount_viewer
 from api.http.viewer.store import StoreSources
@@ -47,6 +43,10 @@ from api.http.viewer.tickets import StreamTickets
 from api.http.viewer.viewer import Viewer
 from api.model.client import ChatModel, ModelError
 from api.settings import OrchestratorSettings, get_settings
+from api.state.redis_clients import own_connection, store_client
+from api.state.replicas import ReplicaLease
+from api.state.store import ApiStore
+from api.state.tenant_caps import TenantCaps
 from worker.contract.keys import DEFAULT_TENANT
 from worker.contract.wire import AGENTS_QUEUE, POOLS
 

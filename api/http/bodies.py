@@ -9,9 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.batch.items import BatchItem
 from api.conversation.agent import AgentOptions
-from api.http.state.batches import BatchSummary
-from api.http.state.listing import MAX_TAGS, TAG_PATTERN
-from api.http.state.runs import RunSummary
+from api.state.batches import BatchSummary
+from api.state.listing import MAX_TAGS, TAG_PATTERN
+from api.state.runs import RunSummary
 
 #: Labels a run or a batch starts with, for the lists to filter by (``?tag=``).
 Tags = Annotated[

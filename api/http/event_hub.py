@@ -19,9 +19,9 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeout
 from redis.typing import KeyT, StreamIdT
 
-from api.http.redis_clients import LONGEST_BLOCK_MS, bounded_block_ms
-from api.http.state.records import EVENTS_MAXLEN, text
-from api.http.state.runs import event_entries
+from api.state.records import EVENTS_MAXLEN, text
+from api.state.redis_clients import LONGEST_BLOCK_MS, bounded_block_ms
+from api.state.runs import event_entries
 from worker.contract.keys import run_events_key
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ all of them share one ``Dispatcher`` (one reply reader for every call in flight)
 ``ChatModel`` and a briefly cached view of the fleet.
 Cancellation requests reach the replica that executes a run (and the agents worker running it)
 through a Redis pub/sub channel, with a periodic look at the runs' cancel flags for messages
-missed while disconnected (``api/http/cancels.py``).
+missed while disconnected (``api/state/cancels.py``).
 
 A task is cancelled again and again until it says it is winding down: on Python 3.11 a
 cancellation that arrives just as an ``asyncio.wait_for`` completes is lost, and redis-py awaits
@@ -27,7 +27,6 @@ from typing import Any, Protocol
 from redis.exceptions import RedisError
 
 from api.agents.client import ConversationClient, NoAgentsError
-from api.agents.messages import RunEnd
 from api.batch.items import BatchItem
 from api.batch.runner import process_name, run_item, run_items
 from api.batch.tag import batch_run_id, batch_tag
@@ -35,16 +34,17 @@ from api.calls.dispatch import Dispatcher
 from api.calls.fleet import CachedFleet, Fleet, load_fleet
 from api.conversation.agent import Agent, AgentOptions
 from api.conversation.placement import AgentsPool, place
-from api.http.cancels import watch_cancels
 from api.http.metrics import ApiMetrics
-from api.http.run_stream import stream_into_run
-from api.http.state.batches import BatchStatus
-from api.http.state.runs import CANCELLED_ERROR
-from api.http.state.store import ApiStore
 from api.model.client import ChatModel, ModelError
 from api.process.logs import log_context
 from api.runs.environment import ImageUnavailable
 from api.settings import OrchestratorSettings
+from api.state.batches import BatchStatus
+from api.state.cancels import watch_cancels
+from api.state.run_end import RunEnd
+from api.state.run_stream import stream_into_run
+from api.state.runs import CANCELLED_ERROR
+from api.state.store import ApiStore
 from worker.contract.batch_record import BatchRecord
 
 log = logging.getLogger(__name__)

@@ -58,8 +58,9 @@ def _serve_on(
     # Imported once the port is ours (see the module's docstring).
     import uvicorn
 
+    from api.conversation.placement import fleet_started, place
     from api.http.app import create_app
-    from api.local.stack import LocalStackError, fleet_for
+    from api.local.stack import LocalStackError
     from api.process.connections import FleetUnreachableError, check_connections
     from api.process.logs import configure_logging
 
@@ -72,11 +73,11 @@ def _serve_on(
         except FleetUnreachableError as exc:
             _refuse(str(exc), EXIT_FAILED)
     # uvicorn re-raises the signal that stopped it once it has shut down; as an exception it
-    # unwinds through fleet_for, which stops the local stack instead of leaving it orphaned.
+    # unwinds through fleet_started, which stops the local stack instead of leaving it orphaned.
     for stop_signal in (signal.SIGTERM, signal.SIGINT):
         signal.signal(stop_signal, _exit_cleanly)
     try:
-        with fleet_for(settings) as fleet_settings:
+        with fleet_started(settings, place(settings)) as fleet_settings:
             # Without a model API it serves /mcp, the viewer and the fleet: runs answer 503.
             app = create_app(fleet_settings, tenants=tenants)
             config = uvicorn.Config(

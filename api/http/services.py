@@ -16,10 +16,10 @@ from api.calls.fleet import Fleet
 from api.http.event_hub import EventHub
 from api.http.metrics import ApiMetrics
 from api.http.runner import RunExecutor
-from api.http.state.store import ApiStore
-from api.http.tenant_caps import Cap, CapReached, Holding, TenantCaps
 from api.http.tenants import Tenants
 from api.settings import OrchestratorSettings
+from api.state.store import ApiStore
+from api.state.tenant_caps import Cap, CapReached, Holding, TenantCaps
 
 log = logging.getLogger(__name__)
 

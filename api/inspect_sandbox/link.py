@@ -20,8 +20,8 @@ import anyio
 
 from api.calls.dispatch import Dispatcher
 from api.calls.fleet import Fleet, load_fleet
+from api.conversation.placement import fleet_started, place
 from api.inspect_sandbox.owners import EvalOwner
-from api.local.stack import fleet_for
 from api.settings import OrchestratorSettings
 from worker.contract.operations import EXEC, PUT_FILES, READ_FILE, REMOVE_WORKSPACE
 
@@ -95,7 +95,7 @@ class FleetLink:
                 settings = OrchestratorSettings()
                 stack = contextlib.ExitStack()
                 try:
-                    settings = stack.enter_context(fleet_for(settings))
+                    settings = stack.enter_context(fleet_started(settings, place(settings)))
                     fleet = load_fleet(settings.redis_url).require_tools()
                     _require_service_operations(fleet)
                     owner = EvalOwner(settings.redis_url)

@@ -286,18 +286,16 @@ def pings(client: redis.Redis) -> bool:
 
 
 @contextlib.contextmanager
-def fleet_for(
+def local_fleet(
     settings: OrchestratorSettings, *, agents: bool = False
 ) -> Iterator[OrchestratorSettings]:
-    """The configured fleet, or a local stack when no broker is configured (with an agents
-    worker when ``agents``).
+    """``settings`` pointed at a local stack that runs for the block (with an agents worker when
+    ``agents``). Whether one is needed is ``place``'s to decide: only ``fleet_started``
+    (``api.conversation.placement``) calls this.
 
     The local workers take their own settings from this process's ``TOOLQ_*`` variables (and
     the agents worker its model's from ``OPENAI_*``), as workers started by hand would.
     """
-    if not settings.local_mode:
-        yield settings
-        return
     pools = (*POOLS, AGENTS_QUEUE) if agents else POOLS
     with LocalStack(get_worker_settings(), pools=pools) as stack:
         yield settings.with_fleet(stack.settings)

@@ -26,7 +26,6 @@ from starlette.types import Message, Receive, Scope, Send
 
 from api.calls.dispatch import Dispatcher
 from api.calls.fleet import Fleet
-from api.http.tenant_caps import MCP_SESSIONS, CapReached, Holding, TenantCaps
 from api.images.sources import tenant_vet
 from api.mcp.server import (
     SESSION_IDLE_TIMEOUT_S,
@@ -46,6 +45,7 @@ from api.mcp.tenancy import (
 )
 from api.runs.workspace import calls_end_within_s
 from api.settings import OrchestratorSettings
+from api.state.tenant_caps import MCP_SESSIONS, CapReached, Holding, TenantCaps
 from worker.contract.image_errors import ImageError
 from worker.contract.image_reference import parse_reference
 

@@ -18,7 +18,8 @@ from mcp.server.stdio import stdio_server
 
 from api.calls.dispatch import Dispatcher
 from api.calls.fleet import Fleet, NoWorkersError, load_fleet
-from api.local.stack import LocalStackError, fleet_for
+from api.conversation.placement import fleet_started, place
+from api.local.stack import LocalStackError
 from api.mcp.server import SessionRuns, ToolChoice, fleet_mcp_server
 from api.settings import OrchestratorSettings
 
@@ -34,11 +35,11 @@ def serve_stdio(settings: OrchestratorSettings, choice: ToolChoice) -> int:
 
     configure_logging(settings)
     # A client that closes our stdin waits a moment, then sends SIGTERM: as an exception it
-    # unwinds through fleet_for, which stops a local stack instead of leaving it orphaned.
+    # unwinds through fleet_started, which stops a local stack instead of leaving it orphaned.
     signal.signal(signal.SIGTERM, _exit_cleanly)
     print(f"toolq mcp: serving {served_fleet(settings)}", file=sys.stderr, flush=True)
     try:
-        with fleet_for(settings) as fleet_settings:
+        with fleet_started(settings, place(settings)) as fleet_settings:
             anyio.run(_serve, fleet_settings, choice)
     except (NoWorkersError, LocalStackError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -108,7 +108,7 @@ def queue_lists(queue: str) -> list[str]:
     return [queue, *(f"{queue}{PRIORITY_SEP}{step}" for step in PRIORITY_STEPS)]
 
 
-# --- The HTTP API's state: runs, batches, replicas (``api/http/state/``) ------------------------
+# --- The HTTP API's state: runs, batches, replicas (``api/state/``) -----------------------------
 #
 # A run is a hash and a stream of its events, a batch a hash, a list of its output records and a
 # list of their summaries, a replica a lease that expires unless renewed; sorted sets list each

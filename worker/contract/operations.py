@@ -1,7 +1,7 @@
 """The service operations, each a typed pair: its name, the request it takes and the answer it
 gives. They are the one definition of the operations' JSON, for the workers that serve them
-(``worker/tools/service.py``, ``worker/images/service.py``) and the callers that send them
-(``api.runs.workspace``, ``api.runs.environment``).
+(``worker/tools/service.py``, ``worker/tools/environment_service.py``) and the callers that send
+them (``api.runs.workspace``, ``api.runs.environment``).
 
 A path or an image the operation cannot use is an answer, a ``Refusal`` (``{"ok": false,
 "error": ..., "message": ...}``) the caller can act on; a call that could not run at all is a

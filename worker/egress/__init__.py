@@ -8,6 +8,6 @@ its environment), which resolves names itself, only those the run may reach, and
 the worker's namespace. A raw connection that bypasses the proxy finds no route.
 """
 
-from worker.egress.session import Egress, NoNetworkNamespace, open_egress, with_counts
+from worker.egress.session import Egress, NoNetworkNamespace, open_egress
 
-__all__ = ["Egress", "NoNetworkNamespace", "open_egress", "with_counts"]
+__all__ = ["Egress", "NoNetworkNamespace", "open_egress"]

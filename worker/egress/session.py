@@ -3,7 +3,6 @@ the call runs, and the variables that point the command's programs at it."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -13,7 +12,6 @@ from worker.contract.settings import get_worker_settings
 from worker.egress.netns import listener_in, separate_namespace
 from worker.egress.proxy import Counts, Served, serve, stop
 from worker.egress.rules import Guard, addresses_of_urls
-from worker.sandbox.result import SandboxResult
 
 #: What ``NO_PROXY`` names: the command's own loopback, which it reaches without the proxy.
 _NO_PROXY = "localhost,127.0.0.1,::1"
@@ -75,11 +73,3 @@ def open_egress(policy: NetworkPolicy, pid: int, guard: Guard | None = None) -> 
         listener.close()
         raise
     return Egress(served, port)
-
-
-def with_counts(result: SandboxResult, counts: Counts) -> SandboxResult:
-    """``result`` with the connections its run's proxy allowed and refused in its usage."""
-    usage = dataclasses.replace(
-        result.usage, network_allowed=counts.allowed, network_refused=counts.refused
-    )
-    return dataclasses.replace(result, usage=usage)

@@ -12,7 +12,10 @@ network), ``runtime`` (runc, crun or runsc by their command line), ``group`` (a 
 group: each call's usage, its leftovers killed), ``boxes`` (a run's box started, found, ended),
 ``calls`` (one command in a box), ``seed`` (the image's WorkingDir brought into the workspace),
 ``owner`` (the worker that holds a box, and its own queue), ``sweep`` (what dead workers and
-ended runs left), ``commands`` (a call's command in its run's box, or on the worker's files),
-``service`` (the start and end operations), ``here`` (this worker's boxes) and ``pinning`` (the
-worker's own queue, and its sweep, wired to Celery).
+ended runs left), ``here`` (this worker's boxes) and ``pinning`` (the worker's own queue, and
+its sweep, wired to Celery).
+
+The tools build on these: ``worker.tools.commands`` runs a call's command in its run's box (or
+on the worker's files), ``worker.tools.environment_service`` serves the start and end
+operations. Nothing here imports the tools.
 """

@@ -18,7 +18,7 @@ from typing import IO
 
 from worker.contract.image_errors import EnvironmentLost
 from worker.contract.network import NetworkPolicy
-from worker.egress import Egress, NoNetworkNamespace, open_egress, with_counts
+from worker.egress import Egress, NoNetworkNamespace, open_egress
 from worker.images.boxes import Boxes, BoxRecord, box_group
 from worker.images.group import BoxGroup
 from worker.images.runtime import OciRuntime
@@ -89,7 +89,10 @@ def run_in_box(
                     boxes, record, runtime, process_file, pid_file, source, deadline,
                     timeout_ms, config, before_start,
                 )  # fmt: skip
-            return result if egress is None else with_counts(result, egress.close())
+            if egress is None:
+                return result
+            counts = egress.close()
+            return result.with_network(counts.allowed, counts.refused)
         finally:
             process_file.unlink(missing_ok=True)
             pid_file.unlink(missing_ok=True)

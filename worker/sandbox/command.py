@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import NotRequired, TypedDict, Unpack
 
 from worker.contract.network import NetworkPolicy
-from worker.egress import Egress, NoNetworkNamespace, open_egress, with_counts
+from worker.egress import Egress, NoNetworkNamespace, open_egress
 from worker.sandbox.config import COMMAND_ENV, INPUT_FOLDER, SHELL, SandboxConfig, SandboxError
 from worker.sandbox.ending import Ending
 from worker.sandbox.handover import hand_over, holder_of
@@ -44,7 +44,7 @@ DRAIN_BOUND_S = 0.5
 
 class CommandCall(TypedDict):
     """How one command runs, beside the command itself: ``run_sandboxed``'s keywords, which
-    ``worker.images.commands.run_command`` takes too and hands on as they are."""
+    ``worker.tools.commands.run_command`` takes too and hands on as they are."""
 
     #: The folder the command starts in.
     cwd: Path
@@ -190,7 +190,10 @@ def _run(
         channel = ready.channel if plan.has_init else None
         ending = Ending(ready.proc, call_plan, marker, ready.group, channel, ready.forked)
         result = _follow(ready.proc, ending, started, timeout_ms, config)
-        return result if egress is None else with_counts(result, egress.close())
+        if egress is None:
+            return result
+        counts = egress.close()
+        return result.with_network(counts.allowed, counts.refused)
     finally:
         if egress is not None:
             egress.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import signal
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from worker.sandbox.output import CappedStream
 
@@ -59,6 +59,12 @@ class SandboxResult:
     stderr_truncated: bool
     isolation: tuple[str, ...]
     usage: Usage = NO_USAGE
+
+    def with_network(self, allowed: int, refused: int) -> SandboxResult:
+        """This result with the connections its run's egress proxy allowed and refused in its
+        usage."""
+        usage = replace(self.usage, network_allowed=allowed, network_refused=refused)
+        return replace(self, usage=usage)
 
 
 def build_result(

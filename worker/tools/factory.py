@@ -10,7 +10,6 @@ from pathlib import Path
 
 from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES
 from worker.contract.settings import WorkerSettings, get_worker_settings
-from worker.plugins import load_plugins, register_plugins
 from worker.sandbox import SandboxConfig
 from worker.sandbox.volumes import ensure_volume
 from worker.tools.bash import RunBashTool
@@ -24,6 +23,7 @@ from worker.tools.filesystem import (
     RemoveTool,
     WriteFileTool,
 )
+from worker.tools.plugins import load_plugins, register_plugins
 from worker.tools.registry import ToolRegistry
 from worker.tools.search import SearchFilesTool, SearchTextTool
 from worker.tools.session_context import SaveSessionContextTool

@@ -44,11 +44,11 @@ from worker.contract.operations import (
     RemoveWorkspaceAnswer,
     WireAnswer,
 )
-from worker.images.commands import run_command
 from worker.retention import remove_held, run_ids
 from worker.sandbox import SandboxConfig
 from worker.sessions.holders import RunSessions
 from worker.tools.bash import command_answer, working_directory
+from worker.tools.commands import run_command
 from worker.tools.interface import ExecutableTool
 from worker.tools.paths import PathNotFoundError, WorkspaceError, shown
 from worker.tools.runtime import current_runtime

@@ -26,9 +26,9 @@ from api.http.bodies import (
 from api.http.routes.paging import ListParams
 from api.http.runner import BatchSubmission
 from api.http.services import Svc, require_model, take_places, tool_errors, working_fleet
-from api.http.state.batches import BatchState, BatchStatus, BatchSummary
-from api.http.tenant_caps import RUNS
 from api.images.sources import tenant_image_errors
+from api.state.batches import BatchState, BatchStatus, BatchSummary
+from api.state.tenant_caps import RUNS
 
 #: Past any batch's results, and within what Redis takes as a list index.
 MAX_OFFSET = 1_000_000_000

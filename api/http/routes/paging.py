@@ -10,7 +10,7 @@ from typing import Annotated
 from fastapi import Depends, Query
 from pydantic import BeforeValidator, WithJsonSchema
 
-from api.http.state.listing import CURSOR_PATTERN, TAG_PATTERN, ListQuery
+from api.state.listing import CURSOR_PATTERN, TAG_PATTERN, ListQuery
 
 #: The most records one page of a list holds.
 MAX_LIMIT = 1000

@@ -25,10 +25,10 @@ from api.http.bodies import (
 from api.http.routes.paging import ListParams
 from api.http.services import Svc, require_model, take_places, tool_errors, working_fleet
 from api.http.sse import event_stream_response
-from api.http.state.runs import RunState, RunStatus
-from api.http.state.statuses import ACTIVE
-from api.http.tenant_caps import RUNS
 from api.images.sources import tenant_image_errors
+from api.state.runs import RunState, RunStatus
+from api.state.statuses import ACTIVE
+from api.state.tenant_caps import RUNS
 
 #: How long ``POST /cancel`` waits for the run to stop before answering 202 "cancelling".
 CANCEL_WAIT_S = 5.0

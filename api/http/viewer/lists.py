@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from api.http.state.listing import TAG_PATTERN, Listed, ListQuery, is_cursor
 from api.http.viewer.query import QueryReader, query_link
+from api.state.listing import TAG_PATTERN, Listed, ListQuery, is_cursor
 
 PER_PAGE_CHOICES = (25, 50, 100, 200)
 RUN_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")

@@ -8,8 +8,6 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from api.batch.summary import UNREADABLE, as_text
-from api.http.state.listing import Listed, ListQuery
-from api.http.state.statuses import ACTIVE
 from api.http.viewer import conversation
 from api.http.viewer.charts import rate_chart
 from api.http.viewer.conversation import Text
@@ -26,6 +24,8 @@ from api.http.viewer.table import (
     select,
 )
 from api.http.viewer.viewer import Page, Viewer, not_found
+from api.state.listing import Listed, ListQuery
+from api.state.statuses import ACTIVE
 from worker.contract.batch_record import BatchRecord, CommandRun, Score
 
 #: The item fields the item page shows on their own; the rest of a record is in "more fields".

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from api.batch.summary import UNREADABLE, ItemSummary
-from api.http.state.listing import Listed, ListQuery
 from api.http.viewer.sources import BatchView
+from api.state.listing import Listed, ListQuery
 from worker.contract.batch_record import BatchRecord, NotABatchRecord
 
 #: Bytes read at a time while indexing.

@@ -22,9 +22,9 @@ from fastapi.templating import Jinja2Templates
 from starlette.responses import Response
 
 from api.http.sse import STREAM_HEADERS
-from api.http.state.statuses import ACTIVE
 from api.http.viewer import pages
 from api.http.viewer.viewer import STATIC_DIR, Page, Viewer, render, templates
+from api.state.statuses import ACTIVE
 
 #: How often a live batch page's stream looks for new results.
 BATCH_POLL_S = 1.0

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from api.batch.summary import ItemSummary
 from api.http.recent_calls import RateBucket, ToolLatency
-from api.http.state.listing import Listed, ListQuery
+from api.state.listing import Listed, ListQuery
 
 if TYPE_CHECKING:  # toolq view has no runs
-    from api.http.state.runs import RunState, RunSummary
+    from api.state.runs import RunState, RunSummary
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,12 @@ from api.batch.summary import ItemSummary
 from api.calls.fleet import Fleet
 from api.http.services import Services, read_queue_depths
 from api.http.sse import run_event_stream
-from api.http.state.batches import ScoredBatch
-from api.http.state.listing import Listed, ListQuery
-from api.http.state.records import EVENTS_MAXLEN
-from api.http.state.runs import RunState, RunSummary
-from api.http.state.statuses import ACTIVE
 from api.http.viewer.sources import BatchView, FleetView, PoolView, RunEvents, WorkerView
+from api.state.batches import ScoredBatch
+from api.state.listing import Listed, ListQuery
+from api.state.records import EVENTS_MAXLEN
+from api.state.runs import RunState, RunSummary
+from api.state.statuses import ACTIVE
 from worker.contract.wire import POOLS
 
 #: Batches whose summaries are kept in memory, for filtering and sorting all of their items.

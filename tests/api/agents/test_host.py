@@ -17,8 +17,8 @@ import redis.asyncio as aioredis
 
 from api.agents.host import ConversationHost
 from api.agents.messages import LEASE_RENEW_S, ConversationRequest, ConversationResult
-from api.http.state.store import ApiStore
 from api.scripted.server import ScriptedServer
+from api.state.store import ApiStore
 from tests.conftest import WorkerFleet, orchestrator_settings, scripted_server, wait_for
 from worker.contract.keys import conversation_keys as k
 

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from api.agents.messages import RunEnd
 from api.http import event_hub, sse
 from api.http.event_hub import EventHub, Feed
-from api.http.redis_clients import store_client
-from api.http.state.store import ApiStore
+from api.state.redis_clients import store_client
+from api.state.run_end import RunEnd
+from api.state.store import ApiStore
 from tests.conftest import RedisServer
 
 pytestmark = pytest.mark.integration

@@ -21,10 +21,10 @@ from api.calls.dispatch import Dispatcher
 from api.http.app import create_app
 from api.http.metrics import ApiMetrics
 from api.http.runner import SHUTDOWN_ERROR, AgentExecutor, RunExecutor, RunExecutorFactory
-from api.http.state.store import ApiStore
 from api.model.client import ChatModel, RetryPolicy
 from api.scripted.server import ScriptedServer
 from api.settings import OrchestratorSettings
+from api.state.store import ApiStore
 from tests.api.http.conftest import (
     FLEET,
     StubExecutor,

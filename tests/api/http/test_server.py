@@ -36,7 +36,7 @@ def test_serve_on_a_port_in_use_stops_before_starting_a_local_stack(
     def no_stack(*_: object, **__: object) -> None:
         raise AssertionError("a local stack was started")
 
-    monkeypatch.setattr(stack, "fleet_for", no_stack)
+    monkeypatch.setattr(stack, "local_fleet", no_stack)
     monkeypatch.setenv("OPENAI_API_KEY", "test")
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]

@@ -19,8 +19,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from api.http.app import create_app
-from api.http.tenant_caps import RUNS, CapReached, TenantCaps
 from api.scripted.server import ScriptedServer
+from api.state.tenant_caps import RUNS, CapReached, TenantCaps
 from tests.api.http.conftest import StubExecutor, api_settings, emptied_database
 from tests.api.http.serving import Replica, serve_environment, two_replicas
 from tests.api.http.test_tenants import bearer, callers_of, tokens_file

@@ -23,11 +23,11 @@ from pydantic import SecretStr
 
 from api.http.app import create_app
 from api.http.server import serve
-from api.http.state.store import ApiStore
 from api.http.tenants import RUN_ID_CHARS, Tenants
 from api.http.viewer.tickets import StreamTickets
 from api.local.stack import free_port
 from api.scripted.server import ScriptedServer
+from api.state.store import ApiStore
 from tests.api.http.conftest import (
     TOKEN,
     StubExecutor,

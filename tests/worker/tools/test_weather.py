@@ -12,8 +12,8 @@ import pytest
 from tests.worker.tools.conftest import assert_arguments_refused
 from worker.contract.settings import WorkerSettings
 from worker.manifest import fleet_tool_specs
-from worker.plugins import ENTRY_POINT_GROUP, load_plugins, register_plugins
 from worker.tools.context import ToolContext
+from worker.tools.plugins import ENTRY_POINT_GROUP, load_plugins, register_plugins
 from worker.tools.registry import ToolRegistry
 from worker.tools.weather import TOOLS, GetCurrentWeatherTool, register
 from worker.tools.workspace import Workspace

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from api.http.app import create_app
-from api.http.state.store import ApiStore
+from api.state.store import ApiStore
 from tests.api.http.conftest import StubExecutor, api_settings, fake_redis, serving
 
 

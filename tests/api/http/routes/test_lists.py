@@ -15,9 +15,9 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from api.agents.messages import RunEnd
 from api.http.app import create_app
-from api.http.state.store import ApiStore
+from api.state.run_end import RunEnd
+from api.state.store import ApiStore
 from tests.api.http.conftest import StubExecutor, api_settings, emptied_database
 from tests.conftest import RedisServer
 from worker.contract.keys import run_state_key

@@ -13,9 +13,9 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from api.agents.messages import RunEnd
 from api.http.app import create_app
-from api.http.state.store import ApiStore
+from api.state.run_end import RunEnd
+from api.state.store import ApiStore
 from tests.api.http.conftest import StubExecutor, api_settings, fake_redis, serving, sse_events
 
 # --- Validation ----------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import fakeredis
 import httpx
 
-from api.http.state.store import ApiStore
+from api.state.store import ApiStore
 from tests.api.http.conftest import fake_redis, sse_events
 
 

@@ -10,7 +10,7 @@ import fakeredis
 import httpx
 import pytest
 
-from api.http.state.store import ApiStore
+from api.state.store import ApiStore
 from tests.api.http.conftest import fake_redis
 from tests.api.http.viewer.test_pages import XSS, finished_batch, item
 

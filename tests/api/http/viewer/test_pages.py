@@ -14,8 +14,8 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from api.agents.messages import RunEnd
-from api.http.state.store import ApiStore
+from api.state.run_end import RunEnd
+from api.state.store import ApiStore
 from tests.api.http.conftest import AUTH, fake_redis, serving
 
 XSS = '<script>window.pwned = 1</script><img src=x onerror="window.pwned = 2">'

@@ -18,8 +18,8 @@ from typing import Generic, TypeVar, cast
 
 import redis.asyncio as aioredis
 
-from api.http.state.records import owned_by, text
-from api.http.state.statuses import ACTIVE
+from api.state.records import owned_by, text
+from api.state.statuses import ACTIVE
 
 #: A cursor: the creation time (epoch seconds) and the id of the last record of a page.
 CURSOR_PATTERN = r"^\d{1,12}(\.\d{1,20})?~[A-Za-z0-9._-]{1,200}$"

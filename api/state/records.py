@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 from redis.typing import EncodableT, FieldT
 
-from api.http.state.statuses import ACTIVE
+from api.state.statuses import ACTIVE
 from worker.contract.keys import ACTIVE_RUNS, DEFAULT_TENANT, replica_lease_key
 
 #: A hash's fields and values, as redis-py writes them.

@@ -16,7 +16,7 @@ from api.conversation.events import (
     ToolCallStarted,
     event_to_dict,
 )
-from api.http.state.runs import RunStore
+from api.state.runs import RunStore
 
 
 async def stream_into_run(store: RunStore, run_id: str, agent: Agent, prompt: str) -> str | None:

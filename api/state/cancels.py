@@ -10,7 +10,7 @@ from collections.abc import Callable, Collection
 
 from redis.exceptions import RedisError
 
-from api.http.state.runs import RunStore
+from api.state.runs import RunStore
 from worker.contract.keys import CANCEL_CHANNEL
 
 log = logging.getLogger(__name__)

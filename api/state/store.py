@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import time
 
-from api.http.state.batches import BatchStore
-from api.http.state.runs import RunStore
-from api.http.state.statuses import ACTIVE
+from api.state.batches import BatchStore
+from api.state.runs import RunStore
+from api.state.statuses import ACTIVE
 from worker.contract.keys import (
     ACTIVE_BATCHES,
     ACTIVE_RUNS,

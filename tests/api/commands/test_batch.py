@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from api.batch import command as batch_cli
+from api.commands import batch as batch_cli
 from tests.api.batch.conftest import record, write_lines
 
 

@@ -12,9 +12,9 @@ from typing import Any, Literal, cast
 from pydantic import BaseModel, Field
 
 from api.batch.summary import ItemSummary
-from api.http.state.listing import Listed, ListQuery, list_current, record_tags
-from api.http.state.records import HashFields, RecordStore, lost_error, optional_float
-from api.http.state.statuses import ACTIVE
+from api.state.listing import Listed, ListQuery, list_current, record_tags
+from api.state.records import HashFields, RecordStore, lost_error, optional_float
+from api.state.statuses import ACTIVE
 from worker.contract.keys import (
     ACTIVE_BATCHES,
     DEFAULT_TENANT,

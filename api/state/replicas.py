@@ -7,8 +7,8 @@ import logging
 
 from redis.exceptions import RedisError
 
-from api.http.state.periodic import Periodic
-from api.http.state.store import ApiStore
+from api.state.periodic import Periodic
+from api.state.store import ApiStore
 
 log = logging.getLogger(__name__)
 

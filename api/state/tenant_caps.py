@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from api.http.state.periodic import Periodic
 from api.settings import OrchestratorSettings
+from api.state.periodic import Periodic
 from worker.contract.errors import ToolqError
 from worker.contract.keys import tenant_holdings_key
 

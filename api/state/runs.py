@@ -14,17 +14,17 @@ from typing import Any, Literal, cast
 
 from pydantic import BaseModel, Field
 
-from api.agents.messages import RunEnd
-from api.http.redis_clients import bounded_block_ms
-from api.http.state.listing import Listed, ListQuery, list_current, record_tags
-from api.http.state.records import (
+from api.state.listing import Listed, ListQuery, list_current, record_tags
+from api.state.records import (
     HashFields,
     RecordStore,
     lost_error,
     optional_float,
     text,
 )
-from api.http.state.statuses import ACTIVE, DONE
+from api.state.redis_clients import bounded_block_ms
+from api.state.run_end import RunEnd
+from api.state.statuses import ACTIVE, DONE
 from worker.contract.keys import (
     ACTIVE_RUNS,
     CANCEL_CHANNEL,
