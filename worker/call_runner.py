@@ -18,6 +18,7 @@ from pathlib import Path
 from worker.contract.errors import ToolqError
 from worker.contract.image_errors import EnvironmentLost
 from worker.contract.limits import cap_text
+from worker.contract.network import NETWORK_ALLOWED_VARIABLE, NONE, NetworkPolicy
 from worker.contract.session_errors import SessionLost
 from worker.contract.settings import WorkerSettings
 from worker.contract.wire import POOLS, Pool, ToolCallRequest, ToolCallResult
@@ -153,6 +154,7 @@ class CallRunner:
                 admit=admit,
                 workspace_lock=held,
                 environment=request.environment,
+                network=NetworkPolicy.parse(request.network),
             )
             with running(runtime):
                 result = self._run(request, pool, runtime, loop or self._loop)
@@ -176,6 +178,15 @@ class CallRunner:
                 f"Error: {request.tool} was not started: its deadline passed while it waited in "
                 "the queue.",
                 self.worker_name,
+            )
+        network_refusal = self.settings.network_allowance.refusal(
+            runtime.network or NONE, NETWORK_ALLOWED_VARIABLE
+        )
+        if network_refusal is not None:
+            # The orchestrator refuses such a run before it starts; a message that says more
+            # than the fleet allows did not come from one.
+            return ToolCallResult.failure(
+                request, "bad_request", f"Error: {network_refusal}.", self.worker_name
             )
         if request.tool in self.settings.disabled_tools:
             return ToolCallResult.failure(

@@ -4,12 +4,17 @@ no namespace: names resolved only where the run may reach them, addresses always
 from __future__ import annotations
 
 import ipaddress
+from pathlib import Path
 
+import fakeredis
 import pytest
 
+from tests.worker.conftest import TEST_SECRET, request, worker_settings
 from worker.contract.network import NetworkAllowance, NetworkPolicy, NetworkRefused
 from worker.egress import rules
 from worker.egress.rules import Guard, judge
+from worker.executor import Executor
+from worker.results import ResultStore
 
 SETTING = "TOOLQ_NETWORK_ALLOWED"
 
@@ -110,3 +115,22 @@ def test_no_list_reaches_the_host_or_metadata(address: str) -> None:
 
 def test_the_hosts_own_addresses_are_read() -> None:
     assert ipaddress.IPv4Address("127.0.0.1") in rules.host_addresses()
+
+
+def test_a_worker_refuses_a_call_asking_more_network_than_the_fleet_allows(
+    tmp_path: Path, client: fakeredis.FakeRedis
+) -> None:
+    # A message that says more than the fleet allows did not come from an orchestrator, which
+    # refuses such a run before it starts: the worker runs nothing of it.
+    executor = Executor(worker_settings(tmp_path), ResultStore(client, 60, TEST_SECRET), "w:1")
+    body = request("write_file", {"path": "a.txt", "content": "hi"}, network="full")
+    refused = executor.handle(body, "tools")
+    assert refused.error_kind == "bad_request"
+    assert 'network "full" is not allowed here (TOOLQ_NETWORK_ALLOWED=none)' in refused.output
+    assert not (tmp_path / "run-1" / "a.txt").exists()
+    allowed = Executor(
+        worker_settings(tmp_path, network_allowed="full"),
+        ResultStore(client, 60, TEST_SECRET),
+        "w:1",
+    ).handle(request("write_file", {"path": "a.txt", "content": "hi"}, network="full"), "tools")
+    assert not allowed.is_error, allowed.output

@@ -20,6 +20,9 @@ from worker.contract.errors import ToolqError
 NetworkMode = Literal["none", "list", "full"]
 #: What a run's ``network`` is on the wire: a mode's name or the list of destinations.
 NetworkChoice = str | list[str]
+#: The setting that says what runs may ask for, and its per-tenant companion.
+NETWORK_ALLOWED_VARIABLE = "TOOLQ_NETWORK_ALLOWED"
+TENANT_NETWORK_VARIABLE = "TOOLQ_TENANT_NETWORK_ALLOWED"
 #: The most destinations one run may name.
 MAX_DESTINATIONS = 64
 #: Any port, written ``*``.

@@ -18,6 +18,7 @@ from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES, DEFAULT_TRANSFER_MA
 from worker.contract.mcp_servers import load_servers
 from worker.contract.run_limits import LimitsMax
 from worker.contract.sandbox_settings import SandboxSettings
+from worker.contract.network import NETWORK_ALLOWED_VARIABLE, NetworkAllowance
 
 LOCAL_REDIS_URL = "redis://127.0.0.1:6379/0"
 ENV_PREFIX = "TOOLQ_"
@@ -140,6 +141,28 @@ class FleetSettings(BaseSettings):
             merged.update({key.removeprefix(prefix): value for key, value in named.items()})
             data[name] = merged
         return data
+
+    network_allowed: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["none"],
+        description="What network a run may ask for (its `network`): none (loopback alone, "
+        "the default), list (any list of destinations), full (anything but the broker, the "
+        "host's addresses, link-local and metadata), or comma-separated destinations a run's "
+        "list must stay within (pypi.org:443,10.1.2.0/24:*). A run asking for more is refused "
+        "before anything runs; a sandbox worker refuses such a call too.",
+    )
+
+    @field_validator("network_allowed", mode="before")
+    @classmethod
+    def _network_allowed(cls, value: object) -> object:
+        texts = value.split(",") if isinstance(value, str) else value
+        if isinstance(texts, list):
+            NetworkAllowance.parse([str(t) for t in texts], NETWORK_ALLOWED_VARIABLE)
+            return [str(text).strip() for text in texts if str(text).strip()] or ["none"]
+        return value
+
+    @property
+    def network_allowance(self) -> NetworkAllowance:
+        return NetworkAllowance.parse(self.network_allowed, NETWORK_ALLOWED_VARIABLE)
 
     @field_validator("image_sources", mode="before")
     @classmethod
