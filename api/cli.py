@@ -13,6 +13,7 @@ import typer
 
 from api.commands.checks import (
     checked_image,
+    checked_network,
     checked_settings,
     console,
     err,
@@ -121,6 +122,14 @@ def run(
         bool,
         typer.Option("--recreate", help="With --image: start a lost container again."),
     ] = False,
+    network: Annotated[
+        str | None,
+        typer.Option(
+            help="The run's network: none (the default), full, or comma-separated "
+            "destinations host:port or CIDR:port (pypi.org:443,10.1.2.0/24:8080), as "
+            "TOOLQ_NETWORK_ALLOWED permits."
+        ),
+    ] = None,
 ) -> None:
     """Run one conversation against OPENAI_BASE_URL / OPENAI_API_KEY and print the answer.
 
@@ -130,6 +139,7 @@ def run(
     """
     checked_settings()
     checked_image(image)
+    checked_network(network)
     reachable_fleet()
     from api.commands.conversation import run_conversation
 
@@ -146,6 +156,7 @@ def run(
         err=err,
         image=image,
         recreate=recreate,
+        network=network,
     )
     raise typer.Exit(code)
 

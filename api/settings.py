@@ -7,8 +7,9 @@ from functools import lru_cache
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 
+from worker.contract.network import network_refusal, tenant_allowances
 from worker.contract.settings import FleetSettings, WorkerSettings
 from worker.contract.settings_check import SettingsError, settings_problems
 
@@ -56,6 +57,28 @@ class OrchestratorSettings(FleetSettings):
         description="The most MCP sessions one tenant may hold open at once on /mcp (each "
         "session is a run, with a sandbox uid). One more is refused with an MCP error; 0: no cap.",
     )
+
+    tenant_network_allowed: str | None = Field(
+        None,
+        description="Per tenant of TOOLQ_API_TOKENS_FILE, what network its runs may ask for, "
+        "within TOOLQ_NETWORK_ALLOWED: acme=pypi.org:443,files.pythonhosted.org:443;ci=full. A "
+        "tenant it does not name keeps TOOLQ_NETWORK_ALLOWED.",
+    )
+
+    @field_validator("tenant_network_allowed")
+    @classmethod
+    def _tenant_network_allowed(cls, value: str | None) -> str | None:
+        tenant_allowances(value, "")  # one line naming a bad part
+        return value
+
+    def network_refusal(self, network: object, tenant: str | None = None) -> str | None:
+        """Why a run (of ``tenant``, where tokens name tenants) may not have ``network``, in
+        one line; None where it may."""
+        allowances = tenant_allowances(self.tenant_network_allowed)
+        own = allowances.get(tenant) if tenant is not None else None
+        return network_refusal(
+            network, self.network_allowance, None if own is None else (str(tenant), own)
+        )
 
     def with_fleet(self, fleet: FleetSettings) -> OrchestratorSettings:
         """These settings, pointed at ``fleet``'s broker and result store."""

@@ -30,6 +30,7 @@ from pydantic import (
 from api.images.fields import ImageFields
 from api.settings import OrchestratorSettings
 from worker.contract.deadlines import REPORT_MARGIN_MS
+from worker.contract.network import NetworkFields
 from worker.contract.wire import glob_segments
 
 log = logging.getLogger(__name__)
@@ -124,8 +125,9 @@ FileContent = str | FileBytes
 Files = Annotated[dict[str, FileContent], BeforeValidator(_check_files)]
 
 
-class BatchItem(ImageFields):
-    """One task of a batch: a line of the input file (and its image: ``ImageFields``)."""
+class BatchItem(ImageFields, NetworkFields):
+    """One task of a batch: a line of the input file (its image: ``ImageFields``; its
+    network: ``NetworkFields``)."""
 
     model_config = ConfigDict(extra="forbid")
 

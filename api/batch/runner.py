@@ -51,6 +51,8 @@ async def run_item(
     started = time.perf_counter()
     model_name = item.model or default_model or settings.model
     environment = RunEnvironment.for_run(dispatcher, fleet, run_id, item)
+    if item.network != "none":  # its setup and check too, not only the model's calls
+        dispatcher.networks[run_id] = item.network
     task = Task(
         item,
         RunWorkspace(dispatcher, fleet, run_id),
@@ -73,6 +75,7 @@ async def run_item(
                 system_prompt=item.system_prompt or DEFAULT_SYSTEM_PROMPT,
                 time_limit_s=item.time_limit_s,
                 token_limit=item.token_limit,
+                network=item.network,
             )
             agent = Agent(model, options, dispatcher=dispatcher, fleet=fleet, settings=settings)
             try:
@@ -94,6 +97,7 @@ async def run_item(
                 error = f"unexpected {type(exc).__name__}: {exc}"
         error = await _collect(task, error)
         await _finish(task)
+        dispatcher.networks.pop(run_id, None)
     record = _record(
         item,
         run_id,

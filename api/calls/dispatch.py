@@ -35,6 +35,7 @@ from api.calls.session_pins import SessionPins
 from worker.contract.deadlines import limited_request
 from worker.contract.jobs.replies import RECONNECT, ReplyReader
 from worker.contract.keys import keys
+from worker.contract.network import NetworkChoice
 from worker.contract.settings import FleetSettings
 from worker.contract.wire import (
     ToolCallRequest,
@@ -89,6 +90,9 @@ class Dispatcher:
         self.pins = RunPins()
         #: The runs whose sandbox calls go to the worker holding their shell sessions.
         self.session_pins = SessionPins()
+        #: Each run's network other than "none", by run id: every call of the run carries it
+        #: (``worker.egress``). Set by whoever runs the run, for as long as it runs.
+        self.networks: dict[str, NetworkChoice] = {}
 
     @property
     def redis(self) -> aioredis.Redis:
@@ -165,6 +169,9 @@ class Dispatcher:
         A sandbox call of a run with an image goes to the worker that holds the run's container
         (``api.calls.pins``); one of a run with shell sessions, to the worker that holds them
         (``api.calls.session_pins``)."""
+        network = self.networks.get(request.run_id)
+        if network is not None and request.network != network:
+            request = request.model_copy(update={"network": network})
         if self.pins.get(request.run_id) is None:
             placed = await self.session_pins.place(request, pool, self._redis)
             if isinstance(placed, ToolCallResult):

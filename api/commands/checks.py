@@ -53,3 +53,16 @@ def checked_image(image: str | None) -> None:
     except ImageError as exc:
         err.print(f"error: {exc}", markup=False)
         raise typer.Exit(2) from None
+
+
+def checked_network(network: str | None) -> None:
+    """A ``--network`` that is not one, or asks for more than TOOLQ_NETWORK_ALLOWED lets runs
+    ask for, stops the command in one line, exit status 2, before anything runs."""
+    if network is None:
+        return
+    from api.settings import get_settings
+
+    refused = get_settings().network_refusal(network)
+    if refused is not None:
+        err.print(f"error: {refused}", markup=False, soft_wrap=True, highlight=False)
+        raise typer.Exit(2)

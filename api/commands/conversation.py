@@ -49,6 +49,7 @@ def run_conversation(
     err: Console,
     image: str | None = None,
     recreate: bool = False,
+    network: str | None = None,
 ) -> int:
     """``toolq run``: 0 once the conversation ended (the model answered, or the turn limit
     stopped it), 1 if it could not start or end (an image that cannot be run included), 2
@@ -57,6 +58,8 @@ def run_conversation(
     options: dict[str, Any] = {"model": model, "enable": enable}
     if image is not None:
         options |= {"image": image, "recreate": recreate}
+    if network is not None:
+        options["network"] = network
     if system is not None:
         options["system_prompt"] = system
     if max_turns is not None:

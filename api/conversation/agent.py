@@ -49,6 +49,7 @@ from api.process.logs import log_context
 from api.runs.environment import RunEnvironment
 from api.settings import OrchestratorSettings, get_settings
 from worker.contract.deadlines import call_limit_ms
+from worker.contract.network import NetworkChoice
 from worker.contract.settings import WorkerSettings
 from worker.tools.context import Message, ToolContextSnapshot
 from worker.tools.functions import as_tool
@@ -83,11 +84,16 @@ class Agent:
         in_process: bool = False,
         worker_settings: WorkerSettings | None = None,
         image: str | None = None,
+        network: NetworkChoice | None = None,
     ) -> None:
         settings = settings or get_settings()
         self.options = options or AgentOptions()
         if image is not None:
             self.options = self.options.model_copy(update={"image": image})
+        if network is not None:  # checked as the options check it
+            self.options = AgentOptions.model_validate(
+                {**self.options.model_dump(exclude_unset=True), "network": network}
+            )
         self._llm = (
             provider
             if isinstance(provider, ChatModel)

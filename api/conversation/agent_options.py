@@ -10,6 +10,7 @@ from pydantic import ConfigDict, Field
 from api.conversation.events import ToolCallFinished
 from api.images.fields import ImageFields
 from api.model.client import ModelToolCall
+from worker.contract.network import NetworkFields
 from worker.contract.wire import RUN_ID_PATTERN
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -19,9 +20,9 @@ DEFAULT_SYSTEM_PROMPT = (
 ORCHESTRATOR = "orchestrator"
 
 
-class AgentOptions(ImageFields):
-    """How a conversation runs (and in which image: ``ImageFields``). Unknown options are an
-    error, not silently ignored."""
+class AgentOptions(ImageFields, NetworkFields):
+    """How a conversation runs (in which image: ``ImageFields``; with which network:
+    ``NetworkFields``). Unknown options are an error, not silently ignored."""
 
     model_config = ConfigDict(extra="forbid")
 

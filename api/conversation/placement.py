@@ -22,6 +22,7 @@ from api.calls.run_tools import RunTools, enable_tool
 from api.conversation.agent_options import ORCHESTRATOR, AgentOptions
 from api.runs.environment import RunEnvironment
 from api.settings import OrchestratorSettings
+from worker.contract.network import NetworkRefused
 from worker.contract.settings import FleetSettings, WorkerSettings, get_worker_settings
 from worker.contract.wire import AGENTS_QUEUE, POOLS, ToolContextSnapshot
 from worker.tools.registry import ToolRegistry
@@ -160,6 +161,8 @@ class ConversationTools:
         self.environment: RunEnvironment | None = None
         self._dispatcher = dispatcher
         self._owns_dispatcher = False
+        #: The run whose network this object set on the dispatcher (``Dispatcher.networks``).
+        self._network_of: str | None = None
         self._local_stack: weakref.finalize[[], ConversationTools] | None = None
         #: In process: ends what runs the calls (``worker.in_process.LocalCalls``).
         self._close_local_calls: Callable[[], None] | None = None
@@ -193,6 +196,9 @@ class ConversationTools:
             self._close_local_calls = None
         if self.environment is not None:
             await self.environment.end()
+        if self._network_of is not None and self._dispatcher is not None:
+            self._dispatcher.networks.pop(self._network_of, None)
+            self._network_of = None
         if self._owns_dispatcher and self._dispatcher is not None:
             await self._dispatcher.close()
         if self._local_stack is not None and self._local_stack.alive:
@@ -209,6 +215,8 @@ class ConversationTools:
         this process through the worker's own runner (caps, limits, quota and errors alike)."""
         if options.image is not None:
             raise ValueError("an image needs a fleet: in_process runs tools here")
+        if options.network != "none":
+            raise ValueError("a network needs a fleet: in_process runs tools here")
         # The worker floor's machinery is loaded only when asked for: an orchestrator that
         # sends its calls to a fleet never holds the sandbox, images or plugins.
         from worker.in_process import LocalCalls
@@ -233,9 +241,17 @@ class ConversationTools:
     ) -> None:
         """The fleet's tools, as proxies that send each call to a worker."""
         self.fleet = fleet.require_tools()
+        refused = self.settings.network_refusal(options.network)
+        if refused is not None:
+            raise NetworkRefused(refused)
         if self._dispatcher is None:
             self._owns_dispatcher = True
             self._dispatcher = Dispatcher(self.settings)
+        if options.network != "none" and run_id not in self._dispatcher.networks:
+            # Ours to let go at the end; a batch item's runner set its own before (its setup
+            # and check run with the network too).
+            self._dispatcher.networks[run_id] = options.network
+            self._network_of = run_id
         RunTools(
             self._dispatcher,
             self.fleet.model_tools.values(),

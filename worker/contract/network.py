@@ -13,7 +13,9 @@ import ipaddress
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, Field
 
 from worker.contract.errors import ToolqError
 
@@ -165,7 +167,8 @@ class NetworkAllowance:
 
     @classmethod
     def parse(cls, value: str | Iterable[str] | None, setting: str) -> NetworkAllowance:
-        """``value`` of the setting named ``setting``; ``NetworkRefused`` naming it if bad."""
+        """``value`` of the setting named ``setting``; ``NetworkRefused`` naming it if bad
+        (empty ``setting``: where the message is named already, as the settings check does)."""
         parts = value.split(",") if isinstance(value, str) else list(value or [])
         words = [p.strip() for p in parts if p.strip()]
         if not words or words == ["none"]:
@@ -175,7 +178,8 @@ class NetworkAllowance:
         try:
             return cls("list", tuple(Destination.parse(w) for w in words))
         except NetworkRefused as exc:
-            raise NetworkRefused(f"{setting}: {exc} (or none, list, full)") from None
+            said = f"{exc} (or none, list, full)"
+            raise NetworkRefused(f"{setting}: {said}" if setting else said) from None
 
     def refusal(self, policy: NetworkPolicy, setting: str) -> str | None:
         """Why ``policy`` asks for more than this allows (one line naming ``setting``); None
@@ -198,3 +202,60 @@ class NetworkAllowance:
         if self.mode == "list" and self.destinations:
             return ",".join(str(d) for d in self.destinations)
         return self.mode
+
+
+def tenant_allowances(
+    text: str | None, setting: str = TENANT_NETWORK_VARIABLE
+) -> dict[str, NetworkAllowance]:
+    """``TOOLQ_TENANT_NETWORK_ALLOWED`` read: ``acme=pypi.org:443,x.org:443;ci=full``, each
+    tenant's allowance by name; ``NetworkRefused`` naming ``setting`` (where not empty) for a
+    bad part."""
+    prefix = f"{setting}: " if setting else ""
+    found: dict[str, NetworkAllowance] = {}
+    for part in (text or "").split(";"):
+        if not part.strip():
+            continue
+        name, equals, value = part.partition("=")
+        if not equals or not name.strip():
+            raise NetworkRefused(
+                f"{prefix}{part.strip()!r} is not <tenant>=<allowed> "
+                "(e.g. acme=pypi.org:443,files.pythonhosted.org:443;ci=full)"
+            )
+        found[name.strip()] = NetworkAllowance.parse(value, f"{prefix}{name.strip()}")
+    return found
+
+
+def network_refusal(
+    choice: object, fleet: NetworkAllowance, tenant: tuple[str, NetworkAllowance] | None = None
+) -> str | None:
+    """Why a run asking for network ``choice`` may not run, in one line: not a network, more
+    than the fleet allows, or more than its tenant's allowance (name, allowance); None: it may."""
+    try:
+        policy = NetworkPolicy.parse(choice)
+    except NetworkRefused as exc:
+        return str(exc)
+    refused = fleet.refusal(policy, NETWORK_ALLOWED_VARIABLE)
+    if refused is None and tenant is not None:
+        refused = tenant[1].refusal(policy, f"{TENANT_NETWORK_VARIABLE} for {tenant[0]}")
+    return refused
+
+
+def _normalized(choice: NetworkChoice) -> NetworkChoice:
+    return NetworkPolicy.parse(choice).wire()
+
+
+#: A run's network as a field takes it: any way ``NetworkPolicy.parse`` reads, kept as written
+#: in its one form (``NetworkPolicy.wire``).
+NetworkValue = Annotated[NetworkChoice, AfterValidator(_normalized)]
+
+
+class NetworkFields(BaseModel):
+    """What a run says of its network, wherever a run is described (a batch task line, a
+    conversation's options and so the HTTP API's runs)."""
+
+    network: NetworkValue = Field(
+        "none",
+        description='The run\'s network: "none" (loopback alone, the default), "full", or a '
+        'list of destinations its commands may reach, host:port or CIDR:port ("*": any port), '
+        'e.g. ["pypi.org:443", "10.1.2.0/24:8080"]; as TOOLQ_NETWORK_ALLOWED permits.',
+    )

@@ -156,7 +156,7 @@ class FleetSettings(BaseSettings):
     def _network_allowed(cls, value: object) -> object:
         texts = value.split(",") if isinstance(value, str) else value
         if isinstance(texts, list):
-            NetworkAllowance.parse([str(t) for t in texts], NETWORK_ALLOWED_VARIABLE)
+            NetworkAllowance.parse([str(t) for t in texts], "")
             return [str(text).strip() for text in texts if str(text).strip()] or ["none"]
         return value
 

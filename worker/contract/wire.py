@@ -13,10 +13,10 @@ import hmac
 from typing import Annotated, Any, Literal
 
 from kombu import Queue
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from worker.contract.errors import ErrorKind
-from worker.contract.network import NetworkChoice, NetworkPolicy
+from worker.contract.network import NetworkValue
 
 #: The worker pools: ``tools`` for file, search, session and plugin tools; ``sandbox`` for
 #: commands (run_bash), kept on workers of their own.
@@ -182,7 +182,7 @@ class ToolCallRequest(BaseModel):
         description="The run's container (a run with an image), which the call runs in; the "
         "worker that holds it answers environment_lost when it is gone. None: no image.",
     )
-    network: NetworkChoice = Field(
+    network: NetworkValue = Field(
         "none",
         description='The run\'s network: "none" (loopback alone), "full", or the destinations '
         "(host:port, CIDR:port) its commands may reach through the worker's proxy.",
@@ -194,11 +194,6 @@ class ToolCallRequest(BaseModel):
         "sends again a call that no worker started. A message that finds the call started by "
         "another neither runs nor answers it.",
     )
-
-    @field_validator("network")
-    @classmethod
-    def _a_network(cls, network: NetworkChoice) -> NetworkChoice:
-        return NetworkPolicy.parse(network).wire()
 
 
 class ToolCallResult(BaseModel):
