@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator
 
-from worker.contract.network import network_refusal, tenant_allowances
+from worker.contract.network import NetworkAllowance, network_refusal, tenant_allowances
 from worker.contract.settings import FleetSettings, WorkerSettings
 from worker.contract.settings_check import SettingsError, settings_problems
 
@@ -71,13 +71,17 @@ class OrchestratorSettings(FleetSettings):
         tenant_allowances(value, "")  # one line naming a bad part
         return value
 
-    def network_refusal(self, network: object, tenant: str | None = None) -> str | None:
+    def network_refusal(
+        self, network: object, tenant: str | None = None, *, fleet: bool = True
+    ) -> str | None:
         """Why a run (of ``tenant``, where tokens name tenants) may not have ``network``, in
-        one line; None where it may."""
+        one line; None where it may. ``fleet=False``: the tenant's narrowing alone."""
         allowances = tenant_allowances(self.tenant_network_allowed)
         own = allowances.get(tenant) if tenant is not None else None
         return network_refusal(
-            network, self.network_allowance, None if own is None else (str(tenant), own)
+            network,
+            self.network_allowance if fleet else NetworkAllowance("full"),
+            None if own is None else (str(tenant), own),
         )
 
     def with_fleet(self, fleet: FleetSettings) -> OrchestratorSettings:

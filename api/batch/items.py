@@ -30,7 +30,12 @@ from pydantic import (
 from api.images.fields import ImageFields
 from api.settings import OrchestratorSettings
 from worker.contract.deadlines import REPORT_MARGIN_MS
-from worker.contract.network import NetworkFields
+from worker.contract.network import (
+    ONLY_NONE,
+    NetworkAllowance,
+    NetworkFields,
+    network_refusal,
+)
 from worker.contract.wire import glob_segments
 
 log = logging.getLogger(__name__)
@@ -204,10 +209,16 @@ class ItemLimits:
     files_max_bytes: int = OrchestratorSettings.model_fields["task_files_max_bytes"].default
     #: The longest call the fleet allows (TOOLQ_MAX_TIMEOUT_MS), in seconds.
     max_call_s: float = OrchestratorSettings.model_fields["max_timeout_ms"].default / 1000
+    #: The network a line may ask for (TOOLQ_NETWORK_ALLOWED).
+    network: NetworkAllowance = ONLY_NONE
 
     @classmethod
     def from_settings(cls, settings: OrchestratorSettings) -> ItemLimits:
-        return cls(settings.task_files_max_bytes, settings.max_timeout_ms / 1000)
+        return cls(
+            settings.task_files_max_bytes,
+            settings.max_timeout_ms / 1000,
+            settings.network_allowance,
+        )
 
     @property
     def max_command_s(self) -> float:
@@ -241,6 +252,9 @@ class ItemLimits:
                         f"{REPORT_MARGIN_S:g} s to report)",
                     )
                 )
+        refused = network_refusal(item.network, self.network)
+        if refused is not None:
+            found.append(("network", refused))
         return found
 
 

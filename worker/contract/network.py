@@ -83,7 +83,10 @@ class Destination:
         )
 
     def __str__(self) -> str:
-        where = self.host if self.host is not None else str(self.network)
+        where = self.host
+        if self.network is not None:  # one address as itself: 10.1.2.3, not 10.1.2.3/32
+            one = self.network.prefixlen == self.network.max_prefixlen
+            where = str(self.network.network_address) if one else str(self.network)
         if self.network is not None and self.network.version == 6:
             where = f"[{where}]"
         return f"{where}:{'*' if self.port == ANY_PORT else self.port}"
@@ -202,6 +205,10 @@ class NetworkAllowance:
         if self.mode == "list" and self.destinations:
             return ",".join(str(d) for d in self.destinations)
         return self.mode
+
+
+#: What runs may ask for where nothing else is said: no network.
+ONLY_NONE = NetworkAllowance("none")
 
 
 def tenant_allowances(

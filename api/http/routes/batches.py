@@ -23,6 +23,7 @@ from api.http.bodies import (
     Problem,
     refusal,
 )
+from api.http.network_checks import network_errors
 from api.http.routes.paging import ListParams
 from api.http.runner import BatchSubmission
 from api.http.services import Svc, require_model, take_places, tool_errors, working_fleet
@@ -66,6 +67,11 @@ async def _create_batch(
     if services.tenants.scoped:  # a token's runs: images only from where tenants may take them
         images = [(("body", "items", i, "image"), item.image) for i, item in enumerate(body.items)]
         errors += await tenant_image_errors(images, services.settings)
+    if services.tenants.scoped:  # the fleet's TOOLQ_NETWORK_ALLOWED is among the limits above
+        networks = [
+            (("body", "items", i, "network"), it.network) for i, it in enumerate(body.items)
+        ]
+        errors += network_errors(networks, services.settings, tenant, fleet=False)
     if errors:
         raise RequestValidationError(errors)
     batch_id = f"batch-{uuid.uuid4().hex}"

@@ -22,6 +22,7 @@ from api.http.bodies import (
     RunList,
     RunRequest,
 )
+from api.http.network_checks import network_errors
 from api.http.routes.paging import ListParams
 from api.http.services import Svc, require_model, take_places, tool_errors, working_fleet
 from api.http.sse import event_stream_response
@@ -61,6 +62,9 @@ async def _create_run(
     if services.tenants.scoped:  # a token's run: images only from where tenants may take them
         image = (("body", "options", "image"), body.options.image)
         errors += await tenant_image_errors([image], services.settings)
+    scoped = tenant if services.tenants.scoped else None
+    network = (("body", "options", "network"), body.options.network)
+    errors += network_errors([network], services.settings, scoped)
     if errors:
         raise RequestValidationError(errors)
     run_id = f"run-{uuid.uuid4().hex}"
