@@ -13,6 +13,7 @@ from typing import Any
 
 from api.batch.items import ItemLimits
 from api.calls.fleet import Fleet
+from worker.contract.network import MAX_DESTINATIONS
 
 #: (component, property, which names): the tool lists of the request bodies.
 TOOL_LISTS = (
@@ -21,6 +22,17 @@ TOOL_LISTS = (
     ("BatchItem", "enable", "served"),
 )
 
+
+#: (component, property): a run's network, as TOOLQ_NETWORK_ALLOWED permits it.
+NETWORKS = (("AgentOptions", "network"), ("BatchItem", "network"))
+#: A destination the document offers where any list is allowed: a host name (its last label
+#: starts with a letter, so it is never read as an address) and a port, or * for any port.
+_LABEL = r"[a-z0-9](?:[a-z0-9-]{0,28}[a-z0-9])?"
+_LAST_LABEL = r"[a-z](?:[a-z0-9-]{0,28}[a-z0-9])?"
+_PORT = (
+    r"(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]|\*)"
+)
+DESTINATION_PATTERN = rf"^(?:{_LABEL}\.){{0,3}}{_LAST_LABEL}:{_PORT}$"
 
 #: (component, property): a batch item's command timeouts, bounded by the fleet's deadlines.
 COMMAND_TIMEOUTS = (("BatchItem", "setup_timeout_s"), ("BatchItem", "check_timeout_s"))
@@ -44,6 +56,10 @@ def with_fleet_tools(
             for choice in field.get("anyOf", [field]) if field is not None else []:
                 if choice.get("type") == "number":
                     choice["maximum"] = limits.max_command_s
+        for component, prop in NETWORKS:
+            field = components.get(component, {}).get("properties", {}).get(prop)
+            if field is not None:
+                components[component]["properties"][prop] = _network_schema(field, limits)
     for component, prop, which in TOOL_LISTS:
         field = components.get(component, {}).get("properties", {}).get(prop)
         if field is None:
@@ -63,3 +79,19 @@ def with_fleet_tools(
             + " (the names as this server found them when it gave this document)."
         )
     return document
+
+
+def _network_schema(field: dict[str, Any], limits: ItemLimits) -> dict[str, Any]:
+    """A run's ``network`` as TOOLQ_NETWORK_ALLOWED lets runs ask for it: "none" always,
+    "full" where it is full, and a list of destinations where lists are allowed (the allowed
+    destinations themselves where it names them)."""
+    allowance = limits.network
+    modes = ["none", "full"] if allowance.mode == "full" else ["none"]
+    choices: list[dict[str, Any]] = [{"type": "string", "enum": modes}]
+    if allowance.mode != "none":
+        item: dict[str, Any] = {"type": "string", "pattern": DESTINATION_PATTERN}
+        if allowance.destinations:
+            item = {"type": "string", "enum": [str(d) for d in allowance.destinations]}
+        choices.append({"type": "array", "items": item, "maxItems": MAX_DESTINATIONS})
+    described = {k: v for k, v in field.items() if k not in ("anyOf", "type", "items")}
+    return {**described, "anyOf": choices}

@@ -47,6 +47,7 @@ from api.runs.workspace import calls_end_within_s
 from api.settings import OrchestratorSettings
 from api.state.tenant_caps import MCP_SESSIONS, CapReached, Holding, TenantCaps
 from worker.contract.image_errors import ImageError
+from worker.contract.network import NetworkPolicy, NetworkRefused
 from worker.contract.image_reference import parse_reference
 
 #: Without a token the API listens on loopback only; a web page must not reach it by a name
@@ -89,6 +90,7 @@ class McpEndpoint:
             idle_timeout_s=SESSION_IDLE_TIMEOUT_S,
             removal_wait_s=calls_end_within_s(self._settings),
             image_vet=tenant_vet(self._settings) if self._settings.api_tokens_file else None,
+            network_refusal=self._settings.network_refusal,
         )
         server = fleet_mcp_server(runs, _session_of)
         handshake_only(server)
@@ -216,13 +218,17 @@ def _session_of(ctx: ServerRequestContext[Any]) -> tuple[str | None, ToolChoice]
 def tool_choice(query: QueryParams) -> ToolChoice:
     """``enable`` and ``disable`` (repeated, or comma-separated), ``tool_timeout_ms`` and
     ``image`` (the OCI image the session's commands run in)."""
-    unknown = sorted(set(query) - {"enable", "disable", "tool_timeout_ms", "image"})
+    unknown = sorted(set(query) - {"enable", "disable", "tool_timeout_ms", "image", "network"})
     if unknown:
         raise MCPError(
             code=INVALID_PARAMS,
             message=f"unknown query parameter(s) {', '.join(unknown)} in the MCP URL "
-            "(known: enable, disable, tool_timeout_ms, image)",
+            "(known: enable, disable, tool_timeout_ms, image, network)",
         )
+    try:
+        network = NetworkPolicy.parse(query.get("network")).wire()
+    except NetworkRefused as exc:
+        raise MCPError(code=INVALID_PARAMS, message=str(exc)) from None
     image = query.get("image")
     if image is not None:
         try:
@@ -240,6 +246,7 @@ def tool_choice(query: QueryParams) -> ToolChoice:
         disable=_names(query.getlist("disable")),
         tool_timeout_ms=int(timeout) if timeout is not None else None,
         image=image,
+        network=network,
     )
 
 

@@ -30,6 +30,7 @@ from api.calls.run_tools import RunTools
 from api.process.logs import log_context
 from api.runs.environment import ImageUnavailable, ImageVet, RunEnvironment
 from api.runs.workspace import FileProblemError, RunWorkspace, ServiceCallError
+from worker.contract.network import NetworkChoice
 from worker.contract.wire import ToolContextSnapshot
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,8 @@ class ToolChoice:
     #: The OCI image the session's commands run in: one container for the session's run,
     #: started at its first call and ended with it (``api.images``).
     image: str | None = None
+    #: The session's run's network (``worker.contract.network``), as written.
+    network: NetworkChoice = "none"
 
 
 #: The session a request belongs to (None: the request came without one) and its tool choice.
@@ -80,6 +83,8 @@ class SessionRuns:
     clock: Callable[[], float] = time.monotonic
     #: Looks at a session's image before its container starts (where tokens are used).
     image_vet: ImageVet | None = None
+    #: Why a session may not have the network it asks for (TOOLQ_NETWORK_ALLOWED), or None.
+    network_refusal: Callable[[NetworkChoice], str | None] = lambda _: None
     _sessions: dict[str, _Session] = field(default_factory=dict, init=False)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
     #: The workspaces of ended sessions being removed, by the task removing each.
@@ -93,8 +98,13 @@ class SessionRuns:
             self._end_idle(now)
             known = self._sessions.get(session)
             if known is None:
+                refused = self.network_refusal(choice.network)
+                if refused is not None:
+                    raise ValueError(refused)
                 tools = await self.preview(choice)
                 known = _Session(tools, now)
+                if choice.network != "none":
+                    self.dispatcher.networks[tools.run_id] = choice.network
                 if choice.image is not None:
                     fleet = await self.fleet()
                     known.environment = RunEnvironment(
@@ -130,6 +140,8 @@ class SessionRuns:
         """The session ended: its run's workspace is removed in the background, once no call
         of the run is in flight (waiting up to ``removal_wait_s`` for those that are)."""
         ended = self._sessions.pop(session, None)
+        if ended is not None:
+            self.dispatcher.networks.pop(ended.tools.run_id, None)
         if ended is None or not ended.called:
             return
         run_id = ended.tools.run_id

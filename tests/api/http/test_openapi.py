@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import httpx
 
+from api.batch.items import ItemLimits
 from api.calls.fleet import Fleet
 from api.http.openapi import with_fleet_tools
 from tests.api.http.conftest import FLEET
+from worker.contract.network import NetworkAllowance
 
 
 async def test_the_document_names_the_tools_a_run_may_switch_on_and_off(
@@ -76,3 +79,26 @@ async def test_a_run_that_ended_answers_a_late_reader_at_once(client: httpx.Asyn
     )
     assert late.status_code == 200
     assert late.text.count("event: done") == 1 and '"status":"cancelled"' in late.text
+
+
+async def test_the_document_offers_the_network_the_operator_permits(
+    client: httpx.AsyncClient,
+) -> None:
+    schemas = (await client.get("/openapi.json")).json()["components"]["schemas"]
+    # TOOLQ_NETWORK_ALLOWED unset: "none" alone, so a request the schema allows is taken.
+    for component in ("AgentOptions", "BatchItem"):
+        assert schemas[component]["properties"]["network"]["anyOf"] == [
+            {"type": "string", "enum": ["none"]}
+        ]
+    schema: dict[str, Any] = {
+        "components": {"schemas": {"AgentOptions": {"properties": {"network": {}}}}}
+    }
+    mirror = ItemLimits(network=NetworkAllowance.parse("full", "TOOLQ_NETWORK_ALLOWED"))
+    full = with_fleet_tools(schema, FLEET, mirror)["components"]["schemas"]["AgentOptions"]
+    [modes, listed] = full["properties"]["network"]["anyOf"]
+    assert modes["enum"] == ["none", "full"]
+    assert re.match(listed["items"]["pattern"], "pypi.org:443")
+    assert not re.match(listed["items"]["pattern"], "10.0.0.1:443")
+    named = ItemLimits(network=NetworkAllowance.parse("pypi.org:443", "TOOLQ_NETWORK_ALLOWED"))
+    only = with_fleet_tools(schema, FLEET, named)["components"]["schemas"]["AgentOptions"]
+    assert only["properties"]["network"]["anyOf"][1]["items"]["enum"] == ["pypi.org:443"]
