@@ -14,6 +14,7 @@ from rich.markup import escape
 from api.commands.checks import (
     EXIT_MISSING_DEPENDENCY,
     checked_image,
+    checked_network,
     checked_settings,
     err,
     reachable_fleet,
@@ -45,6 +46,13 @@ def mcp(
         str | None,
         typer.Option(help="Run the session's commands in a container of this OCI image."),
     ] = None,
+    network: Annotated[
+        str | None,
+        typer.Option(
+            help="The session's network: none (the default), full, or comma-separated "
+            "destinations host:port or CIDR:port, as TOOLQ_NETWORK_ALLOWED permits."
+        ),
+    ] = None,
     broker: Annotated[
         str | None,
         typer.Option(
@@ -66,8 +74,12 @@ def mcp(
         get_settings.cache_clear()
     checked_settings()
     checked_image(image)
+    checked_network(network)
     reachable_fleet()
-    choice = ToolChoice(tuple(enable or ()), tuple(disable or ()), tool_timeout_ms, image)
+    from worker.contract.network import NetworkPolicy
+
+    wanted = NetworkPolicy.parse(network).wire()
+    choice = ToolChoice(tuple(enable or ()), tuple(disable or ()), tool_timeout_ms, image, wanted)
     raise typer.Exit(serve_stdio(get_settings(), choice))
 
 

@@ -89,8 +89,11 @@ class ToolqSandboxEnvironment(SandboxEnvironment):
 
     @classmethod
     async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
-        sandbox_config(config)  # a bad configuration stops the task before any sample
+        options = sandbox_config(config)  # a bad configuration stops the task before any sample
         await LINK.open()
+        refused = LINK.settings.network_refusal(options.network)
+        if refused is not None:  # as a bad configuration: before any sample runs
+            raise ValueError(refused)
 
     @classmethod
     async def sample_init(
@@ -100,6 +103,8 @@ class ToolqSandboxEnvironment(SandboxEnvironment):
         dispatcher = await LINK.dispatcher()
         run_id = new_run_id(task_name, LINK.owner)
         workspace = RunWorkspace(dispatcher, LINK.fleet, run_id)
+        if options.network != "none":  # every call of the sample's run carries it
+            dispatcher.networks[run_id] = options.network
         environment = None
         if options.image is not None:
             environment = RunEnvironment(
@@ -129,6 +134,7 @@ class ToolqSandboxEnvironment(SandboxEnvironment):
         for environment in environments.values():
             sandbox = environment.as_type(cls)
             workspace = sandbox.workspace
+            (await LINK.dispatcher()).networks.pop(workspace.run_id, None)
             if sandbox.environment is not None:
                 await sandbox.environment.end()
             try:

@@ -1,4 +1,4 @@
-"""What a task may tell the toolq sandbox: the image its samples run in.
+"""What a task may tell the toolq sandbox: the image its samples run in, and their network.
 
 ``sandbox=("toolq", "python:3.12-slim")`` (any image reference), ``sandbox=("toolq",
 "toolq.yaml")`` (a file, YAML or JSON, of the fields below; ``toolq.yaml`` beside the task is
@@ -19,13 +19,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from worker.contract.errors import validation_problems
 from worker.contract.image_errors import ImageError
 from worker.contract.image_reference import parse_reference
+from worker.contract.network import NetworkFields
 
 #: The configuration files ``toolq`` looks for beside a task, first found first.
 CONFIG_FILES = ("toolq.yaml", "toolq.yml", "toolq.json")
 
 
-class ToolqSandboxConfig(BaseModel):
-    """A sample's sandbox: a container of ``image`` for each sample, on the toolq fleet."""
+class ToolqSandboxConfig(NetworkFields):
+    """A sample's sandbox: a container of ``image`` for each sample, on the toolq fleet, with
+    the network ``network`` says (``NetworkFields``: "none" by default)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -47,8 +47,8 @@ from api.runs.workspace import calls_end_within_s
 from api.settings import OrchestratorSettings
 from api.state.tenant_caps import MCP_SESSIONS, CapReached, Holding, TenantCaps
 from worker.contract.image_errors import ImageError
-from worker.contract.network import NetworkPolicy, NetworkRefused
 from worker.contract.image_reference import parse_reference
+from worker.contract.network import NetworkPolicy, NetworkRefused
 
 #: Without a token the API listens on loopback only; a web page must not reach it by a name
 #: that resolves there (DNS rebinding), so only loopback Host headers are served.
