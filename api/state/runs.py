@@ -282,9 +282,28 @@ def _run_state(fields: dict[str, str]) -> RunState:
         answer=fields.get("answer"),
         stop_reason=fields.get("stop_reason"),
         error=fields.get("error"),
-        usage=(transcript or {}).get("usage", {}),
+        usage=_with_network((transcript or {}).get("usage", {}), transcript),
         tags=record_tags(fields),
         transcript=transcript,
         orchestrator=fields.get("orchestrator"),
         attempts=int(fields["attempts"]) if fields.get("attempts") else None,
     )
+
+
+def _with_network(usage: dict[str, int], transcript: dict[str, Any] | None) -> dict[str, int]:
+    """The run's usage, with the connections its network allowed and refused added up over
+    its calls (``network_allowed``, ``network_refused``) where any call had a network."""
+    counted = [
+        call["usage"]
+        for call in (transcript or {}).get("tool_calls") or []
+        if isinstance(call, dict)
+        and isinstance(call.get("usage"), dict)
+        and isinstance(call["usage"].get("network_allowed"), int)
+    ]
+    if not counted:
+        return usage
+    return {
+        **usage,
+        "network_allowed": sum(int(u["network_allowed"]) for u in counted),
+        "network_refused": sum(int(u.get("network_refused") or 0) for u in counted),
+    }

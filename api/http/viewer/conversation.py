@@ -66,6 +66,8 @@ class ToolCallView:
     turn: int | None = None
     truncated: bool = False
     bash: BashOutput | None = None
+    #: Connections the run's network allowed and refused for this call; None without network.
+    network: tuple[int, int] | None = None
 
     @property
     def pending(self) -> bool:
@@ -84,6 +86,7 @@ class ToolCallView:
         self.bash = _bash_output(output) if self.name == "run_bash" else None
         cut_streams = self.bash is not None and (self.bash.stdout_cut or self.bash.stderr_cut)
         self.truncated = bool(call.get("truncated")) or CAP_NOTICE in output or cut_streams
+        self.network = _network_counts(call.get("usage"))
 
 
 @dataclass
@@ -104,6 +107,25 @@ class ConversationView:
     @property
     def tool_calls(self) -> list[ToolCallView]:
         return [call for message in self.messages for call in message.calls]
+
+    @property
+    def network(self) -> tuple[int, int] | None:
+        """Connections the run's network allowed and refused, over its calls; None where no
+        call had a network."""
+        counted = [call.network for call in self.tool_calls if call.network is not None]
+        if not counted:
+            return None
+        return sum(a for a, _ in counted), sum(r for _, r in counted)
+
+
+def _network_counts(usage: object) -> tuple[int, int] | None:
+    """(allowed, refused) from a call's ``usage`` (``ResourceUsage``), where it counted them."""
+    if not isinstance(usage, Mapping):
+        return None
+    allowed, refused = usage.get("network_allowed"), usage.get("network_refused")
+    if not isinstance(allowed, int) or not isinstance(refused, int):
+        return None
+    return allowed, refused
 
 
 def from_transcript(
