@@ -16,9 +16,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from worker.contract.image_sources import ImageSources
 from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES, DEFAULT_TRANSFER_MAX_BYTES
 from worker.contract.mcp_servers import load_servers
+from worker.contract.network import NETWORK_ALLOWED_VARIABLE, NetworkAllowance
 from worker.contract.run_limits import LimitsMax
 from worker.contract.sandbox_settings import SandboxSettings
-from worker.contract.network import NETWORK_ALLOWED_VARIABLE, NetworkAllowance
 
 LOCAL_REDIS_URL = "redis://127.0.0.1:6379/0"
 ENV_PREFIX = "TOOLQ_"
@@ -45,6 +45,7 @@ ORCHESTRATOR_ONLY_FIELDS = (
     "agent_concurrency",
     "tenant_max_runs",
     "tenant_max_mcp_sessions",
+    "tenant_network_allowed",
 )
 #: ``TOOLQ_`` variables that are not settings: the traceback switch for errors, and the marker
 #: run_bash puts in each command's environment (``worker.sandbox.config.MARKER_VARIABLE``).

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from api.http.state.runs import _with_network
 from api.http.viewer.conversation import from_transcript
+from api.state.runs import _with_network
 
 CALLS: list[dict[str, Any]] = [
     {
