@@ -15,7 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.stats import CaseResult, Comparison, summarize
-from worker.contract.uid_range import DEFAULT_UID_RANGE, UidRange
+from worker.contract.sandbox_settings import SandboxSettings
+from worker.contract.uid_range import DEFAULT_UID_RANGE
 from worker.sandbox import SandboxConfig
 from worker.tools.bash import RunBashArgs, RunBashTool
 from worker.tools.bash_session import BashSessionArgs, BashSessionTool
@@ -34,8 +35,8 @@ def sessions_case(calls: int, warmup: int) -> CaseResult:
     ) as root:
         os.chmod(root, 0o711)
         sandbox = SandboxConfig(
+            SandboxSettings(uid_range=DEFAULT_UID_RANGE if os.geteuid() == 0 else ""),
             workspace_root=root,
-            uid_range=UidRange.parse(DEFAULT_UID_RANGE) if os.geteuid() == 0 else None,
         )
         workspace = prepare_workspace(Path(root) / "bench-sessions", sandbox)
         bash = RunBashTool(workspace, sandbox)

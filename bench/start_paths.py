@@ -29,6 +29,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from bench.stats import percentile
+from worker.contract.sandbox_settings import SandboxSettings
 from worker.contract.settings import WorkerSettings
 from worker.sandbox import SHELL, SandboxConfig, SandboxError, command, run_sandboxed
 from worker.sandbox.layers import plan_for
@@ -102,7 +103,8 @@ def measure(calls: int, turns: int) -> dict[str, dict[str, float]]:
         configs = {
             name: SandboxConfig.from_settings(
                 WorkerSettings(
-                    workspace_root=root, sandbox_cgroup="off" if name == NO_GROUP else "auto"
+                    workspace_root=root,
+                    sandbox=SandboxSettings(cgroup="off" if name == NO_GROUP else "auto"),
                 )
             )
             for name in (POOL, ANY_RUN, MADE_NOW, BASH, DASH, NO_GROUP)
