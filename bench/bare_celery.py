@@ -24,7 +24,7 @@ def noop() -> str:
 
 def create_app(settings: WorkerSettings) -> Celery:
     """A Celery app with toolq's configuration (prefork, prefetch 1, acks_late, JSON) on kombu's
-    own transport: toolq's Redis transport (worker/contract/runtime/redis_transport.py) is
+    own transport: toolq's Redis transport (worker/plumbing/redis_transport.py) is
     toolq's code, not Celery's, so the baseline goes without it."""
     config: dict[str, Any] = {
         **celery_config(settings),

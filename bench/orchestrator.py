@@ -32,7 +32,7 @@ from api.process.gc_tuning import tuned_for_many_conversations
 from api.settings import get_settings
 from bench.probes import CpuProbe
 from bench.procinfo import status_kb
-from worker.contract.jobs.replies import ReplyReader
+from worker.plumbing.jobs.replies import ReplyReader
 
 MODEL = "scripted"
 PROMPT = "go"

@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 #: Said wherever toolq is compared with bare Celery: the two differ in this, besides the task.
 TRANSPORT_NOTE = (
     "toolq's workers and callers run kombu's Redis transport with one Redis client per channel "
-    "(worker/contract/runtime/redis_transport.py); bare Celery runs kombu's own, which builds a "
+    "(worker/plumbing/redis_transport.py); bare Celery runs kombu's own, which builds a "
     "client for each "
     "message it publishes, each acknowledgement and each task event: five per task in the "
     "workers' consumer, each costing more CPU than the round trip it is built for (redis-py 8)."

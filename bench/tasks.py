@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from api.batch.record import BatchRecord
 from api.local.stack import worker_environment
 from bench.conversations import scripted_model
 from bench.stack import python_path
 from bench.stats import CaseResult, Comparison, percentile
-from worker.contract.batch_record import BatchRecord
 from worker.contract.settings import WorkerSettings
 
 CONCURRENCY = 50

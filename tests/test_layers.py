@@ -1,8 +1,9 @@
 """The two floors and the contract between them: the import rule, read from the source and
 checked on what importing each module actually loads.
 
-``api`` (the orchestrator) may import from ``worker`` only the contract (``worker.contract``) and
-the tool model (``TOOL_MODEL``), so that a change to the workers' own machinery never reaches
+``api`` (the orchestrator) may import from ``worker`` only the contract (``worker.contract``), the
+code both floors run the same way on it (``worker.plumbing``) and the tool model
+(``TOOL_MODEL``), so that a change to the workers' own machinery never reaches
 the orchestrator, and a fact both sides share is stated once. One exception, made at run time:
 a conversation that runs its tools in process imports the worker's runner
 (``worker.in_process``) inside the function that asks for it. The contract imports nothing
@@ -33,7 +34,9 @@ TOOL_MODEL = (
     "worker.tools.functions",
     "worker.tools.context",
 )
-API_MAY_IMPORT = ("worker.contract", *TOOL_MODEL)
+#: The code both floors run the same way (jobs, heartbeat, transport, retries), on the contract.
+PLUMBING = "worker.plumbing"
+API_MAY_IMPORT = ("worker.contract", PLUMBING, *TOOL_MODEL)
 #: Imported by ``api`` only inside a function, when a conversation runs its tools in process.
 API_MAY_IMPORT_AT_RUN_TIME = ("worker.in_process",)
 
@@ -158,6 +161,11 @@ def test_importing_any_orchestrator_module_loads_only_the_contract_and_the_tool_
 def test_the_contract_stands_on_nothing_else_of_toolqs() -> None:
     assert breaches("worker/contract", "worker", ("worker.contract",)) == []
     assert breaches("worker/contract", "api", ()) == []
+
+
+def test_the_shared_plumbing_stands_on_the_contract_alone() -> None:
+    assert breaches("worker/plumbing", "worker", ("worker.contract", PLUMBING)) == []
+    assert breaches("worker/plumbing", "api", ()) == []
 
 
 def test_the_workers_never_import_the_orchestrator() -> None:

@@ -6,11 +6,11 @@ from typing import Any
 
 from celery import Celery
 
-from worker.contract.runtime.lifeline import serve_or_exit
-from worker.contract.runtime.redis_transport import transport_setting
 from worker.contract.settings import WorkerSettings, get_worker_settings
 from worker.contract.settings_check import checked_worker_settings, exit_on_bad_settings
 from worker.contract.wire import POOLS, task_queues
+from worker.plumbing.lifeline import serve_or_exit
+from worker.plumbing.redis_transport import transport_setting
 
 
 def celery_config(settings: WorkerSettings) -> dict[str, Any]:

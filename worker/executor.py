@@ -18,9 +18,9 @@ from pydantic import ValidationError
 from worker.call_runner import CallRunner, TimeLimitReached, build_registry
 from worker.contract.errors import ToolqError
 from worker.contract.keys import keys
-from worker.contract.runtime.log_context import log_context
 from worker.contract.settings import WorkerSettings
 from worker.contract.wire import POOLS, Pool, ToolCallRequest, ToolCallResult
+from worker.plumbing.log_context import log_context
 from worker.results import PendingBegin, ResultStore
 from worker.tools.runtime import NotAdmitted
 

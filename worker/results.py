@@ -1,4 +1,4 @@
-"""Results stored once per task_id (``worker.contract.jobs``), and the start marker that makes
+"""Results stored once per task_id (``worker.plumbing.jobs``), and the start marker that makes
 redelivery safe.
 
 A stored result counts only if it is the call's own: sealed with the call's key, derived from
@@ -19,10 +19,10 @@ from redis.commands.core import Script
 from redis.connection import Connection
 
 from worker.contract.fleet_secret import FleetSecret
-from worker.contract.jobs.answers import AnswerStore
 from worker.contract.keys import keys
-from worker.contract.runtime.store_refusals import REFUSED_WRITES, as_refusal, until_deadline
 from worker.contract.wire import ToolCallResult, read_start_mark, start_mark
+from worker.plumbing.jobs.answers import AnswerStore
+from worker.plumbing.store_refusals import REFUSED_WRITES, as_refusal, until_deadline
 
 log = logging.getLogger(__name__)
 #: Values not the call's own a worker replaces at its result key before it gives up: each try is

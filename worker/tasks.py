@@ -33,10 +33,6 @@ import worker.inspect_views  # noqa: F401  (Celery inspect shows each call's sum
 from worker.app import app
 from worker.contract.errors import ToolqError
 from worker.contract.fleet_secret import FleetSecretError, fleet_secret
-from worker.contract.jobs.delivery import JobTask
-from worker.contract.runtime.heartbeat import Heartbeat
-from worker.contract.runtime.lifeline import VITALS, consumer_lost
-from worker.contract.runtime.log_context import show_ids
 from worker.contract.settings import get_worker_settings
 from worker.contract.settings_check import EXIT_BAD_SETTINGS
 from worker.contract.wire import POOLS, TASK_NAME, Pool, ToolCallResult
@@ -47,6 +43,10 @@ from worker.images.pinning import serve_own_queue
 from worker.manifest import fleet_tool_specs
 from worker.mcp.hosting import McpUnavailableError, start_hosting, stop_hosting
 from worker.mcp.hosting import unavailable as hosted_unavailable
+from worker.plumbing.heartbeat import Heartbeat
+from worker.plumbing.jobs.delivery import JobTask
+from worker.plumbing.lifeline import VITALS, consumer_lost
+from worker.plumbing.log_context import show_ids
 from worker.results import ResultStore
 from worker.sandbox import SandboxConfig, SandboxError, sweep_orphans
 from worker.sandbox.hardening import hardening_refusal

@@ -9,9 +9,9 @@ from celery import Celery
 
 from api.settings import OrchestratorSettings, get_settings
 from worker.contract.keys import AGENTS_UNACKED_HASH, AGENTS_UNACKED_INDEX, AGENTS_UNACKED_MUTEX
-from worker.contract.runtime.lifeline import serve_or_exit
-from worker.contract.runtime.redis_transport import transport_setting
 from worker.contract.wire import AGENTS_QUEUE, task_queues
+from worker.plumbing.lifeline import serve_or_exit
+from worker.plumbing.redis_transport import transport_setting
 
 #: Seconds a conversation's message stays unacknowledged past its time limit before the Redis
 #: transport hands it out again (its caller will have sent it again long before).

@@ -2,7 +2,7 @@
 output lines back, and never wait forever.
 
 Answers come back on one reply list per client, drained by one reader, as tool calls' answers do
-(``worker.contract.jobs``). Every ``tick_s`` one look at all the conversations in flight (one
+(``worker.plumbing.jobs``). Every ``tick_s`` one look at all the conversations in flight (one
 Redis transaction) decides, for each, the same way a tool call's deadline does:
 
 - an answer stored but not received (the run finished for an earlier caller): taken from Redis;
@@ -47,10 +47,10 @@ from api.calls.fleet import read_queue_depths
 from api.conversation.agent_options import AgentOptions
 from api.settings import OrchestratorSettings
 from worker.contract.errors import ToolqError
-from worker.contract.jobs.replies import ReplyReader
 from worker.contract.keys import keys
-from worker.contract.runtime.heartbeat import HEARTBEAT_TTL_S
 from worker.contract.wire import AGENTS_QUEUE
+from worker.plumbing.heartbeat import HEARTBEAT_TTL_S
+from worker.plumbing.jobs.replies import ReplyReader
 
 log = logging.getLogger(__name__)
 

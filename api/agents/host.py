@@ -28,6 +28,7 @@ from api.agents.messages import (
 )
 from api.agents.store import ConversationStore, store_client
 from api.batch.items import BatchItem
+from api.batch.record import BatchLine
 from api.batch.runner import failed_record, process_name, run_item
 from api.calls.dispatch import Dispatcher
 from api.calls.fleet import CachedFleet
@@ -37,7 +38,6 @@ from api.settings import OrchestratorSettings
 from api.state.cancels import watch_cancels
 from api.state.run_end import RunEndLine
 from api.state.runs import RunStore
-from worker.contract.batch_record import BatchLine
 
 log = logging.getLogger(__name__)
 

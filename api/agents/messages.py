@@ -11,8 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from api.batch.record import BatchLine
 from api.state.run_end import RunEndLine
-from worker.contract.batch_record import BatchLine
 from worker.contract.wire import RUN_ID_PATTERN, TaskId
 
 #: The one Celery task a conversation is.
@@ -77,6 +77,6 @@ class ConversationResult(BaseModel):
     attempt: int = Field(ge=1)
     worker: str = Field(description="hostname:pid of the agents worker that ran it.")
     record: BatchLine | RunEndLine = Field(
-        description="A batch item's output line (``worker.contract.batch_record``), or a run's "
+        description="A batch item's output line (``api.batch.record``), or a run's "
         "end (``RunEnd``)."
     )

@@ -4,7 +4,7 @@ Four keys per conversation (``ConversationKeys``): the send that may run (``curr
 started (``attempts``), the lease of the run going on, and the stored answer. The rules they keep:
 
 - one run at a time: a run starts only without a lease, and only for the current send;
-- an answer is stored once and handed to the caller, as a tool call's is (``worker.contract.jobs``);
+- an answer is stored once and handed to the caller, as a tool call's is (``worker.plumbing.jobs``);
   a run whose send was superseded stores none;
 - a caller sends again only when no run holds the conversation (the lease is gone) and no answer
   is waiting, so a worker that died costs one more run, never two runs at once.
@@ -19,8 +19,8 @@ import redis.asyncio as aioredis
 
 from api.agents.messages import LEASE_TTL_S, ConversationRequest, ConversationResult
 from api.state import redis_clients
-from worker.contract.jobs.answers import AsyncAnswerStore, RunGuard
 from worker.contract.keys import conversation_keys
+from worker.plumbing.jobs.answers import AsyncAnswerStore, RunGuard
 
 #: What ``current`` holds once the caller has taken the answer: every later message is stale.
 WRITTEN = "written"

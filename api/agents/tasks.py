@@ -18,9 +18,9 @@ from api.agents.host import ConversationHost
 from api.agents.messages import CONVERSATION_TASK
 from api.settings import get_settings
 from worker.contract.errors import ToolqError
-from worker.contract.jobs.delivery import JobTask
-from worker.contract.runtime.heartbeat import Heartbeat
 from worker.contract.wire import AGENTS_QUEUE
+from worker.plumbing.heartbeat import Heartbeat
+from worker.plumbing.jobs.delivery import JobTask
 
 log = logging.getLogger(__name__)
 _hosts: dict[int, ConversationHost] = {}

@@ -23,8 +23,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from api.batch.items import numbered_lines
+from api.batch.record import BatchLine, BatchRecord
 from api.batch.results import FSYNC_INTERVAL_S, AppendedLog
-from worker.contract.batch_record import BatchLine, BatchRecord
 
 log = logging.getLogger(__name__)
 

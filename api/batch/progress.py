@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from api.batch.figures import nearest_rank, pass_rate_line
-from worker.contract.batch_record import BatchRecord
+from api.batch.record import BatchRecord
 
 #: Seconds between progress lines when stderr is not a terminal.
 PLAIN_INTERVAL_S = 5.0

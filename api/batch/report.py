@@ -17,9 +17,9 @@ from typing import Any
 from rich.console import Console
 
 from api.batch.figures import nearest_rank, pass_rate_line, wilson_interval
+from api.batch.record import BatchRecord, CommandRun
 from api.batch.results import read_latest
 from api.batch.task import CHECK_NOT_RUN, SETUP_FAILED
-from worker.contract.batch_record import BatchRecord, CommandRun
 
 #: How many of the slowest items, and of the ids of each kind of failure, are listed.
 SLOWEST = 10

@@ -20,7 +20,7 @@ from types import TracebackType
 from typing import Any, Generic, Self, TypeVar
 
 from api.batch.items import numbered_lines
-from worker.contract.batch_record import BatchRecord, RecordStatus
+from api.batch.record import BatchRecord, RecordStatus
 from worker.contract.errors import ToolqError
 
 #: How often, at most, finished lines are forced to disk while a batch runs (and once at the end).

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Sequen
 from typing import Any
 
 from api.batch.items import BatchItem, ItemLimits
+from api.batch.record import BatchLine, BatchRecord, TokenUsage
 from api.batch.task import Task, TaskFailed, TaskResults
 from api.calls.dispatch import Dispatcher
 from api.calls.fleet import Fleet
@@ -22,7 +23,6 @@ from api.process.logs import log_context
 from api.runs.environment import RunEnvironment
 from api.runs.workspace import RunWorkspace
 from api.settings import OrchestratorSettings
-from worker.contract.batch_record import BatchLine, BatchRecord, TokenUsage
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from worker.contract.batch_record import BatchRecord, NotABatchRecord
+from api.batch.record import BatchRecord, NotABatchRecord
 
 #: The status of a line that is not a result: the table keeps it, so that nothing is lost.
 UNREADABLE = "unreadable"

@@ -11,9 +11,9 @@ from typing import Any
 
 from celery import Celery
 
-from worker.contract.runtime.redis_transport import transport_setting
 from worker.contract.settings import FleetSettings
 from worker.contract.wire import AGENTS_QUEUE, POOLS, task_queues
+from worker.plumbing.redis_transport import transport_setting
 
 
 def producer_config(settings: FleetSettings) -> dict[str, Any]:

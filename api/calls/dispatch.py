@@ -33,7 +33,6 @@ from api.calls.pins import RunPins
 from api.calls.publishing import SEND_BATCH, CallPublisher
 from api.calls.session_pins import SessionPins
 from worker.contract.deadlines import limited_request
-from worker.contract.jobs.replies import RECONNECT, ReplyReader
 from worker.contract.keys import keys
 from worker.contract.network import NetworkChoice
 from worker.contract.settings import FleetSettings
@@ -43,6 +42,7 @@ from worker.contract.wire import (
     ToolContextSnapshot,
     ToolSpec,
 )
+from worker.plumbing.jobs.replies import RECONNECT, ReplyReader
 
 log = logging.getLogger(__name__)
 #: A call that cannot be sent is answered this long before its deadline, so that the caller

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 import redis.asyncio as aioredis
 
 from worker.contract.keys import keys
-from worker.contract.runtime.heartbeat import HEARTBEAT_INTERVAL_S, HEARTBEAT_TTL_S
 from worker.contract.wire import (
     CALLER_GAVE_UP,
     POOLS,
@@ -27,6 +26,7 @@ from worker.contract.wire import (
     read_start_mark,
     start_mark_node,
 )
+from worker.plumbing.heartbeat import HEARTBEAT_INTERVAL_S, HEARTBEAT_TTL_S
 
 if TYPE_CHECKING:
     from api.calls.call_watch import InFlight

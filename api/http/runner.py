@@ -28,6 +28,7 @@ from redis.exceptions import RedisError
 
 from api.agents.client import ConversationClient, NoAgentsError
 from api.batch.items import BatchItem
+from api.batch.record import BatchRecord
 from api.batch.runner import process_name, run_item, run_items
 from api.batch.tag import batch_run_id, batch_tag
 from api.calls.dispatch import Dispatcher
@@ -45,7 +46,6 @@ from api.state.run_end import RunEnd
 from api.state.run_stream import stream_into_run
 from api.state.runs import CANCELLED_ERROR
 from api.state.store import ApiStore
-from worker.contract.batch_record import BatchRecord
 
 log = logging.getLogger(__name__)
 

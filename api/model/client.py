@@ -42,7 +42,7 @@ from api.settings import (
     model_url_problem,
 )
 from worker.contract.errors import ToolqError
-from worker.contract.runtime.backoff import Backoff
+from worker.plumbing.backoff import Backoff
 
 __all__ = [
     "ChatModel",

@@ -1,7 +1,7 @@
 """Structured logs: JSON lines off a terminal, readable text on one, with run and call ids.
 
 The ids come from context variables set with ``log_context``
-(``worker.contract.runtime.log_context``: workers log under the same ids); asyncio tasks copy the
+(``worker.plumbing.log_context``: workers log under the same ids); asyncio tasks copy the
 context they are created in, so every task a conversation starts logs under its run_id.
 """
 
@@ -13,14 +13,14 @@ import sys
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from worker.contract.runtime.log_context import (
+from worker.contract.settings import FleetSettings
+from worker.plumbing.log_context import (
     CONTEXT_FIELDS,
     ContextFilter,
     current_context,
     log_context,
     with_ids,
 )
-from worker.contract.settings import FleetSettings
 
 __all__ = [
     "CONTEXT_FIELDS",

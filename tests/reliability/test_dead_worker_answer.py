@@ -24,8 +24,8 @@ from tests.conftest import Caller, RedisServer, wait_for
 from tests.reliability.conftest import alive, find_process
 from tests.reliability.test_deaf_workers import LoneWorker, lone_worker, settings_for  # noqa: F401
 from worker.contract.keys import keys
-from worker.contract.runtime.heartbeat import HEARTBEAT_TTL_S
 from worker.contract.wire import ToolCallRequest, ToolCallResult, start_mark, start_mark_node
+from worker.plumbing.heartbeat import HEARTBEAT_TTL_S
 
 pytestmark = pytest.mark.integration
 

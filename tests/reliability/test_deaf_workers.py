@@ -28,10 +28,10 @@ from api.local.stack import worker_argv, worker_environment
 from tests.conftest import Caller, RedisServer, fleet_settings, start_logged, wait_for
 from tests.plugins.faulty_consumer import STOP_HANGS_VARIABLE
 from tests.reliability.report import Counts, Report
-from worker.contract.runtime.heartbeat import HEARTBEAT_TTL_S
-from worker.contract.runtime.lifeline import FAILED_STOP_S
 from worker.contract.settings import WorkerSettings
 from worker.contract.wire import ToolCallResult
+from worker.plumbing.heartbeat import HEARTBEAT_TTL_S
+from worker.plumbing.lifeline import FAILED_STOP_S
 
 pytestmark = pytest.mark.integration
 

@@ -25,8 +25,8 @@ from tests.conftest import Caller, StartModel, WorkerFleet, wait_for
 from tests.reliability.conftest import Stack, alive, ancestors, find_process, start_stack
 from tests.reliability.report import Counts, Report
 from tests.results_file import finished_lines, finished_records, finished_text
-from worker.contract.runtime.heartbeat import HEARTBEAT_INTERVAL_S
 from worker.contract.settings import WorkerSettings
+from worker.plumbing.heartbeat import HEARTBEAT_INTERVAL_S
 
 pytestmark = pytest.mark.integration
 
@@ -423,9 +423,9 @@ KOMBU_RESTART_RACE = (
     "The one known, kombu's Redis channel handing unacknowledged messages back through a "
     "connection already closed (`AttributeError: 'NoneType' object has no attribute "
     "'hostname'`, Celery 5.7.0, kombu 5.7.0), is a connection error in toolq's transport "
-    "(worker/contract/runtime/redis_transport.py), which Celery recovers from. A worker whose "
+    "(worker/plumbing/redis_transport.py), which Celery recovers from. A worker whose "
     "consumer stops for good withdraws its heartbeat and exits non-zero "
-    "(worker/contract/runtime/lifeline.py), and is started again "
+    "(worker/plumbing/lifeline.py), and is started again "
     "by deploy/compose.yaml (`restart: unless-stopped`), Kubernetes or the local stack; until "
     "then calls to its pool wait for another worker or are answered `no_answer`."
 )

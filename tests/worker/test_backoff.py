@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.contract.runtime.backoff import Backoff
+from worker.plumbing.backoff import Backoff
 
 
 def test_the_pause_doubles_from_the_first_up_to_the_cap() -> None:

@@ -1,4 +1,4 @@
-"""Send a job, store its answer once, reply (``worker.contract.jobs``), on a real Redis: the first
+"""Send a job, store its answer once, reply (``worker.plumbing.jobs``), on a real Redis: the first
 answer stored wins, a run superseded stores nothing, each answer reaches the waiter of its job,
 and a store refused for a while is tried again until the deadline."""
 
@@ -19,8 +19,8 @@ from redis.exceptions import OutOfMemoryError
 
 from tests.conftest import RedisServer
 from tests.worker.test_store_refusals import PATIENT_S, refuse_writes, take_writes, while_refused
-from worker.contract.jobs.answers import AnswerStore, AsyncAnswerStore, RunGuard, Stored
-from worker.contract.jobs.replies import ReplyReader
+from worker.plumbing.jobs.answers import AnswerStore, AsyncAnswerStore, RunGuard, Stored
+from worker.plumbing.jobs.replies import ReplyReader
 
 TTL_S = 60
 

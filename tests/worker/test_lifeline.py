@@ -11,10 +11,10 @@ import redis
 from tests.conftest import Clock, wait_for
 from worker.app import create_celery_app
 from worker.contract.keys import keys
-from worker.contract.runtime import heartbeat
-from worker.contract.runtime.heartbeat import Heartbeat
-from worker.contract.runtime.lifeline import STALE_AFTER_S, ConsumerVitals, LoopTurns, ServingWorker
 from worker.contract.settings import WorkerSettings
+from worker.plumbing import heartbeat
+from worker.plumbing.heartbeat import Heartbeat
+from worker.plumbing.lifeline import STALE_AFTER_S, ConsumerVitals, LoopTurns, ServingWorker
 
 
 def test_a_consumer_serves_while_its_loop_turns() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import logging
 
-from worker.contract.runtime.log_context import log_context, show_ids
+from worker.plumbing.log_context import log_context, show_ids
 
 
 def test_lines_written_during_a_call_carry_its_ids_after_the_first_line() -> None:

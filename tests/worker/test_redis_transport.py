@@ -15,8 +15,8 @@ from api.calls.broker import producer_app, producer_config
 from api.settings import OrchestratorSettings
 from tests.conftest import RedisServer
 from worker.app import celery_config, create_celery_app
-from worker.contract.runtime.redis_transport import TRANSPORT, Channel, Transport, transport_setting
 from worker.contract.settings import WorkerSettings
+from worker.plumbing.redis_transport import TRANSPORT, Channel, Transport, transport_setting
 
 MESSAGES = 200
 

@@ -7,7 +7,7 @@ from typing import Any, cast
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from worker.contract.jobs.replies import read_replies
+from worker.plumbing.jobs.replies import read_replies
 
 
 class FakeStore:

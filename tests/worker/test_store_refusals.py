@@ -18,8 +18,8 @@ from redis.exceptions import OutOfMemoryError, ResponseError
 
 from tests.conftest import Clock, RedisServer, wait_for
 from worker.contract.keys import keys
-from worker.contract.runtime.store_refusals import until_deadline
 from worker.contract.wire import ToolCallResult
+from worker.plumbing.store_refusals import until_deadline
 from worker.results import Begin, ResultStore
 
 REPLY = "toolq:reply:refusals"

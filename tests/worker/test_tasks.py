@@ -19,10 +19,10 @@ from tests.worker.conftest import replies, request
 from worker import tasks
 from worker.app import app
 from worker.contract.keys import keys
-from worker.contract.runtime.celery_guard import ValidatedRequest
 from worker.contract.settings import WorkerSettings
 from worker.contract.wire import TASK_NAME, ToolCallResult, start_mark
 from worker.executor import Executor
+from worker.plumbing.celery_guard import ValidatedRequest
 from worker.results import ResultStore
 
 

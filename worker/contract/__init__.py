@@ -1,14 +1,15 @@
 """The contract floor: all the orchestrator (``api``) and the workers share, and nothing else.
 
-``api`` imports from ``worker`` only this package and the tool model (``worker.tools``); the rest
-of ``worker`` is the workers' own, reached by messages and keys named here, or by starting its
-programs (``tests/test_layers.py`` holds both sides to it). The parts:
+What both sides agree on, as data, names and rules: what crosses between them. The code both
+run the same way stands on it in ``worker.plumbing``. ``api`` imports from ``worker`` only
+these two and the tool model (``worker.tools``); the rest of ``worker`` is the workers' own,
+reached by messages and keys named here, or by starting its programs (``tests/test_layers.py``
+holds both sides to it). The parts:
 
 - ``wire``: the pools and the task name, a call and its answer, a tool as the fleet serves it,
   a worker's heartbeat, the rule a workspace-relative glob follows.
 - ``operations``: the service operations (``toolq.exec``, ``toolq.put_files``, ...) as typed
   requests and answers.
-- ``batch_record``: one conversation's line in a batch's results.
 - ``keys``: every Redis key both sides read and write.
 - ``limits``: the output caps, transfer and file-count limits, and text cut to a cap.
 - ``deadlines``: a call's time limit, by one rule wherever the tool runs.
@@ -16,7 +17,4 @@ programs (``tests/test_layers.py`` holds both sides to it). The parts:
 - ``settings``, ``settings_check``, ``uid_range``, ``mcp_servers``: the ``TOOLQ_*`` settings both
   sides read, and the formats of their values.
 - ``image_reference``, ``image_errors``: what an image reference may be, and why one failed.
-- ``jobs``: send a job, store its answer once, reply: tool calls and conversations alike.
-- ``runtime``: what both sides' Celery apps run the same way (heartbeat, lifeline, transport,
-  retries, log context).
 """

@@ -19,9 +19,9 @@ from pydantic import ValidationError
 
 from worker.contract.errors import ToolqError
 from worker.contract.keys import keys
-from worker.contract.runtime.heartbeat import HEARTBEAT_TTL_S
 from worker.contract.wire import WorkerInfo
 from worker.images.owner import process_alive
+from worker.plumbing.heartbeat import HEARTBEAT_TTL_S
 
 
 class NodeNameTaken(ToolqError):

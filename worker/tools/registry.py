@@ -15,7 +15,7 @@ from typing import Any, Unpack
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from worker.contract.errors import ToolqError
-from worker.contract.runtime.log_context import current_context
+from worker.plumbing.log_context import current_context
 from worker.tools.functions import FunctionTool, ToolTraits, tool
 from worker.tools.interface import ExecutableTool, ProxyTool, ToolOutcome, TruncatedText
 

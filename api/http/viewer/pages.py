@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from api.batch.record import BatchRecord, CommandRun, Score
 from api.batch.summary import UNREADABLE, as_text
 from api.http.viewer import conversation
 from api.http.viewer.charts import rate_chart
@@ -26,7 +27,6 @@ from api.http.viewer.table import (
 from api.http.viewer.viewer import Page, Viewer, not_found
 from api.state.listing import Listed, ListQuery
 from api.state.statuses import ACTIVE
-from worker.contract.batch_record import BatchRecord, CommandRun, Score
 
 #: The item fields the item page shows on their own; the rest of a record is in "more fields".
 SHOWN_FIELDS = {

@@ -17,10 +17,10 @@ from array import array
 from pathlib import Path
 from typing import Any
 
+from api.batch.record import BatchRecord, NotABatchRecord
 from api.batch.summary import UNREADABLE, ItemSummary
 from api.http.viewer.sources import BatchView
 from api.state.listing import Listed, ListQuery
-from worker.contract.batch_record import BatchRecord, NotABatchRecord
 
 #: Bytes read at a time while indexing.
 CHUNK_BYTES = 1 << 20

@@ -16,6 +16,7 @@ from typing import Any, cast
 import pytest
 
 from api.batch.items import BatchItem, scan_input
+from api.batch.record import BatchRecord
 from api.batch.results import ResultLog
 from api.batch.runner import run_item, run_items
 from api.batch.tag import batch_run_id, batch_tag_for_output
@@ -25,7 +26,6 @@ from api.model.client import ChatModel, ModelError, ModelToolCall, ModelTurn, Re
 from api.process.logs import current_context
 from api.settings import OrchestratorSettings
 from tests.api.batch.conftest import record, write_lines
-from worker.contract.batch_record import BatchRecord
 from worker.contract.wire import RUN_ID_PATTERN, ToolCallResult, ToolSpec, WorkerInfo
 
 # --- Run ids -------------------------------------------------------------------------------------

@@ -16,8 +16,8 @@ from api.calls.call_watch import InFlight
 from api.calls.silent_workers import SilentWorkers
 from tests.conftest import RedisServer
 from worker.contract.keys import keys
-from worker.contract.runtime.heartbeat import HEARTBEAT_INTERVAL_S
 from worker.contract.wire import CALLER_GAVE_UP, ToolCallRequest, start_mark
+from worker.plumbing.heartbeat import HEARTBEAT_INTERVAL_S
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from worker.contract.runtime.log_context import log_context
+from worker.plumbing.log_context import log_context
 from worker.tools.functions import tool
 from worker.tools.registry import ToolRegistry
 

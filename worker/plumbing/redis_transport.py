@@ -28,7 +28,7 @@ import redis
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 
-from worker.contract.runtime.store_refusals import REFUSED_WRITES
+from worker.plumbing.store_refusals import REFUSED_WRITES
 
 log = logging.getLogger(__name__)
 

@@ -11,12 +11,12 @@ import pytest
 
 from api.batch.attempts import Attempt
 from api.batch.progress import BatchStats
+from api.batch.record import BatchRecord, NotABatchRecord
 from api.batch.report import build_report
 from api.batch.results import ResultLog, read_latest
 from api.batch.summary import ItemSummary
 from api.http.viewer.results_file import ResultsFile
 from tests.api.batch.conftest import write_lines
-from worker.contract.batch_record import BatchRecord, NotABatchRecord
 
 #: A line as ``toolq batch`` writes it, every field filled, in the order it writes them.
 FULL_LINE: dict[str, Any] = {

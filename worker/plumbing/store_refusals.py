@@ -16,7 +16,7 @@ from typing import TypeVar
 import redis
 from redis.exceptions import OutOfMemoryError, ReadOnlyError
 
-from worker.contract.runtime.backoff import Backoff
+from worker.plumbing.backoff import Backoff
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

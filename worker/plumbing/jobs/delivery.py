@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import Task
 
-from worker.contract.runtime.celery_guard import ValidatedRequest
+from worker.plumbing.celery_guard import ValidatedRequest
 
 
 class JobTask(Task):  # type: ignore[misc]

@@ -17,7 +17,7 @@ import redis
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript, Script
 
-from worker.contract.runtime.store_refusals import until_deadline
+from worker.plumbing.store_refusals import until_deadline
 
 # KEYS[1] the job's answer, KEYS[2] the caller's reply list ('' for none), both kept ARGV[2]
 # seconds. An answer kept already comes back unpushed, unless it is ARGV[3]: a kept value found

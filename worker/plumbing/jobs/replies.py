@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 from pydantic import BaseModel
 from redis.exceptions import RedisError, ResponseError
 
-from worker.contract.runtime.backoff import Backoff
+from worker.plumbing.backoff import Backoff
 
 log = logging.getLogger(__name__)
 _DRAIN_BATCH = 512
