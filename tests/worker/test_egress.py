@@ -5,16 +5,26 @@ finds no route; and every connection is counted in the call's usage."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import fakeredis
 import pytest
 
-from tests.worker.conftest import RUN_UIDS, run_in_workspace
+from tests.worker.conftest import (
+    RUN_UIDS,
+    TEST_SECRET,
+    request,
+    run_in_workspace,
+    worker_settings,
+)
 from tests.worker.netns_server import Served, free_port, served_in_namespace
 from worker.contract.network import NetworkPolicy
 from worker.contract.sandbox_settings import SandboxSettings
+from worker.executor import Executor
+from worker.results import ResultStore
 from worker.sandbox import SandboxConfig, SandboxError, SandboxResult
 from worker.sandbox.layers import describe_isolation
 from worker.sandbox.start.ready_pool import launcher
@@ -167,5 +177,31 @@ def test_process_mode_refuses_a_list_it_cannot_hold(tmp_path: Path) -> None:
     try:
         with pytest.raises(SandboxError, match="network"):
             run(config, workspace, "echo ran", ["pypi.org:443"])
+    finally:
+        launcher.release()
+
+
+def test_a_calls_network_on_the_wire_reaches_its_command(
+    tmp_path: Path, servers: tuple[list[Served], Served]
+) -> None:
+    # The whole worker path: the request's network, the worker's TOOLQ_NETWORK_ALLOWED, the
+    # call's runtime, run_bash, the proxy, and the counts in the answer's usage.
+    (listed, _), _machine = servers
+    tmp_path.chmod(0o755)
+    settings = worker_settings(tmp_path / "workspaces", network_allowed="list")
+    executor = Executor(settings, ResultStore(fakeredis.FakeRedis(), 60, TEST_SECRET), "w:1")
+    try:
+        url = f"http://{listed.address}:{listed.port}/"
+        body = request(
+            "run_bash",
+            {"command": f"{CURL} {url}"},
+            network=[f"{listed.address}:{listed.port}"],
+            timeout_ms=60_000,
+        )
+        answer = executor.handle(body, "sandbox")
+        assert not answer.is_error, answer.output
+        assert json.loads(answer.output)["stdout"] == listed.body
+        assert answer.usage is not None
+        assert (answer.usage.network_allowed, answer.usage.network_refused) == (1, 0)
     finally:
         launcher.release()
