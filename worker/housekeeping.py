@@ -17,6 +17,7 @@ from worker.quota import WorkspaceQuota
 from worker.retention import empty_trash, prune
 from worker.sandbox import SandboxConfig, SandboxError, sweep_orphans
 from worker.sandbox.layers import plan_for
+from worker.sessions.holders import sweep_sessions
 
 log = logging.getLogger(__name__)
 #: How often the commands of dead worker processes are looked for. A worker process that dies
@@ -104,6 +105,10 @@ class Housekeeping:
             log.warning("ended %d command(s) of worker processes that died", found)
         # And the containers of runs that are over, or of sandbox workers that died.
         sweep_boxes_now()
+        # And what sessions lost with their workers left, once their runs are over.
+        forgotten = sweep_sessions(SandboxConfig.from_settings(self._settings))
+        if forgotten:
+            log.info("forgot %d shell session(s) of runs that are over", forgotten)
 
     def _run(self) -> None:
         next_sweep = next_prune = time.monotonic()

@@ -178,8 +178,7 @@ class Dispatcher:
                 return placed
             request, pool = placed
         result = await self.pins.call(request, pool, self._send_and_wait, self._redis)
-        self.session_pins.settle(request, result)
-        return result
+        return self.session_pins.settle(request, pool, result)
 
     async def _send_and_wait(self, request: ToolCallRequest, pool: str) -> ToolCallResult:
         if not self._replies.started:

@@ -79,6 +79,29 @@ class SessionPins:
         if _action(request) == "restart":
             self.forget(request.run_id)  # a new shell, wherever the call goes
             return request, pool
+        return self._lost(request, found)
+
+    def settle(
+        self, request: ToolCallRequest, queue: str, result: ToolCallResult
+    ) -> ToolCallResult:
+        """Learn from an answer where the run's sessions are, or that they are gone; the answer,
+        or for a session call that its holder's worker never took, ``session_lost``."""
+        found = self._holders.get(request.run_id)
+        if result.holder is not None:
+            self._holders[request.run_id] = _Holder(result.holder)
+            self._holders.move_to_end(request.run_id)
+            while len(self._holders) > MAX_RUNS:
+                self._holders.popitem(last=False)
+        elif found is not None and result.error_kind == "session_lost":
+            found.lost = True
+        elif found is not None and queue == found.queue and result.error_kind == "no_answer":
+            # Sent to the holder's own queue, and nobody took it: its worker stopped.
+            found.lost = True
+            if request.tool == SESSION_TOOL:
+                return self._lost(request, found)
+        return result
+
+    def _lost(self, request: ToolCallRequest, found: _Holder) -> ToolCallResult:
         return ToolCallResult.failure(
             request,
             "session_lost",
@@ -86,16 +109,6 @@ class SessionPins:
             f"is gone, and everything the shells held went with it; {RESTART_HINT}. Nothing "
             "was typed.",
         )
-
-    def settle(self, request: ToolCallRequest, result: ToolCallResult) -> None:
-        """Learn from an answer where the run's sessions are, or that they are gone."""
-        if result.holder is not None:
-            self._holders[request.run_id] = _Holder(result.holder)
-            self._holders.move_to_end(request.run_id)
-            while len(self._holders) > MAX_RUNS:
-                self._holders.popitem(last=False)
-        elif result.error_kind == "session_lost" and request.run_id in self._holders:
-            self._holders[request.run_id].lost = True
 
 
 def _action(request: ToolCallRequest) -> str | None:

@@ -48,6 +48,32 @@ def sessions_folder(config: SandboxConfig) -> Path:
     return folder
 
 
+def sweep_sessions(config: SandboxConfig) -> int:
+    """Forget the sessions of runs that are over (their workspace is gone) whose holder is gone
+    too: what a holder lost with its worker leaves, which no call will ask about again. How
+    many."""
+    swept = 0
+    for record_path in sessions_folder(config).glob("*/*.json"):
+        record = SessionRecord.read(record_path)
+        if record is None or not record.workspace or os.path.isdir(record.workspace):
+            continue
+        if record.holder_pid is not None and _alive(record.holder_pid):
+            continue  # it sees its workspace gone, and ends by itself
+        forget_files(record_path)
+        swept += 1
+    return swept
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class RunSessions:
     """The sessions of the run whose workspace is ``home``."""
 
@@ -156,7 +182,7 @@ class RunSessions:
             self._socket(name).unlink(missing_ok=True)
             listener = _bound(self._socket(name))
             try:
-                SessionRecord.new(name, worker_main_pid()).write(record_path)
+                SessionRecord.new(name, worker_main_pid(), str(self._home)).write(record_path)
                 spec = HolderSpec(
                     listen_fd=listener.fileno(),
                     record=str(record_path),

@@ -17,6 +17,8 @@ class SessionRecord(BaseModel):
 
     #: The session's name, as calls give it.
     name: str
+    #: The run's workspace: once it is gone, so is the run, and the record with it.
+    workspace: str = ""
     #: The worker's main process, whose end ends the session.
     worker_pid: int
     holder_pid: int | None = None
@@ -25,8 +27,8 @@ class SessionRecord(BaseModel):
     ended: str | None = None
 
     @classmethod
-    def new(cls, name: str, worker_pid: int) -> SessionRecord:
-        return cls(name=name, worker_pid=worker_pid, started=time.time())
+    def new(cls, name: str, worker_pid: int, workspace: str) -> SessionRecord:
+        return cls(name=name, worker_pid=worker_pid, started=time.time(), workspace=workspace)
 
     @classmethod
     def read(cls, path: Path) -> SessionRecord | None:

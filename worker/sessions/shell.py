@@ -13,9 +13,14 @@ PROMPT_WORD = "printf '\\033]9;toolq-%s:%%d\\007' \"$?\""
 
 def shell_command(terminal: str) -> str:
     """The command line that becomes the session's shell, its standard streams ``terminal``
-    (the path of the terminal's other end) and its controlling terminal that one."""
-    tty = shlex.quote(terminal)
-    return f"exec setsid --wait --ctty bash --noprofile --norc --noediting -i 0<>{tty} 1>&0 2>&0"
+    (the path of the terminal's other end) and its controlling terminal that one.
+
+    The terminal is opened by the first process of a session of its own (``setsid``), which
+    makes it that session's controlling terminal: opened by the command's first shell, which
+    without a PID namespace leads the call's session, it would be that session's, and no
+    other could take it."""
+    inner = 'exec bash --noprofile --norc --noediting -i 0<>"$0" 1>&0 2>&0'
+    return f"exec setsid --wait sh -c {shlex.quote(inner)} {shlex.quote(terminal)}"
 
 
 def shell_env(nonce: str) -> dict[str, str]:

@@ -45,7 +45,7 @@ def pins() -> SessionPins:
     """Run ``run-1``, whose sessions WORKER holds."""
     pins = SessionPins()
     first = request()
-    pins.settle(first, answered(first))
+    pins.settle(first, "sandbox", answered(first))
     return pins
 
 
@@ -85,8 +85,7 @@ async def test_a_session_lost_answer_from_a_worker_marks_the_run_lost(
 ) -> None:
     call = request()
     pins.settle(
-        call,
-        ToolCallResult.failure(call, "session_lost", "Error: session lost: ..."),
+        call, QUEUE, ToolCallResult.failure(call, "session_lost", "Error: session lost: ...")
     )
 
     assert isinstance(await pins.place(request(), "sandbox", redis), ToolCallResult)
@@ -96,7 +95,19 @@ def test_the_least_recently_used_runs_are_forgotten_past_the_bound() -> None:
     pins = SessionPins()
     for number in range(MAX_RUNS + 1):
         call = request(run_id=f"run-{number}")
-        pins.settle(call, answered(call))
+        pins.settle(call, "sandbox", answered(call))
 
     assert pins.holder("run-0") is None
     assert pins.holder(f"run-{MAX_RUNS}") == QUEUE
+
+
+async def test_a_session_call_its_holders_worker_never_took_answers_session_lost(
+    pins: SessionPins, redis: fakeredis.aioredis.FakeRedis
+) -> None:
+    call = request(action="type_submit", input="ls")
+    unanswered = ToolCallResult.failure(call, "no_answer", "Error: no answer ...")
+
+    settled = pins.settle(call, QUEUE, unanswered)
+
+    assert settled.error_kind == "session_lost" and "restart" in settled.output
+    assert isinstance(await pins.place(request(), "sandbox", redis), ToolCallResult)
