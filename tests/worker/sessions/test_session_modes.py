@@ -12,7 +12,6 @@ from typing import Any
 from tests.conftest import wait_for
 from tests.worker.conftest import config_for
 from tests.worker.sessions.helpers import processes_with, token
-from worker.sandbox import SandboxConfig
 from worker.sessions.holders import sweep_sessions
 from worker.sessions.records import SessionRecord
 from worker.tools.bash_session import BashSessionArgs, BashSessionTool
@@ -46,7 +45,7 @@ def test_a_session_keeps_its_shell_and_ends_whole_in_each_mode(
 def test_a_lost_sessions_files_are_swept_once_its_run_is_over(sandbox_dir: Path) -> None:
     workspace = sandbox_dir / "run"
     workspace.mkdir()
-    config = SandboxConfig(isolation="process")
+    config = config_for("process")
     tool = BashSessionTool(Workspace(workspace), config, idle_s=60)
     sessions = tool.sessions()
     sessions.folder.mkdir(mode=0o700, parents=True)
