@@ -4,7 +4,9 @@ first call of a run on a warm cache (the container started, then its command), e
 
 The image is a busybox one built here with umoci (as the tests build theirs); the cache is warm
 (pulled and unpacked once before the timings), as a worker's is for every run after an image's
-first. Each runtime found on PATH is measured: runc, and runsc (gVisor).
+first. Each runtime found on PATH is measured: runc, and runsc (gVisor). Beside them, the
+shared-base pair (``bench.shared_base``): an image's cold start, and that of an image adding
+1 KB to it once its base is cached.
 """
 
 from __future__ import annotations
@@ -12,19 +14,18 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
+from bench.shared_base import fresh_boxes, shared_base_pair
 from bench.stats import CaseResult, Comparison, summarize
 from tests.worker.images.builders import build_image, images_folder, skip_reason
 from worker.contract.sandbox_settings import SandboxSettings
 from worker.contract.uid_range import DEFAULT_UID_RANGE, UidRange
-from worker.images.boxes import Boxes, BoxRecord, BoxSettings
+from worker.images.boxes import Boxes, BoxRecord
 from worker.images.calls import run_in_box
-from worker.images.fetch import Tools
 from worker.sandbox import SandboxConfig, run_sandboxed
 from worker.tools.factory import prepare_workspace
 
@@ -88,6 +89,8 @@ def images_case(runs: int, calls: int) -> CaseResult:
                     value=figures["exec_true"]["p50_ms"],
                 ),
             ]
+        if shutil.which("runc") is not None:
+            shared_base_pair(result, root, "runc", max(2, runs // 3), sandbox)
     result.notes.append(
         "In process, no queue: the pool's round trip comes on top of each, as for run_bash "
         "(case 4). A container's start is its root's idmapped mount and overlay, the runtime's "
@@ -128,20 +131,7 @@ def _measure(
 
 @contextlib.contextmanager
 def _boxes(root: Path, runtime: str) -> Iterator[Boxes]:
-    cache = Path(tempfile.mkdtemp(prefix=f"cache-{runtime}-", dir=root))
-    os.chmod(cache, 0o711)
-    boxes = Boxes(
-        BoxSettings(
-            cache_root=cache,
-            cache_bytes=1 << 30,
-            runtime=runtime,
-            tools=Tools(),
-            sandbox=SandboxSettings(
-                uid_range="", memory_mb=1024, max_processes=256, file_size_mb=256
-            ),
-            id_block=UidRange.parse(DEFAULT_UID_RANGE).last + 1,
-        )
-    )
+    boxes = fresh_boxes(root, runtime, "cache")
     try:
         yield boxes
     finally:

@@ -38,7 +38,7 @@ from worker.contract.errors import ToolqError
 from worker.contract.image_errors import ImageError
 from worker.contract.image_reference import ImageReference
 from worker.images.fetch import Tools, image_config, image_layers
-from worker.images.layer_store import LayerStore
+from worker.images.layer_store import LayerStore, disk_usage
 from worker.images.layers import TooLarge, readable_size, unpacked_bytes
 from worker.images.locks import lock_by
 from worker.images.mounts import image_view, unmount_below
@@ -174,6 +174,8 @@ class ImageCache:
             try:
                 work.mkdir()
                 layout = work / "layout"
+                # The blobs of cached layers are not fetched again.
+                self.layers.link_blobs(layout)
                 self.tools.copy(ref, digest, layout, deadline)
                 for attempt in range(3):
                     try:
@@ -201,7 +203,7 @@ class ImageCache:
         held = {layer.diff_id for layer in layers if self.layers.present(layer.diff_id)}
         self._check_fits(ref, layout, held, deadline)
         work.mkdir()
-        unpacked: dict[str, tuple[Path, int]] = {}
+        unpacked: dict[str, tuple[Path, int, str]] = {}
         roots = []
         for number, layer in enumerate(layers, 1):
             if layer.diff_id in held:
@@ -211,7 +213,8 @@ class ImageCache:
                 folder = work / f"layer-{number}"
                 (folder / "root").mkdir(parents=True)
                 self.tools.unpack_layer(ref, number, layer, folder / "root", deadline)
-                unpacked[layer.diff_id] = (folder, disk_usage(folder / "root"))
+                os.link(layer.blob, folder / "blob")
+                unpacked[layer.diff_id] = (folder, disk_usage(folder), layer.digest)
             roots.append(unpacked[layer.diff_id][0] / "root")
         with image_view(roots, work / "view") as view:
             if not has_shell(view):
@@ -225,9 +228,9 @@ class ImageCache:
             if not all(self.layers.present(d) or d in unpacked for d in diff_ids):
                 raise _LayerGone
             new = {d: u for d, u in unpacked.items() if not self.layers.present(d)}
-            self._make_room(ref, sum(size for _, size in new.values()), set(diff_ids))
-            for diff_id, (folder, size) in new.items():
-                self.layers.place(diff_id, folder, size)
+            self._make_room(ref, sum(size for _, size, _ in new.values()), set(diff_ids))
+            for diff_id, (folder, size, blob) in new.items():
+                self.layers.place(diff_id, folder, size, blob)
             sizes = self.layers.sizes()
             record = ImageRecord(
                 digest=digest,
@@ -355,26 +358,6 @@ class ImageCache:
         except (OSError, ValueError):
             return None
         return CachedImage(folder, record, [self.layers.root(d) for d in record.layers])
-
-
-def disk_usage(root: Path) -> int:
-    """Bytes of disk ``root`` takes (blocks, each hard link once), links not followed."""
-    seen: set[tuple[int, int]] = set()
-    total = 0
-    stack = [root]
-    while stack:
-        folder = stack.pop()
-        with contextlib.suppress(OSError), os.scandir(folder) as entries:
-            for entry in entries:
-                info = entry.stat(follow_symlinks=False)
-                key = (info.st_dev, info.st_ino)
-                if key in seen:
-                    continue
-                seen.add(key)
-                total += info.st_blocks * 512
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(Path(entry.path))
-    return total
 
 
 @contextlib.contextmanager

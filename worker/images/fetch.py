@@ -146,6 +146,8 @@ class LayerBlob:
     media_type: str
     blob: Path
     diff_id: str
+    #: The blob's digest, as the manifest names it.
+    digest: str
 
 
 def image_layers(layout: Path) -> list[LayerBlob]:
@@ -163,8 +165,9 @@ def image_layers(layout: Path) -> list[LayerBlob]:
     for layer, diff_id in zip(layers, diff_ids, strict=True):
         if not re.fullmatch(r"sha256:[0-9a-f]{64}", str(diff_id)):
             raise ValueError(f"not a sha256 diff id: {diff_id!r}")
+        digest = str(layer["digest"])
         found.append(
-            LayerBlob(str(layer["mediaType"]), layout_blob(layout, layer["digest"]), str(diff_id))
+            LayerBlob(str(layer["mediaType"]), layout_blob(layout, digest), str(diff_id), digest)
         )
     return found
 

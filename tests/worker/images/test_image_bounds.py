@@ -13,8 +13,8 @@ from tests.worker.images.conftest import Host
 from worker.contract.image_errors import ImageError
 from worker.contract.image_reference import ImageReference
 from worker.images.boxes import BoxRecord
-from worker.images.cache import disk_usage
 from worker.images.fetch import LayerBlob, Tools
+from worker.images.layer_store import disk_usage
 
 #: The cache's bound in these tests, and what the bomb inflates to.
 BOUND = 8 << 20

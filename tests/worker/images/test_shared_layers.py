@@ -18,8 +18,8 @@ from tests.worker.images.conftest import Host
 from tests.worker.images.test_boxes import run
 from worker.contract.image_reference import ImageReference
 from worker.images.boxes import BoxRecord
-from worker.images.cache import disk_usage
 from worker.images.fetch import LayerBlob, Tools
+from worker.images.layer_store import disk_usage
 
 #: Run ids of this module's own: a box's control group is named after its run, host-wide.
 TAG = uuid.uuid4().hex[:6]
@@ -32,6 +32,14 @@ class LayerRecorder(Tools):
     """The real tools, noting each layer they unpacked: (image, its number, its diff id)."""
 
     unpacked: list[tuple[str, int, str]] = field(default_factory=list)
+    #: The blobs each copy found in its layout before it began (what it need not fetch).
+    found: list[set[str]] = field(default_factory=list)
+
+    def copy(self, ref: ImageReference, digest: str, layout: Path, deadline: float) -> None:
+        blobs = layout / "blobs" / "sha256"
+        there = list(blobs.iterdir()) if blobs.is_dir() else []
+        self.found.append({f"sha256:{p.name}" for p in there})
+        super().copy(ref, digest, layout, deadline)
 
     def unpack_layer(
         self, ref: ImageReference, number: int, layer: LayerBlob, target: Path, deadline: float
@@ -91,6 +99,9 @@ def test_an_image_on_a_cached_base_unpacks_only_its_new_layer(host: Host, pair: 
     assert images[derived.digest].layers[:1] == images[base.digest].layers
     assert len({*images[base.digest].layers, *images[derived.digest].layers}) == 2
     assert len(list(layers_folder(host).iterdir())) == 2
+    # The base layer's blob was in the second copy's layout already: not fetched again.
+    base_blob = host.boxes.cache.layers.record(images[base.digest].layers[0])
+    assert base_blob is not None and tools.found[-1] == {base_blob.blob}
 
     # Both run, each with its own files.
     assert run(host, derived_ws, derived, "cat /etc/derived").stdout == ADDED.decode()
