@@ -21,6 +21,7 @@ from worker.sandbox.ending import Ending
 from worker.sandbox.handover import hand_over, holder_of
 from worker.sandbox.host_registry import HostRegistry
 from worker.sandbox.layers import plan_for
+from worker.sandbox.names import BOUND
 from worker.sandbox.output import CappedStream, Notice, Pump
 from worker.sandbox.plan import Plan, private_binds
 from worker.sandbox.result import SandboxResult, build_result
@@ -81,11 +82,14 @@ def run_sandboxed(command: str | Sequence[str], **call: Unpack[CommandCall]) -> 
             # layers before it gave it as standard input.
             command = [SHELL, "-c", 'exec "$@" <"$0"', input_path, *_as_argv(command)]
         # What a call with private folders binds: the run's /tmp, its workspace, its input's.
+        # In the mount namespace that only hides processes: the files naming the run's uid.
         keep: tuple[tuple[str, str], ...] = ()
+        if plan.per_run and call_plan.drop_to is not None and (plan.namespaced or plan.hide_argv):
+            keep = config.run_names_for(home, *call_plan.drop_to)
         if plan.per_run and plan.namespaced and call_plan.drop_to is not None:
             run_tmp = config.run_tmp_for(home, call_plan.drop_to[1])
             inputs = os.path.dirname(input_path) if input_path else None
-            keep = private_binds(str(home), run_tmp, inputs)
+            keep = private_binds(str(home), run_tmp, inputs, keep)
         with run_guard(call_plan, config):
             return _run(plan, call_plan, keep, command, call)
 
@@ -139,7 +143,9 @@ def _run(
         return _follow(proc, alone, started, timeout_ms, config)
     # A launch made for this run alone, if one is ready: its folders bound, its shell waiting
     # as the run's uid. Else one made for any run, which binds and drops as the call comes.
-    for_run = plan.for_run(call_plan.drop_to, str(home), keep[0][0] if keep else None)
+    run_tmp = next((source for source, target in keep if target == "/tmp"), None)
+    names = tuple(pair for pair in keep if pair[1] in BOUND) if plan.namespaced else ()
+    for_run = plan.for_run(call_plan.drop_to, str(home), run_tmp, names)
     if for_run is not None:
         # Its launches bind the folder of the calls' inputs, which must be there before they
         # are made, though no call here had input yet: else each dies as it starts.

@@ -24,6 +24,8 @@ from worker.contract.uid_range import UidRange
 from worker.sandbox.fleet_key import fleet_id
 from worker.sandbox.host_registry import default_host_state
 from worker.sandbox.identity import identity_of, make_run_tmp
+from worker.sandbox.names import make_run_names, names_folder
+from worker.state_folder import STATE_DIR
 
 if TYPE_CHECKING:
     from worker.contract.settings import WorkerSettings
@@ -147,6 +149,12 @@ class SandboxConfig:
         missing): it lasts as long as the run's workspace (``identity.release``)."""
         root, key = self._claims_for(folder)
         return make_run_tmp(root, key, gid)
+
+    def run_names_for(self, folder: Path, uid: int, gid: int) -> tuple[tuple[str, str], ...]:
+        """The (source, target) pairs that give the uid of the run working in ``folder`` a name
+        in its view (``worker.sandbox.names``), the files made if missing."""
+        root, key = self._claims_for(folder)
+        return make_run_names(names_folder(root / STATE_DIR, key), uid, gid, str(folder))
 
     def _claims_for(self, folder: Path) -> tuple[Path, str]:
         """Where ``folder``'s uid is claimed, and by what name: a run's folder by its run id

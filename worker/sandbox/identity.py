@@ -28,6 +28,7 @@ from worker.contract.errors import ToolqError
 from worker.contract.uid_range import UidRange
 from worker.sandbox.fleet_key import first_uid_offset, fleet_id
 from worker.sandbox.host_registry import HOST_STATE, HostRegistry, HostRegistryError
+from worker.sandbox.names import names_folder, remove_run_names
 from worker.sandbox.uid_reset import reset_uid
 from worker.state_folder import STATE_DIR
 
@@ -122,6 +123,7 @@ def release(root: Path, run_id: str, uid: int, host_state: str | Path = HOST_STA
     all the uid left in the kernel and at the top of this host's shared folders (``reset_uid``).
     A uid kept aside stays claimed on this host too: what is left of it is this host's."""
     shutil.rmtree(run_tmp(root, run_id), ignore_errors=True)
+    remove_run_names(names_folder(Path(root) / STATE_DIR, run_id))
     claim = claims_dir(root) / str(uid)
     if _holder(claim) == run_id.encode():
         if _another_fleets_here(root, uid, host_state):

@@ -21,6 +21,7 @@ from worker.sandbox.config import (
     SandboxError,
 )
 from worker.sandbox.start.shell_text import (
+    BIND_FILES_SCRIPT,
     FORK_AHEAD,
     PRIVATE_SCRIPT,
     READ_AND_RUN,
@@ -143,7 +144,11 @@ class Plan:
         return dataclasses.replace(self, drop_to=identity, sweep_uid=sweep)
 
     def for_run(
-        self, identity: tuple[int, int] | None, home: str, run_tmp: str | None
+        self,
+        identity: tuple[int, int] | None,
+        home: str,
+        run_tmp: str | None,
+        names: tuple[tuple[str, str], ...] = (),
     ) -> Plan | None:
         """The plan of launches made ahead for one run (``identity``, working in ``home``): the
         init has its folders bound and has dropped to its uid, and the process it forked is the
@@ -151,7 +156,7 @@ class Plan:
         ahead that way (no spawner, or no per-run uids)."""
         if not (self.per_run and self.spawned) or identity is None:
             return None
-        binds = private_binds(home, run_tmp, str(INPUT_FOLDER))
+        binds = private_binds(home, run_tmp, str(INPUT_FOLDER), names)
         return dataclasses.replace(
             self, drop_to=identity, ready_in=os.path.dirname(home), keep=binds
         )
@@ -263,6 +268,11 @@ class Plan:
             argv += self.namespace_argv
             argv += self.ipc_argv
             argv += self.hide_argv
+            if self.hide_argv and keep:
+                # Still root, in the mount namespace that hides processes: the run's uid's name.
+                pairs = [path for pair in keep for path in pair]
+                argv += [SHELL, "-c", BIND_FILES_SCRIPT, "toolq-names", self.hide_argv[-1]]
+                argv += [*pairs, "--"]
         if self.per_run and self.namespaced:
             # Still root, in the call's mount namespace: its own /tmp and the like.
             size = str(config.settings.memory_mb * 1024 * 1024)
@@ -326,19 +336,22 @@ class Plan:
 
 
 def private_binds(
-    home: str, run_tmp: str | None, input_folder: str | None
+    home: str,
+    run_tmp: str | None,
+    input_folder: str | None,
+    names: tuple[tuple[str, str], ...] = (),
 ) -> tuple[tuple[str, str], ...]:
     """What a call of a run binds in its mount namespace, (source, target) in order: the run's
     own folder as /tmp and /var/tmp (what a command leaves there is there for the run's next
     call, and gone with its workspace), then its workspace and its input's folder where they
-    were (they may lie below /tmp)."""
+    were (they may lie below /tmp), then the files that name its uid (``names``)."""
     binds: list[tuple[str, str]] = []
     if run_tmp is not None:
         binds += [(run_tmp, "/tmp"), (run_tmp, "/var/tmp")]
     binds.append((home, home))
     if input_folder is not None:
         binds.append((input_folder, input_folder))
-    return tuple(binds)
+    return (*binds, *names)
 
 
 def _is_within(path: str, folder: str) -> bool:

@@ -40,14 +40,16 @@ SHELL_AHEAD = READ_AND_RUN.replace("read -r", "read -r <&3").replace(
 #: then (source, target) pairs of folders to bind (``Plan.private_binds``), then ``--`` and what
 #: to run): /run, /tmp, /var/tmp and /dev/shm become empty file systems of the call's own, then
 #: each source is bound at its target. The sources are bound aside, under the new /run, before
-#: the folders above them are covered, then moved to their targets. The call's IPC namespace holds
+#: the folders above them are covered, then moved to their targets. A source that is a file (the
+#: run's /etc/passwd) is bound over the file at its target. The call's IPC namespace holds
 #: no more SysV shared memory than the call's memory limit (where the kernel lets the namespace's
 #: root set it): even without a control group, its processes cannot pin more of it together.
 #: The call's processes are the OOM killer's first choice (``launch.dies_first``).
 PRIVATE_SCRIPT = (
     'size=$1; shift; o="nosuid,nodev,size=$size"; '
     'mount -t tmpfs -o "mode=0755,$o" tmpfs /run || exit 126; n=0; '
-    'while [ "$1" != -- ]; do mkdir "/run/.k$n" && mount --bind "$1" "/run/.k$n" || exit 126; '
+    'while [ "$1" != -- ]; do if [ -d "$1" ]; then mkdir "/run/.k$n"; else : >"/run/.k$n"; fi '
+    '&& mount --bind "$1" "/run/.k$n" || exit 126; '
     'eval "k$n=\\$2"; n=$((n+1)); shift 2; done; shift; '
     "if [ -d /dev/mqueue ] && [ ! -L /dev/mqueue ]; then "
     "mount -t mqueue -o nosuid,nodev,noexec mqueue /dev/mqueue || exit 126; fi; "
@@ -55,8 +57,8 @@ PRIVATE_SCRIPT = (
     "echo 1000 >/proc/self/oom_score_adj; } 2>/dev/null; "
     'for d in /tmp /var/tmp /dev/shm; do if [ -d "$d" ] && [ ! -L "$d" ]; then '
     'mount -t tmpfs -o "mode=1777,$o" tmpfs "$d" || exit 126; fi; done; i=0; '
-    'while [ $i -lt $n ]; do eval "k=\\$k$i"; mkdir -p "$k" && '
-    'mount --move "/run/.k$i" "$k" && rmdir "/run/.k$i" || exit 126; i=$((i+1)); done; '
+    'while [ $i -lt $n ]; do eval "k=\\$k$i"; { [ -e "$k" ] || mkdir -p "$k"; } && '
+    'mount --move "/run/.k$i" "$k" && rm -d "/run/.k$i" || exit 126; i=$((i+1)); done; '
     'exec "$@"'
 )
 #: Still root, in the call's own mount namespace without a PID namespace: a /proc of its own
@@ -64,6 +66,13 @@ PRIVATE_SCRIPT = (
 #: apart). Its first argument is mount's path; the rest is the command.
 HIDE_SCRIPT = (
     '"$1" -t proc -o nosuid,nodev,noexec,hidepid=invisible proc /proc || exit 126; shift; exec "$@"'
+)
+#: Still root, in the call's own mount namespace without the private folders: each (source,
+#: target) pair of files bound (the run's /etc/passwd and /etc/group). Its first argument is
+#: mount's path, then the pairs, then ``--`` and the command.
+BIND_FILES_SCRIPT = (
+    'm=$1; shift; while [ "$1" != -- ]; do "$m" --bind "$1" "$2" || exit 126; shift 2; done; '
+    'shift; exec "$@"'
 )
 #: ``ulimit``'s flag and unit for each limit, in dash and in bash.
 _DASH_ULIMITS = {"cpu": ("-t", 1), "fsize": ("-f", 512), "as": ("-v", 1024), "nproc": ("-p", 1)}

@@ -27,6 +27,7 @@ import os
 import resource
 import signal
 import socket
+import stat
 import sys
 from typing import Any
 
@@ -208,18 +209,18 @@ def _cover(libc: Any, private: dict[str, Any]) -> dict[str, int]:
 
 
 def _bind(libc: Any, covered: dict[str, int], pairs: list[list[str]]) -> None:
-    """Bind each source folder at its target, in order; a source that a covered folder hides is
-    found below that folder as it was. A source bound at its own path is bound back only where
-    something covers it."""
+    """Bind each source folder (or file: the run's /etc/passwd) at its target, in order; a
+    source that a covered folder hides is found below that folder as it was. A source bound at
+    its own path is bound back only where something covers it."""
     for source, target in pairs:
         folder = _below(source, covered)
         if folder is None and source == target:
             continue
         if folder is None:
-            fd = _open_path(source)
+            fd = os.open(source, _O_PATH | os.O_CLOEXEC)
         else:
             relative = os.path.relpath(source, folder)
-            fd = os.open(relative, _O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=covered[folder])
+            fd = os.open(relative, _O_PATH | os.O_CLOEXEC, dir_fd=covered[folder])
         try:
             _bind_at(libc, fd, target)
         finally:
@@ -236,7 +237,8 @@ def _below(path: str, covered: dict[str, int]) -> str | None:
 
 
 def _bind_at(libc: Any, fd: int, path: str) -> None:
-    os.makedirs(path, mode=0o711, exist_ok=True)
+    if stat.S_ISDIR(os.fstat(fd).st_mode):
+        os.makedirs(path, mode=0o711, exist_ok=True)
     source = f"/proc/self/fd/{fd}".encode()
     _call(libc.mount(source, path.encode(), None, _MS_BIND | _MS_REC, None), f"bind {path}")
 
