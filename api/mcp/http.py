@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 from mcp.server.context import ServerRequestContext
@@ -48,7 +49,7 @@ from api.settings import OrchestratorSettings
 from api.state.tenant_caps import MCP_SESSIONS, CapReached, Holding, TenantCaps
 from worker.contract.image_errors import ImageError
 from worker.contract.image_reference import parse_reference
-from worker.contract.network import NetworkPolicy, NetworkRefused
+from worker.contract.network import NetworkChoice, NetworkPolicy, NetworkRefused
 
 #: Without a token the API listens on loopback only; a web page must not reach it by a name
 #: that resolves there (DNS rebinding), so only loopback Host headers are served.
@@ -90,7 +91,7 @@ class McpEndpoint:
             idle_timeout_s=SESSION_IDLE_TIMEOUT_S,
             removal_wait_s=calls_end_within_s(self._settings),
             image_vet=tenant_vet(self._settings) if self._settings.api_tokens_file else None,
-            network_refusal=self._settings.network_refusal,
+            network_refusal=self._network_refusal,
         )
         server = fleet_mcp_server(runs, _session_of)
         handshake_only(server)
@@ -202,6 +203,12 @@ class McpEndpoint:
         if place is not None:
             self._give_back(place)
 
+    def _network_refusal(self, network: NetworkChoice, tenant: str | None) -> str | None:
+        """A session's network against the fleet's allowance, and its tenant's where tokens
+        name tenants."""
+        scoped = tenant if self._settings.api_tokens_file else None
+        return self._settings.network_refusal(network, scoped)
+
     def _give_back(self, place: Holding) -> None:
         task = asyncio.create_task(self._caps.give_back(place), name="toolq-mcp-place")
         self._giving_back.add(task)
@@ -212,7 +219,8 @@ def _session_of(ctx: ServerRequestContext[Any]) -> tuple[str | None, ToolChoice]
     request = ctx.request
     if not isinstance(request, Request):
         return None, ToolChoice()
-    return request.headers.get(MCP_SESSION_ID_HEADER), tool_choice(request.query_params)
+    choice = replace(tool_choice(request.query_params), tenant=tenant_of(request.scope))
+    return request.headers.get(MCP_SESSION_ID_HEADER), choice
 
 
 def tool_choice(query: QueryParams) -> ToolChoice:

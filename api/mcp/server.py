@@ -53,6 +53,8 @@ class ToolChoice:
     image: str | None = None
     #: The session's run's network (``worker.contract.network``), as written.
     network: NetworkChoice = "none"
+    #: The tenant whose token opened the session (over HTTP); None: no tenants.
+    tenant: str | None = None
 
 
 #: The session a request belongs to (None: the request came without one) and its tool choice.
@@ -83,8 +85,9 @@ class SessionRuns:
     clock: Callable[[], float] = time.monotonic
     #: Looks at a session's image before its container starts (where tokens are used).
     image_vet: ImageVet | None = None
-    #: Why a session may not have the network it asks for (TOOLQ_NETWORK_ALLOWED), or None.
-    network_refusal: Callable[[NetworkChoice], str | None] = lambda _: None
+    #: Why a session (of a tenant, or None) may not have the network it asks for
+    #: (TOOLQ_NETWORK_ALLOWED, TOOLQ_TENANT_NETWORK_ALLOWED), or None.
+    network_refusal: Callable[[NetworkChoice, str | None], str | None] = lambda *_: None
     _sessions: dict[str, _Session] = field(default_factory=dict, init=False)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
     #: The workspaces of ended sessions being removed, by the task removing each.
@@ -98,7 +101,7 @@ class SessionRuns:
             self._end_idle(now)
             known = self._sessions.get(session)
             if known is None:
-                refused = self.network_refusal(choice.network)
+                refused = self.network_refusal(choice.network, choice.tenant)
                 if refused is not None:
                     raise ValueError(refused)
                 tools = await self.preview(choice)
