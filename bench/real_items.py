@@ -129,7 +129,9 @@ class Fleet:
         }
         client.close()
         expected = items * CALLS_PER_ITEM
-        if run["tool_calls"] != expected or run["tool_call_errors"] or run["ok"] != items:
+        # A call the loaded machine answered late is reported (``real_items_report``), not a
+        # reason to throw the round away; an item that did not run to its answer is.
+        if run["tool_calls"] != expected or run["ok"] != items:
             raise RuntimeError(f"the items did not go as scripted: {run}")
         # Every call the tools pool answered, the removals too, is in the sums once written.
         handled = items * (CALLS_PER_ITEM + 1)

@@ -81,6 +81,7 @@ async def run_all(llm_url: str, count: int) -> dict[str, Any]:
         "errors": [line["error"] for line in lines if line["error"]][:3],
         "tool_calls": len(calls),
         "tool_call_errors": sum(bool(call.get("is_error")) for call in calls),
+        "tool_call_error_outputs": [c["output"][:300] for c in calls if c.get("is_error")][:3],
         "tools": sorted({call["name"] for call in calls}),
         "workspaces_removed": sum(removed),
         "wall_s": round(wall, 4),

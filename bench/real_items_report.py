@@ -118,6 +118,7 @@ def real_items_result(
         "toolq_steps": steps,
         "orchestrator_cpu_ms_per_tool_call": orchestrator,
         "workspaces_removed_per_round": [r["run"]["workspaces_removed"] for r in toolq],
+        "tool_call_errors_per_round": [r["run"]["tool_call_errors"] for r in toolq],
     }
     result = CaseResult(
         key=KEY,
@@ -147,6 +148,12 @@ def real_items_result(
     ]
     result.table = cpu_table(toolq_cpu, bare_cpu) + step_table(steps) + parts_table(orchestrator)
     result.notes.append(ratio_note(figures, toolq_cpu, bare_cpu))
+    failed = [output for r in toolq for output in r["run"]["tool_call_error_outputs"]]
+    if failed:
+        result.notes.append(
+            f"{sum(figures['tool_call_errors_per_round'])} tool call(s) answered with an error, "
+            f"the first: {failed[0]}"
+        )
     return result
 
 

@@ -45,6 +45,7 @@ def test_the_ratio_is_judged_against_the_goal(case: dict[str, Any]) -> None:
 
 def test_every_run_lets_its_workspace_go(case: dict[str, Any]) -> None:
     assert case["figures"]["workspaces_removed_per_round"] == [QUICK.items] * QUICK.rounds
+    assert case["figures"]["tool_call_errors_per_round"] == [0] * QUICK.rounds
 
 
 def test_the_cpu_of_every_process_is_counted(case: dict[str, Any]) -> None:
