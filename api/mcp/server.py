@@ -69,6 +69,8 @@ class _Session:
     called: bool = False
     #: The run's container, with an image.
     environment: RunEnvironment | None = None
+    #: Its run has a network (``Dispatcher.networks``), let go when the session ends.
+    networked: bool = False
 
 
 @dataclass(eq=False)
@@ -108,6 +110,7 @@ class SessionRuns:
                 known = _Session(tools, now)
                 if choice.network != "none":
                     self.dispatcher.networks[tools.run_id] = choice.network
+                    known.networked = True
                 if choice.image is not None:
                     fleet = await self.fleet()
                     known.environment = RunEnvironment(
@@ -143,7 +146,7 @@ class SessionRuns:
         """The session ended: its run's workspace is removed in the background, once no call
         of the run is in flight (waiting up to ``removal_wait_s`` for those that are)."""
         ended = self._sessions.pop(session, None)
-        if ended is not None:
+        if ended is not None and ended.networked:
             self.dispatcher.networks.pop(ended.tools.run_id, None)
         if ended is None or not ended.called:
             return
