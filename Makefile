@@ -48,15 +48,21 @@ $(STAMP): pyproject.toml | $(BIN)/python
 demo: $(CORE_STAMP)
 	$(BIN)/toolq demo
 
+# TEST_PROCESSES=3 runs the suite across 3 processes (pytest-xdist): tests sharing a module's
+# stack stay in one, and those starting local stacks run one at a time (tests/parallel.py). The
+# default, 0, runs it in this process alone: on a 2-core machine that other suites load, the
+# parallel run's local-stack commands overran their bounds.
+TEST_PROCESSES ?= 0
+
 test: install system-packages
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_PROCESSES) --dist loadgroup
 
 test-fast: install
 	$(BIN)/pytest -m "not integration and not e2e and not netns"
 
 # Refreshes the committed docs/RELIABILITY.md from a full run of the reliability tests.
 reliability-report: install system-packages
-	RELIABILITY_REPORT=docs/RELIABILITY.md $(BIN)/pytest tests/reliability tests/api/http
+	RELIABILITY_REPORT=docs/RELIABILITY.md $(BIN)/pytest -p no:xdist tests/reliability tests/api/http
 
 lint: install
 	$(BIN)/ruff check .

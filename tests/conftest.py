@@ -30,7 +30,7 @@ from api.local.stack import (
     worker_environment,
 )
 from api.settings import OrchestratorSettings
-from tests.host_sysctls import host_sysctls_restored
+from tests.parallel import HostAsFound, group_shared_fixtures
 from worker.contract.keys import keys
 from worker.contract.settings import FleetSettings, WorkerSettings
 from worker.contract.wire import AGENTS_QUEUE, Pool, ToolCallResult, ToolSpec
@@ -376,12 +376,21 @@ def _python_path() -> Iterator[None]:
         os.environ["PYTHONPATH"] = previous
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _host_sysctls_as_found() -> Iterator[None]:
-    """A process-mode sandbox worker turns on the host's fs.protected_* sysctls: the machine
-    is left as the tests found it."""
-    with host_sysctls_restored():
-        yield
+#: A process-mode sandbox worker turns on the host's fs.protected_* sysctls: the machine is left
+#: as the tests found it.
+_HOST = HostAsFound()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _HOST.start(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _HOST.finish()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    group_shared_fixtures(items)
 
 
 class Caller:
