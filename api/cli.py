@@ -79,7 +79,8 @@ def worker(
     if pool not in served:
         raise typer.BadParameter(f"pool must be one of {', '.join(served)}", param_hint="--pool")
     if pool == AGENTS_QUEUE:
-        from api.model.client import ModelError, model_api_from_env
+        from api.exceptions import ModelError
+        from api.model.client import model_api_from_env
 
         try:
             model_api_from_env()

@@ -9,9 +9,10 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator
 
+from worker.contract.errors import SettingsError
 from worker.contract.network import NetworkAllowance, network_refusal, tenant_allowances
 from worker.contract.settings import FleetSettings, WorkerSettings
-from worker.contract.settings_check import SettingsError, settings_problems
+from worker.contract.settings_check import settings_problems
 
 #: Where the model client looks for the chat API (the openai client's own variable).
 MODEL_URL_VARIABLE = "OPENAI_BASE_URL"

@@ -36,7 +36,9 @@ TOOL_MODEL = (
 )
 #: The code both floors run the same way (jobs, heartbeat, transport, retries), on the contract.
 PLUMBING = "worker.plumbing"
-API_MAY_IMPORT = ("worker.contract", PLUMBING, *TOOL_MODEL)
+#: The workers' exceptions (``worker.exceptions``), which the tool model raises: classes only,
+#: importing nothing but the contract's errors.
+API_MAY_IMPORT = ("worker.contract", PLUMBING, "worker.exceptions", *TOOL_MODEL)
 #: Imported by ``api`` only inside a function, when a conversation runs its tools in process.
 API_MAY_IMPORT_AT_RUN_TIME = ("worker.in_process",)
 
@@ -374,3 +376,42 @@ def test_every_toolq_exception_derives_from_toolq_error() -> None:
         if not reaches(name, "ToolqError".__eq__)
     ]
     assert apart == []
+
+
+#: Where toolq's exceptions are, each module's docstring drawing its part of the tree: those that
+#: cross between the sides, then each side's own.
+EXCEPTION_MODULES = ("worker/contract/errors.py", "worker/exceptions.py", "api/exceptions.py")
+#: Drawn in their side's tree, defined beside what they carry (``api/exceptions.py`` says why).
+DEFINED_APART = {
+    "BodyTooLarge": "api/http/auth.py",
+    "LimitReached": "api/conversation/limits.py",
+    "CapReached": "api/state/tenant_caps.py",
+}
+
+
+def test_every_toolq_exception_is_in_its_sides_exceptions_module() -> None:
+    """A reader sees in one screen per side what can be raised and what catches what; a private
+    exception that never leaves its module may stay there."""
+    classes = exception_bases()
+
+    def is_toolq_error(name: str, seen: frozenset[str] = frozenset()) -> bool:
+        if name == "ToolqError":
+            return True
+        if name in seen or name not in classes:
+            return False
+        return any(is_toolq_error(base, seen | {name}) for base in classes[name][1])
+
+    elsewhere = [
+        f"{where} {name}"
+        for name, (where, _) in classes.items()
+        if is_toolq_error(name)
+        and not name.startswith("_")
+        and where.split(":")[0] not in (*EXCEPTION_MODULES, DEFINED_APART.get(name))
+    ]
+    assert elsewhere == []
+    drawn_for_api = ast.get_docstring(ast.parse((ROOT / "api/exceptions.py").read_text())) or ""
+    assert [name for name in DEFINED_APART if name not in drawn_for_api] == []
+    for path in EXCEPTION_MODULES:
+        drawn = ast.get_docstring(ast.parse((ROOT / path).read_text())) or ""
+        defined = [name for name, (where, _) in classes.items() if where.startswith(path + ":")]
+        assert [name for name in defined if name not in drawn] == [], path

@@ -16,8 +16,9 @@ from pydantic import ValidationError
 
 from api.calls.dispatch import Dispatcher
 from api.calls.fleet import Fleet
+from api.exceptions import ServiceCallError
 from api.images.fields import ImageFields
-from api.runs.workspace import RunWorkspace, ServiceCallError
+from api.runs.workspace import RunWorkspace
 from worker.contract import operations as ops
 from worker.contract.operations import OPERATIONS, Operation, Refusal, Success
 from worker.contract.settings import WorkerSettings

@@ -15,18 +15,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 
-from worker.contract.errors import ToolqError
-from worker.contract.image_errors import EnvironmentLost
+from worker.contract.errors import EnvironmentLost, SessionLost
 from worker.contract.limits import cap_text
 from worker.contract.network import NETWORK_ALLOWED_VARIABLE, NONE, NetworkPolicy
-from worker.contract.session_errors import SessionLost
 from worker.contract.settings import WorkerSettings
 from worker.contract.wire import POOLS, Pool, ToolCallRequest, ToolCallResult
+from worker.exceptions import IdentityError, NotAdmitted, TimeLimitReached, WorkspaceGone
 from worker.mcp.hosting import hosted_tools
 from worker.quota import WorkspaceQuota
-from worker.retention import WorkspaceGone, hold
+from worker.retention import hold
 from worker.sandbox import SandboxConfig, SandboxError
-from worker.sandbox.identity import IdentityError
 from worker.tools.environment_service import image_tools
 from worker.tools.factory import create_fleet_tool_registry, prepare_workspace
 from worker.tools.interface import ExecutableTool
@@ -34,7 +32,6 @@ from worker.tools.registry import ToolRegistry
 from worker.tools.runtime import (
     CallRuntime,
     CurrentWorkspace,
-    NotAdmitted,
     admit_current_call,
     current_context,
     running,
@@ -47,10 +44,6 @@ _WORKSPACES_KEPT = 1024
 #: Tries at holding a run's workspace that is being removed as the call comes (see
 #: ``worker.retention``): the second finds it gone and makes it anew.
 _HOLD_TRIES = 3
-
-
-class TimeLimitReached(ToolqError):
-    """Raised into a running tool when its soft time limit passes (mapped from Celery's)."""
 
 
 def timed_out(request: ToolCallRequest, worker: str) -> ToolCallResult:

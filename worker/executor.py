@@ -15,23 +15,17 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from worker.call_runner import CallRunner, TimeLimitReached, build_registry
-from worker.contract.errors import ToolqError
+from worker.call_runner import CallRunner, build_registry
 from worker.contract.keys import keys
 from worker.contract.settings import WorkerSettings
 from worker.contract.wire import POOLS, Pool, ToolCallRequest, ToolCallResult
+from worker.exceptions import NotAdmitted, NotRunHere, TimeLimitReached
 from worker.plumbing.log_context import log_context
 from worker.results import PendingBegin, ResultStore
-from worker.tools.runtime import NotAdmitted
 
 __all__ = ["Executor", "NotRunHere", "TimeLimitReached", "build_registry"]
 
 log = logging.getLogger(__name__)
-
-
-class NotRunHere(ToolqError):
-    """This delivery neither ran nor answered its call, which another holds: a message of the
-    call that started it (the caller sent the call again), or the caller, which stopped waiting."""
 
 
 def _admit(marker: PendingBegin) -> None:

@@ -22,8 +22,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker.contract.errors import ToolqError
 from worker.contract.wire import RUN_ID_PATTERN
+from worker.exceptions import WorkspaceGone
 from worker.quota import WorkspaceQuota, measure
 from worker.sandbox.identity import release
 from worker.sandbox.volumes import release_volume
@@ -35,10 +35,6 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 TRASH = "trash"
 #: Why a workspace stays: a call of its run holds it.
 IN_FLIGHT = "a call of the run is in flight"
-
-
-class WorkspaceGone(ToolqError):
-    """The workspace folder was removed (or replaced) before the call could hold it."""
 
 
 def hold(workspace: Path) -> int:

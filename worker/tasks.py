@@ -31,17 +31,18 @@ from celery.signals import (
 
 import worker.inspect_views  # noqa: F401  (Celery inspect shows each call's summary only)
 from worker.app import app
-from worker.contract.errors import ToolqError
-from worker.contract.fleet_secret import FleetSecretError, fleet_secret
+from worker.contract.errors import FleetSecretError
+from worker.contract.fleet_secret import fleet_secret
 from worker.contract.settings import get_worker_settings
 from worker.contract.settings_check import EXIT_BAD_SETTINGS
 from worker.contract.wire import POOLS, TASK_NAME, Pool, ToolCallResult
-from worker.executor import Executor, NotRunHere
+from worker.exceptions import McpUnavailableError, NotRunHere, ToolCallFailed
+from worker.executor import Executor
 from worker.housekeeping import Housekeeping, worker_limits
 from worker.images.owner import pool_of_queue
 from worker.images.pinning import serve_own_queue
 from worker.manifest import fleet_tool_specs
-from worker.mcp.hosting import McpUnavailableError, start_hosting, stop_hosting
+from worker.mcp.hosting import start_hosting, stop_hosting
 from worker.mcp.hosting import unavailable as hosted_unavailable
 from worker.plumbing.heartbeat import Heartbeat
 from worker.plumbing.jobs.delivery import JobTask
@@ -74,10 +75,6 @@ def executor() -> Executor:
 def served_pools(celery_app: Any) -> list[Pool]:
     """The pools this worker consumes from (its -Q), known before the pool processes fork."""
     return [q for q in celery_app.amqp.queues.consume_from if q in POOLS]
-
-
-class ToolCallFailed(ToolqError):
-    """A call answered with an error; its one argument is the outcome's summary."""
 
 
 def outcome_summary(result: ToolCallResult) -> str:

@@ -45,8 +45,8 @@ from api.batch.runner import failed_record
 from api.calls.broker import producer_app
 from api.calls.fleet import read_queue_depths
 from api.conversation.agent_options import AgentOptions
+from api.exceptions import NoAgentsError
 from api.settings import OrchestratorSettings
-from worker.contract.errors import ToolqError
 from worker.contract.keys import keys
 from worker.contract.wire import AGENTS_QUEUE
 from worker.plumbing.heartbeat import HEARTBEAT_TTL_S
@@ -70,10 +70,6 @@ NO_WORKERS = (
     "no agents worker is live on this broker: start one (toolq worker --pool agents), or run "
     "without --on-fleet"
 )
-
-
-class NoAgentsError(ToolqError, RuntimeError):
-    """No agents worker is live to run conversations."""
 
 
 #: The record of a conversation the pool never answered: (why, runs started, the worker of the

@@ -21,7 +21,8 @@ from api.calls.dispatch import Dispatcher
 from api.calls.fleet import Fleet
 from api.conversation.agent import Agent, AgentOptions
 from api.conversation.events import TextDiscarded, event_to_dict
-from api.model.client import ChatModel, ModelError
+from api.exceptions import ModelError
+from api.model.client import ChatModel
 from api.settings import OrchestratorSettings
 from api.state.run_end import RunEnd, RunEndLine, RunOutcome
 from api.state.run_stream import stream_into_run

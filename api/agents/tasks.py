@@ -16,8 +16,8 @@ from celery.signals import worker_init, worker_ready, worker_shutdown
 from api.agents.app import app
 from api.agents.host import ConversationHost
 from api.agents.messages import CONVERSATION_TASK
+from api.exceptions import AgentsWorkerError
 from api.settings import get_settings
-from worker.contract.errors import ToolqError
 from worker.contract.wire import AGENTS_QUEUE
 from worker.plumbing.heartbeat import Heartbeat
 from worker.plumbing.jobs.delivery import JobTask
@@ -26,10 +26,6 @@ log = logging.getLogger(__name__)
 _hosts: dict[int, ConversationHost] = {}
 _hosts_lock = threading.Lock()
 _heartbeat: list[Heartbeat] = []
-
-
-class AgentsWorkerError(ToolqError, RuntimeError):
-    """An agents worker cannot start as configured."""
 
 
 def host() -> ConversationHost:

@@ -15,7 +15,7 @@ from typing import Any, Literal, NewType
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from worker.contract.errors import ToolqError
+from api.exceptions import NotABatchRecord
 
 #: How a conversation ended: it answered ("ok"), or it failed ("error": ``error`` says why).
 RecordStatus = Literal["ok", "error"]
@@ -23,10 +23,6 @@ RecordStatus = Literal["ok", "error"]
 #: A ``BatchRecord`` as the JSON object of its line, on its way from the conversation's runner
 #: (the agents pool's answer among them) to the results: only ``BatchRecord.line`` makes one.
 BatchLine = NewType("BatchLine", dict[str, Any])
-
-
-class NotABatchRecord(ToolqError, ValueError):
-    """A JSON object that is no result line: it has no id."""
 
 
 class _LinePart(BaseModel):

@@ -21,7 +21,7 @@ from typing import Any, Generic, Self, TypeVar
 
 from api.batch.items import numbered_lines
 from api.batch.record import BatchRecord, RecordStatus
-from worker.contract.errors import ToolqError
+from api.exceptions import OutputBusyError
 
 #: How often, at most, finished lines are forced to disk while a batch runs (and once at the end).
 #: A killed process loses nothing either way: every line is in the kernel as soon as it is written.
@@ -118,10 +118,6 @@ class AppendedLog:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-
-class OutputBusyError(ToolqError, RuntimeError):
-    """Another batch is appending to this output file right now."""
 
 
 class ResultLog(AppendedLog):

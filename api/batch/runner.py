@@ -14,11 +14,12 @@ from typing import Any
 
 from api.batch.items import BatchItem, ItemLimits
 from api.batch.record import BatchLine, BatchRecord, TokenUsage
-from api.batch.task import Task, TaskFailed, TaskResults
+from api.batch.task import Task, TaskResults
 from api.calls.dispatch import Dispatcher
 from api.calls.fleet import Fleet
 from api.conversation.agent import DEFAULT_SYSTEM_PROMPT, Agent, AgentOptions
-from api.model.client import ChatModel, ModelError
+from api.exceptions import ModelError, TaskFailed
+from api.model.client import ChatModel
 from api.process.logs import log_context
 from api.runs.environment import RunEnvironment
 from api.runs.workspace import RunWorkspace

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from api.batch.record import BatchRecord, NotABatchRecord
+from api.batch.record import BatchRecord
+from api.exceptions import NotABatchRecord
 
 #: The status of a line that is not a result: the table keeps it, so that nothing is lost.
 UNREADABLE = "unreadable"

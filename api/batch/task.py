@@ -14,9 +14,9 @@ from typing import Any, TypeVar
 
 from api.batch.items import BatchItem, ItemLimits
 from api.calls.fleet import Fleet
-from api.runs.environment import ImageUnavailable, RunEnvironment
-from api.runs.workspace import CommandResult, FileProblemError, RunWorkspace, ServiceCallError
-from worker.contract.errors import ToolqError
+from api.exceptions import FileProblemError, ImageUnavailable, ServiceCallError, TaskFailed
+from api.runs.environment import RunEnvironment
+from api.runs.workspace import CommandResult, RunWorkspace
 from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES, MAX_COLLECTED_FILES
 from worker.contract.operations import EXEC
 
@@ -30,10 +30,6 @@ ANSWER_ENV_MAX_BYTES = 100_000
 #: How the errors of a failed set-up and of a check that could not run begin.
 SETUP_FAILED = "setup failed"
 CHECK_NOT_RUN = "the check could not run"
-
-
-class TaskFailed(ToolqError):
-    """The task could not go on; the item ends with status error and this message."""
 
 
 @dataclass

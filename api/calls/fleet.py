@@ -12,15 +12,10 @@ import redis
 import redis.asyncio as aioredis
 
 from api.calls.broker import producer_app
-from worker.contract.errors import ToolqError
+from api.exceptions import NoWorkersError
 from worker.contract.keys import UNACKED_HASH, keys, queue_lists
 from worker.contract.settings import FleetSettings
 from worker.contract.wire import AGENTS_QUEUE, POOLS, TASK_NAME, ToolSpec, WorkerInfo
-
-
-class NoWorkersError(ToolqError, RuntimeError):
-    """No worker has published its tools: start workers, or run without a broker (local mode)."""
-
 
 #: How long a process that runs many conversations reuses its view of the fleet.
 FLEET_TTL_S = 2.0

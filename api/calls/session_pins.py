@@ -18,8 +18,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from worker.contract.errors import RESTART_HINT
 from worker.contract.keys import keys
-from worker.contract.session_errors import RESTART_HINT
 from worker.contract.wire import ToolCallRequest, ToolCallResult
 
 #: The tool whose answers pin a run, and whose calls a lost session answers.

@@ -27,13 +27,14 @@ from api.batch.progress import (
     progress_display,
     summary_lines,
 )
-from api.batch.results import OutputBusyError, ResultLog
+from api.batch.results import ResultLog
 from api.batch.runner import run_item, run_items
 from api.batch.tag import batch_run_id, batch_tag_for_output
 from api.calls.dispatch import Dispatcher
 from api.calls.fleet import Fleet, load_fleet
 from api.conversation.placement import AgentsPool, Placement, fleet_started, place
-from api.model.client import ChatModel, ModelError, model_api_from_env
+from api.exceptions import ModelError, OutputBusyError
+from api.model.client import ChatModel, model_api_from_env
 from api.process.gc_tuning import tuned_for_many_conversations
 from api.process.logs import configure_logging
 from api.settings import OrchestratorSettings, get_settings

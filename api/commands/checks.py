@@ -32,7 +32,8 @@ def reachable_fleet(*, local_too: bool = False) -> None:
     settings = get_settings()
     if settings.local_mode and not local_too:
         return
-    from api.process.connections import FleetUnreachableError, check_connections
+    from api.exceptions import FleetUnreachableError
+    from api.process.connections import check_connections
 
     try:
         check_connections(settings)
@@ -45,7 +46,7 @@ def checked_image(image: str | None) -> None:
     """An image reference that cannot be one stops the command in one line, exit status 2."""
     if image is None:
         return
-    from worker.contract.image_errors import ImageError
+    from worker.contract.errors import ImageError
     from worker.contract.image_reference import parse_reference
 
     try:

@@ -11,13 +11,11 @@ from openai import AsyncOpenAI, OpenAIError
 from rich.console import Console
 from rich.markup import escape
 
-from api.calls.fleet import NoWorkersError
 from api.conversation import events
 from api.conversation.agent import Agent, AgentOptions
 from api.conversation.placement import fleet_started, place
-from api.local.stack import LocalStackError
-from api.model.client import ChatModel, ModelError, model_client
-from api.runs.environment import ImageUnavailable
+from api.exceptions import ImageUnavailable, LocalStackError, ModelError, NoWorkersError
+from api.model.client import ChatModel, model_client
 from api.settings import OrchestratorSettings, get_settings
 
 DEMO_PROMPT = (

@@ -14,7 +14,7 @@ from rich.table import Table
 from api.calls.fleet import Fleet, calls_in_flight, load_fleet, queue_depths
 from api.commands.conversation import EXIT_FAILED, say_error
 from api.conversation.placement import fleet_started, place
-from api.local.stack import LocalStackError
+from api.exceptions import LocalStackError
 from api.settings import get_settings
 from worker.contract.keys import conversation_keys
 from worker.contract.wire import AGENTS_QUEUE, LAYER_RUN_UID, POOLS, WorkerInfo

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from api.calls.fleet import Fleet, load_fleet
-from api.process.connections import FleetUnreachableError, check_connections
+from api.exceptions import FleetUnreachableError
+from api.process.connections import check_connections
 from api.settings import OrchestratorSettings
 
 #: Ready.

@@ -22,7 +22,7 @@ from api.calls.run_tools import RunTools, enable_tool
 from api.conversation.agent_options import ORCHESTRATOR, AgentOptions
 from api.runs.environment import RunEnvironment
 from api.settings import OrchestratorSettings
-from worker.contract.network import NetworkRefused
+from worker.contract.errors import NetworkRefused
 from worker.contract.settings import FleetSettings, WorkerSettings, get_worker_settings
 from worker.contract.wire import AGENTS_QUEUE, POOLS, ToolContextSnapshot
 from worker.tools.registry import ToolRegistry

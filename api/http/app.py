@@ -28,6 +28,7 @@ from starlette.types import Receive, Scope, Send
 
 from api.calls import fleet as fleet_module
 from api.calls.fleet import Fleet
+from api.exceptions import ModelError
 from api.http.admission import StreamAdmission
 from api.http.auth import BodySizeLimit, TokenGuard, require_tenant
 from api.http.bodies import UNAUTHORIZED, FieldProblem, refusal
@@ -41,7 +42,7 @@ from api.http.viewer.routes import mount_viewer
 from api.http.viewer.store import StoreSources
 from api.http.viewer.tickets import StreamTickets
 from api.http.viewer.viewer import Viewer
-from api.model.client import ChatModel, ModelError
+from api.model.client import ChatModel
 from api.settings import OrchestratorSettings, get_settings
 from api.state.redis_clients import own_connection, store_client
 from api.state.replicas import ReplicaLease

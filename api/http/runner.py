@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
-from api.agents.client import ConversationClient, NoAgentsError
+from api.agents.client import ConversationClient
 from api.batch.items import BatchItem
 from api.batch.record import BatchRecord
 from api.batch.runner import process_name, run_item, run_items
@@ -35,10 +35,10 @@ from api.calls.dispatch import Dispatcher
 from api.calls.fleet import CachedFleet, Fleet, load_fleet
 from api.conversation.agent import Agent, AgentOptions
 from api.conversation.placement import AgentsPool, place
+from api.exceptions import ImageUnavailable, ModelError, NoAgentsError
 from api.http.metrics import ApiMetrics
-from api.model.client import ChatModel, ModelError
+from api.model.client import ChatModel
 from api.process.logs import log_context
-from api.runs.environment import ImageUnavailable
 from api.settings import OrchestratorSettings
 from api.state.batches import BatchStatus
 from api.state.cancels import watch_cancels

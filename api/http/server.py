@@ -14,7 +14,8 @@ import sys
 from types import FrameType
 from typing import NoReturn
 
-from api.http.tenants import Tenants, TokensFileError
+from api.exceptions import TokensFileError
+from api.http.tenants import Tenants
 from api.process.listening import listen
 from api.settings import OrchestratorSettings, get_settings
 
@@ -59,9 +60,9 @@ def _serve_on(
     import uvicorn
 
     from api.conversation.placement import fleet_started, place
+    from api.exceptions import FleetUnreachableError, LocalStackError
     from api.http.app import create_app
-    from api.local.stack import LocalStackError
-    from api.process.connections import FleetUnreachableError, check_connections
+    from api.process.connections import check_connections
     from api.process.logs import configure_logging
 
     configure_logging(settings)

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
+from api.exceptions import TokensFileError
 from api.settings import OrchestratorSettings
-from worker.contract.errors import ToolqError
 from worker.contract.keys import DEFAULT_TENANT
 
 #: A tenant's name: it starts workspace names and Redis keys, so no dot, no colon, no space.
@@ -41,10 +41,6 @@ TOKEN_VARIABLE = "TOOLQ_API_TOKEN"  # noqa: S105 - a variable's name, not a secr
 
 #: What the workers call the workspace of a run_id of one tenant.
 WorkspaceNames = Callable[[str], str]
-
-
-class TokensFileError(ToolqError, ValueError):
-    """A tokens file toolq cannot use; the message is one line naming where and what."""
 
 
 def read_tokens_file(path: Path, taken: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -9,7 +9,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, Field, StrictBool, field_validator
 
-from worker.contract.image_errors import ImageError
+from worker.contract.errors import ImageError
 from worker.contract.image_reference import (
     IMAGE_REFERENCE_PATTERN,
     MAX_REFERENCE_CHARS,

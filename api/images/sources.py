@@ -17,7 +17,7 @@ import socket
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from worker.contract.image_errors import ImageError
+from worker.contract.errors import ImageError
 from worker.contract.image_reference import parse_reference
 from worker.contract.image_sources import ImageSources, refusal
 from worker.contract.settings import FleetSettings

@@ -14,9 +14,10 @@ import asyncio
 import contextlib
 from dataclasses import dataclass, field
 
+from api.exceptions import FileProblemError, ServiceCallError
 from api.inspect_sandbox.link import FleetLink
 from api.inspect_sandbox.owners import RUN_PREFIX, live_owners, new_run_id, owner_of
-from api.runs.workspace import FileProblemError, RunWorkspace, ServiceCallError
+from api.runs.workspace import RunWorkspace
 
 
 @dataclass

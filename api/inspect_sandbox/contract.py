@@ -15,17 +15,13 @@ from inspect_ai.util import (
 )
 from inspect_ai.util._sandbox.events import SandboxTimeoutError
 
-from api.runs.workspace import CommandResult, FileProblemError, ServiceCallError
-from worker.contract.errors import ToolqError
+from api.exceptions import FileProblemError, ServiceCallError, ToolqSandboxError
+from api.runs.workspace import CommandResult
 
 #: Call failures that mean the sandbox could not be reached, not that the operation failed.
 UNREACHABLE_KINDS = frozenset(
     {"no_answer", "broker_unavailable", "unknown_tool", "wrong_pool", "interrupted"}
 )
-
-
-class ToolqSandboxError(ToolqError, RuntimeError):
-    """The fleet refused an operation: the message is the worker's."""
 
 
 def exec_outcome(result: CommandResult, cmd: list[str], timeout_s: float) -> ExecResult[str]:

@@ -27,19 +27,15 @@ from inspect_ai.util import (
 )
 from pydantic import BaseModel
 
+from api.exceptions import FileProblemError, ImageUnavailable, ServiceCallError
 from api.inspect_sandbox.cleanup import clean_up
 from api.inspect_sandbox.contract import call_error, exec_outcome, file_error
 from api.inspect_sandbox.image_config import CONFIG_FILES, ToolqSandboxConfig, sandbox_config
 from api.inspect_sandbox.link import LINK
 from api.inspect_sandbox.outside import SHELL, read_outside, write_outside
 from api.inspect_sandbox.owners import new_run_id
-from api.runs.environment import ImageUnavailable, RunEnvironment
-from api.runs.workspace import (
-    FileProblemError,
-    RunWorkspace,
-    ServiceCallError,
-    calls_end_within_s,
-)
+from api.runs.environment import RunEnvironment
+from api.runs.workspace import RunWorkspace, calls_end_within_s
 from api.settings import OrchestratorSettings
 
 log = logging.getLogger(__name__)

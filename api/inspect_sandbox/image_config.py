@@ -16,8 +16,7 @@ import yaml
 from inspect_ai.util import SandboxEnvironmentConfigType
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from worker.contract.errors import validation_problems
-from worker.contract.image_errors import ImageError
+from worker.contract.errors import ImageError, validation_problems
 from worker.contract.image_reference import parse_reference
 from worker.contract.network import NetworkFields
 

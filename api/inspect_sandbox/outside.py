@@ -13,8 +13,9 @@ from __future__ import annotations
 import base64
 import errno
 
+from api.exceptions import FileProblemError
 from api.inspect_sandbox.contract import file_error
-from api.runs.workspace import CommandResult, FileProblemError, RunWorkspace
+from api.runs.workspace import CommandResult, RunWorkspace
 
 SHELL = "/bin/sh"
 #: The exit codes of the scripts below, each standing for the exception it is turned into.

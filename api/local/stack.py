@@ -24,11 +24,11 @@ from pathlib import Path
 
 import redis
 
+from api.exceptions import LocalStackError
 from api.local.children import spawn
 from api.local.leftovers import FOLDER_PREFIX, StackRecorder, clear_leftovers
 from api.process.background import Background
 from api.settings import OrchestratorSettings
-from worker.contract.errors import ToolqError
 from worker.contract.fleet_secret import SECRET_SETTING, fleet_secret
 from worker.contract.keys import keys
 from worker.contract.settings import WorkerSettings, get_worker_settings
@@ -37,10 +37,6 @@ from worker.contract.wire import AGENTS_QUEUE, POOLS
 START_TIMEOUT_S = 60.0
 SUPERVISE_INTERVAL_S = 0.5
 log = logging.getLogger(__name__)
-
-
-class LocalStackError(ToolqError, RuntimeError):
-    """The local stack did not come up; the message carries the failing part's log."""
 
 
 def redis_server_binary() -> str:

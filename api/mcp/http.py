@@ -47,9 +47,9 @@ from api.mcp.tenancy import (
 from api.runs.workspace import calls_end_within_s
 from api.settings import OrchestratorSettings
 from api.state.tenant_caps import MCP_SESSIONS, CapReached, Holding, TenantCaps
-from worker.contract.image_errors import ImageError
+from worker.contract.errors import ImageError, NetworkRefused
 from worker.contract.image_reference import parse_reference
-from worker.contract.network import NetworkChoice, NetworkPolicy, NetworkRefused
+from worker.contract.network import NetworkChoice, NetworkPolicy
 
 #: Without a token the API listens on loopback only; a web page must not reach it by a name
 #: that resolves there (DNS rebinding), so only loopback Host headers are served.

@@ -25,11 +25,12 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from redis.exceptions import RedisError
 
 from api.calls.dispatch import Dispatcher
-from api.calls.fleet import Fleet, NoWorkersError
+from api.calls.fleet import Fleet
 from api.calls.run_tools import RunTools
+from api.exceptions import FileProblemError, ImageUnavailable, NoWorkersError, ServiceCallError
 from api.process.logs import log_context
-from api.runs.environment import ImageUnavailable, ImageVet, RunEnvironment
-from api.runs.workspace import FileProblemError, RunWorkspace, ServiceCallError
+from api.runs.environment import ImageVet, RunEnvironment
+from api.runs.workspace import RunWorkspace
 from worker.contract.network import NetworkChoice
 from worker.contract.wire import ToolContextSnapshot
 

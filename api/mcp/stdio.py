@@ -17,9 +17,9 @@ from kombu.utils.url import maybe_sanitize_url
 from mcp.server.stdio import stdio_server
 
 from api.calls.dispatch import Dispatcher
-from api.calls.fleet import Fleet, NoWorkersError, load_fleet
+from api.calls.fleet import Fleet, load_fleet
 from api.conversation.placement import fleet_started, place
-from api.local.stack import LocalStackError
+from api.exceptions import LocalStackError, NoWorkersError
 from api.mcp.server import SessionRuns, ToolChoice, fleet_mcp_server
 from api.settings import OrchestratorSettings
 

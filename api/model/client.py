@@ -26,22 +26,15 @@ import openai
 from openai._base_client import get_platform
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from api.exceptions import ModelError, UnusableAnswer
 from api.model.body import EncodedBodies
-from api.model.turn import (
-    ModelToolCall,
-    ModelTurn,
-    StreamAssembler,
-    UnusableAnswer,
-    Usage,
-    turn_from_body,
-)
+from api.model.turn import ModelToolCall, ModelTurn, StreamAssembler, Usage, turn_from_body
 from api.settings import (
     MODEL_URL_VARIABLE,
     OrchestratorSettings,
     get_settings,
     model_url_problem,
 )
-from worker.contract.errors import ToolqError
 from worker.plumbing.backoff import Backoff
 
 __all__ = [
@@ -67,15 +60,6 @@ CHAT_COMPLETIONS_PATH = "/chat/completions"
 _BROKEN_ANSWER = (openai.APIError, json.JSONDecodeError, UnusableAnswer)
 
 _T = TypeVar("_T")
-
-
-class ModelError(ToolqError):
-    """A model request failed for good: refused, or still failing after the last attempt."""
-
-    def __init__(self, message: str, *, attempts: int = 0, status: int | None = None) -> None:
-        super().__init__(message)
-        self.attempts = attempts
-        self.status = status
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,7 @@ from openai.types import CompletionUsage
 from openai.types.chat import ChatCompletionChunk
 from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCall
 
-from worker.contract.errors import ToolqError
-
-
-class UnusableAnswer(ToolqError):
-    """The provider answered 200 with something that is not a usable chat completion."""
+from api.exceptions import UnusableAnswer
 
 
 @dataclass(frozen=True)

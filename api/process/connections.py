@@ -15,16 +15,11 @@ import redis
 from kombu import Connection
 from kombu.utils.url import maybe_sanitize_url
 
-from worker.contract.errors import ToolqError
+from api.exceptions import FleetUnreachableError
 from worker.contract.settings import RESULT_SCHEMES, FleetSettings
 
 #: How long each server has to answer: a broker on the same network answers in milliseconds.
 CONNECT_TIMEOUT_S = 3.0
-
-
-class FleetUnreachableError(ToolqError, RuntimeError):
-    """The broker or the result store cannot be used; the message says which, why, and what to
-    check."""
 
 
 def check_connections(settings: FleetSettings, timeout_s: float = CONNECT_TIMEOUT_S) -> None:

@@ -14,10 +14,10 @@ from pydantic import ValidationError
 from api.calls.dispatch import Dispatcher
 from api.calls.fleet import Fleet
 from api.calls.pins import PINNED_POOL, Pin
+from api.exceptions import ImageUnavailable
 from api.images.fields import ImageFields
 from api.runs.workspace import call_operation
 from worker.contract.deadlines import END_ENVIRONMENT_TIMEOUT_MS
-from worker.contract.errors import ToolqError
 from worker.contract.operations import (
     END_ENVIRONMENT,
     START_ENVIRONMENT,
@@ -32,11 +32,6 @@ from worker.contract.operations import (
 
 #: A look at an image before a run starts from it: the line refusing it, or None.
 ImageVet = Callable[[str], Awaitable[str | None]]
-
-
-class ImageUnavailable(ToolqError, RuntimeError):
-    """The run's container could not be started; ``str()`` is one line naming the image and
-    the cause."""
 
 
 @dataclass(frozen=True, slots=True)

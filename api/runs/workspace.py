@@ -23,9 +23,9 @@ from pydantic import ValidationError
 
 from api.calls.dispatch import Dispatcher
 from api.calls.fleet import Fleet
+from api.exceptions import FileProblemError, ServiceCallError
 from worker.contract import operations
 from worker.contract.deadlines import EXEC_TIMEOUT_MS
-from worker.contract.errors import ErrorKind, ToolqError
 from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES, MAX_COLLECTED_FILES
 from worker.contract.operations import AnswerT, Operation, RequestT
 from worker.contract.settings import FleetSettings
@@ -38,23 +38,6 @@ SESSION_TOOL = "bash_session"
 KEPT_SESSION = "kept"
 _FIRST_PAUSE_S = 0.1
 _LONGEST_PAUSE_S = 2.0
-
-
-class ServiceCallError(ToolqError, RuntimeError):
-    """A service operation was not carried out: nobody serves it, nobody answered, or the worker
-    refused the call. ``kind`` is the call's error kind."""
-
-    def __init__(self, message: str, kind: ErrorKind | None = None) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
-class FileProblemError(ToolqError, RuntimeError):
-    """A path the operation could not use; ``kind`` says why."""
-
-    def __init__(self, kind: operations.FileProblem, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
 
 
 class CommandResult(CommandAnswer):

@@ -8,7 +8,8 @@ import os
 import pytest
 
 from api.settings import check_settings, model_url_problem
-from worker.contract.settings_check import SettingsError, exit_on_bad_settings
+from worker.contract.errors import SettingsError
+from worker.contract.settings_check import exit_on_bad_settings
 
 
 @pytest.fixture(autouse=True)

@@ -17,8 +17,9 @@ import redis
 
 from api.calls.dispatch import Dispatcher
 from api.calls.fleet import load_fleet
+from api.exceptions import ServiceCallError
 from api.runs.environment import RunEnvironment
-from api.runs.workspace import RunWorkspace, ServiceCallError
+from api.runs.workspace import RunWorkspace
 from tests.conftest import WorkerFleet, wait_for
 from tests.worker.images.builders import Images, built_or_skip
 from tests.worker.images.builders import image_fleet as fleet_of_images

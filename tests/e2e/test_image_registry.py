@@ -30,7 +30,7 @@ from tests.e2e.test_batch_images import env_for, item, model  # noqa: F401 (mode
 from tests.results_file import finished_records
 from tests.worker.images.builders import Images, built_or_skip
 from tests.worker.images.builders import image_fleet as fleet_of_images
-from worker.contract.image_errors import ImageError
+from worker.contract.errors import ImageError
 from worker.contract.image_reference import parse_reference
 from worker.images.fetch import Tools
 

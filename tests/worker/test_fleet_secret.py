@@ -11,12 +11,8 @@ from pathlib import Path
 import pytest
 
 from api.local.stack import worker_argv
-from worker.contract.fleet_secret import (
-    FleetSecret,
-    FleetSecretError,
-    default_secret_file,
-    fleet_secret,
-)
+from worker.contract.errors import FleetSecretError
+from worker.contract.fleet_secret import FleetSecret, default_secret_file, fleet_secret
 from worker.contract.settings import WorkerSettings
 from worker.contract.settings_check import EXIT_BAD_SETTINGS
 

@@ -18,12 +18,13 @@ import pytest
 from tests.conftest import REPO, RedisServer, fleet_settings, wait_for
 from tests.worker.conftest import orphaned_sleep, sandbox_worker_start, sleeps
 from worker.contract.uid_range import UidRange
+from worker.exceptions import IdentityError
 from worker.sandbox import SandboxConfig, SandboxSettings, sweep_orphans
 from worker.sandbox.call_cgroup import CallGroup, sweep_groups
 from worker.sandbox.cgroup_layout import CgroupLayout, detect_layout
 from worker.sandbox.fleet_key import KEY_FILE, fleet_id
 from worker.sandbox.host_registry import HostRegistry
-from worker.sandbox.identity import IdentityError, claims_dir, identity_of, release
+from worker.sandbox.identity import claims_dir, identity_of, release
 from worker.state_folder import STATE_DIR
 from worker.tasks import EXIT_CANNOT_ISOLATE
 

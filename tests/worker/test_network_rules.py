@@ -10,7 +10,8 @@ import fakeredis
 import pytest
 
 from tests.worker.conftest import TEST_SECRET, request, worker_settings
-from worker.contract.network import NetworkAllowance, NetworkPolicy, NetworkRefused
+from worker.contract.errors import NetworkRefused
+from worker.contract.network import NetworkAllowance, NetworkPolicy
 from worker.egress import rules
 from worker.egress.rules import Guard, judge
 from worker.executor import Executor

@@ -15,11 +15,11 @@ import pytest
 from tests.worker.conftest import request
 from worker.contract.settings import WorkerSettings, get_worker_settings
 from worker.contract.wire import ToolCallResult
+from worker.exceptions import WorkspaceError
 from worker.executor import Executor
 from worker.quota import WorkspaceQuota, measure
 from worker.results import ResultStore
 from worker.tools.filesystem import WriteFileTool
-from worker.tools.paths import WorkspaceError
 from worker.tools.workspace import Workspace
 
 QUOTA = 64 * 1024

@@ -13,11 +13,12 @@ import pytest
 
 from tests.worker.conftest import request
 from worker.contract.settings import WorkerSettings
+from worker.exceptions import WorkspaceGone
 from worker.executor import Executor
 from worker.housekeeping import Housekeeping
 from worker.quota import WorkspaceQuota
 from worker.results import ResultStore
-from worker.retention import WorkspaceGone, empty_trash, hold, prune
+from worker.retention import empty_trash, hold, prune
 
 DAY = 86_400.0
 

@@ -21,11 +21,12 @@ from worker.contract.keys import keys
 from worker.contract.sandbox_settings import SandboxSettings
 from worker.contract.uid_range import DEFAULT_UID_RANGE, UidRange
 from worker.contract.wire import LAYER_RUN_UID
+from worker.exceptions import IdentityError
 from worker.retention import prune
 from worker.sandbox import (
     SandboxConfig,
 )
-from worker.sandbox.identity import IdentityError, identity_of
+from worker.sandbox.identity import identity_of
 from worker.sandbox.layers import LAYER_PRIVATE_TMP, LAYER_QUOTA_FS, LAYER_TMP_CLEANED
 from worker.sandbox.volumes import volumes_unavailable
 from worker.tasks import EXIT_CANNOT_ISOLATE

@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from api.settings import OrchestratorSettings
+from worker.contract.errors import SettingsError
 from worker.contract.settings import (
     ORCHESTRATOR_ONLY_FIELDS,
     OTHER_VARIABLES,
@@ -16,7 +17,6 @@ from worker.contract.settings import (
     WorkerSettings,
 )
 from worker.contract.settings_check import (
-    SettingsError,
     checked_worker_settings,
     known_variables,
     unknown_variables,

@@ -21,6 +21,7 @@ from worker.app import app
 from worker.contract.keys import keys
 from worker.contract.settings import WorkerSettings
 from worker.contract.wire import TASK_NAME, ToolCallResult, start_mark
+from worker.exceptions import ToolCallFailed
 from worker.executor import Executor
 from worker.plumbing.celery_guard import ValidatedRequest
 from worker.results import ResultStore
@@ -125,7 +126,7 @@ def test_the_task_returns_the_outcome_and_fails_for_a_failed_call_once_it_is_ans
     assert served.state == "SUCCESS"
     assert re.fullmatch(r"ok \d+\.\d ms", served.result)
     assert failed.state == "FAILURE"
-    assert isinstance(failed.result, tasks.ToolCallFailed)
+    assert isinstance(failed.result, ToolCallFailed)
     assert re.fullmatch(r"error invalid_arguments after \d+\.\d ms", str(failed.result))
     # Answered before it failed, and the answer holds what the summary leaves out.
     ok, refused = replies(client)
@@ -148,8 +149,8 @@ def test_a_spare_message_of_a_call_started_elsewhere_succeeds_saying_it_did_not_
 def test_a_failed_call_is_an_expected_failure_that_is_never_retried() -> None:
     task = app.tasks[TASK_NAME]
     # Listed in `throws`: logged in one line, without a traceback, and acknowledged.
-    assert tasks.ToolCallFailed in task.throws
-    assert not issubclass(tasks.ToolCallFailed, tuple(task.autoretry_for))
+    assert ToolCallFailed in task.throws
+    assert not issubclass(ToolCallFailed, tuple(task.autoretry_for))
     assert task.acks_late and task.acks_on_failure_or_timeout
 
 

@@ -15,9 +15,10 @@ import pytest
 
 from tests.worker.conftest import run_in_workspace
 from worker.contract.uid_range import UidRange
+from worker.exceptions import IdentityError
 from worker.sandbox import SandboxConfig
 from worker.sandbox.handover import hand_over
-from worker.sandbox.identity import IdentityError, identity_of, release
+from worker.sandbox.identity import identity_of, release
 from worker.sandbox.uid_reset import reset_uid
 from worker.tools.factory import prepare_workspace
 

@@ -13,8 +13,9 @@ holds both sides to it). The parts:
 - ``keys``: every Redis key both sides read and write.
 - ``limits``: the output caps, transfer and file-count limits, and text cut to a cap.
 - ``deadlines``: a call's time limit, by one rule wherever the tool runs.
-- ``errors``: the error kinds an answer carries, and ``ToolqError``, every toolq exception's base.
+- ``errors``: the error kinds an answer carries, ``ToolqError`` (every toolq exception's base)
+  and the exceptions both sides raise or catch.
 - ``settings``, ``settings_check``, ``uid_range``, ``mcp_servers``: the ``TOOLQ_*`` settings both
   sides read, and the formats of their values.
-- ``image_reference``, ``image_errors``: what an image reference may be, and why one failed.
+- ``image_reference``: what an image reference may be.
 """

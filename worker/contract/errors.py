@@ -1,5 +1,23 @@
-"""Why things fail, as both sides name it: the error kinds a call's answer carries, and the one
-base every toolq exception derives from, so a caller catches toolq's refusals as one kind."""
+"""Why things fail, as both sides name it: the error kinds a call's answer carries, the one base
+every toolq exception derives from (a caller catches toolq's refusals as one kind), and the
+exceptions that cross between the two sides.
+
+Every toolq exception derives from ``ToolqError``; those raised by one side only are in that
+side's module (``worker.exceptions``, ``api.exceptions``), each with its part of the tree::
+
+    ToolqError
+     ├── ImageError (RuntimeError)        an image cannot be resolved, pulled, unpacked, started
+     ├── EnvironmentLost (RuntimeError)   the run's container is gone: nothing of the call ran
+     ├── FleetSecretError (ValueError)    the fleet secret cannot be had
+     ├── SettingsError (ValueError)       settings that cannot be used, one line for each
+     ├── McpConfigError (ValueError)      the MCP servers file cannot be used
+     ├── NetworkRefused (ValueError)      a run's network not well formed, or not allowed
+     ├── SessionGone (RuntimeError)       a run's shell session is no more
+     │    ├── SessionLost                 its worker stopped, and the shell with it
+     │    └── SessionEnded                it ended as it should (idle, its run's end)
+     ├── worker.exceptions.*              the workers' own
+     └── api.exceptions.*                 the orchestrator's own
+"""
 
 from __future__ import annotations
 
@@ -10,6 +28,60 @@ from pydantic import ValidationError
 
 class ToolqError(Exception):
     """Base of every exception toolq raises on purpose: a refusal or fault it can explain."""
+
+
+class ImageError(ToolqError, RuntimeError):
+    """An image could not be resolved, pulled, unpacked or started; ``str()`` is one line
+    naming the image and the cause."""
+
+    def __init__(self, image: str, cause: str) -> None:
+        super().__init__(f"image {image!r}: {cause}")
+        self.image = image
+        self.cause = cause
+
+
+class EnvironmentLost(ToolqError, RuntimeError):
+    """The run's container is gone (its worker died, it was ended, or its workspace was
+    removed): nothing of the run's call ran."""
+
+
+class FleetSecretError(ToolqError, ValueError):
+    """The fleet secret cannot be had: the one line says which file and why."""
+
+
+class SettingsError(ToolqError, ValueError):
+    """Settings that cannot be used; ``problems`` holds one line for each."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+class McpConfigError(ToolqError, ValueError):
+    """The servers file cannot be used; the message names the file and the entry."""
+
+
+class NetworkRefused(ToolqError, ValueError):
+    """A ``network`` that is not well formed, or more than the operator allows: one line."""
+
+
+#: What every line of a session that is gone ends with: the way to a new shell, which is never
+#: started unasked.
+RESTART_HINT = "action 'restart' starts a new shell (nothing of the old one is kept)"
+
+
+class SessionGone(ToolqError, RuntimeError):
+    """A run's shell session is no more: the call typed nothing. Its one line for the model says
+    which session, why, and what starts a new one."""
+
+
+class SessionLost(SessionGone):
+    """The worker that held the session stopped, and the shell with it (``session_lost``)."""
+
+
+class SessionEnded(SessionGone):
+    """The session ended as it should (idle past the operator's time, its run's workspace
+    removed, its shell failed to start)."""
 
 
 def validation_problems(exc: ValidationError, whole: str) -> str:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from worker.contract.errors import ToolqError
+from worker.contract.errors import FleetSecretError
 
 SECRET_SETTING = "TOOLQ_FLEET_SECRET_FILE"  # noqa: S105 (a variable's name)
 DEFAULT_FILE_NAME = "fleet-secret"
@@ -38,10 +38,6 @@ MIN_SECRET_BYTES = 32
 _MAX_SECRET_BYTES = 4096
 _SEAL_LABEL = b"toolq answer seal\x00"
 _ID_LABEL = b"toolq fleet secret id"
-
-
-class FleetSecretError(ToolqError, ValueError):
-    """The fleet secret cannot be had: the one line says which file and why."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from worker.contract.image_errors import ImageError
+from worker.contract.errors import ImageError
 
 Transport = Literal["oci", "oci-archive", "docker-archive", "docker"]
 LOCAL_TRANSPORTS: tuple[Transport, ...] = ("oci", "oci-archive", "docker-archive")

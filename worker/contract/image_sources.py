@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from worker.contract.image_errors import ImageError
+from worker.contract.errors import ImageError
 from worker.contract.image_reference import LOCAL_TRANSPORTS, ImageReference
 
 #: The setting, as messages name it.

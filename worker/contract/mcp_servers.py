@@ -15,15 +15,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from worker.contract.errors import ToolqError, validation_problems
+from worker.contract.errors import McpConfigError, validation_problems
 from worker.contract.wire import Pool
 
 #: Between a server's name and its tool's in the name the fleet gives the tool.
 SEPARATOR = "__"
-
-
-class McpConfigError(ToolqError, ValueError):
-    """The servers file cannot be used; the message names the file and the entry."""
 
 
 class McpServerConfig(BaseModel):

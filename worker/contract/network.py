@@ -17,7 +17,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, Field
 
-from worker.contract.errors import ToolqError
+from worker.contract.errors import NetworkRefused
 
 NetworkMode = Literal["none", "list", "full"]
 #: What a run's ``network`` is on the wire: a mode's name or the list of destinations.
@@ -35,10 +35,6 @@ _HOST_NAME = re.compile(
 
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-
-
-class NetworkRefused(ToolqError, ValueError):
-    """A ``network`` that is not well formed, or more than the operator allows: one line."""
 
 
 @dataclass(frozen=True, slots=True)

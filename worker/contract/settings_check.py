@@ -17,7 +17,7 @@ from typing import TypeVar
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
-from worker.contract.errors import ToolqError
+from worker.contract.errors import SettingsError
 from worker.contract.settings import (
     DEBUG_VARIABLE,
     ENV_PREFIX,
@@ -33,14 +33,6 @@ from worker.contract.settings import (
 EXIT_BAD_SETTINGS = 2
 
 _T = TypeVar("_T")
-
-
-class SettingsError(ToolqError, ValueError):
-    """Settings that cannot be used; ``problems`` holds one line for each."""
-
-    def __init__(self, problems: list[str]) -> None:
-        super().__init__("; ".join(problems))
-        self.problems = problems
 
 
 def known_variables(

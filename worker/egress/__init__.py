@@ -8,6 +8,7 @@ its environment), which resolves names itself, only those the run may reach, and
 the worker's namespace. A raw connection that bypasses the proxy finds no route.
 """
 
-from worker.egress.session import Egress, NoNetworkNamespace, open_egress
+from worker.egress.session import Egress, open_egress
+from worker.exceptions import NoNetworkNamespace
 
 __all__ = ["Egress", "NoNetworkNamespace", "open_egress"]

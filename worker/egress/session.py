@@ -6,19 +6,15 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from worker.contract.errors import ToolqError
 from worker.contract.network import NetworkPolicy
 from worker.contract.settings import get_worker_settings
 from worker.egress.netns import listener_in, separate_namespace
 from worker.egress.proxy import Counts, Served, serve, stop
 from worker.egress.rules import Guard, addresses_of_urls
+from worker.exceptions import NoNetworkNamespace
 
 #: What ``NO_PROXY`` names: the command's own loopback, which it reaches without the proxy.
 _NO_PROXY = "localhost,127.0.0.1,::1"
-
-
-class NoNetworkNamespace(ToolqError, RuntimeError):
-    """The command would share the worker's network: no list can hold it there."""
 
 
 @functools.lru_cache(maxsize=1)

@@ -25,10 +25,11 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from worker.contract.image_errors import EnvironmentLost, ImageError
+from worker.contract.errors import EnvironmentLost, ImageError
 from worker.contract.image_reference import parse_reference
 from worker.contract.image_sources import ImageSources
 from worker.contract.sandbox_settings import SandboxSettings
+from worker.exceptions import MountError, RuntimeFailed
 from worker.images.cache import DEFAULT_TAG_TTL_S, CachedImage, ImageCache
 from worker.images.fetch import Tools
 from worker.images.group import BoxGroup, swap_accounted
@@ -41,10 +42,10 @@ from worker.images.inside import (
 )
 from worker.images.locks import lock_by
 from worker.images.loopback import loopback_up
-from worker.images.mounts import MountError, host_id, image_view, mount_rootfs, remove_bundle
+from worker.images.mounts import host_id, image_view, mount_rootfs, remove_bundle
 from worker.images.owner import Owner, current_owner, process_alive
 from worker.images.rootfs import resolve_in_root
-from worker.images.runtime import OciRuntime, RuntimeFailed
+from worker.images.runtime import OciRuntime
 from worker.images.seed import seed_workspace
 from worker.images.sources import check_source
 from worker.images.spec import BoxSpec, container_config, id_maps, merged_env

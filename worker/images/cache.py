@@ -34,12 +34,12 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from worker.contract.errors import ToolqError
-from worker.contract.image_errors import ImageError
+from worker.contract.errors import ImageError, ToolqError
 from worker.contract.image_reference import ImageReference
+from worker.exceptions import TooLarge
 from worker.images.fetch import Tools, image_config, image_layers
 from worker.images.layer_store import LayerStore, disk_usage
-from worker.images.layers import TooLarge, readable_size, unpacked_bytes
+from worker.images.layers import readable_size, unpacked_bytes
 from worker.images.locks import lock_by
 from worker.images.mounts import image_view, unmount_below
 from worker.images.rootfs import has_shell

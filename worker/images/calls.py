@@ -16,15 +16,16 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-from worker.contract.image_errors import EnvironmentLost
+from worker.contract.errors import EnvironmentLost
 from worker.contract.network import NetworkPolicy
 from worker.egress import Egress, NoNetworkNamespace, open_egress
+from worker.exceptions import SandboxError
 from worker.images.boxes import Boxes, BoxRecord, box_group
 from worker.images.group import BoxGroup
 from worker.images.runtime import OciRuntime
 from worker.images.spec import merged_env, process_config
 from worker.sandbox.bounded import wait_at_most
-from worker.sandbox.config import SHELL, SandboxConfig, SandboxError
+from worker.sandbox.config import SHELL, SandboxConfig
 from worker.sandbox.output import CappedStream, Pump
 from worker.sandbox.result import SandboxResult, Usage, build_result
 

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from worker.contract.image_errors import ImageError
+from worker.contract.errors import ImageError
 from worker.contract.image_reference import ImageReference
+from worker.exceptions import RegistryUnreachable
 
 #: The tag an image has in the layout it is copied into.
 LAYOUT_TAG = "image"
@@ -45,11 +46,6 @@ _UNREACHABLE = (
 _REFUSED = ("unauthorized", "authentication required", "denied", "forbidden", "toomanyrequests")
 _UNKNOWN = ("manifest unknown", "name unknown", "no descriptor found", "not found")
 _FATAL_MESSAGE = re.compile(r'msg="(?P<msg>(?:[^"\\]|\\.)*)"')
-
-
-class RegistryUnreachable(ImageError):
-    """The registry did not answer: no connection, a timeout, or a 5xx (not a refusal, nor an
-    unknown tag, which are its answers)."""
 
 
 @dataclass(frozen=True, slots=True)

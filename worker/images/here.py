@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import os
 
-from worker.contract.image_errors import ImageError
+from worker.contract.errors import ImageError
 from worker.contract.image_sources import ImageSources
 from worker.contract.settings import WorkerSettings, get_worker_settings
 from worker.images.boxes import Boxes, BoxSettings

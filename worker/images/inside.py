@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from worker.contract.image_errors import ImageError
+from worker.contract.errors import ImageError
 from worker.images.cache import CachedImage
 from worker.images.rootfs import lookup_user
 from worker.images.runtime import OciRuntime

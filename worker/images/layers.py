@@ -18,8 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, cast
 
-from worker.contract.errors import ToolqError
-from worker.contract.image_errors import ImageError
+from worker.contract.errors import ImageError
+from worker.exceptions import TooLarge
 from worker.images.fetch import image_layers
 
 #: What a file's content takes on disk: whole blocks.
@@ -27,14 +27,6 @@ _BLOCK = 4096
 #: What any other entry takes at least: its tar header (and its inode).
 _ENTRY = 512
 _READ_CHUNK = 1 << 16
-
-
-class TooLarge(ToolqError, ValueError):
-    """The layers unpack to more than the bound: ``counted`` is how far the count got."""
-
-    def __init__(self, counted: int) -> None:
-        super().__init__(counted)
-        self.counted = counted
 
 
 def unpacked_bytes(image: str, layout: Path, bound: int, held: Container[str] = frozenset()) -> int:

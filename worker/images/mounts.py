@@ -23,7 +23,7 @@ import subprocess
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from worker.contract.errors import ToolqError
+from worker.exceptions import MountError
 from worker.images.spec import IdMap
 from worker.sandbox.bounded import wait_at_most
 
@@ -55,10 +55,6 @@ class _MountAttr(ctypes.Structure):
         ("propagation", ctypes.c_uint64),
         ("userns_fd", ctypes.c_uint64),
     ]
-
-
-class MountError(ToolqError, OSError):
-    """A mount the container needs could not be made; the message says which and why."""
 
 
 def mount_rootfs(

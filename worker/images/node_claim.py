@@ -17,15 +17,11 @@ import time
 import redis
 from pydantic import ValidationError
 
-from worker.contract.errors import ToolqError
 from worker.contract.keys import keys
 from worker.contract.wire import WorkerInfo
+from worker.exceptions import NodeNameTaken
 from worker.images.owner import process_alive
 from worker.plumbing.heartbeat import HEARTBEAT_TTL_S
-
-
-class NodeNameTaken(ToolqError):
-    """Another live sandbox worker runs under this node name."""
 
 
 def claim_node_name(client: redis.Redis, node: str) -> None:

@@ -10,11 +10,12 @@ from typing import Any
 
 import redis
 
-from worker.contract.image_errors import ImageError
+from worker.contract.errors import ImageError
 from worker.contract.settings import get_worker_settings
 from worker.contract.settings_check import EXIT_BAD_SETTINGS
+from worker.exceptions import NodeNameTaken
 from worker.images.here import worker_boxes
-from worker.images.node_claim import NodeNameTaken, claim_node_name
+from worker.images.node_claim import claim_node_name
 from worker.images.owner import pinned_queue, set_worker
 from worker.images.sweep import sweep_boxes
 from worker.sandbox.config import SandboxConfig

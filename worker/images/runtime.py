@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from worker.contract.errors import ToolqError
+from worker.exceptions import RuntimeFailed
 
 #: How long a runtime's own bookkeeping command (state, kill, delete) may take.
 _QUICK_S = 30.0
@@ -28,10 +28,6 @@ _END_WAIT_S = 5.0
 #: Between two looks at whether it has exited.
 _END_POLL_S = 0.005
 _LOG_MESSAGE = re.compile(r'msg="(?P<msg>(?:[^"\\]|\\.)*)"')
-
-
-class RuntimeFailed(ToolqError, RuntimeError):
-    """The OCI runtime refused or failed; the message is its own complaint, in one line."""
 
 
 @dataclass(frozen=True, slots=True)

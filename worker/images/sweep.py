@@ -12,12 +12,13 @@ import shutil
 import time
 from pathlib import Path
 
-from worker.contract.image_errors import ImageError
+from worker.contract.errors import ImageError
+from worker.exceptions import RuntimeFailed
 from worker.images.boxes import Boxes, BoxRecord, group_path
 from worker.images.group import BoxGroup
 from worker.images.mounts import remove_bundle
 from worker.images.owner import current_owner, process_alive
-from worker.images.runtime import OciRuntime, RuntimeFailed
+from worker.images.runtime import OciRuntime
 
 log = logging.getLogger(__name__)
 

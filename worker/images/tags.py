@@ -29,7 +29,8 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from worker.contract.image_reference import ImageReference
-from worker.images.fetch import RegistryUnreachable, Tools
+from worker.exceptions import RegistryUnreachable
+from worker.images.fetch import Tools
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ import time
 import zlib
 from pathlib import Path
 
-from worker.contract.errors import ToolqError
-from worker.contract.image_errors import ImageError
+from worker.contract.errors import ImageError
+from worker.exceptions import BadEntry
 from worker.images.layers import decompressed
 
 _WHITEOUT = ".wh."
@@ -35,10 +35,6 @@ _KEPT_XATTRS = ("user.",)
 _CAPABILITY = "security.capability"
 _PAX_XATTR = "SCHILY.xattr."
 _CHUNK = 1 << 20
-
-
-class BadEntry(ToolqError, ValueError):
-    """An entry of a layer that is not unpacked: the message says which and why."""
 
 
 class _Hashing(io.RawIOBase):

@@ -24,8 +24,8 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from mcp_types import CONNECTION_CLOSED
 
-from worker.contract.errors import ToolqError
 from worker.contract.mcp_servers import McpServerConfig
+from worker.exceptions import ServerStoppedError, ServerUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +35,6 @@ START_TIMEOUT_S = 20.0
 RESTART_DELAYS_S = (0.0, 1.0, 2.0, 5.0, 10.0, 30.0)
 #: How long a server has to answer after a call was given up on; else it is restarted.
 LIVENESS_TIMEOUT_S = 2.0
-
-
-class ServerUnavailableError(ToolqError, RuntimeError):
-    """The server is not running: it never started, or it stopped and has not started again."""
-
-
-class ServerStoppedError(ToolqError, RuntimeError):
-    """The server stopped while the call was in flight: the call's outcome is unknown."""
 
 
 class ServerConnection:

@@ -12,20 +12,16 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from worker.contract.errors import ToolqError
 from worker.contract.mcp_servers import McpServerConfig, load_servers
 from worker.contract.settings import WorkerSettings
 from worker.contract.wire import Pool
+from worker.exceptions import McpUnavailableError
 from worker.tools.interface import ExecutableTool
 
 if TYPE_CHECKING:
     from worker.mcp.host import McpHost
 
 log = logging.getLogger(__name__)
-
-
-class McpUnavailableError(ToolqError, RuntimeError):
-    """TOOLQ_MCP_SERVERS is set where the ``mcp`` package is not installed."""
 
 
 _host: McpHost | None = None

@@ -9,15 +9,11 @@ from typing import Any
 
 import mcp_types as types
 
-from worker.contract.errors import ToolqError
 from worker.contract.mcp_servers import McpServerConfig
+from worker.exceptions import McpToolError
 from worker.mcp.host import McpHost
 from worker.tools.functions import tool
 from worker.tools.interface import ExecutableTool
-
-
-class McpToolError(ToolqError, RuntimeError):
-    """The server answered the call with an error (``isError``); the message is its text."""
 
 
 def hosted_tool(

@@ -23,15 +23,9 @@ counting, or letting a command that ended alone answer before its namespace ends
 
 from worker.contract.sandbox_settings import SandboxSettings
 from worker.contract.wire import LAYER_RUN_UID
+from worker.exceptions import SandboxError
 from worker.sandbox.command import CommandCall, run_sandboxed
-from worker.sandbox.config import (
-    MARKER_VARIABLE,
-    SAFE_PATH,
-    SHELL,
-    Isolation,
-    SandboxConfig,
-    SandboxError,
-)
+from worker.sandbox.config import MARKER_VARIABLE, SAFE_PATH, SHELL, Isolation, SandboxConfig
 from worker.sandbox.layers import (
     LAYER_CLEAN_ENV,
     LAYER_NET_NS,

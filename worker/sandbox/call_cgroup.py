@@ -21,8 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from worker.exceptions import SandboxError
 from worker.sandbox.cgroup_layout import CgroupLayout, Hierarchy, read_or_empty
-from worker.sandbox.config import REAP_BOUND_S, SandboxError
+from worker.sandbox.config import REAP_BOUND_S
 from worker.sandbox.host_registry import WORKER_ID_LENGTH, HostRegistry
 
 _FIRST_PAUSE_S = 0.0002

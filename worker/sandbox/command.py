@@ -16,7 +16,8 @@ from typing import NotRequired, TypedDict, Unpack
 
 from worker.contract.network import NetworkPolicy
 from worker.egress import Egress, NoNetworkNamespace, open_egress
-from worker.sandbox.config import COMMAND_ENV, INPUT_FOLDER, SHELL, SandboxConfig, SandboxError
+from worker.exceptions import SandboxError
+from worker.sandbox.config import COMMAND_ENV, INPUT_FOLDER, SHELL, SandboxConfig
 from worker.sandbox.ending import Ending
 from worker.sandbox.handover import hand_over, holder_of
 from worker.sandbox.host_registry import HostRegistry

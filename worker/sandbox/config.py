@@ -10,7 +10,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from worker.contract.errors import ToolqError
 from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES
 from worker.contract.run_limits import RunLimits
 from worker.contract.sandbox_settings import (
@@ -21,6 +20,7 @@ from worker.contract.sandbox_settings import (
     SandboxSettings,
 )
 from worker.contract.uid_range import UidRange
+from worker.exceptions import SandboxError
 from worker.sandbox.fleet_key import fleet_id
 from worker.sandbox.host_registry import default_host_state
 from worker.sandbox.identity import identity_of, make_run_tmp
@@ -43,10 +43,6 @@ MARKER_VARIABLE = "TOOLQ_SANDBOX_ID"
 INPUT_FOLDER = Path(tempfile.gettempdir()) / "toolq-inputs"
 #: How long killed processes may take to be gone before we stop waiting for them.
 REAP_BOUND_S = 5.0
-
-
-class SandboxError(ToolqError, RuntimeError):
-    """The sandbox cannot run commands as configured; the message says why."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ import os
 import stat
 from pathlib import Path
 
-from worker.sandbox.config import SandboxError
+from worker.exceptions import SandboxError
 from worker.sandbox.uid_reset import reset_uid
 
 #: The folder, in the host's sandbox state (``TOOLQ_SANDBOX_HOST_STATE``, the workers' alone),

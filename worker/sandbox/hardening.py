@@ -21,7 +21,8 @@ import logging
 import os
 from pathlib import Path
 
-from worker.sandbox.config import SandboxConfig, SandboxError
+from worker.exceptions import SandboxError
+from worker.sandbox.config import SandboxConfig
 from worker.sandbox.layers import LAYER_TMP_CLEANED, plan_for
 
 log = logging.getLogger(__name__)

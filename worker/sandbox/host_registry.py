@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from worker.contract import sandbox_settings
-from worker.contract.errors import ToolqError
+from worker.exceptions import HostRegistryError
 from worker.sandbox.fleet_key import existing_fleet_id
 from worker.state_folder import STATE_DIR
 
@@ -49,10 +49,6 @@ def default_host_state() -> str:
     (its call groups are in its own part of the hierarchy), a folder of that user's own."""
     euid = os.geteuid()
     return HOST_STATE if euid == 0 else os.path.join(tempfile.gettempdir(), f"toolq-host-{euid}")
-
-
-class HostRegistryError(ToolqError, RuntimeError):
-    """The host's registry cannot be used; the message says why and what to set."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,10 +24,10 @@ import os
 import shutil
 from pathlib import Path
 
-from worker.contract.errors import ToolqError
 from worker.contract.uid_range import UidRange
+from worker.exceptions import HostRegistryError, IdentityError
 from worker.sandbox.fleet_key import first_uid_offset, fleet_id
-from worker.sandbox.host_registry import HOST_STATE, HostRegistry, HostRegistryError
+from worker.sandbox.host_registry import HOST_STATE, HostRegistry
 from worker.sandbox.names import names_folder, remove_run_names
 from worker.sandbox.uid_reset import reset_uid
 from worker.state_folder import STATE_DIR
@@ -40,10 +40,6 @@ TMP = "tmp"
 QUARANTINED = b"quarantined:"
 #: The most claims looked at before the range is called full: probing is linear from the hash.
 _PROBES = 4096
-
-
-class IdentityError(ToolqError, RuntimeError):
-    """No uid can be given to a run: the range is full or its claims cannot be written."""
 
 
 def claims_dir(root: Path) -> Path:

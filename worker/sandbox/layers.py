@@ -13,8 +13,9 @@ import stat
 import subprocess
 
 from worker.contract.wire import LAYER_RUN_UID
+from worker.exceptions import SandboxError
 from worker.sandbox.cgroup_layout import detect_layout
-from worker.sandbox.config import SAFE_PATH, SHELL, SandboxConfig, SandboxError
+from worker.sandbox.config import SAFE_PATH, SHELL, SandboxConfig
 from worker.sandbox.keyrings import session_keyrings_work
 from worker.sandbox.pidfd import tells_exit_after_reaping
 from worker.sandbox.plan import Plan

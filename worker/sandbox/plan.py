@@ -12,14 +12,9 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from worker.exceptions import SandboxError
 from worker.sandbox.cgroup_layout import CgroupLayout
-from worker.sandbox.config import (
-    INPUT_FOLDER,
-    MARKER_VARIABLE,
-    SHELL,
-    SandboxConfig,
-    SandboxError,
-)
+from worker.sandbox.config import INPUT_FOLDER, MARKER_VARIABLE, SHELL, SandboxConfig
 from worker.sandbox.start.shell_text import (
     BIND_FILES_SCRIPT,
     FORK_AHEAD,

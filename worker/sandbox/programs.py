@@ -9,7 +9,8 @@ import shutil
 import signal
 import subprocess
 
-from worker.sandbox.config import SAFE_PATH, SandboxError
+from worker.exceptions import SandboxError
+from worker.sandbox.config import SAFE_PATH
 
 #: The signals a shell ignores in its background jobs, which a command gets back.
 _RESTORED = (signal.SIGINT, signal.SIGQUIT)

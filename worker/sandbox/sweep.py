@@ -8,9 +8,10 @@ import os
 import time
 from collections.abc import Iterator
 
+from worker.exceptions import HostRegistryError, SandboxError
 from worker.sandbox.call_cgroup import sweep_groups
-from worker.sandbox.config import MARKER_VARIABLE, REAP_BOUND_S, SandboxConfig, SandboxError
-from worker.sandbox.host_registry import HostRegistry, HostRegistryError
+from worker.sandbox.config import MARKER_VARIABLE, REAP_BOUND_S, SandboxConfig
+from worker.sandbox.host_registry import HostRegistry
 from worker.sandbox.layers import plan_for
 from worker.sandbox.pidfd_kill import kill_checked
 from worker.sandbox.uid_leftovers import sweep_idle_uids

@@ -24,7 +24,8 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-from worker.sandbox.config import SAFE_PATH, SandboxError
+from worker.exceptions import SandboxError
+from worker.sandbox.config import SAFE_PATH
 from worker.state_folder import STATE_DIR
 
 VOLUMES = "volumes"

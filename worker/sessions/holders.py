@@ -18,8 +18,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from worker.contract.errors import RESTART_HINT, SessionEnded, SessionLost
 from worker.contract.network import NetworkPolicy
-from worker.contract.session_errors import RESTART_HINT, SessionEnded, SessionLost
 from worker.images.owner import current_owner
 from worker.sandbox import SandboxConfig
 from worker.sessions.holder import START_BOUND_S, HolderSpec, forget_files

@@ -13,10 +13,11 @@ from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES, cap_in_words
 from worker.contract.settings import get_worker_settings
 from worker.contract.variables import Variables
 from worker.contract.wire import CommandAnswer, StreamsCut
+from worker.exceptions import WorkspaceError
 from worker.sandbox import SandboxConfig, SandboxResult
 from worker.tools.commands import run_command
 from worker.tools.interface import ExecutableTool, ToolArgs
-from worker.tools.paths import WorkspaceError, shown
+from worker.tools.paths import shown
 from worker.tools.runtime import admit_current_call, report_usage
 from worker.tools.workspace import Workspace
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Unpack
 
-from worker.contract.image_errors import EnvironmentLost, ImageError
+from worker.contract.errors import EnvironmentLost, ImageError
 from worker.images.calls import run_in_box
 from worker.images.here import worker_boxes
 from worker.sandbox import CommandCall, SandboxResult, run_sandboxed

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from worker.contract.deadlines import END_ENVIRONMENT_TIMEOUT_MS, START_ENVIRONMENT_TIMEOUT_MS
-from worker.contract.image_errors import ImageError
+from worker.contract.errors import ImageError
 from worker.contract.operations import (
     END_ENVIRONMENT,
     START_ENVIRONMENT,

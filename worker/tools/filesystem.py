@@ -15,15 +15,9 @@ from worker.contract.limits import (
     cap_in_words,
     fit_utf8,
 )
+from worker.exceptions import PathNotFoundError, WorkspaceError
 from worker.tools.interface import ExecutableTool, ToolArgs, TruncatedText
-from worker.tools.paths import (
-    PathNotFoundError,
-    WorkspaceError,
-    counted,
-    file_kind,
-    printable,
-    shown,
-)
+from worker.tools.paths import counted, file_kind, printable, shown
 from worker.tools.workspace import Workspace
 
 #: How much of a file is checked for NUL bytes to tell binary from text.

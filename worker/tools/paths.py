@@ -14,8 +14,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker.contract.errors import ToolqError
 from worker.contract.settings import get_worker_settings
+from worker.exceptions import PathNotFoundError, WorkspaceError
 from worker.quota import WAY_OUT, size_text
 
 #: Longest path accepted, in bytes of UTF-8 (Linux's PATH_MAX).
@@ -31,14 +31,6 @@ _CONTROL_ESCAPES = {code: f"\\x{code:02x}" for code in [*range(32), 127]} | {
 }
 # Linux's own limit on symbolic links followed while resolving one path.
 _MAX_SYMLINKS = 40
-
-
-class WorkspaceError(ToolqError, ValueError):
-    """A path a tool cannot use; the message tells the model which path and why."""
-
-
-class PathNotFoundError(WorkspaceError):
-    """The path lies inside the workspace but nothing is there."""
 
 
 def printable(text: str) -> str:

@@ -9,16 +9,12 @@ from importlib.metadata import entry_points
 from types import ModuleType
 from typing import Protocol, cast
 
-from worker.contract.errors import ToolqError
+from worker.exceptions import PluginError
 from worker.tools.context import ToolContext
 from worker.tools.registry import ToolRegistry
 from worker.tools.workspace import Workspace
 
 ENTRY_POINT_GROUP = "toolq.tools"
-
-
-class PluginError(ToolqError, RuntimeError):
-    """A configured plugin cannot be loaded: the worker refuses to start half-equipped."""
 
 
 class _Register(Protocol):

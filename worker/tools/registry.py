@@ -15,6 +15,7 @@ from typing import Any, Unpack
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from worker.contract.errors import ToolqError
+from worker.exceptions import DuplicateToolError
 from worker.plumbing.log_context import current_context
 from worker.tools.functions import FunctionTool, ToolTraits, tool
 from worker.tools.interface import ExecutableTool, ProxyTool, ToolOutcome, TruncatedText
@@ -22,10 +23,6 @@ from worker.tools.interface import ExecutableTool, ProxyTool, ToolOutcome, Trunc
 __all__ = ["DuplicateToolError", "ToolOutcome", "ToolRegistry"]
 
 log = logging.getLogger(__name__)
-
-
-class DuplicateToolError(ToolqError, ValueError):
-    """A tool with this name is registered already."""
 
 
 class ToolRegistry:

@@ -11,7 +11,6 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-from worker.contract.errors import ToolqError
 from worker.contract.network import NetworkPolicy
 from worker.contract.wire import ResourceUsage, ToolContextSnapshot
 from worker.tools.context import ToolContext
@@ -39,11 +38,6 @@ class CallRuntime:
     environment: str | None = None
     #: The run's network (``worker.egress``); None: loopback alone.
     network: NetworkPolicy | None = None
-
-
-class NotAdmitted(ToolqError):
-    """The call must not start: it was answered before, or started on a worker that stopped
-    mid-call. The executor gives the answer."""
 
 
 _current: ContextVar[CallRuntime] = ContextVar("toolq_call_runtime")

@@ -16,9 +16,9 @@ from typing import Any, BinaryIO
 import regex
 from pydantic import Field, field_validator
 
-from worker.contract.errors import ToolqError
 from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES, answer_budget
 from worker.contract.wire import glob_segments
+from worker.exceptions import PathNotFoundError, SearchTimeUp, WorkspaceError
 from worker.tools import paths
 from worker.tools.filesystem import BINARY_PROBE_BYTES, WorkspaceTool
 from worker.tools.interface import ToolArgs, TruncatedText
@@ -31,10 +31,6 @@ DEFAULT_TIME_BUDGET_S = 5.0
 MAX_LINE_BYTES = 1 << 20
 #: Longest line shown in a match; the rest is cut.
 MAX_SHOWN_LINE_CHARS = 500
-
-
-class SearchTimeUp(ToolqError):
-    """The search spent its time budget."""
 
 
 @dataclass
@@ -144,13 +140,13 @@ class SearchTextTool(SearchTool):
         for target in targets:
             try:
                 search.path(target)
-            except paths.WorkspaceError as exc:
+            except WorkspaceError as exc:
                 problems.append(str(exc))
             except SearchTimeUp:
                 timed_out = True
                 break
         if len(problems) == len(targets):
-            raise paths.WorkspaceError("; ".join(problems))
+            raise WorkspaceError("; ".join(problems))
         notes = [f"[not searched: {problem}]" for problem in problems]
         if search.binary_skipped:
             notes.append(f"[{paths.counted(search.binary_skipped, 'binary file')} skipped]")
@@ -200,14 +196,14 @@ class _TextSearch:
         info = self.workspace.lstat(target)
         where = self.workspace.relative(target)
         if info is None:
-            raise paths.PathNotFoundError(f"{paths.shown(where)} does not exist")
+            raise PathNotFoundError(f"{paths.shown(where)} does not exist")
         if stat.S_ISDIR(info.st_mode):
             self.tree(target)
         elif stat.S_ISREG(info.st_mode):
             with self.workspace.parent(target) as (dir_fd, name):
                 self.file(dir_fd, name, where)
         else:
-            raise paths.WorkspaceError(f"{paths.shown(where)} is {paths.file_kind(info.st_mode)}")
+            raise WorkspaceError(f"{paths.shown(where)} is {paths.file_kind(info.st_mode)}")
 
     def tree(self, top: Path) -> None:
         if self.literal is not None:
@@ -225,7 +221,7 @@ class _TextSearch:
                 where = self.workspace.relative(top / rel / name)
                 try:
                     self.file(dir_fd, name, where)
-                except paths.WorkspaceError:
+                except WorkspaceError:
                     continue  # a link, pipe or device in a tree is passed over
 
     def listed(self, top: Path, relatives: list[str]) -> None:
@@ -239,9 +235,9 @@ class _TextSearch:
                         path = top / relative
                         try:
                             self.file(dir_fd, path.name, self.workspace.relative(path))
-                        except paths.WorkspaceError:
+                        except WorkspaceError:
                             continue
-            except paths.WorkspaceError:
+            except WorkspaceError:
                 continue  # the directory went, or became a link, since ripgrep listed it
 
     def file(self, dir_fd: int, name: str, where: str) -> None:
@@ -357,7 +353,7 @@ class Glob:
         try:
             segments = glob_segments(pattern)
         except ValueError as exc:
-            raise paths.WorkspaceError(f"the pattern {paths.shown(pattern)} {exc}") from None
+            raise WorkspaceError(f"the pattern {paths.shown(pattern)} {exc}") from None
         return cls(segments, dirs_only=pattern.endswith("/"))
 
     def start(self) -> frozenset[int]:

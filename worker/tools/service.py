@@ -44,13 +44,14 @@ from worker.contract.operations import (
     RemoveWorkspaceAnswer,
     WireAnswer,
 )
+from worker.exceptions import PathNotFoundError, WorkspaceError
 from worker.retention import remove_held, run_ids
 from worker.sandbox import SandboxConfig
 from worker.sessions.holders import RunSessions
 from worker.tools.bash import command_answer, working_directory
 from worker.tools.commands import run_command
 from worker.tools.interface import ExecutableTool
-from worker.tools.paths import PathNotFoundError, WorkspaceError, shown
+from worker.tools.paths import shown
 from worker.tools.runtime import current_runtime
 from worker.tools.search import Glob
 from worker.tools.workspace import Workspace

@@ -9,9 +9,10 @@ from typing import Any
 from pydantic import Field
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
+from worker.exceptions import WorkspaceError
 from worker.tools.context import ToolContext
 from worker.tools.interface import ExecutableTool, ToolArgs
-from worker.tools.paths import WorkspaceError, counted, shown
+from worker.tools.paths import counted, shown
 from worker.tools.workspace import Workspace
 
 

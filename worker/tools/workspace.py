@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, NoReturn
 
-from worker.tools.paths import ConfinedPaths, PathNotFoundError, WorkspaceError, file_kind, shown
+from worker.exceptions import PathNotFoundError, WorkspaceError
+from worker.tools.paths import ConfinedPaths, file_kind, shown
 
 __all__ = ["DirectoryEntry", "PathNotFoundError", "Workspace", "WorkspaceError"]
 

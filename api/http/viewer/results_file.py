@@ -17,8 +17,9 @@ from array import array
 from pathlib import Path
 from typing import Any
 
-from api.batch.record import BatchRecord, NotABatchRecord
+from api.batch.record import BatchRecord
 from api.batch.summary import UNREADABLE, ItemSummary
+from api.exceptions import NotABatchRecord
 from api.http.viewer.sources import BatchView
 from api.state.listing import Listed, ListQuery
 

@@ -10,12 +10,13 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from api.agents.client import ConversationClient, NoAgentsError
+from api.agents.client import ConversationClient
 from api.agents.live_run import run_record
 from api.agents.messages import ConversationRequest, ConversationResult
 from api.agents.store import ConversationStore
 from api.batch.items import BatchItem
 from api.conversation.agent_options import AgentOptions
+from api.exceptions import NoAgentsError
 from api.settings import OrchestratorSettings
 from tests.conftest import RedisServer, until
 from worker.contract.keys import conversation_keys as k

@@ -11,10 +11,11 @@ import pytest
 
 from api.batch.attempts import Attempt
 from api.batch.progress import BatchStats
-from api.batch.record import BatchRecord, NotABatchRecord
+from api.batch.record import BatchRecord
 from api.batch.report import build_report
 from api.batch.results import ResultLog, read_latest
 from api.batch.summary import ItemSummary
+from api.exceptions import NotABatchRecord
 from api.http.viewer.results_file import ResultsFile
 from tests.api.batch.conftest import write_lines
 

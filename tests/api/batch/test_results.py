@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from api.batch.results import OutputBusyError, ResultLog, read_latest
+from api.batch.results import ResultLog, read_latest
+from api.exceptions import OutputBusyError
 from tests.api.batch.conftest import record, write_lines
 
 

@@ -22,7 +22,8 @@ from api.batch.runner import run_item, run_items
 from api.batch.tag import batch_run_id, batch_tag_for_output
 from api.calls.dispatch import Dispatcher
 from api.calls.fleet import Fleet
-from api.model.client import ChatModel, ModelError, ModelToolCall, ModelTurn, RetryPolicy, Usage
+from api.exceptions import ModelError
+from api.model.client import ChatModel, ModelToolCall, ModelTurn, RetryPolicy, Usage
 from api.process.logs import current_context
 from api.settings import OrchestratorSettings
 from tests.api.batch.conftest import record, write_lines

@@ -16,15 +16,16 @@ from openai import AsyncOpenAI
 
 from api.conversation.agent import Agent, AgentOptions
 from api.conversation.events import FinalAnswer, TextDelta, ToolCallFinished, ToolCallStarted
-from api.model.client import ChatModel, ModelError, RetryPolicy
+from api.exceptions import ModelError
+from api.model.client import ChatModel, RetryPolicy
 from api.scripted.script import Script
 from api.scripted.server import ScriptedServer
 from api.settings import get_settings
 from tests.conftest import WorkerFleet, orchestrator_settings, wait_for
 from worker.contract.settings import get_worker_settings
+from worker.exceptions import DuplicateToolError
 from worker.tools.functions import tool
 from worker.tools.interface import ExecutableTool
-from worker.tools.registry import DuplicateToolError
 
 pytestmark = pytest.mark.integration
 

@@ -15,9 +15,10 @@ import fakeredis
 import httpx
 import pytest
 
+from api.exceptions import ImageUnavailable
 from api.http.app import create_app
 from api.images.sources import is_public, tenant_image_refusal
-from api.runs.environment import ImageUnavailable, RunEnvironment
+from api.runs.environment import RunEnvironment
 from tests.api.http.conftest import FLEET, StubExecutor, api_settings, fake_redis, serving
 from worker.contract.image_sources import ImageSources
 

@@ -18,10 +18,11 @@ from inspect_ai.util._sandbox.limits import override_max_read_file_size
 
 from api.calls.dispatch import Dispatcher
 from api.calls.fleet import Fleet
+from api.exceptions import FileProblemError, ServiceCallError, ToolqSandboxError
 from api.inspect_sandbox import ToolqSandboxEnvironment
-from api.inspect_sandbox.contract import ToolqSandboxError, call_error, exec_outcome, file_error
+from api.inspect_sandbox.contract import call_error, exec_outcome, file_error
 from api.inspect_sandbox.owners import new_run_id, owner_of
-from api.runs.workspace import CommandResult, FileProblemError, RunWorkspace, ServiceCallError
+from api.runs.workspace import CommandResult, RunWorkspace
 from api.settings import OrchestratorSettings
 from worker.contract.wire import RUN_ID_PATTERN
 

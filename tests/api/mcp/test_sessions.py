@@ -7,7 +7,8 @@ from typing import cast
 import pytest
 
 from api.calls.dispatch import Dispatcher
-from api.calls.fleet import Fleet, NoWorkersError
+from api.calls.fleet import Fleet
+from api.exceptions import NoWorkersError
 from api.mcp.server import SessionRuns, ToolChoice
 from tests.api.http.conftest import FLEET
 

@@ -11,12 +11,12 @@ from typing import Any, cast
 import pytest
 from aiohttp import web
 
+from api.exceptions import ModelError, UnusableAnswer
 from api.local.stack import free_port
 from api.model.body import EncodedBodies, chat_body
 from api.model.client import (
     PLATFORM_HEADERS,
     ChatModel,
-    ModelError,
     ModelToolCall,
     ModelTurn,
     RetryPolicy,
@@ -27,7 +27,7 @@ from api.model.client import (
     Usage,
     model_client,
 )
-from api.model.turn import UnusableAnswer, turn_from_body
+from api.model.turn import turn_from_body
 from api.scripted.server import ScriptedServer
 from api.settings import OrchestratorSettings
 from tests.conftest import scripted_server

@@ -13,8 +13,9 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 
+from api.exceptions import FleetUnreachableError
 from api.local.stack import free_port, redis_server_argv
-from api.process.connections import FleetUnreachableError, check_connections
+from api.process.connections import check_connections
 from tests.conftest import RedisServer, wait_for
 from tests.rabbitmq import AMQP_URL, require_rabbitmq, with_wrong_password
 from worker.contract.settings import FleetSettings

@@ -10,12 +10,8 @@ import pytest
 
 from api.calls.dispatch import Dispatcher
 from api.calls.fleet import Fleet, load_fleet
-from api.runs.workspace import (
-    FileProblemError,
-    RunWorkspace,
-    ServiceCallError,
-    calls_end_within_s,
-)
+from api.exceptions import FileProblemError, ServiceCallError
+from api.runs.workspace import RunWorkspace, calls_end_within_s
 from tests.conftest import WorkerFleet, until
 
 pytestmark = pytest.mark.integration

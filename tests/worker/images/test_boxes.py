@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import wait_for
 from tests.worker.images.builders import Images
 from tests.worker.images.conftest import MAX_PROCESSES, Host
-from worker.contract.image_errors import EnvironmentLost, ImageError
+from worker.contract.errors import EnvironmentLost, ImageError
 from worker.images.boxes import BoxRecord
 from worker.images.calls import run_in_box
 from worker.images.mounts import is_mount

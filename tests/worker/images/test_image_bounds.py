@@ -10,7 +10,7 @@ import pytest
 
 from tests.worker.images.builders import Images, build_image
 from tests.worker.images.conftest import Host
-from worker.contract.image_errors import ImageError
+from worker.contract.errors import ImageError
 from worker.contract.image_reference import ImageReference
 from worker.images.boxes import BoxRecord
 from worker.images.fetch import LayerBlob, Tools

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from worker.contract.image_errors import ImageError
+from worker.contract.errors import ImageError
+from worker.exceptions import TooLarge
 from worker.images.fetch import LAYOUT_TAG
-from worker.images.layers import TooLarge, unpacked_bytes
+from worker.images.layers import unpacked_bytes
 
 OCI_LAYER = "application/vnd.oci.image.layer.v1.tar"
 MiB = 1 << 20

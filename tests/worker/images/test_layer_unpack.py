@@ -20,10 +20,11 @@ import pytest
 from tests.worker.images.builders import images_folder
 from tests.worker.images.conftest import Host
 from tests.worker.images.test_layer_count import OCI_LAYER, layout_of, tar_of
-from worker.contract.image_errors import ImageError
+from worker.contract.errors import ImageError
+from worker.exceptions import BadEntry
 from worker.images.fetch import LAYOUT_TAG
 from worker.images.mounts import image_view
-from worker.images.unpack import BadEntry, entry_parts, unpack_layer
+from worker.images.unpack import entry_parts, unpack_layer
 
 GZIP_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
 CORPUS = Path(__file__).parents[3] / ".." / "shared" / "corpus" / "path-traversal"

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from worker.contract.image_errors import ImageError
+from worker.contract.errors import ImageError
 from worker.contract.image_reference import IMAGE_REFERENCE_PATTERN, parse_reference
 
 DIGEST = "sha256:" + "ab" * 32

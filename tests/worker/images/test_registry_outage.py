@@ -22,7 +22,7 @@ from api.local.stack import free_port
 from tests.conftest import wait_for
 from tests.worker.images.builders import Images
 from tests.worker.images.conftest import Host
-from worker.contract.image_errors import ImageError
+from worker.contract.errors import ImageError
 from worker.images.boxes import Boxes
 from worker.images.fetch import Tools
 

@@ -17,7 +17,7 @@ import pytest
 
 from tests.worker.images.builders import Images
 from tests.worker.images.conftest import Host
-from worker.contract.image_errors import ImageError
+from worker.contract.errors import ImageError
 from worker.contract.image_sources import ImageSources
 from worker.contract.settings import WorkerSettings
 from worker.images.boxes import Boxes, BoxRecord

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from worker.contract.mcp_servers import McpConfigError, McpServerConfig, load_servers
+from worker.contract.errors import McpConfigError
+from worker.contract.mcp_servers import McpServerConfig, load_servers
 from worker.contract.settings import WorkerSettings
 
 GOOD = {"name": "files", "command": "mcp-files", "args": ["--root", "/srv"], "pool": "tools"}

@@ -10,8 +10,9 @@ from typing import Annotated, Any
 import pytest
 from pydantic import BaseModel, Field
 
+from worker.exceptions import DuplicateToolError
 from worker.tools.functions import tool
-from worker.tools.registry import DuplicateToolError, ToolRegistry
+from worker.tools.registry import ToolRegistry
 
 
 class Point(BaseModel):

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
+from worker.exceptions import DuplicateToolError
 from worker.tools.context import ToolContext
 from worker.tools.interface import ExecutableTool
-from worker.tools.registry import DuplicateToolError, ToolRegistry
+from worker.tools.registry import ToolRegistry
 
 
 class EchoArgs(BaseModel):

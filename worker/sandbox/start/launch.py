@@ -30,9 +30,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from worker.exceptions import SandboxError
 from worker.sandbox.bounded import wait_at_most
 from worker.sandbox.call_cgroup import CallGroup
-from worker.sandbox.config import REAP_BOUND_S, SAFE_PATH, SHELL, SandboxConfig, SandboxError
+from worker.sandbox.config import REAP_BOUND_S, SAFE_PATH, SHELL, SandboxConfig
 from worker.sandbox.host_registry import HostRegistry
 from worker.sandbox.keyrings import own_session_keyring
 from worker.sandbox.layers import LAYER_SESSION_KEYRING

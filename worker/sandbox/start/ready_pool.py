@@ -13,8 +13,9 @@ import threading
 import time
 from collections.abc import Callable
 
+from worker.exceptions import SandboxError
 from worker.sandbox.bounded import join_at_most
-from worker.sandbox.config import REAP_BOUND_S, SandboxConfig, SandboxError
+from worker.sandbox.config import REAP_BOUND_S, SandboxConfig
 from worker.sandbox.ending import Ending
 from worker.sandbox.plan import Plan
 from worker.sandbox.start.launch import CONFIRM_BOUND_S, Launch, launch, made_now

@@ -18,8 +18,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Protocol
 
+from worker.exceptions import SandboxError
 from worker.sandbox.bounded import wait_at_most
-from worker.sandbox.config import COMMAND_ENV, REAP_BOUND_S, SandboxError
+from worker.sandbox.config import COMMAND_ENV, REAP_BOUND_S
 from worker.sandbox.pidfd import exit_status
 from worker.sandbox.start.spawner_process import MAX_MESSAGE
 
