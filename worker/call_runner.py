@@ -148,6 +148,7 @@ class CallRunner:
                 workspace_lock=held,
                 environment=request.environment,
                 network=NetworkPolicy.parse(request.network),
+                limits=request.limits,
             )
             with running(runtime):
                 result = self._run(request, pool, runtime, loop or self._loop)
@@ -188,6 +189,9 @@ class CallRunner:
                 f"Error: tool {request.tool!r} is not available (disabled on this fleet).",
                 self.worker_name,
             )
+        over = self._over_limits(request)
+        if over is not None:
+            return over
         if tool is not None:
             refusal = self._refusal(request, tool, pool)
             if refusal is not None:
@@ -227,6 +231,22 @@ class CallRunner:
             worker=self.worker_name,
             usage=runtime.usage,
             holder=runtime.holder,
+        )
+
+    def _over_limits(self, request: ToolCallRequest) -> ToolCallResult | None:
+        """The refusal of a call whose run asks more than this fleet allows: its caller checks
+        too, before the run starts; a worker holds the line whoever sent the call."""
+        if request.limits is None:
+            return None
+        settings = self.settings
+        over = settings.limits_max.refusal(request.limits, settings.max_timeout_ms)
+        if over is None:
+            return None
+        return ToolCallResult.failure(
+            request,
+            "bad_request",
+            f"Error: {request.tool} was not started: {over}.",
+            self.worker_name,
         )
 
     def _refusal(

@@ -5,8 +5,10 @@ default, else the fleet's (``TOOLQ_DEFAULT_TIMEOUT_MS``); never above ``TOOLQ_MA
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
+from worker.contract.run_limits import RunLimits
 from worker.contract.settings import FleetSettings
 from worker.contract.wire import ToolCallRequest, ToolContextSnapshot, ToolSpec
 
@@ -70,6 +72,7 @@ def limited_request(
     now: float,
     wait_beyond_limit_s: float = 0.0,
     reply_to: str | None = None,
+    limits: RunLimits | None = None,
 ) -> ToolCallRequest:
     """A request for ``spec`` whose limit follows the rule above; nobody waits for its answer
     past ``now`` plus that limit plus ``wait_beyond_limit_s`` (the time a queue and a reply
@@ -81,6 +84,9 @@ def limited_request(
         arguments=arguments,
         tool_default_ms=spec.default_timeout_ms,
     )
+    if limits is not None and limits.timeout_s is not None:
+        # The run's time limit bounds each call; a command stops itself at it and reports.
+        limit = min(limit, math.ceil(limits.timeout_s * 1000) + REPORT_MARGIN_MS)
     return ToolCallRequest(
         task_id=task_id,
         tool_call_id=tool_call_id,
@@ -91,4 +97,5 @@ def limited_request(
         timeout_ms=limit,
         deadline=now + limit / 1000 + wait_beyond_limit_s,
         reply_to=reply_to,
+        limits=limits,
     )

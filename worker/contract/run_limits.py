@@ -81,7 +81,7 @@ class LimitsMax(BaseModel):
         for name in ("memory_mb", "pids", "cpu"):
             asked, most = getattr(limits, name), getattr(self, name)
             if asked is not None and asked > most:
-                over.append(f"{name}={asked:g} (at most {most:g})")
+                over.append(f"{name}={asked} (at most {most})")
         if not over:
             return None
         return f"the run asks more than this fleet allows: {', '.join(over)}"

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from worker.contract.errors import ErrorKind
 from worker.contract.network import NetworkValue
+from worker.contract.run_limits import RunLimits
 
 #: The worker pools: ``tools`` for file, search, session and plugin tools; ``sandbox`` for
 #: commands (run_bash), kept on workers of their own.
@@ -150,6 +151,11 @@ class ResourceUsage(BaseModel):
         None, description="Processes still running at the end (or the timeout), killed."
     )
     oom_killed: bool = Field(False, description="The memory limit stopped a process.")
+    limits: RunLimits | None = Field(
+        None,
+        description="The limits the command ran under: the run's where it asked (``limits``), "
+        "else the worker's defaults; cpu null: no CPU limit held.",
+    )
     network_allowed: int | None = Field(
         None, description="Connections the run's network let through (null: no network)."
     )
@@ -186,6 +192,11 @@ class ToolCallRequest(BaseModel):
         "none",
         description='The run\'s network: "none" (loopback alone), "full", or the destinations '
         "(host:port, CIDR:port) its commands may reach through the worker's proxy.",
+    )
+    limits: RunLimits | None = Field(
+        None,
+        description="The run's own limits for its commands (time, memory, processes, CPU), "
+        "within the fleet's maximums (``TOOLQ_LIMITS_MAX_*``); None: the worker's defaults.",
     )
     send_number: int = Field(
         1,

@@ -209,7 +209,10 @@ def _run(
         else:
             ready.close()
             ready.group.remove()
-        launcher.prepare(plan, config)
+        if not config.run_limits:
+            # Launches made ahead for any run are for the worker's own limits: a run that
+            # asked for its own has those made for it alone (``prepare_for_run``) or now.
+            launcher.prepare(plan, config)
 
 
 def _egress_for(ready: Launch, network: NetworkPolicy) -> Egress:

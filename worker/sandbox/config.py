@@ -58,6 +58,8 @@ class SandboxConfig:
     workspace_root: str | None = None
     #: Each run's workspace is a file system of this many bytes (``volumes``); 0: none.
     volume_bytes: int = 0
+    #: The limits in ``settings`` are a run's own (``with_limits``), not the worker's.
+    run_limits: bool = False
 
     def with_limits(self, limits: RunLimits | None) -> SandboxConfig:
         """This configuration with a run's own memory, process and CPU limits, where it asks."""
@@ -71,7 +73,7 @@ class SandboxConfig:
         update = {name: value for name, value in asked.items() if value is not None}
         if not update:
             return self
-        return replace(self, settings=self.settings.model_copy(update=update))
+        return replace(self, settings=self.settings.model_copy(update=update), run_limits=True)
 
     @property
     def uid_range(self) -> UidRange | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar
@@ -10,15 +11,16 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, Field, field_validator
 
 from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES, cap_in_words
+from worker.contract.run_limits import RunLimits
 from worker.contract.settings import get_worker_settings
 from worker.contract.variables import Variables
-from worker.contract.wire import CommandAnswer, StreamsCut
+from worker.contract.wire import CommandAnswer, ResourceUsage, StreamsCut
 from worker.exceptions import WorkspaceError
 from worker.sandbox import SandboxConfig, SandboxResult
 from worker.tools.commands import run_command
 from worker.tools.interface import ExecutableTool, ToolArgs
 from worker.tools.paths import shown
-from worker.tools.runtime import admit_current_call, report_usage
+from worker.tools.runtime import admit_current_call, current_limits, report_usage
 from worker.tools.workspace import Workspace
 
 MAX_TIMEOUT_MS = 600_000
@@ -94,19 +96,27 @@ class RunBashTool(ExecutableTool):
 
     def execute(self, args: dict[str, Any]) -> str:
         cwd = working_directory(self._workspace, args.get("cwd"))
+        # The run's own limits, where it asked: its time bounds the command's timeout.
+        limits = current_limits()
+        config = self._config.with_limits(limits)
+        timeout_ms = args.get("timeout", DEFAULT_TIMEOUT_MS)
+        if limits is not None and limits.timeout_s is not None:
+            timeout_ms = min(timeout_ms, math.ceil(limits.timeout_s * 1000))
         result = run_command(
             args["command"],
             cwd=cwd,
             home=self._workspace.root,
             env=args.get("env") or {},
-            timeout_ms=args.get("timeout", DEFAULT_TIMEOUT_MS),
-            config=self._config,
+            timeout_ms=timeout_ms,
+            config=config,
             before_start=admit_current_call,
             identity=self._workspace.owner,
         )
         answer = command_answer(result)
-        if answer.usage is not None:
-            report_usage(answer.usage)
+        applied = applied_limits(config, timeout_ms)
+        usage = (answer.usage or ResourceUsage()).model_copy(update={"limits": applied})
+        answer = answer.model_copy(update={"usage": usage})
+        report_usage(usage)
         return answer.model_dump_json()
 
     def with_notice(self, output: str, notice: str) -> str:
@@ -118,6 +128,18 @@ class RunBashTool(ExecutableTool):
             return super().with_notice(output, notice)
         answer["notice"] = notice
         return json.dumps(answer, ensure_ascii=False)
+
+
+def applied_limits(config: SandboxConfig, timeout_ms: int) -> RunLimits:
+    """The limits a command ran under, as its answer tells them. A CPU limit is carried and
+    checked against the fleet's maximum but no control group holds one yet: null says so."""
+    settings = config.settings
+    return RunLimits(
+        timeout_s=timeout_ms / 1000,
+        memory_mb=settings.memory_mb,
+        pids=settings.max_processes,
+        cpu=None,
+    )
 
 
 def command_answer(result: SandboxResult) -> CommandAnswer:

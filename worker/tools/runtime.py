@@ -12,6 +12,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 
 from worker.contract.network import NetworkPolicy
+from worker.contract.run_limits import RunLimits
 from worker.contract.wire import ResourceUsage, ToolContextSnapshot
 from worker.tools.context import ToolContext
 from worker.tools.paths import _Location
@@ -38,6 +39,8 @@ class CallRuntime:
     environment: str | None = None
     #: The run's network (``worker.egress``); None: loopback alone.
     network: NetworkPolicy | None = None
+    #: The run's own limits for its commands (``worker.contract.run_limits``); None: defaults.
+    limits: RunLimits | None = None
 
 
 _current: ContextVar[CallRuntime] = ContextVar("toolq_call_runtime")
@@ -68,6 +71,13 @@ def admit_current_call() -> None:
     runtime = _current.get(None)
     if runtime is not None and runtime.admit is not None:
         runtime.admit()
+
+
+def current_limits() -> RunLimits | None:
+    """The limits the running call's run asked for its commands; None: the worker's defaults,
+    or outside a call."""
+    runtime = _current.get(None)
+    return None if runtime is None else runtime.limits
 
 
 def current_network() -> NetworkPolicy | None:
