@@ -13,6 +13,7 @@ import typer
 
 from api.commands.checks import (
     checked_image,
+    checked_limits,
     checked_network,
     checked_settings,
     console,
@@ -131,6 +132,13 @@ def run(
             "TOOLQ_NETWORK_ALLOWED permits."
         ),
     ] = None,
+    limits: Annotated[
+        str | None,
+        typer.Option(
+            help="The run's own limits for its commands: timeout_s, memory_mb, pids, cpu, "
+            "e.g. memory_mb=512,pids=64 (or a JSON object), each at most TOOLQ_LIMITS_MAX_*."
+        ),
+    ] = None,
 ) -> None:
     """Run one conversation against OPENAI_BASE_URL / OPENAI_API_KEY and print the answer.
 
@@ -141,6 +149,7 @@ def run(
     checked_settings()
     checked_image(image)
     checked_network(network)
+    run_limits = checked_limits(limits)
     reachable_fleet()
     from api.commands.conversation import run_conversation
 
@@ -158,6 +167,7 @@ def run(
         image=image,
         recreate=recreate,
         network=network,
+        limits=run_limits,
     )
     raise typer.Exit(code)
 

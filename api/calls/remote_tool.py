@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from worker.contract.run_limits import RunLimits
 from worker.contract.wire import ToolCallRequest, ToolCallResult, ToolContextSnapshot, ToolSpec
 from worker.tools.interface import ProxyTool, ToolOutcome
 
@@ -52,6 +53,7 @@ class RemoteTool(ProxyTool):
         context: Callable[[], ToolContextSnapshot],
         new_task_id: Callable[[], str],
         timeout_ms: int | None = None,
+        limits: RunLimits | None = None,
     ) -> None:
         self.spec = spec
         self.name = spec.name
@@ -68,6 +70,8 @@ class RemoteTool(ProxyTool):
         self._context = context
         self._new_task_id = new_task_id
         self._timeout_ms = timeout_ms
+        #: The run's own limits, carried by each call (the worker applies them).
+        self._limits = limits
 
     # A proxy's schema is its spec's, as its workers published it.
     def get_schema(self) -> dict[str, Any]:
@@ -87,6 +91,8 @@ class RemoteTool(ProxyTool):
             context=self._context() if self.spec.reads_context else None,
             timeout_ms=self._timeout_ms,
         )
+        if self._limits is not None:
+            request = request.model_copy(update={"limits": self._limits})
         result = await self._dispatcher.call(request, self.spec.pool)
         return ToolOutcome(
             result.output,

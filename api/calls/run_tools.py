@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 
 from api.calls.fleet import Fleet
 from api.calls.remote_tool import CallSender, RemoteTool
+from worker.contract.run_limits import RunLimits
 from worker.contract.wire import ToolContextSnapshot, ToolSpec
 from worker.tools.registry import ToolRegistry
 
@@ -30,6 +31,7 @@ class RunTools:
         *,
         fleet: Fleet | None = None,
         timeout_ms: int | None = None,
+        limits: RunLimits | None = None,
         enable: Iterable[str] = (),
         disable: Iterable[str] = (),
         registry: ToolRegistry | None = None,
@@ -46,7 +48,7 @@ class RunTools:
             if not spec.for_model:
                 continue
             self.registry.register(
-                RemoteTool(spec, sender, run_id, context, self.next_task_id, timeout_ms)
+                RemoteTool(spec, sender, run_id, context, self.next_task_id, timeout_ms, limits)
             )
             if not spec.enabled_by_default:
                 self.registry.disable(spec.name)

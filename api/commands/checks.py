@@ -7,6 +7,7 @@ import typer
 from rich.console import Console
 
 from api.settings import check_settings, get_settings
+from worker.contract.run_limits import RunLimits
 from worker.contract.settings_check import exit_on_bad_settings
 
 console = Console(highlight=False)
@@ -54,6 +55,27 @@ def checked_image(image: str | None) -> None:
     except ImageError as exc:
         err.print(f"error: {exc}", markup=False)
         raise typer.Exit(2) from None
+
+
+def checked_limits(limits: str | None) -> RunLimits | None:
+    """``--limits`` as the run's own limits; one that is not well formed, or asks for more than
+    TOOLQ_LIMITS_MAX_* (or TOOLQ_MAX_TIMEOUT_MS) allow, stops the command in one line, exit
+    status 2, before anything runs."""
+    if limits is None:
+        return None
+    from api.settings import get_settings
+
+    try:
+        parsed = RunLimits.parse(limits)
+    except ValueError as exc:
+        err.print(f"error: --limits: {exc}", markup=False, soft_wrap=True, highlight=False)
+        raise typer.Exit(2) from None
+    settings = get_settings()
+    over = settings.limits_max.refusal(parsed, settings.max_timeout_ms)
+    if over is not None:
+        err.print(f"error: {over}", markup=False, soft_wrap=True, highlight=False)
+        raise typer.Exit(2)
+    return parsed
 
 
 def checked_network(network: str | None) -> None:

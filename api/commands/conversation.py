@@ -17,6 +17,7 @@ from api.conversation.placement import fleet_started, place
 from api.exceptions import ImageUnavailable, LocalStackError, ModelError, NoWorkersError
 from api.model.client import ChatModel, model_client
 from api.settings import OrchestratorSettings, get_settings
+from worker.contract.run_limits import RunLimits
 
 DEMO_PROMPT = (
     "Write a short note about toolq to notes.txt, read it back, find where it mentions Celery, "
@@ -48,6 +49,7 @@ def run_conversation(
     image: str | None = None,
     recreate: bool = False,
     network: str | None = None,
+    limits: RunLimits | None = None,
 ) -> int:
     """``toolq run``: 0 once the conversation ended (the model answered, or the turn limit
     stopped it), 1 if it could not start or end (an image that cannot be run included), 2
@@ -58,6 +60,8 @@ def run_conversation(
         options |= {"image": image, "recreate": recreate}
     if network is not None:
         options["network"] = network
+    if limits is not None:
+        options["limits"] = limits
     if system is not None:
         options["system_prompt"] = system
     if max_turns is not None:

@@ -11,6 +11,7 @@ from api.conversation.events import ToolCallFinished
 from api.images.fields import ImageFields
 from api.model.client import ModelToolCall
 from worker.contract.network import NetworkFields
+from worker.contract.run_limits import RunLimits
 from worker.contract.wire import RUN_ID_PATTERN
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -39,6 +40,12 @@ class AgentOptions(ImageFields, NetworkFields):
     enable: list[str] = Field(default_factory=list, description="Tools to switch on.")
     disable: list[str] = Field(default_factory=list, description="Tools to switch off.")
     tool_timeout_ms: int | None = Field(None, gt=0, description="Per-call deadline override.")
+    limits: RunLimits | None = Field(
+        None,
+        description='The run\'s own limits for its commands, e.g. {"timeout_s": 10, '
+        '"memory_mb": 512, "pids": 64}: each at most TOOLQ_LIMITS_MAX_* (the time: '
+        "TOOLQ_MAX_TIMEOUT_MS); unset fields are the workers' defaults.",
+    )
     time_limit_s: float | None = Field(
         None, gt=0, description="Wall time the conversation may take; then it stops (time_limit)."
     )

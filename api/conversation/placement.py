@@ -22,7 +22,8 @@ from api.calls.run_tools import RunTools, enable_tool
 from api.conversation.agent_options import ORCHESTRATOR, AgentOptions
 from api.runs.environment import RunEnvironment
 from api.settings import OrchestratorSettings
-from worker.contract.errors import NetworkRefused
+from worker.contract.errors import LimitsRefused, NetworkRefused
+from worker.contract.run_limits import RunLimits
 from worker.contract.settings import FleetSettings, WorkerSettings, get_worker_settings
 from worker.contract.wire import AGENTS_QUEUE, POOLS, ToolContextSnapshot
 from worker.tools.registry import ToolRegistry
@@ -229,8 +230,19 @@ class ConversationTools:
             run_id,
             context,
             timeout_ms=options.tool_timeout_ms,
+            limits=self._checked_limits(options),
             registry=self.registry,
         )
+
+    def _checked_limits(self, options: AgentOptions) -> RunLimits | None:
+        """The run's own limits; ``LimitsRefused`` before anything runs where they ask more
+        than the fleet allows."""
+        if options.limits is None:
+            return None
+        over = self.settings.limits_max.refusal(options.limits, self.settings.max_timeout_ms)
+        if over is not None:
+            raise LimitsRefused(over)
+        return options.limits
 
     def _add_fleet_tools(
         self,
@@ -259,6 +271,7 @@ class ConversationTools:
             context,
             fleet=self.fleet,
             timeout_ms=options.tool_timeout_ms,
+            limits=self._checked_limits(options),
             registry=self.registry,
         )
         self.environment = RunEnvironment.for_run(self._dispatcher, self.fleet, run_id, options)

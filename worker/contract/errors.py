@@ -12,6 +12,7 @@ side's module (``worker.exceptions``, ``api.exceptions``), each with its part of
      ├── SettingsError (ValueError)       settings that cannot be used, one line for each
      ├── McpConfigError (ValueError)      the MCP servers file cannot be used
      ├── NetworkRefused (ValueError)      a run's network not well formed, or not allowed
+     ├── LimitsRefused (ValueError)       a run's limits above what the fleet allows
      ├── SessionGone (RuntimeError)       a run's shell session is no more
      │    ├── SessionLost                 its worker stopped, and the shell with it
      │    └── SessionEnded                it ended as it should (idle, its run's end)
@@ -63,6 +64,10 @@ class McpConfigError(ToolqError, ValueError):
 
 class NetworkRefused(ToolqError, ValueError):
     """A ``network`` that is not well formed, or more than the operator allows: one line."""
+
+
+class LimitsRefused(ToolqError, ValueError):
+    """A run asks for more than the fleet allows (``limits``); the message says what."""
 
 
 #: What every line of a session that is gone ends with: the way to a new shell, which is never

@@ -65,6 +65,12 @@ async def _create_run(
     scoped = tenant if services.tenants.scoped else None
     network = (("body", "options", "network"), body.options.network)
     errors += network_errors([network], services.settings, scoped)
+    if body.options.limits is not None:
+        settings = services.settings
+        over = settings.limits_max.refusal(body.options.limits, settings.max_timeout_ms)
+        if over is not None:
+            where = ("body", "options", "limits")
+            errors.append({"loc": where, "msg": over, "type": "value_error"})
     if errors:
         raise RequestValidationError(errors)
     run_id = f"run-{uuid.uuid4().hex}"
