@@ -11,7 +11,9 @@ is stopped at its end.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from api.local.stack import redis_server_binary
+from api.local.stack import free_port, redis_server_binary
 from api.scripted.server import ScriptedServer
 from tests.docs.blocks import PYTHON, REPO, SHELL, Block, blocks, pages
 from tests.e2e.commands import clean_env
@@ -30,6 +32,10 @@ from tests.e2e.commands import clean_env
 #: The longest a page may take; each toolq command on a local stack starts one (seconds each).
 PAGE_TIMEOUT_S = 480
 RUNNABLE = [page for page in pages() if any(block.runs for block in blocks(page))]
+#: The ports the pages bind (a Redis, toolq serve, scripted models). A reader's machine has them
+#: free; this one may not (another suite, a fleet beside the tests): each page's run takes free
+#: ones in their place, the same throughout the page.
+PAGE_PORTS = re.compile(r"(?<![0-9])(6390|8000|8900|8917)(?![0-9])")
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +129,7 @@ def stop_group(process: subprocess.Popen[bytes]) -> None:
 def test_the_code_of_the_page_runs(page: Path, tmp_path: Path, model: ScriptedServer) -> None:
     folder = tmp_path / "reader"
     shutil.copytree(REPO / "examples", folder / "examples")
-    page_blocks = blocks(page)
+    page_blocks = on_free_ports(blocks(page))
     for block in page_blocks:
         if block.title is not None and block.not_run is None:
             (folder / block.title).write_text(block.code)
@@ -142,6 +148,16 @@ def test_the_code_of_the_page_runs(page: Path, tmp_path: Path, model: ScriptedSe
         f"a block of {page.relative_to(REPO)} failed (the last '>>>' names it):\n"
         f"--- stdout\n{tail(stdout, 3000)}\n--- stderr\n{tail(stderr, 6000)}"
     )
+
+
+def on_free_ports(page_blocks: list[Block]) -> list[Block]:
+    """The page's blocks with each port it binds replaced by a free one, consistently."""
+    ports: dict[str, str] = {}
+
+    def free(match: re.Match[str]) -> str:
+        return ports.setdefault(match.group(1), str(free_port()))
+
+    return [dataclasses.replace(b, code=PAGE_PORTS.sub(free, b.code)) for b in page_blocks]
 
 
 def tail(path: Path, chars: int) -> str:
