@@ -77,6 +77,11 @@ class CallWatch:
     secret: FleetSecret = field(init=False)
     #: Answers the started calls of workers that died (``api.calls.silent_workers``).
     silent_workers: SilentWorkers = field(init=False)
+    #: Calls whose deadline passed, each with how long it waited, for their last word.
+    _due_words: list[tuple[InFlight, float, asyncio.Future[ToolCallResult]]] = field(
+        default_factory=list, init=False
+    )
+    _words_task: asyncio.Task[None] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.silent_workers = SilentWorkers(self.redis)
@@ -209,30 +214,76 @@ class CallWatch:
 
     async def last_word(self, flight: InFlight, waited: float) -> ToolCallResult:
         """The answer to a call whose deadline passed without one: its stored answer, else what
-        is true of it: it may have run (``interrupted``) or never will (``no_answer``)."""
+        is true of it: it may have run (``interrupted``) or never will (``no_answer``).
+
+        Calls whose deadlines pass together are read together, in one transaction whatever
+        their number: hundreds of calls given up on at once hold one connection for one round
+        trip, not one connection each (a pool's bound would refuse them)."""
+        word: asyncio.Future[ToolCallResult] = asyncio.get_running_loop().create_future()
+        self._due_words.append((flight, waited, word))
+        if self._words_task is None or self._words_task.done():
+            self._words_task = asyncio.create_task(self._say_last_words(), name="toolq-last-words")
+        return await word
+
+    async def _say_last_words(self) -> None:
+        """Answer the calls waiting for their last word, a transaction per round: calls whose
+        deadline passes during one round are read in the next."""
+        while self._due_words:
+            due, self._due_words = self._due_words, []
+            try:
+                words = await self._last_words([(flight, waited) for flight, waited, _ in due])
+            except BaseException as exc:  # the callers hear of it rather than wait for ever
+                for _, _, word in due:
+                    if not word.done():
+                        word.set_exception(exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                continue
+            for (_, _, word), answer in zip(due, words, strict=True):
+                if not word.done():  # its caller may have been cancelled meanwhile
+                    word.set_result(answer)
+
+    async def _last_words(self, due: list[tuple[InFlight, float]]) -> list[ToolCallResult]:
+        try:
+            # One transaction: a worker that starts one of the calls now finds the caller's
+            # mark, and one that started it before is found.
+            async with self.redis.pipeline(transaction=True) as pipe:
+                for flight, _ in due:
+                    task_id = flight.request.task_id
+                    pipe.get(keys.result(task_id))
+                    pipe.set(
+                        keys.started(task_id),
+                        start_mark(CALLER_GAVE_UP, f"caller:{self.caller}"),
+                        nx=True,
+                        ex=self.settings.result_ttl_s,
+                    )
+                    pipe.get(keys.started(task_id))
+                replies = await pipe.execute()
+        except (RedisError, OSError) as exc:
+            return [_unreadable(flight.request, waited, exc) for flight, waited in due]
+        read = [replies[i : i + 3] for i in range(0, len(replies), 3)]
+        # Why the calls that never started did not: one look per pool, not per call.
+        pools = sorted(
+            {flight.pool for (flight, _), (_, claimed, _) in zip(due, read, strict=True) if claimed}
+        )
+        whys = {pool: await self._not_started_why(pool) for pool in pools}
+        return [
+            self._word(flight, waited, stored, claimed, mark, whys)
+            for (flight, waited), (stored, claimed, mark) in zip(due, read, strict=True)
+        ]
+
+    def _word(
+        self,
+        flight: InFlight,
+        waited: float,
+        stored: bytes | None,
+        claimed: bool | None,
+        mark: bytes | None,
+        whys: Mapping[str, str],
+    ) -> ToolCallResult:
+        """A call's last word from what its keys held at its deadline."""
         request = flight.request
         tool = request.tool
-        try:
-            # One transaction: a worker that starts the call now finds the caller's mark, and
-            # one that started it before is found.
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.get(keys.result(request.task_id))
-                pipe.set(
-                    keys.started(request.task_id),
-                    start_mark(CALLER_GAVE_UP, f"caller:{self.caller}"),
-                    nx=True,
-                    ex=self.settings.result_ttl_s,
-                )
-                pipe.get(keys.started(request.task_id))
-                stored, claimed, mark = await pipe.execute()
-        except (RedisError, OSError) as exc:
-            return ToolCallResult.failure(
-                request,
-                "interrupted",
-                f"Error: {tool} may have been interrupted: no answer came in {waited:.1f} s, "
-                f"and whether it started cannot be read (the result store is unreachable: "
-                f"{exc}); its outcome is unknown.",
-            )
         answer = self.own_answer(stored, flight)
         if answer is not None:
             return answer
@@ -245,12 +296,11 @@ class CallWatch:
                 f"came in {waited:.1f} s (the worker may have died, or its answer was lost); "
                 f"its outcome is unknown.{self._foreign_note(flight)}",
             )
-        why = await self._not_started_why(flight.pool)
         return ToolCallResult.failure(
             request,
             "no_answer",
-            f"Error: no answer for {tool} after {waited:.1f} s: {why}. It never started, and "
-            "will not start now.",
+            f"Error: no answer for {tool} after {waited:.1f} s: {whys[flight.pool]}. It never "
+            "started, and will not start now.",
         )
 
     def _foreign_note(self, flight: InFlight) -> str:
@@ -276,6 +326,16 @@ class CallWatch:
                 "runs, or the broker restarted moments ago)"
             )
         return f"none of the {len(workers)} live {pool!r} workers took it in time"
+
+
+def _unreadable(request: ToolCallRequest, waited: float, exc: Exception) -> ToolCallResult:
+    return ToolCallResult.failure(
+        request,
+        "interrupted",
+        f"Error: {request.tool} may have been interrupted: no answer came in {waited:.1f} s, "
+        f"and whether it started cannot be read (the result store is unreachable: {exc}); "
+        "its outcome is unknown.",
+    )
 
 
 #: The pause before a call is sent again doubles this many times at most (to 4 times

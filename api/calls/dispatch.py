@@ -48,6 +48,12 @@ log = logging.getLogger(__name__)
 #: A call that cannot be sent is answered this long before its deadline, so that the caller
 #: hears why rather than only that no answer came.
 _ANSWER_MARGIN_S = 0.5
+#: The connections a dispatcher holds to the result store at most, however many calls wait:
+#: its reads are batched (a transaction for all the calls due at once), so a few suffice, and
+#: more than the bound wait for one rather than fail with "Too many connections".
+REDIS_CONNECTIONS = 16
+#: How long a read waits for a free connection before it fails as the store being unreachable.
+CONNECTION_WAIT_S = 20.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,10 +66,16 @@ class _Outgoing:
 class Dispatcher:
     """Sends ``ToolCallRequest``s as Celery tasks and resolves their results."""
 
-    def __init__(self, settings: FleetSettings, *, celery_app: Celery | None = None) -> None:
+    def __init__(
+        self,
+        settings: FleetSettings,
+        *,
+        celery_app: Celery | None = None,
+        redis_connections: int = REDIS_CONNECTIONS,
+    ) -> None:
         self._settings = settings
         self._app = celery_app or _fail_fast(producer_app(settings))
-        self._redis = aioredis.Redis.from_url(settings.redis_url, health_check_interval=30)
+        self._redis = result_store_client(settings.redis_url, redis_connections)
         self.id = uuid.uuid4().hex
         self.reply_key = keys.reply(self.id)
         self._pending: dict[str, InFlight] = {}
@@ -303,6 +315,18 @@ class Dispatcher:
 
     def _malformed(self, _: bytes | str) -> None:
         self._watch.refused += 1
+
+
+def result_store_client(redis_url: str, connections: int) -> aioredis.Redis:
+    """A client of at most ``connections`` connections, where a command finding them all busy
+    waits for one (up to ``CONNECTION_WAIT_S``) instead of failing at once."""
+    pool = aioredis.BlockingConnectionPool.from_url(
+        redis_url,
+        max_connections=connections,
+        timeout=CONNECTION_WAIT_S,
+        health_check_interval=30,
+    )
+    return aioredis.Redis.from_pool(pool)
 
 
 def _unsent(request: ToolCallRequest, pool: str, exc: Exception) -> ToolCallResult:
