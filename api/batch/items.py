@@ -36,6 +36,7 @@ from worker.contract.network import (
     NetworkFields,
     network_refusal,
 )
+from worker.contract.run_limits import LimitsFields, LimitsMax
 from worker.contract.wire import glob_segments
 
 log = logging.getLogger(__name__)
@@ -130,9 +131,9 @@ FileContent = str | FileBytes
 Files = Annotated[dict[str, FileContent], BeforeValidator(_check_files)]
 
 
-class BatchItem(ImageFields, NetworkFields):
+class BatchItem(ImageFields, NetworkFields, LimitsFields):
     """One task of a batch: a line of the input file (its image: ``ImageFields``; its
-    network: ``NetworkFields``)."""
+    network: ``NetworkFields``; its own limits: ``LimitsFields``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -211,6 +212,8 @@ class ItemLimits:
     max_call_s: float = OrchestratorSettings.model_fields["max_timeout_ms"].default / 1000
     #: The network a line may ask for (TOOLQ_NETWORK_ALLOWED).
     network: NetworkAllowance = ONLY_NONE
+    #: The most a line's own limits may ask (TOOLQ_LIMITS_MAX_*).
+    limits_max: LimitsMax = field(default_factory=LimitsMax)
 
     @classmethod
     def from_settings(cls, settings: OrchestratorSettings) -> ItemLimits:
@@ -218,6 +221,7 @@ class ItemLimits:
             settings.task_files_max_bytes,
             settings.max_timeout_ms / 1000,
             settings.network_allowance,
+            settings.limits_max,
         )
 
     @property
@@ -255,6 +259,9 @@ class ItemLimits:
         refused = network_refusal(item.network, self.network)
         if refused is not None:
             found.append(("network", refused))
+        over = item.limits and self.limits_max.refusal(item.limits, round(self.max_call_s * 1000))
+        if over:
+            found.append(("limits", over))
         return found
 
 
@@ -311,6 +318,8 @@ def _validation_problems(exc: ValidationError) -> str:
         where = ".".join(str(part) for part in error["loc"])
         if error["type"] == "missing":
             problems.append(f"missing {where!r}")
+        elif error["type"] == "extra_forbidden" and len(error["loc"]) > 1:  # in a field's object
+            problems.append(f"unknown field {where!r}")
         elif error["type"] == "extra_forbidden":
             problems.append(f"unknown field {where!r} (fields: {allowed})")
         elif error["type"] == "value_error":  # our own message, without pydantic's prefix

@@ -54,6 +54,8 @@ async def run_item(
     environment = RunEnvironment.for_run(dispatcher, fleet, run_id, item)
     if item.network != "none":  # its setup and check too, not only the model's calls
         dispatcher.networks[run_id] = item.network
+    if item.limits is not None:  # as the network: its setup and check too
+        dispatcher.limits[run_id] = item.limits
     task = Task(
         item,
         RunWorkspace(dispatcher, fleet, run_id),
@@ -77,6 +79,7 @@ async def run_item(
                 time_limit_s=item.time_limit_s,
                 token_limit=item.token_limit,
                 network=item.network,
+                limits=item.limits,
             )
             agent = Agent(model, options, dispatcher=dispatcher, fleet=fleet, settings=settings)
             try:
@@ -99,6 +102,7 @@ async def run_item(
         error = await _collect(task, error)
         await _finish(task)
         dispatcher.networks.pop(run_id, None)
+        dispatcher.limits.pop(run_id, None)
     record = _record(
         item,
         run_id,

@@ -35,6 +35,7 @@ from api.calls.session_pins import SessionPins
 from worker.contract.deadlines import limited_request
 from worker.contract.keys import keys
 from worker.contract.network import NetworkChoice
+from worker.contract.run_limits import RunLimits
 from worker.contract.settings import FleetSettings
 from worker.contract.wire import (
     ToolCallRequest,
@@ -105,6 +106,9 @@ class Dispatcher:
         #: Each run's network other than "none", by run id: every call of the run carries it
         #: (``worker.egress``). Set by whoever runs the run, for as long as it runs.
         self.networks: dict[str, NetworkChoice] = {}
+        #: Each run's own limits, by run id: every call of the run that names none carries them
+        #: (its setup and check too). Set by whoever runs the run, for as long as it runs.
+        self.limits: dict[str, RunLimits] = {}
 
     @property
     def redis(self) -> aioredis.Redis:
@@ -184,6 +188,9 @@ class Dispatcher:
         network = self.networks.get(request.run_id)
         if network is not None and request.network != network:
             request = request.model_copy(update={"network": network})
+        limits = self.limits.get(request.run_id)
+        if limits is not None and request.limits is None:
+            request = request.model_copy(update={"limits": limits})
         if self.pins.get(request.run_id) is None:
             placed = await self.session_pins.place(request, pool, self._redis)
             if isinstance(placed, ToolCallResult):

@@ -95,3 +95,15 @@ class LimitsMax(BaseModel):
             pids=min(self.pids, other.pids),
             cpu=min(self.cpu, other.cpu),
         )
+
+
+class LimitsFields(BaseModel):
+    """What a run says of its own limits, wherever a run is described (a batch task line,
+    Inspect's sandbox configuration)."""
+
+    limits: RunLimits | None = Field(
+        None,
+        description='The run\'s own limits for its commands, e.g. {"memory_mb": 512, "pids": 64}: '
+        "timeout_s, memory_mb, pids, cpu, each at most TOOLQ_LIMITS_MAX_* (the time "
+        "TOOLQ_MAX_TIMEOUT_MS); a field left out is the fleet's default.",
+    )

@@ -82,6 +82,11 @@ class FakeModel(ChatModel):
 class FakeDispatcher:
     """Answers every remote call at once, as worker fake:1 would."""
 
+    def __init__(self) -> None:
+        #: A run's network and limits, as ``Dispatcher`` holds them.
+        self.networks: dict[str, Any] = {}
+        self.limits: dict[str, Any] = {}
+
     def build_request(self, spec: ToolSpec, **fields: Any) -> Any:
         return SimpleNamespace(tool=spec.name, **fields)
 

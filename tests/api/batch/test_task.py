@@ -52,6 +52,9 @@ class FakeFleet:
     files: dict[str, bytes] = field(default_factory=dict)
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     refuse: set[str] = field(default_factory=set)
+    #: A run's network and limits, as ``Dispatcher`` holds them.
+    networks: dict[str, Any] = field(default_factory=dict)
+    limits: dict[str, Any] = field(default_factory=dict)
 
     def build_request(self, spec: ToolSpec, **fields: Any) -> Any:
         return SimpleNamespace(tool=spec.name, **fields)
