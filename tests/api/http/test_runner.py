@@ -38,6 +38,11 @@ from tests.api.http.conftest import (
 class IdleDispatcher:
     """Stands in for the dispatcher of runs that never call a tool."""
 
+    def __init__(self) -> None:
+        # What a run's items hand the dispatcher for their calls (network, limits).
+        self.networks: dict[str, Any] = {}
+        self.limits: dict[str, Any] = {}
+
     async def start(self) -> None:
         pass
 
