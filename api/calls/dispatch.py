@@ -107,7 +107,7 @@ class Dispatcher:
         #: (``worker.egress``). Set by whoever runs the run, for as long as it runs.
         self.networks: dict[str, NetworkChoice] = {}
         #: Each run's own limits, by run id: every call of the run that names none carries them
-        #: (its setup and check too). Set by whoever runs the run, for as long as it runs.
+        #: (a worker's run_bash applies them). Set by whoever runs the run, while it runs.
         self.limits: dict[str, RunLimits] = {}
 
     @property
