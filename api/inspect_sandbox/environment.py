@@ -87,8 +87,11 @@ class ToolqSandboxEnvironment(SandboxEnvironment):
     async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
         options = sandbox_config(config)  # a bad configuration stops the task before any sample
         await LINK.open()
-        refused = LINK.settings.network_refusal(options.network)
-        if refused is not None:  # as a bad configuration: before any sample runs
+        settings = LINK.settings
+        refused = settings.network_refusal(options.network) or (
+            options.limits and settings.limits_max.refusal(options.limits, settings.max_timeout_ms)
+        )
+        if refused:  # as a bad configuration: before any sample runs
             raise ValueError(refused)
 
     @classmethod
@@ -101,6 +104,8 @@ class ToolqSandboxEnvironment(SandboxEnvironment):
         workspace = RunWorkspace(dispatcher, LINK.fleet, run_id)
         if options.network != "none":  # every call of the sample's run carries it
             dispatcher.networks[run_id] = options.network
+        if options.limits is not None:  # and its own limits
+            dispatcher.limits[run_id] = options.limits
         environment = None
         if options.image is not None:
             environment = RunEnvironment(
@@ -130,7 +135,9 @@ class ToolqSandboxEnvironment(SandboxEnvironment):
         for environment in environments.values():
             sandbox = environment.as_type(cls)
             workspace = sandbox.workspace
-            (await LINK.dispatcher()).networks.pop(workspace.run_id, None)
+            dispatcher = await LINK.dispatcher()
+            dispatcher.networks.pop(workspace.run_id, None)
+            dispatcher.limits.pop(workspace.run_id, None)
             if sandbox.environment is not None:
                 await sandbox.environment.end()
             try:

@@ -1,4 +1,4 @@
-"""What a task may tell the toolq sandbox: the image its samples run in, and their network.
+"""What a task may tell the toolq sandbox: the image its samples run in, their network and limits.
 
 ``sandbox=("toolq", "python:3.12-slim")`` (any image reference), ``sandbox=("toolq",
 "toolq.yaml")`` (a file, YAML or JSON, of the fields below; ``toolq.yaml`` beside the task is
@@ -19,14 +19,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from worker.contract.errors import ImageError, validation_problems
 from worker.contract.image_reference import parse_reference
 from worker.contract.network import NetworkFields
+from worker.contract.run_limits import LimitsFields
 
 #: The configuration files ``toolq`` looks for beside a task, first found first.
 CONFIG_FILES = ("toolq.yaml", "toolq.yml", "toolq.json")
 
 
-class ToolqSandboxConfig(NetworkFields):
+class ToolqSandboxConfig(NetworkFields, LimitsFields):
     """A sample's sandbox: a container of ``image`` for each sample, on the toolq fleet, with
-    the network ``network`` says (``NetworkFields``: "none" by default)."""
+    the network ``network`` says (``NetworkFields``: "none" by default) and each sample's run's
+    own ``limits`` (``LimitsFields``, as Inspect's compose resources are per sample)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -3,6 +3,7 @@ Inspect user names theirs, and the task and sandbox Inspect's own conformance ch
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -35,9 +36,13 @@ Task = tuple[str, str | None]
 def fleet_variables(fleet: WorkerFleet) -> dict[str, str]:
     """The TOOLQ_* variables that point a caller at ``fleet``, with its deadlines."""
     shared = fleet.settings.model_dump(include=set(FleetSettings.model_fields), exclude_none=True)
-    # Lists as the settings read them from the environment: comma-separated.
+    # Lists as the settings read them from the environment: comma-separated; objects as JSON.
     return {
-        f"TOOLQ_{name.upper()}": ",".join(value) if isinstance(value, list) else str(value)
+        f"TOOLQ_{name.upper()}": ",".join(value)
+        if isinstance(value, list)
+        else json.dumps(value)
+        if isinstance(value, dict)
+        else str(value)
         for name, value in shared.items()
     }
 
