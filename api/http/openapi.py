@@ -34,6 +34,10 @@ _PORT = (
 )
 DESTINATION_PATTERN = rf"^(?:{_LABEL}\.){{0,3}}{_LAST_LABEL}:{_PORT}$"
 
+#: The component of a run's own ``limits`` (HTTP runs and batch items alike), whose fields
+#: stop at the operator's TOOLQ_LIMITS_MAX_* (and the time at TOOLQ_MAX_TIMEOUT_MS).
+RUN_LIMITS = "RunLimits"
+
 #: (component, property): a batch item's command timeouts, bounded by the fleet's deadlines.
 COMMAND_TIMEOUTS = (("BatchItem", "setup_timeout_s"), ("BatchItem", "check_timeout_s"))
 
@@ -60,6 +64,7 @@ def with_fleet_tools(
             field = components.get(component, {}).get("properties", {}).get(prop)
             if field is not None:
                 components[component]["properties"][prop] = _network_schema(field, limits)
+        _cap_run_limits(components.get(RUN_LIMITS, {}).get("properties", {}), limits)
     for component, prop, which in TOOL_LISTS:
         field = components.get(component, {}).get("properties", {}).get(prop)
         if field is None:
@@ -95,3 +100,17 @@ def _network_schema(field: dict[str, Any], limits: ItemLimits) -> dict[str, Any]
         choices.append({"type": "array", "items": item, "maxItems": MAX_DESTINATIONS})
     described = {k: v for k, v in field.items() if k not in ("anyOf", "type", "items")}
     return {**described, "anyOf": choices}
+
+
+def _cap_run_limits(fields: dict[str, Any], limits: ItemLimits) -> None:
+    """A run's ``limits`` up to what the operator lets a run ask, as the server checks them."""
+    most = {
+        "timeout_s": round(limits.max_call_s * 1000) / 1000,
+        "memory_mb": limits.limits_max.memory_mb,
+        "pids": limits.limits_max.pids,
+        "cpu": limits.limits_max.cpu,
+    }
+    for name, maximum in most.items():
+        for choice in fields[name].get("anyOf", [fields[name]]) if name in fields else []:
+            if choice.get("type") in ("integer", "number"):
+                choice["maximum"] = maximum

@@ -102,3 +102,19 @@ async def test_the_document_offers_the_network_the_operator_permits(
     named = ItemLimits(network=NetworkAllowance.parse("pypi.org:443", "TOOLQ_NETWORK_ALLOWED"))
     only = with_fleet_tools(schema, FLEET, named)["components"]["schemas"]["AgentOptions"]
     assert only["properties"]["network"]["anyOf"][1]["items"]["enum"] == ["pypi.org:443"]
+
+
+async def test_the_document_offers_the_limits_the_operator_permits(
+    client: httpx.AsyncClient,
+) -> None:
+    """A run's limits stop where the server refuses them, so a request the schema allows is
+    one the server takes (TOOLQ_LIMITS_MAX_* and TOOLQ_MAX_TIMEOUT_MS)."""
+    schemas = (await client.get("/openapi.json")).json()["components"]["schemas"]
+    fields = schemas["RunLimits"]["properties"]
+    maximums = {
+        name: [c["maximum"] for c in fields[name]["anyOf"] if "maximum" in c]
+        for name in ("timeout_s", "memory_mb", "pids", "cpu")
+    }
+    assert maximums == {"timeout_s": [600.0], "memory_mb": [4096], "pids": [1024], "cpu": [4.0]}
+    for component in ("AgentOptions", "BatchItem"):
+        assert "RunLimits" in str(schemas[component]["properties"]["limits"])
