@@ -72,5 +72,5 @@ def test_refused_calls_and_service_operations_are_apart(server: Replica) -> None
     assert "write_file" in listed(tools, "Tools")
     assert not [name for name in listed(tools, "Tools") if name.startswith("toolq.")]
     assert "toolq.put_files" in listed(tools, "Service operations")
-    assert listed(sandbox, "Tools") == ["run_bash"]
+    assert listed(sandbox, "Tools") == ["run_bash", "bash_session"]
     assert "toolq.exec" in listed(sandbox, "Service operations")
