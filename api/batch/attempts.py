@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from api.batch.items import numbered_lines
+from api.batch.input_scan import numbered_lines
 from api.batch.record import BatchLine, BatchRecord
 from api.batch.results import FSYNC_INTERVAL_S, AppendedLog
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Generic, Self, TypeVar
 
-from api.batch.items import numbered_lines
+from api.batch.input_scan import numbered_lines
 from api.batch.record import BatchRecord, RecordStatus
 from api.exceptions import OutputBusyError
 

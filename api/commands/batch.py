@@ -19,7 +19,8 @@ from rich.console import Console
 
 from api.agents.client import ConversationClient
 from api.batch.attempts import Attempt, AttemptLog, attempts_path
-from api.batch.items import BadLine, BatchItem, InputScan, ItemLimits, scan_input
+from api.batch.input_scan import InputScan, scan_input
+from api.batch.items import BadLine, BatchItem, ItemLimits
 from api.batch.progress import (
     BatchOutcome,
     BatchStats,

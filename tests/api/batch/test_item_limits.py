@@ -8,7 +8,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
-from api.batch.items import BatchItem, ItemLimits, scan_input
+from api.batch.input_scan import scan_input
+from api.batch.items import BatchItem, ItemLimits
 from api.batch.runner import run_item
 from api.calls.dispatch import Dispatcher
 from tests.api.batch.conftest import write_lines

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from api.batch.items import BatchItem, ItemLimits, parse_item, scan_input
+from api.batch.input_scan import scan_input
+from api.batch.items import BatchItem, ItemLimits, parse_item
 from api.calls.fleet import Fleet
 from api.settings import OrchestratorSettings
 from tests.api.batch.conftest import write_lines

@@ -15,7 +15,8 @@ from typing import Any, cast
 
 import pytest
 
-from api.batch.items import BatchItem, scan_input
+from api.batch.input_scan import scan_input
+from api.batch.items import BatchItem
 from api.batch.record import BatchRecord
 from api.batch.results import ResultLog
 from api.batch.runner import run_item, run_items
