@@ -53,7 +53,10 @@ def _run_plan(config: SandboxConfig, workspace: Workspace) -> Plan:
     assert workspace.owner is not None
     plan = plan_for(config, os.geteuid())
     run_tmp = config.run_tmp_for(workspace.root, workspace.owner[1])
-    for_run = plan.for_run(workspace.owner, str(workspace.root), run_tmp)
+    # The run's uid has a name in its view: a call's plan binds those files too.
+    uid, gid = workspace.owner
+    names = config.run_names_for(workspace.root, uid, gid) if plan.namespaced else ()
+    for_run = plan.for_run(workspace.owner, str(workspace.root), run_tmp, names)
     if for_run is None:
         pytest.skip("no launches are made ahead for one run here (no spawner)")
     return for_run
