@@ -92,6 +92,9 @@ class ToolqSandboxEnvironment(SandboxEnvironment):
             options.limits and settings.limits_max.refusal(options.limits, settings.max_timeout_ms)
         )
         if refused:  # as a bad configuration: before any sample runs
+            # Inspect calls no task_cleanup for a task whose task_init raised: let go here, or
+            # the link would stay open on this fleet for the process's next eval.
+            await LINK.close()
             raise ValueError(refused)
 
     @classmethod

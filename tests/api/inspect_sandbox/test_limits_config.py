@@ -13,6 +13,7 @@ from inspect_ai.model import get_model
 from inspect_ai.solver import generate
 
 from api.inspect_sandbox.image_config import sandbox_config
+from api.inspect_sandbox.link import LINK
 from tests.api.inspect_sandbox.evals import INSPECT_WARNINGS, MODEL, scripted_model
 from tests.conftest import WorkerFleet
 from worker.contract.run_limits import RunLimits
@@ -47,3 +48,6 @@ def test_a_task_asking_above_the_maximums_stops_before_any_sample(
         eval(task, model=model, log_dir=str(tmp_path / "logs"), display="none")
 
     assert "\n" not in str(refused.value)
+    # The refused task let the fleet go: the process's next eval opens the fleet it names then.
+    with pytest.raises(RuntimeError, match="not open"):
+        _ = LINK.settings
