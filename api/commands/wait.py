@@ -5,16 +5,15 @@ with one line when they cannot (a worker it started has exited) or did not in ti
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from api.calls.fleet import Fleet, load_fleet
 from api.exceptions import FleetUnreachableError
 from api.process.connections import check_connections
 from api.settings import OrchestratorSettings
+from worker.plumbing.proc_stat import process_alive
 
 #: Ready.
 EXIT_READY = 0
@@ -55,7 +54,7 @@ def wait_for_fleet(
     missing: list[str] = list(tools)
     unreachable: str | None = None
     while True:
-        ended = [pid for pid in pids if not _running(pid)]
+        ended = [pid for pid in pids if not process_alive(pid)]
         if ended:
             return Waited(
                 EXIT_NOT_READY,
@@ -87,23 +86,6 @@ def wait_for_fleet(
 def _served(fleet: Fleet, tool: str) -> bool:
     spec = fleet.tools.get(tool)
     return spec is not None and bool(fleet.workers.get(spec.pool))
-
-
-def _running(pid: int) -> bool:
-    """``pid`` is a process that has not ended (a zombie has: its shell has yet to reap it)."""
-    try:
-        status = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    return status.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
 def _names(tools: list[str]) -> str:

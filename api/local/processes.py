@@ -12,9 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-#: Where the start time is among the fields that follow the command name in /proc/<pid>/stat
-#: (field 22 of proc(5), counted from the state, field 3).
-_STARTED_FIELD = 22 - 3
+from worker.plumbing.proc_stat import boot_id, start_time
 
 
 class ProcessStamp(BaseModel):
@@ -29,15 +27,8 @@ class ProcessStamp(BaseModel):
 def stamp(pid: int) -> ProcessStamp | None:
     """The process ``pid`` is now; None when none runs (a zombie has ended: only its exit status
     is left for its parent)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name, in parentheses, may hold spaces and parentheses of its own.
-    fields = text[text.rindex(")") + 2 :].split()
-    if fields[0] in ("Z", "X"):
-        return None
-    return ProcessStamp(pid=pid, started=int(fields[_STARTED_FIELD]))
+    started = start_time(pid)
+    return None if started is None else ProcessStamp(pid=pid, started=started)
 
 
 def is_running(recorded: ProcessStamp) -> bool:
@@ -79,8 +70,4 @@ def kill_all(recorded: list[ProcessStamp]) -> list[int]:
 
 def this_machine() -> str:
     """The machine a pid belongs to: its name and the boot of its kernel."""
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        boot = "unknown-boot"
-    return f"{socket.gethostname()}/{boot}"
+    return f"{socket.gethostname()}/{boot_id() or 'unknown-boot'}"

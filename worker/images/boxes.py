@@ -43,12 +43,13 @@ from worker.images.inside import (
 from worker.images.locks import lock_by
 from worker.images.loopback import loopback_up
 from worker.images.mounts import host_id, image_view, mount_rootfs, remove_bundle
-from worker.images.owner import Owner, current_owner, process_alive
+from worker.images.owner import Owner, current_owner
 from worker.images.rootfs import resolve_in_root
 from worker.images.runtime import OciRuntime
 from worker.images.seed import seed_workspace
 from worker.images.sources import check_source
 from worker.images.spec import BoxSpec, container_config, id_maps, merged_env
+from worker.plumbing.proc_stat import process_alive
 
 _LOCK_POLL_S = 0.02
 #: What gVisor's own kernel takes in the host's group of its box, over the run's memory limit.

@@ -20,8 +20,8 @@ from pydantic import ValidationError
 from worker.contract.keys import keys
 from worker.contract.wire import WorkerInfo
 from worker.exceptions import NodeNameTaken
-from worker.images.owner import process_alive
 from worker.plumbing.heartbeat import HEARTBEAT_TTL_S
+from worker.plumbing.proc_stat import process_alive
 
 
 def claim_node_name(client: redis.Redis, node: str) -> None:

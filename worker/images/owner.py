@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import os
 import socket
-from pathlib import Path
 
 from pydantic import BaseModel
 
 from worker.contract.wire import Pool
+from worker.plumbing.proc_stat import boot_id, start_time
 from worker.sandbox.config import SandboxConfig
 from worker.sandbox.host_registry import HostRegistry
 
 #: A sandbox worker's own queue is this prefix and its node name.
 PINNED_PREFIX = "sandbox."
-_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 
 class Owner(BaseModel):
@@ -97,32 +96,3 @@ def pool_of_queue(queue: str | None) -> str | None:
         pool: Pool = "sandbox"
         return pool
     return queue
-
-
-def boot_id() -> str:
-    try:
-        return _BOOT_ID.read_text().strip()
-    except OSError:
-        return ""
-
-
-def process_alive(pid: int) -> bool:
-    """``pid`` runs (a zombie, which no reaper has collected yet, does not)."""
-    fields = _stat_fields(pid)
-    return fields is not None and fields[0] not in ("Z", "X")
-
-
-def start_time(pid: int) -> int | None:
-    """``pid``'s start time, or None when there is no such process."""
-    fields = _stat_fields(pid)
-    return int(fields[19]) if fields is not None and len(fields) > 19 else None
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    """/proc/<pid>/stat from its third field (the state) on; None without such a process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name may hold spaces and parentheses: fields count from the last ")".
-    return stat[stat.rfind(")") + 2 :].split()

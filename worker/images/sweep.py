@@ -17,8 +17,9 @@ from worker.exceptions import RuntimeFailed
 from worker.images.boxes import Boxes, BoxRecord, group_path
 from worker.images.group import BoxGroup
 from worker.images.mounts import remove_bundle
-from worker.images.owner import current_owner, process_alive
+from worker.images.owner import current_owner
 from worker.images.runtime import OciRuntime
+from worker.plumbing.proc_stat import process_alive
 
 log = logging.getLogger(__name__)
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from worker.contract.errors import RESTART_HINT, SessionEnded, SessionLost
 from worker.contract.network import NetworkPolicy
 from worker.images.owner import current_owner
+from worker.plumbing.proc_stat import process_alive
 from worker.sandbox import SandboxConfig
 from worker.sessions.holder import START_BOUND_S, HolderSpec, forget_files
 from worker.sessions.records import SessionRecord
@@ -57,21 +58,11 @@ def sweep_sessions(config: SandboxConfig) -> int:
         record = SessionRecord.read(record_path)
         if record is None or not record.workspace or os.path.isdir(record.workspace):
             continue
-        if record.holder_pid is not None and _alive(record.holder_pid):
+        if record.holder_pid is not None and process_alive(record.holder_pid):
             continue  # it sees its workspace gone, and ends by itself
         forget_files(record_path)
         swept += 1
     return swept
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class RunSessions:

@@ -19,8 +19,9 @@ from worker.contract.errors import EnvironmentLost, ImageError
 from worker.images.boxes import BoxRecord
 from worker.images.calls import run_in_box
 from worker.images.mounts import is_mount
-from worker.images.owner import Owner, process_alive
+from worker.images.owner import Owner
 from worker.images.sweep import sweep_boxes
+from worker.plumbing.proc_stat import process_alive
 from worker.sandbox.result import SandboxResult
 from worker.tools.workspace import Workspace
 

@@ -1,0 +1,48 @@
+"""What ``/proc`` says of a process of this machine: whether it runs, and when it started (with
+the kernel's boot, what tells it apart from a later process given the same pid).
+
+Both floors read it: the orchestrator for its local stack's processes and ``toolq wait
+--pid``, the workers for the holders of containers and shell sessions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+#: Where the start time is among the fields that follow the command name in /proc/<pid>/stat
+#: (field 22 of proc(5), counted from the state, field 3).
+_STARTED_FIELD = 22 - 3
+
+
+def process_alive(pid: int) -> bool:
+    """``pid`` runs (a zombie, which no reaper has collected yet, does not)."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
+def start_time(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks after boot); None when it does not run (a zombie has
+    ended: only its exit status is left for its parent)."""
+    fields = _stat_fields(pid)
+    if fields is None or fields[0] in ("Z", "X") or len(fields) <= _STARTED_FIELD:
+        return None
+    return int(fields[_STARTED_FIELD])
+
+
+def boot_id() -> str:
+    """This boot of the kernel ("" where /proc does not say)."""
+    try:
+        return _BOOT_ID.read_text().strip()
+    except OSError:
+        return ""
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat from its third field (the state) on; None without such a process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name may hold spaces and parentheses: fields count from the last ")".
+    return stat[stat.rfind(")") + 2 :].split()
