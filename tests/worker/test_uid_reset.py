@@ -20,6 +20,7 @@ from worker.sandbox import SandboxConfig
 from worker.sandbox.handover import hand_over
 from worker.sandbox.identity import identity_of, release
 from worker.sandbox.uid_reset import reset_uid
+from worker.sandbox.uid_use import note_used
 from worker.tools.factory import prepare_workspace
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="acting as other uids needs root")
@@ -130,6 +131,7 @@ def test_a_uid_that_cannot_be_shown_clean_is_kept_aside(
     uids = UidRange.parse(f"{uid}-{uid}")
     root = tmp_path / "workspaces"
     assert identity_of(root, "run-a", uids) == (uid, uid)
+    note_used(root, uid)  # as the run's first command does
     # A folder of the uid's in /tmp that no reset can remove: something is mounted on it.
     stuck = Path(tempfile.mkdtemp(prefix="toolq-stuck-", dir="/tmp"))
     os.chown(stuck, uid, uid)

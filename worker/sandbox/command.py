@@ -75,6 +75,11 @@ def run_sandboxed(command: str | Sequence[str], **call: Unpack[CommandCall]) -> 
     plan = plan_for(config, os.geteuid()).for_folder(str(call["cwd"]))
     call_plan = plan.for_identity(call.get("identity"))
     if plan.per_run and call_plan.drop_to is not None:
+        # Before any process of the uid, this one's or a launch made ahead for its run.
+        try:
+            config.note_uid_used(home, call_plan.drop_to[0])
+        except OSError as exc:
+            raise SandboxError(f"the run's uid could not be noted as used: {exc}") from exc
         # The uid's first call for this run on this host: nothing of an earlier run is left.
         hand_over(config.host_state, call_plan.drop_to[0], holder_of(home))
     with _input_file(call.get("stdin"), call_plan.drop_to) as input_path:

@@ -25,6 +25,7 @@ from worker.sandbox.fleet_key import fleet_id
 from worker.sandbox.host_registry import default_host_state
 from worker.sandbox.identity import identity_of, make_run_tmp
 from worker.sandbox.names import make_run_names, names_folder
+from worker.sandbox.uid_use import note_used
 from worker.state_folder import STATE_DIR
 
 if TYPE_CHECKING:
@@ -147,6 +148,12 @@ class SandboxConfig:
         missing): it lasts as long as the run's workspace (``identity.release``)."""
         root, key = self._claims_for(folder)
         return make_run_tmp(root, key, gid)
+
+    def note_uid_used(self, folder: Path, uid: int) -> None:
+        """Note, before anything runs as ``uid``, the uid of the run working in ``folder``,
+        that it was used (``uid_use``): its release then resets it."""
+        root, _ = self._claims_for(folder)
+        note_used(root, uid)
 
     def run_names_for(self, folder: Path, uid: int, gid: int) -> tuple[tuple[str, str], ...]:
         """The (source, target) pairs that give the uid of the run working in ``folder`` a name

@@ -30,6 +30,7 @@ from worker.sandbox.fleet_key import first_uid_offset, fleet_id
 from worker.sandbox.host_registry import HOST_STATE, HostRegistry
 from worker.sandbox.names import names_folder, remove_run_names
 from worker.sandbox.uid_reset import reset_uid
+from worker.sandbox.uid_use import forget_use, was_used
 from worker.state_folder import STATE_DIR
 
 log = logging.getLogger(__name__)
@@ -116,7 +117,8 @@ def make_run_tmp(root: Path, key: str, gid: int) -> str:
 
 def release(root: Path, run_id: str, uid: int, host_state: str | Path = HOST_STATE) -> None:
     """Let ``uid`` go, if ``run_id`` holds it (its workspace was removed): its /tmp goes, and
-    all the uid left in the kernel and at the top of this host's shared folders (``reset_uid``).
+    all the uid left in the kernel and at the top of this host's shared folders (``reset_uid``),
+    where anything ran as the uid since its last reset (``uid_use``).
     A uid kept aside stays claimed on this host too: what is left of it is this host's."""
     shutil.rmtree(run_tmp(root, run_id), ignore_errors=True)
     remove_run_names(names_folder(Path(root) / STATE_DIR, run_id))
@@ -128,12 +130,16 @@ def release(root: Path, run_id: str, uid: int, host_state: str | Path = HOST_STA
             with contextlib.suppress(FileNotFoundError):
                 claim.unlink()
             return
-        left = reset_uid(uid)
-        if left:
-            # Kept aside, held by no run: handed on, it would carry the old run's state.
-            log.warning("uid %d is quarantined, not freed: %s is left", uid, "; ".join(left))
-            claim.write_bytes(QUARANTINED + run_id.encode())
-            return
+        if was_used(root, uid):
+            left = reset_uid(uid)
+            if left:
+                # Kept aside, held by no run: handed on, it would carry the old run's state.
+                log.warning("uid %d is quarantined, not freed: %s is left", uid, "; ".join(left))
+                claim.write_bytes(QUARANTINED + run_id.encode())
+                return
+            # Before the claim goes: the uid's next holder notes its own use.
+            forget_use(root, uid)
+        # Else nothing ever ran as the uid (``uid_use``): the kernel holds nothing of it.
         with contextlib.suppress(FileNotFoundError):
             claim.unlink()
         # Where this process cannot reach the host's registry, the claim made there stays

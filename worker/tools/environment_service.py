@@ -9,6 +9,7 @@ Models never see them. A bad image is an answer, ``{"ok": false, "error": "image
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from worker.contract.deadlines import END_ENVIRONMENT_TIMEOUT_MS, START_ENVIRONMENT_TIMEOUT_MS
 from worker.contract.errors import ImageError
@@ -21,7 +22,9 @@ from worker.contract.operations import (
     StartEnvironmentAnswer,
     StartEnvironmentRequest,
 )
+from worker.contract.settings import get_worker_settings
 from worker.images.here import worker_boxes
+from worker.sandbox import SandboxConfig
 from worker.tools.interface import ExecutableTool
 from worker.tools.runtime import current_runtime
 from worker.tools.service import OperationTool
@@ -51,6 +54,7 @@ class StartEnvironmentTool(OperationTool[StartEnvironmentRequest]):
             if workspace.owner is None:
                 raise ImageError(image, "the run's workspace has no uid of its own here")
             boxes = worker_boxes()
+            _note_used(workspace.root, workspace.owner[0], image)
             record = boxes.start(
                 workspace.root.name,
                 workspace.root,
@@ -99,3 +103,13 @@ class EndEnvironmentTool(OperationTool[NoArguments]):
 def image_tools(workspace: Workspace) -> list[ExecutableTool]:
     """The box's service operations, for a worker's registry."""
     return [StartEnvironmentTool(workspace), EndEnvironmentTool(workspace)]
+
+
+def _note_used(folder: Path, uid: int, image: str) -> None:
+    """Before the box's processes run as the run's uid: noted used, so that its release resets
+    it (``worker.sandbox.uid_use``)."""
+    sandbox = SandboxConfig.from_settings(get_worker_settings())
+    try:
+        sandbox.note_uid_used(folder, uid)
+    except OSError as exc:
+        raise ImageError(image, f"the run's uid could not be noted as used: {exc}") from None
