@@ -33,8 +33,11 @@ def note_used(root: Path, uid: int) -> None:
     try:
         fd = os.open(notes / str(uid), _FLAGS, 0o600)
     except FileNotFoundError:
-        with contextlib.suppress(FileExistsError):
-            notes.mkdir(mode=0o700)
+        # Made where the uid's claim was not (a folder given an identity of its own): the
+        # workers' alone, as the claims' state folder is.
+        for folder in (notes.parent, notes):
+            with contextlib.suppress(FileExistsError):
+                folder.mkdir(mode=0o700)
         fd = os.open(notes / str(uid), _FLAGS, 0o600)
     os.close(fd)
 
