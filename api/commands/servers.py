@@ -14,6 +14,7 @@ from rich.markup import escape
 from api.commands.checks import (
     EXIT_MISSING_DEPENDENCY,
     checked_image,
+    checked_limits,
     checked_network,
     checked_settings,
     err,
@@ -53,6 +54,13 @@ def mcp(
             "destinations host:port or CIDR:port, as TOOLQ_NETWORK_ALLOWED permits."
         ),
     ] = None,
+    limits: Annotated[
+        str | None,
+        typer.Option(
+            help="The session's own limits for its commands, e.g. memory_mb=512,pids=64 "
+            "(timeout_s, memory_mb, pids, cpu), within TOOLQ_LIMITS_MAX_*."
+        ),
+    ] = None,
     broker: Annotated[
         str | None,
         typer.Option(
@@ -75,11 +83,14 @@ def mcp(
     checked_settings()
     checked_image(image)
     checked_network(network)
+    own_limits = checked_limits(limits)
     reachable_fleet()
     from worker.contract.network import NetworkPolicy
 
     wanted = NetworkPolicy.parse(network).wire()
-    choice = ToolChoice(tuple(enable or ()), tuple(disable or ()), tool_timeout_ms, image, wanted)
+    choice = ToolChoice(
+        tuple(enable or ()), tuple(disable or ()), tool_timeout_ms, image, wanted, own_limits
+    )
     raise typer.Exit(serve_stdio(get_settings(), choice))
 
 

@@ -50,6 +50,7 @@ from api.state.tenant_caps import MCP_SESSIONS, CapReached, Holding, TenantCaps
 from worker.contract.errors import ImageError, NetworkRefused
 from worker.contract.image_reference import parse_reference
 from worker.contract.network import NetworkChoice, NetworkPolicy
+from worker.contract.run_limits import RunLimits
 
 #: Without a token the API listens on loopback only; a web page must not reach it by a name
 #: that resolves there (DNS rebinding), so only loopback Host headers are served.
@@ -58,6 +59,8 @@ LOOPBACK_ONLY = TransportSecuritySettings(
     allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
     allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
 )
+#: What the MCP URL's query may say of a session.
+QUERY_PARAMETERS = ("enable", "disable", "tool_timeout_ms", "image", "network", "limits")
 #: How often sessions are looked at for having been idle too long.
 IDLE_ROUND_S = 60.0
 
@@ -92,6 +95,7 @@ class McpEndpoint:
             removal_wait_s=calls_end_within_s(self._settings),
             image_vet=tenant_vet(self._settings) if self._settings.api_tokens_file else None,
             network_refusal=self._network_refusal,
+            limits_refusal=self._limits_refusal,
         )
         server = fleet_mcp_server(runs, _session_of)
         handshake_only(server)
@@ -209,6 +213,11 @@ class McpEndpoint:
         scoped = tenant if self._settings.api_tokens_file else None
         return self._settings.network_refusal(network, scoped)
 
+    def _limits_refusal(self, limits: RunLimits, tenant: str | None) -> str | None:
+        """A session's limits against the fleet's maximums."""
+        settings = self._settings
+        return settings.limits_max.refusal(limits, settings.max_timeout_ms)
+
     def _give_back(self, place: Holding) -> None:
         task = asyncio.create_task(self._caps.give_back(place), name="toolq-mcp-place")
         self._giving_back.add(task)
@@ -224,15 +233,21 @@ def _session_of(ctx: ServerRequestContext[Any]) -> tuple[str | None, ToolChoice]
 
 
 def tool_choice(query: QueryParams) -> ToolChoice:
-    """``enable`` and ``disable`` (repeated, or comma-separated), ``tool_timeout_ms`` and
-    ``image`` (the OCI image the session's commands run in)."""
-    unknown = sorted(set(query) - {"enable", "disable", "tool_timeout_ms", "image", "network"})
+    """``enable`` and ``disable`` (repeated, or comma-separated), ``tool_timeout_ms``,
+    ``image`` (the OCI image the session's commands run in), ``network`` and ``limits``
+    (``memory_mb=512,pids=64``: the run's own limits)."""
+    unknown = sorted(set(query) - set(QUERY_PARAMETERS))
     if unknown:
         raise MCPError(
             code=INVALID_PARAMS,
             message=f"unknown query parameter(s) {', '.join(unknown)} in the MCP URL "
-            "(known: enable, disable, tool_timeout_ms, image, network)",
+            f"(known: {', '.join(QUERY_PARAMETERS)})",
         )
+    limits_text = query.get("limits")
+    try:
+        limits = RunLimits.parse(limits_text) if limits_text is not None else None
+    except ValueError as exc:
+        raise MCPError(code=INVALID_PARAMS, message=str(exc)) from None
     try:
         network = NetworkPolicy.parse(query.get("network")).wire()
     except NetworkRefused as exc:
@@ -255,6 +270,7 @@ def tool_choice(query: QueryParams) -> ToolChoice:
         tool_timeout_ms=int(timeout) if timeout is not None else None,
         image=image,
         network=network,
+        limits=limits,
     )
 
 

@@ -32,6 +32,7 @@ from api.process.logs import log_context
 from api.runs.environment import ImageVet, RunEnvironment
 from api.runs.workspace import RunWorkspace
 from worker.contract.network import NetworkChoice
+from worker.contract.run_limits import RunLimits
 from worker.contract.wire import ToolContextSnapshot
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,8 @@ class ToolChoice:
     image: str | None = None
     #: The session's run's network (``worker.contract.network``), as written.
     network: NetworkChoice = "none"
+    #: The session's run's own limits for its commands (``worker.contract.run_limits``).
+    limits: RunLimits | None = None
     #: The tenant whose token opened the session (over HTTP); None: no tenants.
     tenant: str | None = None
 
@@ -91,6 +94,9 @@ class SessionRuns:
     #: Why a session (of a tenant, or None) may not have the network it asks for
     #: (TOOLQ_NETWORK_ALLOWED, TOOLQ_TENANT_NETWORK_ALLOWED), or None.
     network_refusal: Callable[[NetworkChoice, str | None], str | None] = lambda *_: None
+    #: Why a session (of a tenant, or None) may not have the limits it asks for
+    #: (TOOLQ_LIMITS_MAX_*, TOOLQ_MAX_TIMEOUT_MS), or None.
+    limits_refusal: Callable[[RunLimits, str | None], str | None] = lambda *_: None
     _sessions: dict[str, _Session] = field(default_factory=dict, init=False)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
     #: The workspaces of ended sessions being removed, by the task removing each.
@@ -105,10 +111,14 @@ class SessionRuns:
             known = self._sessions.get(session)
             if known is None:
                 refused = self.network_refusal(choice.network, choice.tenant)
+                if refused is None and choice.limits is not None:
+                    refused = self.limits_refusal(choice.limits, choice.tenant)
                 if refused is not None:
                     raise ValueError(refused)
                 tools = await self.preview(choice)
                 known = _Session(tools, now)
+                if choice.limits is not None:
+                    self.dispatcher.limits[tools.run_id] = choice.limits
                 if choice.network != "none":
                     self.dispatcher.networks[tools.run_id] = choice.network
                     known.networked = True
@@ -147,8 +157,10 @@ class SessionRuns:
         """The session ended: its run's workspace is removed in the background, once no call
         of the run is in flight (waiting up to ``removal_wait_s`` for those that are)."""
         ended = self._sessions.pop(session, None)
-        if ended is not None and ended.networked:
-            self.dispatcher.networks.pop(ended.tools.run_id, None)
+        if ended is not None:
+            if ended.networked:
+                self.dispatcher.networks.pop(ended.tools.run_id, None)
+            self.dispatcher.limits.pop(ended.tools.run_id, None)
         if ended is None or not ended.called:
             return
         run_id = ended.tools.run_id

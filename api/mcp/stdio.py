@@ -69,6 +69,7 @@ async def _serve(settings: OrchestratorSettings, choice: ToolChoice) -> None:
         return fleet
 
     async with Dispatcher(settings) as dispatcher:
+        # --limits was checked against the maximums before the fleet was reached.
         runs = SessionRuns(current_fleet, dispatcher, idle_timeout_s=float("inf"))
         # Made now, so that a tool asked for that the fleet lacks stops the server at once.
         tools = await runs.tools(STDIO_SESSION, choice)
