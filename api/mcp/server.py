@@ -75,6 +75,8 @@ class _Session:
     environment: RunEnvironment | None = None
     #: Its run has a network (``Dispatcher.networks``), let go when the session ends.
     networked: bool = False
+    #: Its run has limits of its own (``Dispatcher.limits``), let go when the session ends.
+    limited: bool = False
 
 
 @dataclass(eq=False)
@@ -119,6 +121,7 @@ class SessionRuns:
                 known = _Session(tools, now)
                 if choice.limits is not None:
                     self.dispatcher.limits[tools.run_id] = choice.limits
+                    known.limited = True
                 if choice.network != "none":
                     self.dispatcher.networks[tools.run_id] = choice.network
                     known.networked = True
@@ -157,9 +160,9 @@ class SessionRuns:
         """The session ended: its run's workspace is removed in the background, once no call
         of the run is in flight (waiting up to ``removal_wait_s`` for those that are)."""
         ended = self._sessions.pop(session, None)
-        if ended is not None:
-            if ended.networked:
-                self.dispatcher.networks.pop(ended.tools.run_id, None)
+        if ended is not None and ended.networked:
+            self.dispatcher.networks.pop(ended.tools.run_id, None)
+        if ended is not None and ended.limited:
             self.dispatcher.limits.pop(ended.tools.run_id, None)
         if ended is None or not ended.called:
             return
