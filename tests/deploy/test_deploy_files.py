@@ -797,6 +797,7 @@ def test_apparmor_profile_compiles() -> None:
         input=(files.APPARMOR / APPARMOR_PROFILE).read_bytes(),
         capture_output=True,
         check=False,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr.decode()
 

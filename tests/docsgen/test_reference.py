@@ -146,6 +146,7 @@ def test_the_site_builds_strict_with_the_reference_in_it(tmp_path: Path) -> None
         capture_output=True,
         text=True,
         check=False,
+        timeout=300,
     )
     assert built.returncode == 0, built.stderr[-4000:]
     settings_page = (site / "reference" / "settings" / "index.html").read_text()

@@ -197,7 +197,7 @@ def test_an_interrupted_then_killed_batch_resumes_without_losing_or_repeating_wo
         code = interrupted.wait(timeout=30)
     except subprocess.TimeoutExpired:
         interrupted.kill()
-        interrupted.wait()
+        interrupted.wait(timeout=30)
         pytest.fail("the batch did not stop within 30 s of SIGINT")
     assert code == 130
     stderr = (tmp_path / "interrupted.log").read_text()
@@ -341,7 +341,7 @@ def run_sampling_threads(
         stdout, stderr = proc.communicate(timeout=max(deadline - time.monotonic(), 1))
     except subprocess.TimeoutExpired:
         proc.kill()
-        proc.communicate()
+        proc.communicate(timeout=30)
         pytest.fail(f"the batch at concurrency {concurrency} took over {timeout} s")
     elapsed = time.monotonic() - started
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), peak, elapsed

@@ -96,7 +96,7 @@ class PrivateFleet:
                 self.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+                self.proc.wait(timeout=30)
 
 
 @pytest.fixture

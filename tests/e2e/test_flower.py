@@ -155,7 +155,7 @@ def test_flower_sees_queued_calls_and_each_outcome(
         finally:
             if batch.poll() is None:
                 batch.kill()
-                batch.wait()
+                batch.wait(timeout=30)
     assert batch.returncode == 0, stderr
     runs = {record["run_id"] for record in finished_records(output)}
     assert len(runs) == CONVERSATIONS

@@ -108,12 +108,14 @@ def registry(built: tuple[Path, Images]) -> Iterator[Registry]:
              f"docker://{image}"],
             check=True,
             capture_output=True,
+            timeout=120,
         )  # fmt: skip
         raw = subprocess.run(
             ["skopeo", "inspect", "--raw", "--tls-verify=false", f"--creds={USER}:{PASSWORD}",
              f"docker://{image}"],
             check=True,
             capture_output=True,
+            timeout=60,
         ).stdout  # fmt: skip
         auth = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
         auth_file = folder / "auth.json"

@@ -320,7 +320,7 @@ def _stop_all(started: Sequence[Started]) -> None:
         if item.process.poll() is None:
             # Not reaped, so the group id is still its own: the kill cannot hit anyone else.
             os.killpg(item.process.pid, signal.SIGKILL)
-            item.process.wait()
+            item.process.wait(timeout=30)
 
 
 def _kill_namespace_processes(namespace: str) -> list[str]:

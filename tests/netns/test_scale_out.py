@@ -314,7 +314,7 @@ def two_call_batch(
     model asked three times a conversation."""
     with scripted_model(cluster, TWO_CALLS) as model:
         batch = start_batch(cluster, name, conversations(seconds=0.05), on_fleet=on_fleet)
-        code = batch.wait()
+        code = batch.wait()  # bound: BATCH_BOUND_S, in Batch.wait
         requests = model.requests()
     records = batch.records()
     assert code == 0, f"{batch.started.log_tail()}\n{cluster.logs()}"
@@ -382,7 +382,7 @@ def test_the_sandbox_host_reaches_the_broker_and_nothing_else(cluster: Cluster) 
                 for name, (address, port) in targets.items()
             ],
         )
-        code = batch.wait()
+        code = batch.wait()  # bound: BATCH_BOUND_S, in Batch.wait
     assert code == 0, f"{batch.started.log_tail()}\n{cluster.logs()}"
     answers = {}
     for record in batch.records():
@@ -424,7 +424,7 @@ def cut_mid_batch(cluster: Cluster, host: Host, name: str, *, on_fleet: bool = F
             )
             host.cut()
             cut_at = len(batch.records())
-            code = batch.wait()
+            code = batch.wait()  # bound: BATCH_BOUND_S, in Batch.wait
             requests = model.requests()
             records = batch.records()
             # Counted before the cable goes back in, while the host can still do nothing.

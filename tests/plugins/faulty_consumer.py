@@ -40,7 +40,7 @@ class InjectedFault(bootsteps.StartStopStep):  # type: ignore[misc]
 
     def stop(self, parent: Any) -> None:
         if os.environ.get(STOP_HANGS_VARIABLE) == "1":
-            threading.Event().wait()
+            threading.Event().wait()  # bound: the worker's shutdown is killed by the test
 
 
 app.steps["consumer"].add(InjectedFault)

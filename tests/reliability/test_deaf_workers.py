@@ -117,7 +117,7 @@ class LoneWorker:
                 self.process.wait(30)
             except subprocess.TimeoutExpired:
                 os.killpg(self.pid, signal.SIGKILL)
-                self.process.wait()
+                self.process.wait(timeout=30)
 
 
 @pytest.fixture

@@ -337,7 +337,7 @@ async def test_a_redis_restart_mid_batch_loses_no_call_and_runs_none_twice(
             finally:
                 if batch.poll() is None:
                     batch.kill()
-                    batch.wait()
+                    batch.wait(timeout=30)
             worker_deaths = _dead_workers(stack)
         finally:
             stack.stop()

@@ -368,7 +368,7 @@ def _listen(path: str) -> socket.socket:
 
 
 def _accept_all(server: socket.socket) -> None:
-    while True:
+    while True:  # bound: a daemon thread, ended by the server socket closing
         try:
             conn, _ = server.accept()
         except OSError:

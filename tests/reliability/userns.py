@@ -166,7 +166,7 @@ class DeployLikeFleet(WorkerFleet):
                 worker.wait(15)
             except subprocess.TimeoutExpired:
                 worker.kill()
-                worker.wait()
+                worker.wait(timeout=30)
 
 
 def deploy_like_stack(
@@ -250,7 +250,7 @@ def _enter(argv: list[str], delegate_cgroups: bool) -> None:
     signal.signal(signal.SIGINT, lambda *_: os.kill(child, signal.SIGINT))
     while True:
         try:
-            _, status = os.waitpid(child, 0)
+            _, status = os.waitpid(child, 0)  # bound: the test ends the worker (kill at 15 s)
             break
         except InterruptedError:
             continue

@@ -189,7 +189,7 @@ def orphaned_sleep(folder: Path, config: str) -> str:
         wait_for(lambda: bool(sleeps(tag)), 10, "the command to start")
     finally:
         worker.kill()
-        worker.wait()
+        worker.wait(timeout=30)
     return tag
 
 

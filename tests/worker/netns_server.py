@@ -97,7 +97,7 @@ def served_in_namespace(ports: tuple[int, ...]) -> Iterator[tuple[list[Served], 
     finally:
         for proc in started:
             proc.kill()
-            proc.wait()
+            proc.wait(timeout=30)
         with contextlib.suppress(subprocess.CalledProcessError):
             _ip("link", "del", outside)
         _ip("netns", "del", namespace)

@@ -50,6 +50,7 @@ def test_another_user_such_as_a_runs_uid_cannot_read_the_default_secret(
         extra_groups=[],
         capture_output=True,
         check=False,
+        timeout=30,
     )
     assert read.returncode != 0 and made.value not in read.stdout
 

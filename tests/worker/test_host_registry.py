@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.bounded import read_line
 from tests.conftest import REPO, RedisServer, fleet_settings, wait_for
 from tests.worker.conftest import orphaned_sleep, sandbox_worker_start, sleeps
 from worker.contract.uid_range import UidRange
@@ -60,7 +61,7 @@ def _worker(host: HostRegistry, fleet: str, *unshare: str) -> tuple[subprocess.P
         text=True,
     )
     assert proc.stdout is not None
-    return proc, proc.stdout.readline().strip()
+    return proc, read_line(proc, "the worker to register on the host").strip()
 
 
 def _end(proc: subprocess.Popen[str]) -> None:

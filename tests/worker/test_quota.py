@@ -188,11 +188,13 @@ def full_disk(tmp_path: Path) -> Iterator[Path]:
         pytest.skip("mounting a file system needs root")
     mounted = tmp_path / "volume"
     mounted.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mounted)], check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mounted)], check=True, timeout=30
+    )
     try:
         yield mounted
     finally:
-        subprocess.run(["umount", "-l", str(mounted)], check=False)
+        subprocess.run(["umount", "-l", str(mounted)], check=False, timeout=30)
 
 
 def test_a_write_past_a_run_volume_names_the_workspace_quota(

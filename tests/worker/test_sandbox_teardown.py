@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.bounded import read_line
 from tests.conftest import wait_for
 from tests.worker.conftest import one_uid
 from worker.sandbox import ending as ending_module
@@ -43,7 +44,7 @@ def unreaped() -> Iterator[int]:
     )
     assert parent.stdout is not None and parent.stdin is not None
     try:
-        yield int(parent.stdout.readline())
+        yield int(read_line(parent, "the parent to print its unreaped child's pid"))
     finally:
         parent.stdin.close()
         parent.stdout.close()

@@ -101,7 +101,7 @@ def test_a_reset_uid_keeps_nothing_its_last_run_left() -> None:
         assert lingering.wait(10) == -9
     finally:
         lingering.kill()
-        lingering.wait()
+        lingering.wait(timeout=30)
         reset_uid(uid)
 
 
@@ -136,7 +136,9 @@ def test_a_uid_that_cannot_be_shown_clean_is_kept_aside(
     stuck = Path(tempfile.mkdtemp(prefix="toolq-stuck-", dir="/tmp"))
     os.chown(stuck, uid, uid)
     options = f"size=1m,uid={uid},gid={uid}"
-    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(stuck)], check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(stuck)], check=True, timeout=30
+    )
     try:
         with caplog.at_level(logging.WARNING, logger="worker.sandbox.identity"):
             release(root, "run-a", uid)
@@ -147,7 +149,7 @@ def test_a_uid_that_cannot_be_shown_clean_is_kept_aside(
             with pytest.raises(IdentityError, match="no free uid"):
                 identity_of(root, run, uids)
     finally:
-        subprocess.run(["umount", str(stuck)], check=False)
+        subprocess.run(["umount", str(stuck)], check=False, timeout=30)
         stuck.rmdir()
 
 

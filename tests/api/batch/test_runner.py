@@ -329,7 +329,7 @@ class GatedRunner:
         if self.in_flight == self._expected_peak:
             self.full.set()
         try:
-            await self.release.wait()
+            await self.release.wait()  # bound: the test cancels the batch or sets release
         except asyncio.CancelledError:
             self.cancelled.append(item.id)
             raise
@@ -422,7 +422,7 @@ async def test_a_stopped_batch_resumes_without_rerunning_what_finished(tmp_path:
     async def runner(item: BatchItem) -> dict[str, Any]:
         runs.append(item.id)
         if enough.is_set():
-            await asyncio.Event().wait()  # still in flight when the batch is stopped
+            await asyncio.Event().wait()  # bound: in flight until the batch is stopped
         return record(item.id)
 
     with ResultLog.open(out) as results:

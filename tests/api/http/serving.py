@@ -94,7 +94,7 @@ class Replica:
                 self.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-                self.proc.wait()
+                self.proc.wait(timeout=30)
         self.proc = None
 
     def log(self) -> str:

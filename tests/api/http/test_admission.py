@@ -26,10 +26,10 @@ class GatedApp:
         if scope["path"] == "/v1/runs/boom/events":
             raise RuntimeError("the stream failed before its head")
         if scope["path"] != "/healthz":
-            await self.gate.wait()
+            await self.gate.wait()  # bound: the test opens the gate or cancels the request
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"", "more_body": True})
-        await asyncio.Event().wait()  # a stream that goes on: only its head matters here
+        await asyncio.Event().wait()  # bound: cancelled; only the stream's head matters here
 
 
 def request(path: str) -> Scope:
@@ -37,7 +37,7 @@ def request(path: str) -> Scope:
 
 
 async def nothing() -> Message:
-    await asyncio.Event().wait()
+    await asyncio.Event().wait()  # bound: a receive that the app's cancel ends
     raise AssertionError("unreachable")
 
 

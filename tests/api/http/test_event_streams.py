@@ -32,6 +32,8 @@ pytestmark = pytest.mark.integration
 LONG_PAUSE_S = 30
 #: A pause well past redis-py's socket timeout (5 s) and the keep-alive interval (5 s).
 PAUSE_PAST_SOCKET_TIMEOUT_S = 12
+#: Seconds every follower has to reach a milestone, on a loaded machine.
+FOLLOWERS_BOUND_S = 60
 SCRIPTS: dict[str, list[dict[str, Any]]] = {
     "ponder": [
         {"tool_calls": [{"name": "gate", "arguments": {"path": "{prompt}"}}]},
@@ -101,8 +103,16 @@ async def when_all_reached(
     milestone: Milestone, followers: list[asyncio.Task[list[Frame]]]
 ) -> None:
     """Wait until every follower has reached ``milestone``; fail at once if one stream ends."""
-    waiting = asyncio.ensure_future(milestone.reached.wait())
-    finished, _ = await asyncio.wait([waiting, *followers], return_when=asyncio.FIRST_COMPLETED)
+    waiting = asyncio.ensure_future(milestone.reached.wait())  # bound: asyncio.wait's below
+    finished, _ = await asyncio.wait(
+        [waiting, *followers], timeout=FOLLOWERS_BOUND_S, return_when=asyncio.FIRST_COMPLETED
+    )
+    if not finished:
+        waiting.cancel()
+        raise AssertionError(
+            f"timed out after {FOLLOWERS_BOUND_S}s waiting for every follower's stream to reach"
+            " the milestone"
+        )
     if waiting not in finished:
         waiting.cancel()
         for follower in finished:

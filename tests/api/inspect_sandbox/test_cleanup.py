@@ -67,7 +67,7 @@ async def test_cleanup_removes_what_a_killed_eval_left_and_nothing_a_running_one
         wait_for_file(ready, killed, log, "the eval's sample to run a command")
     finally:
         killed.kill()
-        killed.wait()
+        killed.wait(timeout=30)
     left = Path(ready.read_text())
     assert left.parent == fleet_env.settings.workspace_root.resolve()
     assert (left / "left.txt").read_text() == "x\n"

@@ -69,7 +69,7 @@ def test_a_stack_whose_process_is_killed_leaves_nothing_running(tmp_path: Path) 
         # started them ended.
         assert len(stamps) >= 3 and None not in stamps, pids
         owner.kill()
-        owner.wait()
+        owner.wait(timeout=30)
         wait_for(
             lambda: not any(s is not None and is_running(s) for s in stamps),
             timeout=60,
@@ -78,7 +78,7 @@ def test_a_stack_whose_process_is_killed_leaves_nothing_running(tmp_path: Path) 
     finally:
         if owner.poll() is None:
             owner.kill()
-            owner.wait()
+            owner.wait(timeout=30)
         kill_all([s for s in stamps if s is not None])
 
 
@@ -99,7 +99,7 @@ def test_the_next_stack_ends_what_a_killed_one_left(
     gone_stamp, left_stamp = stamp(gone.pid), stamp(left.pid)
     assert gone.stdin is not None and gone_stamp is not None and left_stamp is not None
     gone.stdin.close()
-    gone.wait()
+    gone.wait(timeout=30)
     here = this_machine()
     record = StackRecord(machine=here, owner=gone_stamp, children={"redis": left_stamp})
     (killed / RECORD).write_text(record.model_dump_json())
@@ -117,4 +117,4 @@ def test_the_next_stack_ends_what_a_killed_one_left(
         stack.stop()
         if left.poll() is None:
             left.kill()
-            left.wait()
+            left.wait(timeout=30)

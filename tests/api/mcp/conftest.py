@@ -84,7 +84,7 @@ class ServedApi:
             self.proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            self.proc.wait()
+            self.proc.wait(timeout=30)
         self._log.close()
 
 

@@ -108,7 +108,7 @@ def test_a_redis_that_refuses_the_password_says_so(tmp_path: Path) -> None:
         message, took = refusal(FleetSettings(broker_url=f"redis://:wrong@127.0.0.1:{port}/0"))
     finally:
         server.kill()
-        server.wait()
+        server.wait(timeout=30)
     assert message.startswith(
         f"cannot connect to the broker at redis://:**@127.0.0.1:{port}/0 (TOOLQ_BROKER_URL): "
         "login refused ("

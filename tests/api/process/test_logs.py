@@ -88,7 +88,7 @@ async def test_tasks_keep_the_run_id_they_were_started_under() -> None:
     go = asyncio.Event()
 
     async def conversation(name: str) -> None:
-        await go.wait()  # log only after every log_context block below has closed
+        await go.wait()  # bound: gathered under wait_for; logs once every block has closed
         log.info("from %s", name)
 
     tasks = []

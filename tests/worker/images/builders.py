@@ -30,7 +30,9 @@ BASH_SHIM = b'#!/bin/sh\n[ "$1" = --login ] && shift\nexec /bin/sh "$@"\n'
 
 def all_applets() -> tuple[str, ...]:
     """Every applet of the host's busybox (what a fuller image links)."""
-    listed = subprocess.run(["busybox", "--list"], check=True, capture_output=True, text=True)
+    listed = subprocess.run(
+        ["busybox", "--list"], check=True, capture_output=True, text=True, timeout=30
+    )
     return tuple(name for name in listed.stdout.split() if name != "busybox")
 
 
@@ -134,7 +136,7 @@ def derive_image(layout: Path, base: str, tag: str, files: Mapping[str, bytes]) 
 
 
 def _run(*argv: str) -> None:
-    subprocess.run(argv, check=True, capture_output=True)
+    subprocess.run(argv, check=True, capture_output=True, timeout=120)
 
 
 @dataclass(frozen=True)
@@ -194,7 +196,7 @@ def unmount_below(root: Path) -> None:
         points = [line.split()[4] for line in info]
     for point in sorted((p for p in points if p.startswith(str(root))), reverse=True):
         if is_mount(Path(point)):
-            subprocess.run(["umount", "-l", point], check=False, capture_output=True)
+            subprocess.run(["umount", "-l", point], check=False, capture_output=True, timeout=30)
 
 
 def built_or_skip(extra: Sequence[str] = ()) -> Iterator[tuple[Path, Images]]:

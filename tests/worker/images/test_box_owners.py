@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.bounded import read_line
 from tests.conftest import REPO
 from tests.worker.conftest import one_uid
 from worker.images import owner as owner_module
@@ -41,7 +42,7 @@ def _start(root: Path, host: Path, *unshare: str) -> tuple[subprocess.Popen[str]
         text=True,
     )
     assert proc.stdout is not None
-    return proc, Owner.model_validate_json(proc.stdout.readline())
+    return proc, Owner.model_validate_json(read_line(proc, "the owner to say who it is"))
 
 
 def _end(proc: subprocess.Popen[str]) -> None:

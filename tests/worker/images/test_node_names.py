@@ -59,7 +59,7 @@ class Workers:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+                proc.wait(timeout=30)
 
 
 @pytest.fixture

@@ -52,6 +52,7 @@ class LoopbackRegistry:
              f"docker://{reference}"],
             check=True,
             capture_output=True,
+            timeout=120,
         )  # fmt: skip
         return reference
 
@@ -164,6 +165,7 @@ def test_a_registry_that_answers_unknown_tag_is_believed_over_the_cache(
         ["skopeo", "delete", "--tls-verify=false", f"docker://{tag}"],
         check=True,
         capture_output=True,
+        timeout=60,
     )
     with pytest.raises(ImageError) as raised:
         host.start("gone", tag)

@@ -149,7 +149,9 @@ def test_a_tree_too_big_for_the_budget_stops_with_a_note(workspace: Workspace) -
     answer = tool.execute({"query": "needle", "paths": ["."], "regex": False})
     # Only the budget's cut says so (the whole read takes minutes), however slow the machine.
     assert "[search stopped after its 0.3 s time limit; results are incomplete." in answer
-    ripgreps = subprocess.run(["pgrep", "-f", f"rg .*{workspace.root}"], capture_output=True)
+    ripgreps = subprocess.run(
+        ["pgrep", "-f", f"rg .*{workspace.root}"], capture_output=True, timeout=30
+    )
     assert ripgreps.stdout == b"", "rg still runs after the answer"
 
 

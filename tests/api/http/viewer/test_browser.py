@@ -16,6 +16,7 @@ from bench.viewer import write_results
 from tests.api.http.conftest import TOKEN
 from tests.api.http.serving import TOOLQ, Replica
 from tests.api.http.viewer.conftest import Screenshots
+from tests.bounded import read_line
 from tests.conftest import wait_for
 
 if TYPE_CHECKING:
@@ -298,7 +299,7 @@ def test_toolq_view_opens_a_results_file(
     )
     try:
         assert proc.stdout is not None
-        url = proc.stdout.readline().split(" at ", 1)[1].split()[0]
+        url = read_line(proc, "toolq view to print its address").split(" at ", 1)[1].split()[0]
         page.goto(url)
         expect(page.get_by_role("heading", name="Sign in")).to_be_hidden()
         expect(page.locator("table.items tbody tr")).to_have_count(50)

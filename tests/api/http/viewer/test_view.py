@@ -13,6 +13,7 @@ import pytest
 from api.http.viewer.view import create_view_app
 from tests.api.batch.conftest import record, write_lines
 from tests.api.http.conftest import serving
+from tests.bounded import read_line
 
 TOOLQ = str(Path(sys.executable).parent / "toolq")
 
@@ -59,7 +60,7 @@ def test_toolq_view_prints_its_address_and_serves_the_file(results: Path) -> Non
     )
     try:
         assert proc.stdout is not None
-        line = proc.stdout.readline()
+        line = read_line(proc, "toolq view to print its address")
         assert line.startswith(f"toolq view: {results} at http://127.0.0.1:")
         url = line.split(" at ", 1)[1].split()[0]
         page = httpx.get(url, timeout=30)
