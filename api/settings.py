@@ -11,6 +11,7 @@ from pydantic import Field, SecretStr, field_validator
 
 from worker.contract.errors import SettingsError
 from worker.contract.network import NetworkAllowance, network_refusal, tenant_allowances
+from worker.contract.run_limits import LimitsMax, RunLimits
 from worker.contract.settings import FleetSettings, WorkerSettings
 from worker.contract.settings_check import settings_problems
 
@@ -71,6 +72,24 @@ class OrchestratorSettings(FleetSettings):
     def _tenant_network_allowed(cls, value: str | None) -> str | None:
         tenant_allowances(value, "")  # one line naming a bad part
         return value
+
+    tenant_limits_max: dict[str, LimitsMax] = Field(
+        default_factory=dict,
+        description="Per tenant of TOOLQ_API_TOKENS_FILE, the most its runs may ask for their "
+        'commands (`limits`), within TOOLQ_LIMITS_MAX_*, as JSON: {"acme": {"memory_mb": 512, '
+        '"pids": 64}}. A field a tenant leaves out, and a tenant it does not name, keep the '
+        "fleet's.",
+    )
+
+    def limits_refusal(self, limits: RunLimits, tenant: str | None = None) -> str | None:
+        """Why a run (of ``tenant``, where tokens name tenants) may not ask ``limits``, in one
+        line: the fleet's maximums first, then the tenant's own; None where it may."""
+        fleet = self.limits_max.refusal(limits, self.max_timeout_ms)
+        own = self.tenant_limits_max.get(tenant) if tenant is not None else None
+        if fleet is not None or own is None:
+            return fleet
+        whose = f"tenant {tenant} may (TOOLQ_TENANT_LIMITS_MAX)"
+        return self.limits_max.narrowed(own).refusal(limits, self.max_timeout_ms, whose)
 
     def network_refusal(
         self, network: object, tenant: str | None = None, *, fleet: bool = True

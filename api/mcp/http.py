@@ -214,9 +214,10 @@ class McpEndpoint:
         return self._settings.network_refusal(network, scoped)
 
     def _limits_refusal(self, limits: RunLimits, tenant: str | None) -> str | None:
-        """A session's limits against the fleet's maximums."""
-        settings = self._settings
-        return settings.limits_max.refusal(limits, settings.max_timeout_ms)
+        """A session's limits against the fleet's maximums, and its tenant's where tokens name
+        tenants."""
+        scoped = tenant if self._settings.api_tokens_file else None
+        return self._settings.limits_refusal(limits, scoped)
 
     def _give_back(self, place: Holding) -> None:
         task = asyncio.create_task(self._caps.give_back(place), name="toolq-mcp-place")

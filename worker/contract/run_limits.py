@@ -73,8 +73,11 @@ class LimitsMax(BaseModel):
     pids: int = Field(1024, gt=0, description="The most processes a run may ask.")
     cpu: float = Field(4.0, gt=0, description="The most CPUs a run may ask.")
 
-    def refusal(self, limits: RunLimits, max_timeout_ms: int) -> str | None:
-        """Why ``limits`` asks more than allowed, in one line; None when it does not."""
+    def refusal(
+        self, limits: RunLimits, max_timeout_ms: int, whose: str = "this fleet allows"
+    ) -> str | None:
+        """Why ``limits`` asks more than ``whose`` maximums let it, in one line; None when it
+        does not."""
         over = []
         if limits.timeout_s is not None and limits.timeout_s * 1000 > max_timeout_ms:
             over.append(f"timeout_s={limits.timeout_s:g} (at most {max_timeout_ms / 1000:g})")
@@ -84,16 +87,18 @@ class LimitsMax(BaseModel):
                 over.append(f"{name}={asked} (at most {most})")
         if not over:
             return None
-        return f"the run asks more than this fleet allows: {', '.join(over)}"
+        return f"the run asks more than {whose}: {', '.join(over)}"
 
     def narrowed(self, other: LimitsMax | None) -> LimitsMax:
-        """The lower of each maximum: a tenant's own within the fleet's."""
+        """The lower of each maximum ``other`` names: a tenant's own within the fleet's (a
+        field the tenant leaves out stays the fleet's)."""
         if other is None:
             return self
-        return LimitsMax(
-            memory_mb=min(self.memory_mb, other.memory_mb),
-            pids=min(self.pids, other.pids),
-            cpu=min(self.cpu, other.cpu),
+        return self.model_copy(
+            update={
+                name: min(getattr(self, name), getattr(other, name))
+                for name in other.model_fields_set
+            }
         )
 
 

@@ -46,6 +46,7 @@ ORCHESTRATOR_ONLY_FIELDS = (
     "tenant_max_runs",
     "tenant_max_mcp_sessions",
     "tenant_network_allowed",
+    "tenant_limits_max",
 )
 #: ``TOOLQ_`` variables that are not settings: the traceback switch for errors, and the marker
 #: run_bash puts in each command's environment (``worker.sandbox.config.MARKER_VARIABLE``).

@@ -72,6 +72,15 @@ async def _create_batch(
             (("body", "items", i, "network"), it.network) for i, it in enumerate(body.items)
         ]
         errors += network_errors(networks, services.settings, tenant, fleet=False)
+    if services.tenants.scoped:  # the fleet's maximums are among the limits above
+        settings = services.settings
+        errors += [
+            {"loc": ("body", "items", index, "limits"), "msg": over, "type": "value_error"}
+            for index, item in enumerate(body.items)
+            if item.limits is not None
+            and settings.limits_max.refusal(item.limits, settings.max_timeout_ms) is None
+            and (over := settings.limits_refusal(item.limits, tenant)) is not None
+        ]
     if errors:
         raise RequestValidationError(errors)
     batch_id = f"batch-{uuid.uuid4().hex}"

@@ -66,8 +66,7 @@ async def _create_run(
     network = (("body", "options", "network"), body.options.network)
     errors += network_errors([network], services.settings, scoped)
     if body.options.limits is not None:
-        settings = services.settings
-        over = settings.limits_max.refusal(body.options.limits, settings.max_timeout_ms)
+        over = services.settings.limits_refusal(body.options.limits, scoped)
         if over is not None:
             where = ("body", "options", "limits")
             errors.append({"loc": where, "msg": over, "type": "value_error"})

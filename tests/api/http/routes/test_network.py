@@ -9,6 +9,7 @@ from typing import Any
 
 import fakeredis
 import httpx
+from fastapi import FastAPI
 
 from api.http.app import create_app
 from tests.api.http.conftest import StubExecutor, api_settings, fake_redis, serving
@@ -19,6 +20,16 @@ BOB = "bob-fedcba9876543210xyz"
 
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
+
+
+def tenants_app(
+    fake_server: fakeredis.FakeServer, tmp_path: Path, stub: StubExecutor, **settings: Any
+) -> FastAPI:
+    """The API with tenants alice and bob (their tokens ALICE and BOB) and ``settings``."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"alice {ALICE}\nbob {BOB}\n")
+    configured = api_settings(api_token=None, api_tokens_file=tokens, **settings)
+    return create_app(configured, redis=fake_redis(fake_server), executor=lambda *_: stub)
 
 
 async def post_run(client: httpx.AsyncClient, network: Any) -> httpx.Response:
@@ -69,16 +80,14 @@ async def test_a_permitted_list_reaches_the_run_as_written(
 async def test_a_tenant_gets_no_more_than_its_own_allowance(
     fake_server: fakeredis.FakeServer, tmp_path: Path
 ) -> None:
-    tokens = tmp_path / "tokens"
-    tokens.write_text(f"alice {ALICE}\nbob {BOB}\n")
-    settings = api_settings(
-        api_token=None,
-        api_tokens_file=tokens,
+    stub = StubExecutor()
+    app = tenants_app(
+        fake_server,
+        tmp_path,
+        stub,
         network_allowed="list",
         tenant_network_allowed="alice=pypi.org:443",
     )
-    stub = StubExecutor()
-    app = create_app(settings, redis=fake_redis(fake_server), executor=lambda *_: stub)
     async with serving(app, bearer(ALICE)) as alice:
         refused = await post_run(alice, ["10.1.2.3:80"])
         allowed = await post_run(alice, ["pypi.org:443"])
