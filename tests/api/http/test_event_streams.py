@@ -28,8 +28,9 @@ from tests.conftest import WorkerFleet, orchestrator_settings
 
 pytestmark = pytest.mark.integration
 
-#: Seconds the model thinks between its turns in the test that 200 clients follow.
-LONG_PAUSE_S = 30
+#: Seconds the model thinks between its turns in the test that 200 clients follow: three
+#: keep-alive intervals (5 s), so each stream has one however late its timer started.
+LONG_PAUSE_S = 15
 #: A pause well past redis-py's socket timeout (5 s) and the keep-alive interval (5 s).
 PAUSE_PAST_SOCKET_TIMEOUT_S = 12
 #: Seconds every follower has to reach a milestone, on a loaded machine.
