@@ -20,6 +20,7 @@ from worker.contract.errors import EnvironmentLost
 from worker.contract.network import NetworkPolicy
 from worker.egress import Egress, NoNetworkNamespace, open_egress
 from worker.exceptions import SandboxError
+from worker.images.box_shells import session_processes
 from worker.images.boxes import Boxes, BoxRecord, box_group
 from worker.images.group import BoxGroup
 from worker.images.runtime import OciRuntime
@@ -70,7 +71,7 @@ def run_in_box(
         process = process_config(
             argv,
             user=tuple(record.user),  # type: ignore[arg-type]
-            cwd=_inside(record, cwd),
+            cwd=inside_path(record, cwd),
             env=merged_env(record.env, env),
             rlimits={
                 "RLIMIT_CPU": (cpu_s, cpu_s + 1),
@@ -178,7 +179,7 @@ def _follow(
             timed_out = not pump.until_exit(deadline)
             if timed_out and command_fd is not None:
                 _kill_command(runtime, record, pid_file)
-            killed = _kill_leftovers(runtime, record, group)
+            killed = _kill_leftovers(boxes, runtime, record, group)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(_END_S)
             pump.drain(time.monotonic() + _DRAIN_S)
@@ -231,10 +232,16 @@ def _kill_command(runtime: OciRuntime, record: BoxRecord, pid_file: Path) -> Non
         runtime.kill_process(record.name, int(pid_file.read_text().strip()))
 
 
-def _kill_leftovers(runtime: OciRuntime, record: BoxRecord, group: BoxGroup) -> int:
-    """Kill what the call left running in the box, its first process aside; how many."""
+def _kill_leftovers(boxes: Boxes, runtime: OciRuntime, record: BoxRecord, group: BoxGroup) -> int:
+    """Kill what the call left running in the box, its first process and the run's shell
+    sessions (``box_shells``) aside; how many."""
     if not runtime.gvisor:
-        return group.kill_all_but(record.init_pid, time.monotonic() + _END_S)
+        bundle = boxes.folder / record.name
+        return group.kill_all_but(
+            record.init_pid,
+            time.monotonic() + _END_S,
+            lambda pids: session_processes(bundle, pids),
+        )
     pids = runtime.processes(record.name) or []
     others = [pid for pid in pids if pid != 1]
     for pid in others:
@@ -248,7 +255,7 @@ def _gvisor_usage(killed: int) -> Usage:
     return Usage(cpu_ms=None, max_rss_kb=None, pids_peak=None, killed_processes=killed)
 
 
-def _inside(record: BoxRecord, cwd: Path) -> str:
+def inside_path(record: BoxRecord, cwd: Path) -> str:
     """``cwd`` (a folder of the workspace on the worker) as the box sees it."""
     relative = os.path.relpath(cwd, record.workspace)
     if relative == ".":

@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from worker.sandbox.result import Usage
@@ -67,22 +68,32 @@ class BoxGroup:
             oom_killed=self._oom_kills() > ooms_before,
         )
 
-    def kill_all_but(self, keep: int, deadline: float) -> int:
-        """SIGKILL every process of the box but ``keep`` (its init), frozen first so that none
-        forks meanwhile; how many there were."""
-        others = self.members() - {keep}
+    def kill_all_but(
+        self,
+        keep: int,
+        deadline: float,
+        spared: Callable[[set[int]], set[int]] = lambda pids: set(),
+    ) -> int:
+        """SIGKILL every process of the box but ``keep`` (its init) and those ``spared`` says
+        of its members, frozen first so that none forks meanwhile; how many there were."""
+
+        def others_now() -> set[int]:
+            members = self.members() - {keep}
+            return members - spared(members) if members else members
+
+        others = others_now()
         if not others:
             return 0
         frozen = self._freeze(True, deadline)
         try:
-            others = self.members() - {keep}
+            others = others_now()
             for pid in others:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         finally:
             if frozen:
                 self._freeze(False, deadline)
-        while time.monotonic() < deadline and self.members() - {keep}:
+        while time.monotonic() < deadline and self.members() & others:
             time.sleep(_POLL_S)
         return len(others)
 

@@ -188,6 +188,10 @@ class OciRuntime:
             name,
         ]
 
+    def exec_detached(self, arguments: Sequence[str], deadline: float) -> None:
+        """``exec --detach`` with ``arguments``: returns once the process started."""
+        self._run(["exec", *arguments], deadline)
+
     def _run(self, arguments: Sequence[str], deadline: float, output: Path | None = None) -> bytes:
         try:
             if output is None:

@@ -13,6 +13,8 @@ _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 #: Where the start time is among the fields that follow the command name in /proc/<pid>/stat
 #: (field 22 of proc(5), counted from the state, field 3).
 _STARTED_FIELD = 22 - 3
+#: Where the session id is (field 6 of proc(5)).
+_SESSION_FIELD = 6 - 3
 
 
 def process_alive(pid: int) -> bool:
@@ -28,6 +30,15 @@ def start_time(pid: int) -> int | None:
     if fields is None or fields[0] in ("Z", "X") or len(fields) <= _STARTED_FIELD:
         return None
     return int(fields[_STARTED_FIELD])
+
+
+def session_of(pid: int) -> int | None:
+    """The session ``pid`` is in (its leader's pid, as this /proc's namespace sees it); None
+    when it does not run."""
+    fields = _stat_fields(pid)
+    if fields is None or fields[0] in ("Z", "X") or len(fields) <= _SESSION_FIELD:
+        return None
+    return int(fields[_SESSION_FIELD])
 
 
 def boot_id() -> str:

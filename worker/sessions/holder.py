@@ -1,7 +1,8 @@
 """A session's holder: a process of the worker's own that owns the session's terminal, starts
 its shell in the run's box (through ``run_sandboxed``, as run_bash's commands: the run's uid,
-its namespaces, its control groups and limits), and answers the worker's calls on a unix socket
-it was handed, listening, by the worker process that started it.
+its namespaces, its control groups and limits; in a run with an image, in its container, by
+``worker.images.box_shells``), and answers the worker's calls on a unix socket it was handed,
+listening, by the worker process that started it.
 
 It ends, taking the shell and all it started with it, when it is asked to (the run ended, or a
 ``restart``), when no call came for the idle time the operator set, when the run's workspace is
@@ -29,7 +30,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from worker.contract.errors import ImageError
 from worker.contract.network import NetworkPolicy
+from worker.exceptions import RuntimeFailed
+from worker.images.box_shells import (
+    BoxPlace,
+    BoxShell,
+    end_box_shell,
+    release_box_shell,
+    start_box_shell,
+)
+from worker.images.boxes import Boxes
 from worker.sandbox import SandboxConfig, SandboxError, run_sandboxed
 from worker.sandbox.layers import plan_for
 from worker.sessions.records import SessionRecord
@@ -82,6 +93,8 @@ class HolderSpec:
     #: The run's network (``worker.egress``), its proxy served by the holder for the shell's
     #: whole life; None: loopback alone.
     network: NetworkPolicy | None = None
+    #: The run's box, where the run has an image: the shell runs in it (``box_shells``).
+    box: BoxPlace | None = None
 
 
 class Holder:
@@ -90,7 +103,10 @@ class Holder:
         self._listener = socket.socket(fileno=spec.listen_fd)
         self._nonce = secrets.token_hex(8)
         self._screen = Screen(self._nonce, spec.config.output_cap_bytes)
-        self._master, self._slave = os.openpty()
+        # In a box, the terminal is the box's own, its other end handed over as the shell
+        # starts.
+        self._master, self._slave = os.openpty() if spec.box is None else (-1, -1)
+        self._box_shell: BoxShell | None = None
         self._box: threading.Thread | None = None
         self._reader: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -109,7 +125,8 @@ class Holder:
             if not self._first_prompt():
                 self._end("its shell did not start")
                 return
-            _loopback_up(self._master)
+            if self._spec.box is None:
+                _loopback_up(self._master)  # a box's is up from its start
             if record is not None:
                 record.with_holder(os.getpid()).write(Path(self._spec.record))
             self._serve(watch)
@@ -117,10 +134,10 @@ class Holder:
             os.close(watch)
 
     def _start_shell(self) -> None:
-        fcntl.ioctl(self._slave, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLUMNS, 0, 0))
-        modes = termios.tcgetattr(self._slave)
-        modes[3] &= ~termios.ECHO  # what is typed is not shown back
-        termios.tcsetattr(self._slave, termios.TCSANOW, modes)
+        if self._spec.box is not None:
+            self._start_box_shell(self._spec.box)
+            return
+        _set_modes(self._slave)
         terminal = os.ttyname(self._slave)
         config = self._spec.config
         plan = plan_for(config, os.geteuid()).for_identity(self._spec.identity)
@@ -132,6 +149,43 @@ class Holder:
         self._box.start()
         self._reader = threading.Thread(target=self._read_terminal, daemon=True)
         self._reader.start()
+
+    def _start_box_shell(self, place: BoxPlace) -> None:
+        deadline = time.monotonic() + START_BOUND_S
+        key = Path(self._spec.record).stem
+        record = place.record
+        try:
+            with Boxes(place.settings).turn(record.name, deadline, record.image):
+                # Under the box's lock: no call's leftovers are killed before the shell is
+                # known as a session's.
+                file_size_mb = self._spec.config.settings.file_size_mb
+                shell = start_box_shell(place, self._nonce, file_size_mb, key, deadline)
+        except (RuntimeFailed, ImageError) as exc:
+            log.error("the shell could not start: %s", exc)
+            self._screen.close()
+            return
+        self._box_shell = shell
+        self._master = shell.master
+        _set_modes(self._master)
+        release_box_shell(shell)
+        self._box = threading.Thread(target=self._box_shell_life, args=(shell.pid,), daemon=True)
+        self._box.start()
+        self._reader = threading.Thread(target=self._read_terminal, daemon=True)
+        self._reader.start()
+
+    def _box_shell_life(self, pid: int) -> None:
+        """Until the shell in the box ends (or the holder does)."""
+        watch = _pidfd(pid)
+        try:
+            while watch is not None and not self._stopping.is_set():
+                ready, _, _ = select.select([watch], [], [], LOOK_EVERY_S)
+                if ready:
+                    log.info("the shell ended")
+                    return
+        finally:
+            if watch is not None:
+                os.close(watch)
+            self._screen.close()
 
     def _box_life(self, terminal: str) -> None:
         try:
@@ -266,8 +320,11 @@ class Holder:
         self._stopping.set()
         if self._reader is not None:
             self._reader.join(LOOK_EVERY_S)
-        os.close(self._master)
-        os.close(self._slave)
+        if self._box_shell is not None:
+            end_box_shell(self._box_shell)
+        for fd in (self._master, self._slave):
+            if fd >= 0:
+                os.close(fd)
         if self._box is not None:
             self._box.join(END_BOUND_S)
         if conn is not None:
@@ -303,6 +360,14 @@ def _loopback_up(master: int) -> None:
         )
     except (OSError, subprocess.SubprocessError) as exc:
         log.warning("the session's loopback could not be brought up: %s", exc)
+
+
+def _set_modes(terminal: int) -> None:
+    """The terminal's size, and what is typed not shown back."""
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLUMNS, 0, 0))
+    modes = termios.tcgetattr(terminal)
+    modes[3] &= ~termios.ECHO
+    termios.tcsetattr(terminal, termios.TCSANOW, modes)
 
 
 def _folder_id(path: str) -> tuple[int, int] | None:

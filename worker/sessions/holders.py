@@ -15,11 +15,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from worker.contract.errors import RESTART_HINT, SessionEnded, SessionLost
 from worker.contract.network import NetworkPolicy
+from worker.images.box_shells import BoxPlace
 from worker.images.owner import current_owner
 from worker.plumbing.proc_stat import process_alive
 from worker.sandbox import SandboxConfig
@@ -74,8 +75,12 @@ class RunSessions:
         home: Path,
         idle_s: float,
         network: NetworkPolicy | None = None,
+        box: Callable[[], BoxPlace] | None = None,
     ) -> None:
         self._config = config
+        #: Where the run has an image: its box, found as a session starts (a call to a
+        #: session it has asks its holder alone, so a lost one says so first).
+        self._box = box
         self._network = network
         self._home = home
         self._idle_s = idle_s
@@ -169,6 +174,7 @@ class RunSessions:
                     f"the run has {MAX_SESSIONS_PER_RUN} sessions already, the most it may have: "
                     "use one of them, or end one with action 'restart' on it"
                 )
+            place = None if self._box is None else self._box()
             record_path = self._record(name)
             self._socket(name).unlink(missing_ok=True)
             listener = _bound(self._socket(name))
@@ -184,6 +190,7 @@ class RunSessions:
                     watch_pid=worker_main_pid(),
                     network=self._network,
                     idle_s=self._idle_s,
+                    box=place,
                 )
                 starter = subprocess.Popen(
                     [sys.executable, "-m", "worker.sessions.holder"],

@@ -9,6 +9,9 @@ import shlex
 
 #: The shell's variables: no prompt text, and the word that it waits at its prompt.
 PROMPT_WORD = "printf '\\033]9;toolq-%s:%%d\\007' \"$?\""
+#: The prompt of an image's sh, which has no ``PROMPT_COMMAND`` (``PS1``): the same word,
+#: in which it expands ``$?``.
+SH_PROMPT = "\033]9;toolq-%s:$?\007"
 
 
 def shell_command(terminal: str) -> str:

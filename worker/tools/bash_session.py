@@ -9,18 +9,23 @@ variables, functions and background processes stay from one call to the next
 
 from __future__ import annotations
 
+import functools
 import json
+from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field, model_validator
 
 from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES, cap_in_words
 from worker.contract.settings import get_worker_settings
+from worker.images.box_shells import BoxPlace, gvisor_refusal
+from worker.images.calls import inside_path
 from worker.images.owner import current_owner
 from worker.sandbox import SandboxConfig
 from worker.sessions.holders import MAX_SESSIONS_PER_RUN, RunSessions
 from worker.sessions.wire import Action, HolderAnswer, HolderRequest
 from worker.tools.bash import MAX_TIMEOUT_MS
+from worker.tools.commands import run_box
 from worker.tools.interface import ExecutableTool, ToolArgs
 from worker.tools.runtime import (
     admit_current_call,
@@ -121,14 +126,12 @@ class BashSessionTool(ExecutableTool):
         self.description = _description(self._config.output_cap_bytes)
 
     def sessions(self) -> RunSessions:
-        """The sessions of the call's run."""
-        return RunSessions(self._config, self._workspace.root, self._idle_s, current_network())
+        """The sessions of the call's run: in its box, where it has an image."""
+        home, environment = self._workspace.root, current_environment()
+        box = None if environment is None else functools.partial(_box_place, home, environment)
+        return RunSessions(self._config, home, self._idle_s, current_network(), box)
 
     def execute(self, args: dict[str, Any]) -> str:
-        if current_environment() is not None:
-            raise ValueError(
-                "bash_session does not run in a run with an image yet: use run_bash there"
-            )
         name, action = args.get("session", "default"), args["action"]
         timeout = args.get("timeout", DEFAULT_TIMEOUT_MS)
         sessions = self.sessions()
@@ -152,6 +155,16 @@ class BashSessionTool(ExecutableTool):
             return super().with_notice(output, notice)
         answer["notice"] = notice
         return json.dumps(answer, ensure_ascii=False)
+
+
+def _box_place(home: Path, environment: str) -> BoxPlace:
+    """Where a session of the run whose workspace is ``home`` starts: its box, in its working
+    folder. ``EnvironmentLost`` without one; one line where its runtime cannot hold one."""
+    boxes, record = run_box(home, environment)
+    refusal = gvisor_refusal(boxes.settings)
+    if refusal is not None:
+        raise ValueError(refusal)
+    return BoxPlace(boxes.settings, record, inside_path(record, home))
 
 
 def _answer(name: str, answer: HolderAnswer, timeout_ms: int, *, restarted: bool = False) -> str:

@@ -23,7 +23,11 @@ async def session(
     call: Caller, action: str, text: str | None = None, **extra: Any
 ) -> dict[str, Any]:
     """A bash_session call's answer, which must not be an error."""
-    result = await session_result(call, action, text, **extra)
+    return answer_of(await session_result(call, action, text, **extra))
+
+
+def answer_of(result: ToolCallResult) -> dict[str, Any]:
+    """A bash_session answer, read as the model reads it; it must not be an error."""
     assert not result.is_error, result.output
     answer: dict[str, Any] = json.loads(result.output)
     return answer
