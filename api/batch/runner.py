@@ -54,7 +54,7 @@ async def run_item(
     environment = RunEnvironment.for_run(dispatcher, fleet, run_id, item)
     if item.network != "none":  # its setup and check too, not only the model's calls
         dispatcher.networks[run_id] = item.network
-    if item.limits is not None:  # every call carries them; run_bash is what applies them
+    if item.limits is not None:  # every call carries them: its setup and check too
         dispatcher.limits[run_id] = item.limits
     task = Task(
         item,

@@ -96,12 +96,7 @@ class RunBashTool(ExecutableTool):
 
     def execute(self, args: dict[str, Any]) -> str:
         cwd = working_directory(self._workspace, args.get("cwd"))
-        # The run's own limits, where it asked: its time bounds the command's timeout.
-        limits = current_limits()
-        config = self._config.with_limits(limits)
-        timeout_ms = args.get("timeout", DEFAULT_TIMEOUT_MS)
-        if limits is not None and limits.timeout_s is not None:
-            timeout_ms = min(timeout_ms, math.ceil(limits.timeout_s * 1000))
+        config, timeout_ms = run_limited(self._config, args.get("timeout", DEFAULT_TIMEOUT_MS))
         result = run_command(
             args["command"],
             cwd=cwd,
@@ -112,11 +107,9 @@ class RunBashTool(ExecutableTool):
             before_start=admit_current_call,
             identity=self._workspace.owner,
         )
-        answer = command_answer(result)
-        applied = applied_limits(config, timeout_ms)
-        usage = (answer.usage or ResourceUsage()).model_copy(update={"limits": applied})
-        answer = answer.model_copy(update={"usage": usage})
-        report_usage(usage)
+        answer = with_applied_limits(command_answer(result), config, timeout_ms)
+        if answer.usage is not None:
+            report_usage(answer.usage)
         return answer.model_dump_json()
 
     def with_notice(self, output: str, notice: str) -> str:
@@ -128,6 +121,24 @@ class RunBashTool(ExecutableTool):
             return super().with_notice(output, notice)
         answer["notice"] = notice
         return json.dumps(answer, ensure_ascii=False)
+
+
+def run_limited(config: SandboxConfig, timeout_ms: int) -> tuple[SandboxConfig, int]:
+    """The configuration and timeout a command of the running call runs under: the run's own
+    limits where it asked (its time bounding the timeout), else ``config``'s."""
+    limits = current_limits()
+    if limits is not None and limits.timeout_s is not None:
+        timeout_ms = min(timeout_ms, math.ceil(limits.timeout_s * 1000))
+    return config.with_limits(limits), timeout_ms
+
+
+def with_applied_limits(
+    answer: CommandAnswer, config: SandboxConfig, timeout_ms: int
+) -> CommandAnswer:
+    """``answer`` whose ``usage.limits`` says what the command ran under."""
+    applied = applied_limits(config, timeout_ms)
+    usage = (answer.usage or ResourceUsage()).model_copy(update={"limits": applied})
+    return answer.model_copy(update={"usage": usage})
 
 
 def applied_limits(config: SandboxConfig, timeout_ms: int) -> RunLimits:

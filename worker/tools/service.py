@@ -48,7 +48,12 @@ from worker.exceptions import PathNotFoundError, WorkspaceError
 from worker.retention import remove_held, run_ids
 from worker.sandbox import SandboxConfig
 from worker.sessions.holders import RunSessions
-from worker.tools.bash import command_answer, working_directory
+from worker.tools.bash import (
+    command_answer,
+    run_limited,
+    with_applied_limits,
+    working_directory,
+)
 from worker.tools.commands import run_command
 from worker.tools.interface import ExecutableTool
 from worker.tools.paths import shown
@@ -298,17 +303,20 @@ class ExecTool(ServiceTool[ExecRequest]):
             raise ValueError("give exactly one of 'argv' and 'command'")
         cwd = working_directory(self.workspace, request.cwd)
         cap = min(request.output_cap_bytes, self.transfer_max_bytes)
+        # The run's own limits hold here as for run_bash (Inspect's exec, a batch's setup).
+        config, timeout_ms = run_limited(self._sandbox, request.timeout_ms)
         result = run_command(
             argv if argv is not None else command or "",
             cwd=cwd,
             home=self.workspace.root,
             env=request.env,
-            timeout_ms=request.timeout_ms,
-            config=dataclasses.replace(self._sandbox, output_cap_bytes=cap),
+            timeout_ms=timeout_ms,
+            config=dataclasses.replace(config, output_cap_bytes=cap),
             stdin=decode_content(stdin, "input") if stdin is not None else None,
             identity=self.workspace.owner,
         )
-        return ExecAnswer.model_validate(dict(command_answer(result)))
+        answer = with_applied_limits(command_answer(result), config, timeout_ms)
+        return ExecAnswer.model_validate(dict(answer))
 
 
 def service_tools(
