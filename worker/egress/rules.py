@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +36,6 @@ _NEVER = tuple(
         ("fd00:ec2::254/128", "the metadata address"),
     )
 )
-#: How long the host's own addresses are kept before they are read again.
-_LOCAL_FRESH_S = 5.0
 
 
 def plain(address: IpAddress) -> IpAddress:
@@ -95,19 +92,13 @@ class Verdict:
 
 
 class Guard:
-    """The addresses no run reaches on this worker: the fixed ones, the host's own (read again
-    every few seconds, as interfaces come and go) and the broker's."""
+    """The addresses no run reaches on this worker: the fixed ones, the host's own and the
+    broker's. The host's are read for every check (a fraction of a millisecond): an interface
+    that came up a moment ago is the host's at once, where a cache kept for seconds would let a
+    list that covers its address reach it."""
 
     def __init__(self, broker_addresses: frozenset[IpAddress]) -> None:
         self.broker = broker_addresses
-        self._local: frozenset[IpAddress] = frozenset()
-        self._local_at = -_LOCAL_FRESH_S
-
-    def _host(self) -> frozenset[IpAddress]:
-        now = time.monotonic()
-        if now - self._local_at >= _LOCAL_FRESH_S:
-            self._local, self._local_at = host_addresses(), now
-        return self._local
 
     def never(self, address: IpAddress) -> str | None:
         """Why no run reaches ``address``; None when a run may."""
@@ -117,7 +108,7 @@ class Guard:
         for network, why in _NEVER:
             if address.version == network.version and address in network:
                 return why
-        if address in self._host():
+        if address in host_addresses():
             return "an address of the worker's host"
         return None
 
