@@ -28,12 +28,33 @@ _CHUNK = 64 * 1024
 _HOP_HEADERS = (b"proxy-connection", b"proxy-authorization", b"connection", b"keep-alive")
 
 
+#: Distinct refusals a call's answer names; more are counted, not named.
+MAX_NAMED_REFUSALS = 5
+
+
 @dataclass
 class Counts:
-    """What one call's proxy allowed and refused."""
+    """What one call's proxy allowed and refused, and the first refusals, each one line
+    (``toolq refused HOST:PORT: why``): the command's client may show only a status code (curl's
+    "CONNECT tunnel failed, response 403"), so the call's answer names them itself."""
 
     allowed: int = 0
     refused: int = 0
+    refusals: list[str] = field(default_factory=list)
+
+    def refuse(self, line: str) -> None:
+        self.refused += 1
+        if line not in self.refusals and len(self.refusals) < MAX_NAMED_REFUSALS:
+            self.refusals.append(line)
+
+    @property
+    def notice(self) -> str:
+        """What the call's stderr ends with: each refusal named, and how many more there were."""
+        lines = list(self.refusals)
+        unnamed = self.refused - len(lines)
+        if lines and unnamed > 0:
+            lines.append(f"toolq refused {unnamed} more connection(s) of this command")
+        return "".join(line + "\n" for line in lines)
 
 
 @dataclass
@@ -112,15 +133,17 @@ async def _handle(
             return
         host, port, forward = target
         if len(served.writers) > MAX_OPEN:
-            served.counts.refused += 1
-            await _answer(writer, 429, f"more than {MAX_OPEN} connections at once")
+            why = f"toolq refused {host}:{port}: more than {MAX_OPEN} connections at once"
+            served.counts.refuse(_printable(why))
+            await _answer(writer, 429, why)
             return
         verdict = await asyncio.get_running_loop().run_in_executor(
             None, judge, served.policy, served.guard, host, port
         )
         if verdict.refusal is not None:
-            served.counts.refused += 1
-            await _answer(writer, 403, f"toolq refused {host}:{port}: {verdict.refusal}")
+            why = f"toolq refused {host}:{port}: {verdict.refusal}"
+            served.counts.refuse(_printable(why))
+            await _answer(writer, 403, why)
             return
         served.counts.allowed += 1
         up_reader, upstream = await _connect(verdict.addresses, port)
@@ -183,6 +206,11 @@ def _target(head: bytes) -> tuple[str, int, bytes | None] | None:
     ]
     lines = [f"{method} {path} {version}".encode("latin-1"), *headers, b"Connection: close"]
     return url.hostname, port, b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+def _printable(text: str) -> str:
+    """``text`` as one line of printable characters: a host name comes from the command."""
+    return "".join(c if c.isprintable() else "?" for c in text)[:300]
 
 
 async def _answer(writer: asyncio.StreamWriter, status: int, text: str) -> None:

@@ -205,7 +205,7 @@ def _run(
         if egress is None:
             return result
         counts = egress.close()
-        return result.with_network(counts.allowed, counts.refused)
+        return result.with_network(counts.allowed, counts.refused, counts.notice)
     finally:
         if egress is not None:
             egress.close()

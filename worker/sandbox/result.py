@@ -60,11 +60,14 @@ class SandboxResult:
     isolation: tuple[str, ...]
     usage: Usage = NO_USAGE
 
-    def with_network(self, allowed: int, refused: int) -> SandboxResult:
+    def with_network(self, allowed: int, refused: int, notice: str = "") -> SandboxResult:
         """This result with the connections its run's egress proxy allowed and refused in its
-        usage."""
+        usage, and ``notice`` (a line per refusal, naming what and why) at the end of stderr."""
         usage = replace(self.usage, network_allowed=allowed, network_refused=refused)
-        return replace(self, usage=usage)
+        stderr = self.stderr
+        if notice:
+            stderr += ("" if not stderr or stderr.endswith("\n") else "\n") + notice
+        return replace(self, usage=usage, stderr=stderr)
 
 
 def build_result(
