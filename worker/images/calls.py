@@ -94,7 +94,7 @@ def run_in_box(
             if egress is None:
                 return result
             counts = egress.close()
-            return result.with_network(counts.allowed, counts.refused)
+            return result.with_network(counts.allowed, counts.refused, counts.notice)
         finally:
             process_file.unlink(missing_ok=True)
             pid_file.unlink(missing_ok=True)
@@ -113,7 +113,7 @@ def box_egress(
         raise SandboxError(
             f"a box of {runtime.name} (gVisor) has a network stack of its own, which the "
             f'worker\'s proxy cannot serve: run {record.run_id} may ask only for network "none" '
-            "there (TOOLQ_OCI_RUNTIME=runc gives an image a network)"
+            "there (TOOLQ_OCI_RUNTIME=runc or crun gives a run with an image a network)"
         )
     try:
         egress = open_egress(network, record.init_pid)
