@@ -5,8 +5,13 @@ finds no route; and every connection is counted in the call's usage."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+import secrets
+import shlex
+import socket
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +28,7 @@ from tests.worker.conftest import (
 from tests.worker.netns_server import Served, free_port, served_in_namespace
 from worker.contract.network import NetworkPolicy
 from worker.contract.sandbox_settings import SandboxSettings
+from worker.egress.rules import Guard, judge
 from worker.executor import Executor
 from worker.results import ResultStore
 from worker.sandbox import SandboxConfig, SandboxError, SandboxResult
@@ -205,3 +211,100 @@ def test_a_calls_network_on_the_wire_reaches_its_command(
         assert (answer.usage.network_allowed, answer.usage.network_refused) == (1, 0)
     finally:
         launcher.release()
+
+
+def test_a_refused_connection_is_named_in_one_line_of_the_calls_stderr(
+    config: SandboxConfig, servers: tuple[list[Served], Served]
+) -> None:
+    # curl through a CONNECT tunnel shows only "response 403": the answer names what and why.
+    (listed, unlisted), _machine = servers
+    workspace = prepare_workspace(Path(str(config.workspace_root)) / "run-said", config)
+    command = f"{CURL} -p http://{unlisted.address}:{unlisted.port}/ 2>/dev/null; echo exit $?"
+    result = run(config, workspace, command, [f"{listed.address}:{listed.port}"])
+    assert result.stdout == "exit 56\n", (result.stdout, result.stderr)
+    where = f"{unlisted.address}:{unlisted.port}"
+    assert result.stderr == f"toolq refused {where}: {where} is not in this run's network list\n"
+
+
+def test_names_are_resolved_by_the_proxy_and_never_in_the_run(
+    config: SandboxConfig, servers: tuple[list[Served], Served]
+) -> None:
+    workspace = prepare_workspace(Path(str(config.workspace_root)) / "run-dns", config)
+    resolve = "import socket, sys; socket.getaddrinfo(sys.argv[1], 443)"
+    command = "; ".join(
+        [
+            # The run asks a resolver itself: nothing answers it, whatever the list holds.
+            f"/usr/bin/python3 -c '{resolve}' pypi.org 2>&1 | tail -1",
+            # Through the proxy, a listed name is resolved by the worker: this one is the
+            # machine's own (loopback), refused as its address would be.
+            f"{CURL} -p --noproxy '' https://localhost:443/ 2>/dev/null || echo refused",
+            # An unlisted name is refused before anything resolves it.
+            f"{CURL} -p https://exfiltrated.example:443/ 2>/dev/null || echo refused",
+        ]
+    )
+    result = run(config, workspace, command, ["pypi.org:443", "localhost:443"])
+    said = result.stdout.splitlines()
+    assert said[0].startswith("socket.gaierror:"), result.stdout
+    assert said[1:] == ["refused", "refused"]
+    resolved, unlisted = result.stderr.splitlines()
+    # The worker resolved the listed name (here to the broker's and the host's loopback).
+    assert resolved.startswith("toolq refused localhost:443: localhost resolves only to ")
+    assert resolved.endswith(", which no run reaches")
+    assert unlisted == (
+        "toolq refused exfiltrated.example:443: exfiltrated.example:443 is not in this run's "
+        "network list"
+    )
+
+
+@pytest.mark.parametrize("network", ["list", "full"])
+def test_udp_reaches_nothing_whatever_the_network(
+    config: SandboxConfig, servers: tuple[list[Served], Served], network: str
+) -> None:
+    (listed, _), machine = servers
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as receiver:
+        receiver.bind((machine.address, 0))
+        receiver.setblocking(False)
+        port = receiver.getsockname()[1]
+        targets = [(listed.address, listed.port), (machine.address, port), ("8.8.8.8", 53)]
+        send = (
+            "import socket, sys\n"
+            "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+            "try:\n"
+            "    s.sendto(b'out', (sys.argv[1], int(sys.argv[2]))); print('sent')\n"
+            "except OSError as e:\n"
+            "    print(e.strerror)\n"
+        )
+        command = "; ".join(
+            f'/usr/bin/python3 -c "$SEND" {host} {target_port}' for host, target_port in targets
+        )
+        wide = [f"{listed.address}/30:*", f"{machine.address}/32:*", "8.8.8.8/32:*"]
+        policy = wide if network == "list" else "full"
+        workspace = prepare_workspace(
+            Path(str(config.workspace_root)) / f"run-udp-{network}", config
+        )
+        result = run(config, workspace, f"export SEND={shlex.quote(send)}; {command}", policy)
+        assert result.stdout.splitlines() == ["Network is unreachable"] * 3, result.stderr
+        with pytest.raises(BlockingIOError):  # the run has ended: anything sent is here now
+            receiver.recv(64)
+    assert result.usage.network_allowed == 0 and result.usage.network_refused == 0
+
+
+def test_an_address_the_host_gained_a_moment_ago_is_refused_at_once() -> None:
+    guard = Guard(frozenset())
+    address = ipaddress.ip_address(f"10.215.{secrets.randbelow(256)}.{secrets.randbelow(254) + 1}")
+    wide = NetworkPolicy.parse(["10.215.0.0/16:*"])
+    assert guard.never(address) is None  # read before the interface exists
+    link = f"tqd{secrets.token_hex(3)}"
+    subprocess.run(
+        ["ip", "link", "add", link, "type", "veth", "peer", "name", f"{link}p"],
+        check=True,
+        timeout=30,
+    )
+    try:
+        subprocess.run(["ip", "addr", "add", f"{address}/32", "dev", link], check=True, timeout=30)
+        verdict = judge(wide, guard, str(address), 80)
+        assert (
+            verdict.refusal == f"{address} is an address of the worker's host, which no run reaches"
+        )
+    finally:
+        subprocess.run(["ip", "link", "del", link], check=True, timeout=30)
