@@ -3,6 +3,7 @@ Inspect user names theirs, and the task and sandbox Inspect's own conformance ch
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -47,8 +48,10 @@ def fleet_variables(fleet: WorkerFleet) -> dict[str, str]:
     }
 
 
-@pytest.fixture(scope="package")
-def inspect_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerFleet]:
+@contextlib.contextmanager
+def fleet_of_its_own(
+    tmp_path_factory: pytest.TempPathFactory, **settings: object
+) -> Iterator[WorkerFleet]:
     """Both pools on a Redis of their own, with workspaces in a folder whose parents the sandbox
     user may search (pytest's are private to root), as under a real workspace root: bash
     --login looks for the profile in $HOME, the workspace."""
@@ -57,13 +60,19 @@ def inspect_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerFl
     root = Path(tempfile.mkdtemp(prefix="toolq-inspect-"))
     os.chmod(root, 0o755)
     # Room for Inspect's 50 MiB conformance transfers on a busy machine.
-    workers = WorkerFleet(fleet_settings(redis.url, root, max_timeout_ms=120_000)).start()
+    workers = WorkerFleet(fleet_settings(redis.url, root, max_timeout_ms=120_000, **settings))
     try:
-        yield workers
+        yield workers.start()
     finally:
         workers.stop()
         redis.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="package")
+def inspect_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerFleet]:
+    with fleet_of_its_own(tmp_path_factory) as workers:
+        yield workers
 
 
 @pytest.fixture(scope="module")
