@@ -14,17 +14,13 @@ parent-death signal every sandboxed command has: the holder gone, its box goes.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import pickle
 import secrets
 import select
 import socket
-import struct
-import subprocess
 import sys
-import termios
 import threading
 import time
 from dataclasses import dataclass
@@ -45,7 +41,7 @@ from worker.sandbox import SandboxConfig, SandboxError, run_sandboxed
 from worker.sandbox.layers import plan_for
 from worker.sessions.records import SessionRecord
 from worker.sessions.screen import Screen
-from worker.sessions.shell import shell_command, shell_env
+from worker.sessions.shell import loopback_up, set_modes, shell_command, shell_env
 from worker.sessions.wire import (
     HolderAnswer,
     HolderRequest,
@@ -72,8 +68,6 @@ INTERRUPT_S = 5.0
 END_BOUND_S = 10.0
 #: A call's own reading and writing of its line.
 CONNECTION_S = 10.0
-#: The terminal's size: wide, so that lines are seldom wrapped.
-ROWS, COLUMNS = 50, 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +120,7 @@ class Holder:
                 self._end("its shell did not start")
                 return
             if self._spec.box is None:
-                _loopback_up(self._master)  # a box's is up from its start
+                loopback_up(self._master)  # a box's is up from its start
             if record is not None:
                 record.with_holder(os.getpid()).write(Path(self._spec.record))
             self._serve(watch)
@@ -137,7 +131,7 @@ class Holder:
         if self._spec.box is not None:
             self._start_box_shell(self._spec.box)
             return
-        _set_modes(self._slave)
+        set_modes(self._slave)
         terminal = os.ttyname(self._slave)
         config = self._spec.config
         plan = plan_for(config, os.geteuid()).for_identity(self._spec.identity)
@@ -166,7 +160,7 @@ class Holder:
             return
         self._box_shell = shell
         self._master = shell.master
-        _set_modes(self._master)
+        set_modes(self._master)
         release_box_shell(shell)
         self._box = threading.Thread(target=self._box_shell_life, args=(shell.pid,), daemon=True)
         self._box.start()
@@ -338,36 +332,6 @@ def forget_files(record: Path) -> None:
         record.with_suffix(suffix).unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         record.parent.rmdir()
-
-
-def _loopback_up(master: int) -> None:
-    """The shell's network namespace (the run's own, where the sandbox gives one) with its
-    loopback up, as a container's: a server started in one call answers ``localhost`` in the
-    next. Nothing else of the network: the namespace has no other interface."""
-    try:
-        shell = os.tcgetpgrp(master)
-        theirs = os.readlink(f"/proc/{shell}/ns/net")
-    except OSError:
-        return
-    if theirs == os.readlink("/proc/self/ns/net"):
-        return  # the host's network: its loopback is up already
-    try:
-        subprocess.run(
-            ["nsenter", f"--net=/proc/{shell}/ns/net", "ip", "link", "set", "lo", "up"],
-            check=True,
-            capture_output=True,
-            timeout=START_BOUND_S,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        log.warning("the session's loopback could not be brought up: %s", exc)
-
-
-def _set_modes(terminal: int) -> None:
-    """The terminal's size, and what is typed not shown back."""
-    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLUMNS, 0, 0))
-    modes = termios.tcgetattr(terminal)
-    modes[3] &= ~termios.ECHO
-    termios.tcsetattr(terminal, termios.TCSANOW, modes)
 
 
 def _folder_id(path: str) -> tuple[int, int] | None:

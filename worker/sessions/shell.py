@@ -1,17 +1,30 @@
 """The session's shell: bash, interactive, on the session's terminal as its controlling
 terminal (Ctrl-C reaches the command in the foreground), without line editing (what the model
 types is not echoed back) and with an empty prompt, telling the holder each time it waits at
-its prompt, with the last command's exit status, by a terminal sequence that shows nothing."""
+its prompt, with the last command's exit status, by a terminal sequence that shows nothing;
+and the terminal and the loopback the holder sets up for it."""
 
 from __future__ import annotations
 
+import fcntl
+import logging
+import os
 import shlex
+import struct
+import subprocess
+import termios
 
 #: The shell's variables: no prompt text, and the word that it waits at its prompt.
 PROMPT_WORD = "printf '\\033]9;toolq-%s:%%d\\007' \"$?\""
 #: The prompt of an image's sh, which has no ``PROMPT_COMMAND`` (``PS1``): the same word,
 #: in which it expands ``$?``.
 SH_PROMPT = "\033]9;toolq-%s:$?\007"
+#: The terminal's size: wide, so that lines are seldom wrapped.
+ROWS, COLUMNS = 50, 200
+#: How long bringing the loopback up may take.
+LOOPBACK_BOUND_S = 60.0
+
+log = logging.getLogger("toolq.session")
 
 
 def shell_command(terminal: str) -> str:
@@ -34,3 +47,33 @@ def shell_env(nonce: str) -> dict[str, str]:
         "TERM": "dumb",
         "PROMPT_COMMAND": PROMPT_WORD % nonce,
     }
+
+
+def loopback_up(master: int) -> None:
+    """The shell's network namespace (the run's own, where the sandbox gives one) with its
+    loopback up, as a container's: a server started in one call answers ``localhost`` in the
+    next. Nothing else of the network: the namespace has no other interface."""
+    try:
+        shell = os.tcgetpgrp(master)
+        theirs = os.readlink(f"/proc/{shell}/ns/net")
+    except OSError:
+        return
+    if theirs == os.readlink("/proc/self/ns/net"):
+        return  # the host's network: its loopback is up already
+    try:
+        subprocess.run(
+            ["nsenter", f"--net=/proc/{shell}/ns/net", "ip", "link", "set", "lo", "up"],
+            check=True,
+            capture_output=True,
+            timeout=LOOPBACK_BOUND_S,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("the session's loopback could not be brought up: %s", exc)
+
+
+def set_modes(terminal: int) -> None:
+    """The terminal's size, and what is typed not shown back."""
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLUMNS, 0, 0))
+    modes = termios.tcgetattr(terminal)
+    modes[3] &= ~termios.ECHO
+    termios.tcsetattr(terminal, termios.TCSANOW, modes)
