@@ -29,7 +29,6 @@ from worker.images.boxes import BoxRecord, BoxSettings
 from worker.images.runtime import OciRuntime
 from worker.images.spec import merged_env, process_config
 from worker.plumbing.proc_stat import process_alive, session_of
-from worker.sessions.shell import SH_PROMPT, shell_env
 
 #: The bundle's folder of session shells' pid files.
 _SHELLS = "session-shells"
@@ -81,13 +80,12 @@ def gvisor_refusal(settings: BoxSettings) -> str | None:
 
 
 def start_box_shell(
-    place: BoxPlace, nonce: str, file_size_mb: int, key: str, deadline: float
+    place: BoxPlace, variables: dict[str, str], file_size_mb: int, key: str, deadline: float
 ) -> BoxShell:
-    """Start the session's shell in the box as the box's user, with its variables and the
-    prompt word of ``nonce`` (bash's as on the worker's files; an image's sh, which has no
-    ``PROMPT_COMMAND``, says it in its ``PS1``). ``RuntimeFailed`` when the runtime could
+    """Start the session's shell in the box as the box's user, with the image's variables and
+    the session's own over them (``worker.sessions.shell.box_shell_env``: its prompt word for
+    bash, and for an image's sh in its ``PS1``). ``RuntimeFailed`` when the runtime could
     not."""
-    sh_prompt = SH_PROMPT % nonce
     record = place.record
     runtime = OciRuntime.find(place.settings.runtime, place.settings.cache_root)
     bundle = place.settings.cache_root / "boxes" / record.name
@@ -96,7 +94,7 @@ def start_box_shell(
         _SHELL_ARGV,
         user=(record.user[0], record.user[1]),
         cwd=place.cwd,
-        env=merged_env(record.env, {**shell_env(nonce), "PS1": sh_prompt}),
+        env=merged_env(record.env, variables),
         rlimits={"RLIMIT_FSIZE": (file_size_mb * mb, file_size_mb * mb)},
     )
     process["terminal"] = True

@@ -41,7 +41,13 @@ from worker.sandbox import SandboxConfig, SandboxError, run_sandboxed
 from worker.sandbox.layers import plan_for
 from worker.sessions.records import SessionRecord
 from worker.sessions.screen import Screen
-from worker.sessions.shell import loopback_up, set_modes, shell_command, shell_env
+from worker.sessions.shell import (
+    box_shell_env,
+    loopback_up,
+    set_modes,
+    shell_command,
+    shell_env,
+)
 from worker.sessions.wire import (
     HolderAnswer,
     HolderRequest,
@@ -153,7 +159,8 @@ class Holder:
                 # Under the box's lock: no call's leftovers are killed before the shell is
                 # known as a session's.
                 file_size_mb = self._spec.config.settings.file_size_mb
-                shell = start_box_shell(place, self._nonce, file_size_mb, key, deadline)
+                variables = box_shell_env(self._nonce)
+                shell = start_box_shell(place, variables, file_size_mb, key, deadline)
         except (RuntimeFailed, ImageError) as exc:
             log.error("the shell could not start: %s", exc)
             self._screen.close()

@@ -49,6 +49,12 @@ def shell_env(nonce: str) -> dict[str, str]:
     }
 
 
+def box_shell_env(nonce: str) -> dict[str, str]:
+    """The shell's own variables in a run's container, over the image's: an image's sh, which
+    has no ``PROMPT_COMMAND``, says the prompt word in its ``PS1`` (``box_shells``)."""
+    return {**shell_env(nonce), "PS1": SH_PROMPT % nonce}
+
+
 def loopback_up(master: int) -> None:
     """The shell's network namespace (the run's own, where the sandbox gives one) with its
     loopback up, as a container's: a server started in one call answers ``localhost`` in the
