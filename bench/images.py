@@ -18,7 +18,9 @@ import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
+from typing import Any
 
+from bench.box_sessions import exec_and_session_ms
 from bench.shared_base import fresh_boxes, shared_base_pair
 from bench.stats import CaseResult, Comparison, summarize
 from tests.worker.images.builders import build_image, images_folder, skip_reason
@@ -68,8 +70,10 @@ def images_case(runs: int, calls: int) -> CaseResult:
             if shutil.which(runtime) is None:
                 result.notes.append(f"{runtime} not measured: it is not installed")
                 continue
-            starts, firsts, execs = _measure(root, runtime, image, sandbox, runs, calls)
-            figures = {
+            starts, firsts, execs, typed, first_typed = _measure(
+                root, runtime, image, sandbox, runs, calls
+            )
+            figures: dict[str, Any] = {
                 "container_start": summarize(starts),
                 "first_call": summarize(firsts),
                 "exec_true": summarize(execs),
@@ -77,6 +81,20 @@ def images_case(runs: int, calls: int) -> CaseResult:
             result.figures[runtime] = figures
             result.samples_ms[f"{runtime}: first call (start + exec)"] = firsts
             result.samples_ms[f"{runtime}: exec 'true'"] = execs
+            if typed:
+                figures["bash_session_true"] = summarize(typed)
+                figures["bash_session_first_call_ms"] = round(first_typed, 2)
+                result.samples_ms[f"{runtime}: bash_session 'true'"] = typed
+                result.comparisons.append(
+                    Comparison(
+                        metric=f"{runtime}: bash_session 'true' typed into the container's shell "
+                        "(p50)",
+                        value=figures["bash_session_true"]["p50_ms"],
+                        baseline=figures["exec_true"]["p50_ms"],
+                        baseline_name=f"{runtime}: exec 'true' into the same container",
+                        unit="ms",
+                    )
+                )
             result.comparisons += [
                 against_run_bash(
                     metric=f"{runtime}: a run's first call, container started (p50)",
@@ -101,7 +119,9 @@ def images_case(runs: int, calls: int) -> CaseResult:
 
 def _measure(
     root: Path, runtime: str, image: str, sandbox: SandboxConfig, runs: int, calls: int
-) -> tuple[list[float], list[float], list[float]]:
+) -> tuple[list[float], list[float], list[float], list[float], float]:
+    """Each run's container start and first call; then, on one container, execs alternated
+    with session calls (runc alone: gVisor holds no session), and the session's first call."""
     with _boxes(root, runtime) as boxes:
         # Warm: the image pulled and unpacked once.
         _start(boxes, sandbox, root, "warm", image)
@@ -110,7 +130,7 @@ def _measure(
         for n in range(runs):
             run_id = f"bench-{runtime}-{n}"
             began = time.perf_counter()
-            record, workspace = _start(boxes, sandbox, root, run_id, image)
+            record, workspace, _ = _start(boxes, sandbox, root, run_id, image)
             started = time.perf_counter()
             run_in_box(boxes, record, "true", cwd=workspace, env={}, timeout_ms=TIMEOUT_MS,
                        config=sandbox)  # fmt: skip
@@ -118,15 +138,24 @@ def _measure(
             starts.append((started - began) * 1000)
             firsts.append((done - began) * 1000)
             boxes.end(run_id, time.monotonic() + 30)
-        record, workspace = _start(boxes, sandbox, root, f"bench-{runtime}-calls", image)
-        execs = []
-        for _ in range(calls):
-            began = time.perf_counter()
-            run_in_box(boxes, record, "true", cwd=workspace, env={}, timeout_ms=TIMEOUT_MS,
-                       config=sandbox)  # fmt: skip
-            execs.append((time.perf_counter() - began) * 1000)
+        record, workspace, owner = _start(boxes, sandbox, root, f"bench-{runtime}-calls", image)
+        typed: list[float] = []
+        first_typed = 0.0
+        if runtime == "runc":
+            execs, typed, first_typed = exec_and_session_ms(
+                boxes, record, workspace, owner, sandbox, calls
+            )
+        else:
+            execs = [_exec_ms(boxes, record, workspace, sandbox) for _ in range(calls)]
         boxes.end(record.run_id, time.monotonic() + 30)
-    return starts, firsts, execs
+    return starts, firsts, execs, typed, first_typed
+
+
+def _exec_ms(boxes: Boxes, record: BoxRecord, workspace: Path, sandbox: SandboxConfig) -> float:
+    began = time.perf_counter()
+    run_in_box(boxes, record, "true", cwd=workspace, env={}, timeout_ms=TIMEOUT_MS,
+               config=sandbox)  # fmt: skip
+    return (time.perf_counter() - began) * 1000
 
 
 @contextlib.contextmanager
@@ -141,11 +170,11 @@ def _boxes(root: Path, runtime: str) -> Iterator[Boxes]:
 
 def _start(
     boxes: Boxes, sandbox: SandboxConfig, root: Path, run_id: str, image: str
-) -> tuple[BoxRecord, Path]:
+) -> tuple[BoxRecord, Path, tuple[int, int]]:
     workspace = prepare_workspace(root / "workspaces" / run_id, sandbox)
     assert workspace.owner is not None
     record = boxes.start(run_id, workspace.root, workspace.owner, image, time.monotonic() + 120)
-    return record, workspace.root
+    return record, workspace.root, workspace.owner
 
 
 def _run_bash_ms(sandbox: SandboxConfig, workspaces: Path, calls: int) -> list[float]:

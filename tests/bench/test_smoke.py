@@ -148,3 +148,15 @@ def test_the_model_clients_own_cost_is_measured_beside_aiohttp(results: Path) ->
     assert client["requests"] == largest * 4  # as many as the large run asked the model
     assert client["openai_cpu_ms_per_request"] > 0 < client["aiohttp_cpu_ms_per_request"]
     assert client["model_requests_retried"] == 0
+
+
+def test_a_session_in_a_container_is_set_beside_an_exec_into_it(results: Path) -> None:
+    images = json.loads((results / "latest.json").read_text())["cases"]["images"]
+    if "runc" not in images["figures"]:
+        pytest.skip(f"runc was not measured: {images['notes']}")
+    runc = images["figures"]["runc"]
+    assert runc["bash_session_true"]["n"] == runc["exec_true"]["n"] > 0
+    assert runc["bash_session_first_call_ms"] > 0
+    metrics = {comparison["metric"]: comparison for comparison in images["comparisons"]}
+    pair = metrics["runc: bash_session 'true' typed into the container's shell (p50)"]
+    assert pair["baseline_name"] == "runc: exec 'true' into the same container"
