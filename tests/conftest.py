@@ -202,6 +202,21 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
     server.stop()
 
 
+@contextlib.contextmanager
+def task_events_channel(redis_url: str) -> Iterator[redis.client.PubSub]:
+    """Every task event message published on Celery's events exchange, as the broker carries
+    it."""
+    client = redis.Redis.from_url(redis_url)
+    listening = client.pubsub()  # type: ignore[no-untyped-call]
+    listening.psubscribe("/0.celeryev/task.*")
+    listening.get_message(timeout=5)  # the subscription's confirmation
+    try:
+        yield listening
+    finally:
+        listening.close()
+        client.close()
+
+
 def fleet_settings(broker_url: str, workspace_root: Path, **overrides: object) -> WorkerSettings:
     values: dict[str, object] = {
         "broker_url": broker_url,

@@ -11,6 +11,7 @@ from worker.contract.settings_check import checked_worker_settings, exit_on_bad_
 from worker.contract.wire import POOLS, task_queues
 from worker.plumbing.lifeline import serve_or_exit
 from worker.plumbing.redis_transport import transport_setting
+from worker.plumbing.task_events import batch_task_events
 
 
 def celery_config(settings: WorkerSettings) -> dict[str, Any]:
@@ -54,7 +55,8 @@ def create_celery_app(settings: WorkerSettings | None = None) -> Celery:
     celery_app.config_from_object(celery_config(settings or get_worker_settings()))
     # A worker whose consumer stops for good exits (a supervisor starts it again), and its
     # heartbeat says live only while its consumer takes calls: never a live worker that is deaf.
-    return serve_or_exit(celery_app)
+    # Its task events travel a batch to a message: one per event cost a busy consumer dearly.
+    return batch_task_events(serve_or_exit(celery_app))
 
 
 # Checked before Celery starts anything: a misspelt variable or a URL toolq cannot use stops

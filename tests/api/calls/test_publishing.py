@@ -17,7 +17,7 @@ from celery import Celery
 
 from api.calls.broker import producer_app
 from api.calls.publishing import CallPublisher
-from tests.conftest import RedisServer, fleet_settings, wait_for
+from tests.conftest import RedisServer, fleet_settings, task_events_channel, wait_for
 from worker.contract.settings import FleetSettings
 from worker.contract.wire import ToolCallRequest, ToolContextSnapshot
 
@@ -59,14 +59,8 @@ def settings(own_redis: RedisServer, tmp_path: Path) -> FleetSettings:
 
 @pytest.fixture
 def events_channel(settings: FleetSettings) -> Iterator[redis.client.PubSub]:
-    """Every task event message published on the events' exchange, as the broker carries it."""
-    client = redis.Redis.from_url(settings.redis_url)
-    listening = client.pubsub()  # type: ignore[no-untyped-call]
-    listening.psubscribe("/0.celeryev/task.*")
-    listening.get_message(timeout=5)  # the subscription's confirmation
-    yield listening
-    listening.close()
-    client.close()
+    with task_events_channel(settings.redis_url) as listening:
+        yield listening
 
 
 def requests(count: int) -> list[ToolCallRequest]:
