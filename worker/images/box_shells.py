@@ -5,9 +5,12 @@ what a call left running spares them.
 
 A session's shell leads a session of its own in the box (the runtime makes it so, its terminal
 the controlling one): whatever it starts, in the foreground or in the background, is in that
-session unless it leaves it (``setsid``), and is spared; a process that left it is a call's
-leftover like any other. Each shell's host pid is written in its box's bundle, which no
-process of the box sees.
+session, and is spared, as is what those processes start in a session of their own (Inspect's
+tools server, started in a session, keeps each of its shells in a new one: ``setsid``). A
+process whose parent is neither is a call's leftover like any other: a call's own, or a daemon
+that left the session and its parent (an orphan's parent is the box's first process, never a
+session's), so that no call can slip a process of its own among a session's. Each shell's host
+pid is written in its box's bundle, which no process of the box sees.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from worker.exceptions import RuntimeFailed
 from worker.images.boxes import BoxRecord, BoxSettings
 from worker.images.runtime import OciRuntime
 from worker.images.spec import merged_env, process_config
-from worker.plumbing.proc_stat import process_alive, session_of
+from worker.plumbing.proc_stat import parent_of, process_alive, session_of
 
 #: The bundle's folder of session shells' pid files.
 _SHELLS = "session-shells"
@@ -136,7 +139,7 @@ def release_box_shell(shell: BoxShell) -> None:
 
 
 def end_box_shell(shell: BoxShell) -> None:
-    """Kill the shell and all of its session (what it started and left running)."""
+    """Kill the shell and all it started and left running (``session_processes``)."""
     shell.pid_file.unlink(missing_ok=True)
     for pid in _in_sessions({shell.pid}, _all_pids()) | {shell.pid}:
         with contextlib.suppress(ProcessLookupError):
@@ -155,7 +158,17 @@ def session_processes(bundle: Path, pids: set[int]) -> set[int]:
 
 
 def _in_sessions(leaders: set[int], pids: set[int]) -> set[int]:
-    return {pid for pid in pids if session_of(pid) in leaders}
+    """Those of ``pids`` in a session ``leaders`` lead, and their descendants among ``pids``
+    (in whatever session)."""
+    spared = {pid for pid in pids if session_of(pid) in leaders}
+    parents = {pid: parent_of(pid) for pid in pids - spared}
+    while True:
+        children = {pid for pid, parent in parents.items() if parent in spared}
+        if not children:
+            return spared
+        spared |= children
+        for pid in children:
+            del parents[pid]
 
 
 def _all_pids() -> set[int]:

@@ -13,6 +13,8 @@ _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 #: Where the start time is among the fields that follow the command name in /proc/<pid>/stat
 #: (field 22 of proc(5), counted from the state, field 3).
 _STARTED_FIELD = 22 - 3
+#: Where the parent's pid is (field 4 of proc(5)).
+_PARENT_FIELD = 4 - 3
 #: Where the session id is (field 6 of proc(5)).
 _SESSION_FIELD = 6 - 3
 
@@ -26,19 +28,19 @@ def process_alive(pid: int) -> bool:
 def start_time(pid: int) -> int | None:
     """When ``pid`` started (clock ticks after boot); None when it does not run (a zombie has
     ended: only its exit status is left for its parent)."""
-    fields = _stat_fields(pid)
-    if fields is None or fields[0] in ("Z", "X") or len(fields) <= _STARTED_FIELD:
-        return None
-    return int(fields[_STARTED_FIELD])
+    return _field_of_running(pid, _STARTED_FIELD)
 
 
 def session_of(pid: int) -> int | None:
     """The session ``pid`` is in (its leader's pid, as this /proc's namespace sees it); None
     when it does not run."""
-    fields = _stat_fields(pid)
-    if fields is None or fields[0] in ("Z", "X") or len(fields) <= _SESSION_FIELD:
-        return None
-    return int(fields[_SESSION_FIELD])
+    return _field_of_running(pid, _SESSION_FIELD)
+
+
+def parent_of(pid: int) -> int | None:
+    """The pid of ``pid``'s parent (as this /proc's namespace sees it: 0 for one outside it);
+    None when it does not run."""
+    return _field_of_running(pid, _PARENT_FIELD)
 
 
 def boot_id() -> str:
@@ -47,6 +49,13 @@ def boot_id() -> str:
         return _BOOT_ID.read_text().strip()
     except OSError:
         return ""
+
+
+def _field_of_running(pid: int, index: int) -> int | None:
+    fields = _stat_fields(pid)
+    if fields is None or fields[0] in ("Z", "X") or len(fields) <= index:
+        return None
+    return int(fields[index])
 
 
 def _stat_fields(pid: int) -> list[str] | None:

@@ -1,7 +1,7 @@
 """bash_session in a run with an image: the shell runs in the run's container, as the image's
 user, keeps its folder, variables and background processes between calls (the call's "kill
-what it left running" step spares them), takes Ctrl-C and restart, ends with the run, and no
-other run reaches it."""
+what it left running" step spares them and what they start, even in a session of its own),
+takes Ctrl-C and restart, ends with the run, and no other run reaches it."""
 
 from __future__ import annotations
 
@@ -118,6 +118,27 @@ async def test_ctrl_c_and_restart_end_what_runs(box: ToolqSandboxEnvironment) ->
     assert not processes_with(f"sleep {mark}")
     fresh = await session(box, "type_submit", "pwd")
     assert fresh["output"].splitlines() == ["/workspace"]
+
+
+async def test_what_a_session_starts_in_a_session_of_its_own_stays_until_restart(
+    box: ToolqSandboxEnvironment,
+) -> None:
+    """As Inspect's tools server keeps its shells (each a ``setsid`` child of the server); a
+    plain call's own ``setsid`` daemon is still killed."""
+    kept, left = token(), token()
+    started = await session(
+        box,
+        "type_submit",
+        f"sh -c 'setsid sleep {kept} & wait' & "
+        f"until ps -o args | grep -q '^sleep {kept}'; do sleep 0.05; done; echo up",
+    )
+    assert started["output"].splitlines()[-1] == "up", started
+
+    await box.exec(["sh", "-c", f"setsid sleep {left} & echo left"])
+
+    assert processes_with(f"sleep {kept}") and not processes_with(f"sleep {left}")
+    await session(box, "restart")
+    assert not processes_with(f"sleep {kept}")
 
 
 async def test_the_session_ends_with_its_run(image_task: str) -> None:
