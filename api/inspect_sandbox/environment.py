@@ -34,6 +34,13 @@ from api.inspect_sandbox.image_config import CONFIG_FILES, ToolqSandboxConfig, s
 from api.inspect_sandbox.link import LINK
 from api.inspect_sandbox.outside import SHELL, read_outside, write_outside
 from api.inspect_sandbox.owners import new_run_id
+from api.inspect_sandbox.sandbox_tools import (
+    GVISOR,
+    HAS_A_LOADER,
+    NOT_FOUND,
+    no_loader,
+    starts_a_server,
+)
 from api.runs.environment import RunEnvironment
 from api.runs.workspace import RunWorkspace, calls_end_within_s
 from api.settings import OrchestratorSettings
@@ -47,10 +54,6 @@ log = logging.getLogger(__name__)
 #: command is the shell's child, not its replacement: the first process of the sandbox's PID
 #: namespace is its init, which the kernel spares every signal it did not ask for.
 _IN_DIRECTORY = 'cd -P -- "$1" || exit; shift; "$@"'
-#: What Inspect's injected sandbox tools are called, and their command that starts their
-#: server (``inspect_ai.util._sandbox._cli``).
-_SANDBOX_TOOLS = "inspect-sandbox-tools"
-_START_SERVER = "start-server"
 #: Room left under the fleet's longest deadline for the worker to answer after a command ends.
 _ANSWER_ROOM_MS = 1000
 #: What a file transfer is given per MiB it may move, on top of the fleet's default deadline.
@@ -200,18 +203,12 @@ class ToolqSandboxEnvironment(SandboxEnvironment):
         if not cmd:
             raise ValueError("exec needs a command: cmd is empty")
         timeout_ms = self._command_deadline_ms(timeout)
-        if starts_a_server(cmd) and self.environment is None:
+        if starts_a_server(cmd) and self._keeps_sessions():
             # Inspect's sandbox tools (bash_session(), ...) keep their sessions in a server that
             # must outlive this exec, which is what a toolq exec never lets a command do: it
-            # starts in the run's kept shell session instead, in the same box, for the run. A
-            # run with an image has no sessions yet: there the server lives for its exec alone.
-            try:
-                kept = await self.workspace.keep_running(
-                    cmd, cwd=cwd, env=env, timeout_ms=timeout_ms
-                )
-            except ServiceCallError as exc:
-                raise call_error(exc, f"the command {cmd[0]!r}") from exc
-            return exec_outcome(kept, cmd, timeout_ms / 1000)
+            # starts in the run's kept shell session instead, in the same box (the run's
+            # container, where it has an image), for the run.
+            return await self._start_sandbox_tools(cmd, cwd, env, timeout_ms)
         try:
             result = await self.workspace.run(
                 [SHELL, "-c", _IN_DIRECTORY, "sh", cwd or ".", *cmd],
@@ -233,6 +230,28 @@ class ToolqSandboxEnvironment(SandboxEnvironment):
             source="toolq",
         )
         return exec_outcome(result, cmd, timeout_ms / 1000)
+
+    def _keeps_sessions(self) -> bool:
+        """The run's box holds shell sessions: all but a gVisor container (``runsc``), whose
+        sessions are refused. There Inspect's server lives for its exec alone, as a command's
+        leftovers do: its tools that need none (text_editor()) still work."""
+        started = self.environment.started if self.environment is not None else None
+        return started is None or not started.runtime.startswith(GVISOR)
+
+    async def _start_sandbox_tools(
+        self, cmd: list[str], cwd: str | None, env: dict[str, str] | None, timeout_ms: int
+    ) -> ExecResult[str]:
+        try:
+            kept = await self.workspace.keep_running(cmd, cwd=cwd, env=env, timeout_ms=timeout_ms)
+        except ServiceCallError as exc:
+            raise call_error(exc, f"the command {cmd[0]!r}") from exc
+        started = exec_outcome(kept, cmd, timeout_ms / 1000)
+        if started.returncode == NOT_FOUND and self.environment is not None:
+            # The launcher Inspect has just written is there: what is not is its loader.
+            probe = await self.exec([SHELL, "-c", HAS_A_LOADER])
+            if not probe.success:
+                return ExecResult(False, NOT_FOUND, "", no_loader(self.environment.image))
+        return started
 
     def _command_deadline_ms(self, timeout: int | None) -> int:
         """Inspect's timeout, within the fleet's longest deadline (which also bounds a command
@@ -285,9 +304,3 @@ class ToolqSandboxEnvironment(SandboxEnvironment):
         in JSON, a few MiB a second on a busy machine."""
         allowance = size * _TRANSFER_MS_PER_MIB // 2**20
         return min(self._settings.default_timeout_ms + allowance, self._settings.max_timeout_ms)
-
-
-def starts_a_server(cmd: list[str]) -> bool:
-    """``cmd`` starts the server of Inspect's injected sandbox tools."""
-    name = cmd[0].rsplit("/", 1)[-1] if cmd else ""
-    return len(cmd) == 2 and cmd[1] == _START_SERVER and name == _SANDBOX_TOOLS

@@ -26,6 +26,18 @@ NEEDED = ("umoci", "skopeo", "runc", "busybox", "catatonit")
 BASE_APPLETS = ("sh", "cat", "echo", "ls", "id", "sleep", "mkdir", "touch", "rm", "kill", "ps")
 #: A bash for Inspect's bash() tool (``bash --login -c ...``), which busybox has not: its sh.
 BASH_SHIM = b'#!/bin/sh\n[ "$1" = --login ] && shift\nexec /bin/sh "$@"\n'
+#: The libraries of glibc that Inspect's sandbox tools (a PyInstaller bundle linked against
+#: glibc, carrying the rest) and bash load from the system, beside its loader.
+GLIBC_LIBRARIES = (
+    "libc.so.6",
+    "libdl.so.2",
+    "libpthread.so.0",
+    "libm.so.6",
+    "libutil.so.1",
+    "librt.so.1",
+    "libz.so.1",
+    "libtinfo.so.6",
+)
 
 
 def all_applets() -> tuple[str, ...]:
@@ -34,6 +46,21 @@ def all_applets() -> tuple[str, ...]:
         ["busybox", "--list"], check=True, capture_output=True, text=True, timeout=30
     )
     return tuple(name for name in listed.stdout.split() if name != "busybox")
+
+
+def glibc_files() -> dict[str, bytes]:
+    """The host's glibc loader and ``GLIBC_LIBRARIES``, where the host has them, and its bash:
+    what, added to busybox, makes an image run glibc programs as a Debian-based one does."""
+    linked = subprocess.run(
+        ["ldd", "/bin/bash"], check=True, capture_output=True, text=True, timeout=30
+    )
+    loader = next(line.split()[0] for line in linked.stdout.splitlines() if "ld-linux" in line)
+    libc = next(line.split()[2] for line in linked.stdout.splitlines() if "libc.so" in line)
+    folder = Path(libc).parent
+    files = {loader: Path(loader).read_bytes(), "/bin/bash": Path("/bin/bash").read_bytes()}
+    for name in GLIBC_LIBRARIES:
+        files[str(folder / name)] = (folder / name).read_bytes()
+    return files
 
 
 def missing_programs(extra: Sequence[str] = ()) -> list[str]:
