@@ -15,14 +15,12 @@ from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import redis
-from redis.commands.core import Script
-from redis.connection import Connection
 
 from worker.contract.fleet_secret import FleetSecret
 from worker.contract.keys import keys
 from worker.contract.wire import ToolCallResult, read_start_mark, start_mark
 from worker.plumbing.jobs.answers import AnswerStore
-from worker.plumbing.store_refusals import REFUSED_WRITES, as_refusal, until_deadline
+from worker.plumbing.pending_script import PendingScript
 
 log = logging.getLogger(__name__)
 #: Values not the call's own a worker replaces at its result key before it gives up: each try is
@@ -63,6 +61,8 @@ class ResultStore:
         self._redis = client
         self._ttl_s = ttl_s
         self.secret = secret
+        # Named in every answer: an HMAC of the secret, worked out once.
+        self._secret_id = None if secret is None else secret.secret_id
         self._answers = AnswerStore(client, ttl_s, keys.result, "call")
         self._begin = client.register_script(_BEGIN)
 
@@ -76,8 +76,8 @@ class ResultStore:
         """Keep the first result of this call, sealed with its key, and send the kept one
         to ``reply_to`` (a redelivered call that ran again still answers with its first
         outcome); a store that refuses is asked again until ``deadline``."""
-        sealed = self.sealed(result)
         seal_key = self.seal_key(result.task_id)
+        sealed = self._sealed_with(result, seal_key)
         payload = sealed.model_dump_json()
         unbound: bytes | str = ""
         for _ in range(_UNBOUND_TRIES):
@@ -102,9 +102,12 @@ class ResultStore:
 
     def sealed(self, result: ToolCallResult) -> ToolCallResult:
         """``result`` sealed as its call's own answer."""
-        if self.secret is None:
+        return self._sealed_with(result, self.seal_key(result.task_id))
+
+    def _sealed_with(self, result: ToolCallResult, seal_key: str | None) -> ToolCallResult:
+        if seal_key is None or self._secret_id is None:
             return result
-        return result.sealed_with(self.seal_key(result.task_id), self.secret.secret_id)
+        return result.sealed_with(seal_key, self._secret_id)
 
     def reply_again(
         self, result: ToolCallResult, reply_to: str | None, *, deadline: float | None = None
@@ -128,83 +131,38 @@ class ResultStore:
         if sealed with the call's key.
         Sent now, its answer read by ``PendingBegin.result``: the round trip overlaps whatever
         the caller does in between, which must start nothing of the call's."""
-        return PendingBegin(
+        call = PendingScript(
             self._redis,
             self._begin,
             keys=[keys.result(task_id), keys.started(task_id)],
             args=[start_mark(send_number, worker, node), self._ttl_s, ""],
-            send_number=send_number,
-            seal_key=self.seal_key(task_id),
             deadline=deadline,
+            what=f"the start of call {task_id}",
         )
+        return PendingBegin(call, send_number=send_number, seal_key=self.seal_key(task_id))
 
 
 @dataclass(eq=False)
 class PendingBegin:
-    """A call's ``begin_ahead`` on its way: the script's call written on a connection of its own,
-    the answer read once, by ``result``.
+    """A call's ``begin_ahead`` on its way: the script's call written on a connection of its own
+    (``PendingScript``: asked again through the client where that fails, until ``deadline``),
+    the answer read once, by ``result``."""
 
-    Where the connection fails, the server does not know the script yet or refuses the write,
-    ``result`` asks again through the client, as a script is always called (its retries, the
-    script loaded), until ``deadline``; an exception while the answer is awaited drops the
-    connection, whose next reply would otherwise be this one's."""
-
-    client: redis.Redis
-    script: Script
-    keys: list[str]
-    args: list[str | int | bytes]
+    call: PendingScript
     _: KW_ONLY
     send_number: int = 1
     seal_key: str | None = None
-    deadline: float | None = None
     _begin: Begin | None = field(default=None, init=False)
-    _connection: Connection | None = field(default=None, init=False)
-
-    def __post_init__(self) -> None:
-        try:
-            self._connection = self.client.connection_pool.get_connection()
-            self._connection.send_command(  # type: ignore[no-untyped-call]
-                "EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args
-            )
-        except BaseException as exc:
-            self._give_back(broken=True)
-            if not isinstance(exc, redis.ConnectionError):
-                raise
 
     def result(self) -> Begin:
         """How the call begins; the first call waits for the server's answer."""
         if self._begin is None:
-            self._begin = self._settle(self._read())
+            self._begin = self._settle(self.call.answer())
         return self._begin
 
     def discard(self) -> None:
         """The call ended before its answer was needed: the connection goes, unread."""
-        self._give_back(broken=True)
-
-    def _read(self) -> Any:
-        connection = self._connection
-        if connection is None:
-            return self._ask_again()
-        try:
-            answer = connection.read_response()
-        except (redis.ConnectionError, redis.TimeoutError):
-            self._give_back(broken=True)
-            return self._ask_again()
-        except redis.exceptions.NoScriptError:
-            self._give_back(broken=False)
-            return self._ask_again()
-        except redis.ResponseError as exc:
-            if not isinstance(as_refusal(exc), REFUSED_WRITES):
-                self._give_back(broken=True)
-                raise
-            # Refused, and said so in full: the connection is fine.
-            self._give_back(broken=False)
-            return self._ask_again()
-        except BaseException:
-            self._give_back(broken=True)
-            raise
-        self._give_back(broken=False)
-        return answer
+        self.call.discard()
 
     def _settle(self, answer: Any) -> Begin:
         """How the call begins, from the script's answer: a stored value that is not the
@@ -222,28 +180,12 @@ class PendingBegin:
             stored = _own_result(value, self.seal_key)
             if stored is not None:
                 return Begin(stored=stored)
-            _warn_unbound(self.keys[0].removeprefix(keys.result("")))
+            _warn_unbound(self.call.keys[0].removeprefix(keys.result("")))
             if not tries_left:
                 break
-            self.args[2] = value
-            answer = self._ask_again()
+            self.call.args[2] = value
+            answer = self.call.ask_again()
         return Begin(held_by="whoever keeps writing results that are not its own")
-
-    def _ask_again(self) -> Any:
-        """Through the client, as any script call: loaded if missing, with its retries."""
-        return until_deadline(
-            lambda: self.script(keys=self.keys, args=self.args),
-            self.deadline,
-            f"the start of call {self.keys[0].removeprefix(keys.result(''))}",
-        )
-
-    def _give_back(self, *, broken: bool) -> None:
-        connection, self._connection = self._connection, None
-        if connection is None:
-            return
-        if broken:
-            connection.disconnect()  # type: ignore[no-untyped-call]
-        self.client.connection_pool.release(connection)
 
 
 def _own_result(raw: bytes | str, seal_key: str | None) -> ToolCallResult | None:

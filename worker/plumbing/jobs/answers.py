@@ -17,6 +17,7 @@ import redis
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript, Script
 
+from worker.plumbing.pending_script import PendingScript
 from worker.plumbing.store_refusals import until_deadline
 
 # KEYS[1] the job's answer, KEYS[2] the caller's reply list ('' for none), both kept ARGV[2]
@@ -93,11 +94,10 @@ class AnswerStore:
         keys, args = _script_call(
             self.result_key(job_id), answer, reply_to, self.ttl_s, replacing, guard
         )
-        state, kept = until_deadline(
-            lambda: self._script(keys=keys, args=args),
-            deadline,
-            f"the answer to {self.kind} {job_id}",
-        )
+        what = f"the answer to {self.kind} {job_id}"
+        state, kept = PendingScript(
+            self.client, self._script, keys, args, deadline=deadline, what=what
+        ).answer()
         return _stored(state, kept)
 
     def reply(
