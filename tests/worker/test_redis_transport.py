@@ -190,3 +190,32 @@ def test_a_channel_closed_after_its_connection_leaves_its_messages_to_the_visibi
     ignore_errors(conn, channel.close)
     assert client.hkeys(channel.unacked_key) == [taken.delivery_tag.encode()]
     client.close()
+
+
+@pytest.mark.integration
+def test_a_message_taken_is_recorded_until_acknowledged_with_kombus_key_prefix_too(
+    own_redis: RedisServer, queue: Queue
+) -> None:
+    client = redis.Redis.from_url(own_redis.url)
+    for prefix in ("", "fleet-a:"):
+        options = {"global_keyprefix": prefix} if prefix else {}
+        with Connection(own_redis.url, transport=TRANSPORT, transport_options=options) as conn:
+            channel = conn.default_channel
+            producer = conn.Producer(channel)
+            producer.publish(
+                {"n": 1}, exchange=queue.exchange, routing_key=queue.name, declare=[queue]
+            )
+            first = queue(channel).get(no_ack=False)
+            assert first is not None
+            tag = first.delivery_tag.encode()
+            # Recorded where kombu's own path looks for it, and handed out again from the
+            # record as for a worker that died with it.
+            assert client.hkeys(f"{prefix}unacked") == [tag]
+            assert client.zrange(f"{prefix}unacked_index", 0, -1) == [tag]
+            channel.qos.restore_by_tag(first.delivery_tag)
+            taken = queue(channel).get(no_ack=False)
+            assert taken is not None and taken.payload == {"n": 1}
+            taken.ack()
+            assert client.hkeys(f"{prefix}unacked") == []
+            assert client.zrange(f"{prefix}unacked_index", 0, -1) == []
+    client.close()
