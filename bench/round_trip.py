@@ -45,16 +45,28 @@ IN_PROCESS = "ToolRegistry.execute in process"
 BLOCK = 50
 
 
+class CountingConnection(redis.Connection):
+    """Counts the commands sent on it in ``sent``, by name, whichever way they are sent (the
+    client's command path, or a script's call written straight on the connection)."""
+
+    def __init__(self, *args: Any, sent: Counter[str], **kwargs: Any) -> None:
+        self.sent = sent
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+
+    def send_command(self, *args: Any, **kwargs: Any) -> None:
+        self.sent[str(args[0])] += 1
+        super().send_command(*args, **kwargs)  # type: ignore[no-untyped-call]
+
+
 class CountingRedis(redis.Redis):
     """Counts the commands it sends, by name: each is one round trip (no pipelines here)."""
 
     def __init__(self, url: str) -> None:
         self.sent: Counter[str] = Counter()
-        super().__init__(connection_pool=redis.ConnectionPool.from_url(url))
-
-    def execute_command(self, *args: Any, **options: Any) -> Any:
-        self.sent[str(args[0])] += 1
-        return super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
+        pool = redis.ConnectionPool.from_url(
+            url, connection_class=CountingConnection, sent=self.sent
+        )
+        super().__init__(connection_pool=pool)
 
 
 def noop_spec(settings: WorkerSettings) -> ToolSpec:
