@@ -16,6 +16,7 @@ from worker.images.pinning import sweep_now as sweep_boxes_now
 from worker.quota import WorkspaceQuota
 from worker.retention import empty_trash, prune
 from worker.sandbox import SandboxConfig, SandboxError, sweep_orphans
+from worker.sandbox.cgroup_layout import CPU_LIMIT
 from worker.sandbox.layers import plan_for
 from worker.sessions.holders import sweep_sessions
 
@@ -50,6 +51,7 @@ def sandbox_limits(config: SandboxConfig) -> SandboxLimits:
         "memory_mb": config.settings.memory_mb,
         "max_processes": config.settings.max_processes,
         "file_size_mb": config.settings.file_size_mb,
+        "cpu": config.settings.cpu,
     }
     try:
         plan = plan_for(config, os.geteuid())
@@ -69,6 +71,7 @@ def sandbox_limits(config: SandboxConfig) -> SandboxLimits:
         memory_by=groups.by("memory") or (PER_PROCESS_MEMORY if rlimited else "none"),
         processes_by=groups.by("pids") or ("rlimit (per user)" if rlimited else "none"),
         cpu_accounting_by=groups.by("cpu") or "rusage (the processes the command waited for)",
+        cpu_limit_by=groups.by(CPU_LIMIT) or f"none: {groups.why_not(CPU_LIMIT)}",
         **base,
     )
 

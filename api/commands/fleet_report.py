@@ -160,7 +160,7 @@ def limits_table(workers: list[WorkerInfo]) -> Table:
     table = Table()
     table.add_column("sandbox worker", no_wrap=True, overflow="fold")
     table.add_column("runs apart", overflow="fold")
-    for header in ("memory", "processes", "CPU accounted by", "workspace quota", "isolation"):
+    for header in ("memory", "processes", "CPU", "workspace quota", "isolation"):
         table.add_column(header, overflow="fold")
     for info in workers:
         assert info.limits is not None
@@ -178,7 +178,7 @@ def limits_table(workers: list[WorkerInfo]) -> Table:
             runs_apart(box.isolation),
             f"{box.memory_mb} MB by {box.memory_by}",
             f"{box.max_processes} by {box.processes_by}",
-            box.cpu_accounting_by,
+            f"accounted by {box.cpu_accounting_by}; a limit held by {box.cpu_limit_by}",
             f"{quota}; idle workspaces removed after {limits.workspace_ttl_s:,} s",
             box.problem or ", ".join(box.isolation),
         )

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from worker.sandbox import cgroup_layout as cgroup_detection
-from worker.sandbox.cgroup_layout import CgroupLayout, detect_layout
+from worker.sandbox.cgroup_layout import CPU_LIMIT, CgroupLayout, detect_layout
 
-V1_CONTROLLERS = ("pids", "memory", "cpuacct", "freezer")
+V1_CONTROLLERS = ("pids", "memory", "cpuacct", "freezer", "cpu")
 
 
 class FakeMachine:
@@ -65,9 +65,15 @@ def test_on_a_hybrid_machine_v2_kills_and_counts_cpu_and_v1_limits(tmp_path: Pat
 
     layout = machine.layout()
 
-    assert layout.layers == ("cgroup-v2(kill,cpu)", "cgroup-v1(pids)", "cgroup-v1(memory)")
+    assert layout.layers == (
+        "cgroup-v2(kill,cpu)",
+        "cgroup-v1(pids)",
+        "cgroup-v1(memory)",
+        "cgroup-v1(cpu-limit)",
+    )
     assert layout.missing == ()
     assert layout.by("memory") == "cgroup v1"
+    assert layout.by(CPU_LIMIT) == "cgroup v1"
     assert (machine.root / "pids" / "toolq-sandbox").is_dir()
 
 
@@ -76,7 +82,7 @@ def test_where_v2_has_the_controllers_it_does_every_job(tmp_path: Path) -> None:
 
     layout = machine.layout()
 
-    assert layout.layers == ("cgroup-v2(kill,cpu,pids,memory)",)
+    assert layout.layers == ("cgroup-v2(kill,cpu,pids,memory,cpu-limit)",)
     # Enabled for the worker's group's children, then for the call groups below.
     assert "+" in (machine.v2 / "cgroup.subtree_control").read_text()
     assert "+" in (machine.v2 / "toolq-sandbox" / "cgroup.subtree_control").read_text()
@@ -90,6 +96,7 @@ def test_v1_mode_uses_every_v1_controller(tmp_path: Path) -> None:
         "cgroup-v1(cpu)",
         "cgroup-v1(pids)",
         "cgroup-v1(memory)",
+        "cgroup-v1(cpu-limit)",
     )
 
 
@@ -102,14 +109,17 @@ def test_v2_mode_leaves_what_v2_lacks_to_the_rlimits_and_says_why(tmp_path: Path
         reasons["pids"]
         == "the v2 hierarchy offers no pids controller here (a v1 hierarchy holds it)"
     )
-    assert set(reasons) == {"pids", "memory"}
+    assert set(reasons) == {"pids", "memory", CPU_LIMIT}
+    assert layout.why_not(CPU_LIMIT) == (
+        "the v2 hierarchy offers no cpu controller here (a v1 hierarchy holds it)"
+    )
 
 
 def test_without_a_freezer_v1_kills_the_members_one_by_one(tmp_path: Path) -> None:
     layout = FakeMachine(tmp_path, v2_controllers=None, v1=("pids", "memory")).layout()
 
     assert layout.layers == ("cgroup-v1(kill,pids)", "cgroup-v1(memory)")
-    assert [job for job, _ in layout.missing] == ["cpu"]
+    assert [job for job, _ in layout.missing] == ["cpu", CPU_LIMIT]
     assert dict(layout.missing)["cpu"].endswith("; no cgroup v1 cpuacct hierarchy is mounted")
 
 
@@ -117,7 +127,7 @@ def test_nothing_mounted_means_no_groups_and_every_reason(tmp_path: Path) -> Non
     layout = FakeMachine(tmp_path, v2_controllers=None, v1=()).layout()
 
     assert layout.hierarchies == ()
-    assert [job for job, _ in layout.missing] == ["kill", "cpu", "pids", "memory"]
+    assert [job for job, _ in layout.missing] == ["kill", "cpu", "pids", "memory", CPU_LIMIT]
 
 
 def test_a_folder_where_no_group_can_be_made_is_a_reason(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from worker.contract.run_limits import RunLimits
 from worker.contract.wire import CommandAnswer, ToolCallResult
 from worker.executor import Executor
 from worker.results import ResultStore
+from worker.sandbox.cgroup_layout import CPU_LIMIT, detect_layout
 
 #: A command that holds 200 MB at once, and says so when it did.
 ALLOCATE_200_MB = (
@@ -116,3 +117,33 @@ def test_the_default_run_says_the_workers_limits_applied(executor: Executor) -> 
     assert answer.usage.limits == RunLimits(timeout_s=30, memory_mb=1024, pids=256, cpu=None)
     assert json.loads(answer.model_dump_json())["usage"]["limits"]["pids"] == 256
     assert os.environ.get("TOOLQ_SANDBOX_ID") is None
+
+
+#: Busy for a fixed amount of CPU work (0.5 CPU-second of its own), whatever the wall time.
+BURN_HALF_A_CPU_SECOND = (
+    "python3 -c \"import time\nwhile time.process_time() < 0.5: sum(range(1000))\nprint('done')\""
+)
+
+
+def test_a_run_asking_a_fifth_of_a_cpu_gets_no_more_than_that(executor: Executor) -> None:
+    _, answer = run_bash(executor, BURN_HALF_A_CPU_SECOND, limits={"cpu": 0.2})
+
+    assert answer.stdout == "done\n", answer.stderr
+    assert answer.usage is not None and answer.usage.limits is not None
+    layout = detect_layout("auto", "/sys/fs/cgroup")
+    if layout.doing(CPU_LIMIT) is None:
+        # Nothing here can hold it: the answer says none held, and the heartbeat says why.
+        assert answer.usage.limits.cpu is None
+        pytest.skip(f"no control group can hold a CPU limit here: {layout.why_not(CPU_LIMIT)}")
+    assert answer.usage.limits.cpu == 0.2
+    assert answer.usage.cpu_ms is not None and answer.usage.cpu_ms >= 500
+    # CPU-seconds per wall-second, as the answer tells both: 0.2 asked, the period's rounding
+    # and the command's start beside it.
+    assert answer.usage.cpu_ms / answer.duration_ms <= 0.3, answer.usage
+
+
+def test_a_run_without_a_cpu_limit_is_told_none_held(executor: Executor) -> None:
+    _, answer = run_bash(executor, "true")
+
+    assert answer.usage is not None and answer.usage.limits is not None
+    assert answer.usage.limits.cpu is None

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from worker.contract.run_limits import RunLimits
 from worker.contract.uid_range import DEFAULT_UID_RANGE, UidRange
 
 #: How commands are kept apart: ``auto`` takes namespaces where they work, else process groups.
@@ -81,8 +82,10 @@ class SandboxSettings(BaseModel):
         None,
         gt=0,
         description="run_bash CPU limit: the CPUs a command's processes may use together "
-        "(0.5: half of one), where a cgroup v2 cpu controller is delegated to the worker. "
-        "Unset: no limit. A run may ask for its own (`limits.cpu`), up to TOOLQ_LIMITS_MAX_CPU.",
+        "(0.5: half of one), held by the call's control group (CFS bandwidth: a cgroup v2 cpu "
+        "controller enabled for the worker, else a cgroup v1 cpu hierarchy) and by a run's "
+        "container. Unset: no limit. A run may ask for its own (`limits.cpu`), up to "
+        "TOOLQ_LIMITS_MAX_CPU.",
     )
     file_size_mb: int = Field(256, gt=0, description="run_bash largest file written.")
     cgroup: CgroupMode = Field(
@@ -93,6 +96,20 @@ class SandboxSettings(BaseModel):
     cgroup_root: Path = Field(
         Path("/sys/fs/cgroup"), description="Where the cgroup file systems are mounted."
     )
+
+    def limited(self, limits: RunLimits | None) -> SandboxSettings:
+        """These settings with a run's own memory, process and CPU limits, where it asks."""
+        asked = (
+            {}
+            if limits is None
+            else {
+                "memory_mb": limits.memory_mb,
+                "max_processes": limits.pids,
+                "cpu": limits.cpu,
+            }
+        )
+        update = {name: value for name, value in asked.items() if value is not None}
+        return self.model_copy(update=update) if update else self
 
     @model_validator(mode="before")
     @classmethod

@@ -108,6 +108,13 @@ class SandboxLimits(BaseModel):
     max_processes: int
     processes_by: str = Field(description="cgroup v2, cgroup v1, or rlimit (per user).")
     cpu_accounting_by: str = Field(description="cgroup v2, cgroup v1, or rusage.")
+    cpu: float | None = Field(None, description="The CPUs a command may use; null: no limit.")
+    cpu_limit_by: str = Field(
+        "none",
+        description="What holds a CPU limit (the worker's, or a run's ``limits.cpu``): cgroup v2, "
+        "cgroup v1, or none, with why (a command then runs without one; its usage's "
+        "limits.cpu is null).",
+    )
     file_size_mb: int
     problem: str | None = Field(None, description="Why commands cannot run, if they cannot.")
 

@@ -22,13 +22,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from worker.exceptions import SandboxError
-from worker.sandbox.cgroup_layout import CgroupLayout, Hierarchy, read_or_empty
+from worker.sandbox.cgroup_layout import CPU_LIMIT, CgroupLayout, Hierarchy, read_or_empty
 from worker.sandbox.config import REAP_BOUND_S
 from worker.sandbox.host_registry import WORKER_ID_LENGTH, HostRegistry
 
 _FIRST_PAUSE_S = 0.0002
 _LONGEST_PAUSE_S = 0.01
 _CALL_ID_LENGTH = 12
+#: The period of a CPU limit, the kernel's default: a command over its share waits at most
+#: this long for more.
+CPU_PERIOD_US = 100_000
+#: The least quota the kernel takes.
+_LEAST_QUOTA_US = 1_000
 #: ``<worker id>-<call id>``: the name of every call group.
 _NAME = re.compile(rf"([0-9a-f]{{{WORKER_ID_LENGTH}}})-[0-9a-f]{{{_CALL_ID_LENGTH}}}")
 
@@ -42,15 +47,22 @@ class GroupUsage:
     max_rss_kb: int | None
     pids_peak: int | None
     oom_killed: bool
+    #: The CPUs the group's processes were held to; None: no CPU limit.
+    cpu_limit: float | None = None
 
 
 class CallGroup:
     """The group of one call in each hierarchy of a layout (all with the same name)."""
 
-    def __init__(self, layout: CgroupLayout, name: str) -> None:
+    def __init__(
+        self, layout: CgroupLayout, name: str, hierarchies: tuple[Hierarchy, ...] | None = None
+    ) -> None:
         self.name = name
         self.layout = layout
-        self.dirs = {h: h.parent / name for h in layout.hierarchies}
+        chosen = layout.hierarchies if hierarchies is None else hierarchies
+        self.dirs = {h: h.parent / name for h in chosen}
+        #: The CPUs the group holds its processes to (``create``); None: no CPU limit.
+        self.cpu_limit: float | None = None
         killer = layout.doing("kill")
         assert killer is not None, "a layout with hierarchies always has one that kills"
         self._killer = killer
@@ -58,17 +70,29 @@ class CallGroup:
 
     @classmethod
     def create(
-        cls, layout: CgroupLayout, *, worker: str, max_processes: int, memory_bytes: int
+        cls,
+        layout: CgroupLayout,
+        *,
+        worker: str,
+        max_processes: int,
+        memory_bytes: int,
+        cpu: float | None = None,
     ) -> CallGroup:
         """A new group in every hierarchy of ``layout``, with the limits it does, named after
-        ``worker`` (this process's id in the host's registry)."""
-        group = cls(layout, f"{worker}-{uuid.uuid4().hex[:_CALL_ID_LENGTH]}")
+        ``worker`` (this process's id in the host's registry). ``cpu``: the CPUs its processes
+        may use together; None: no CPU limit, and no group in a hierarchy that only limits CPU
+        (a v1 ``cpu`` one), which would cost each call a group for nothing."""
+        needed = tuple(h for h in layout.hierarchies if cpu is not None or h.jobs != (CPU_LIMIT,))
+        group = cls(layout, f"{worker}-{uuid.uuid4().hex[:_CALL_ID_LENGTH]}", needed)
         made: list[Path] = []
         try:
             for hierarchy, directory in group.dirs.items():
                 directory.mkdir()
                 made.append(directory)
                 _set_limits(hierarchy, directory, max_processes, memory_bytes)
+                if cpu is not None and CPU_LIMIT in hierarchy.jobs:
+                    _set_cpu_limit(hierarchy, directory, cpu)
+                    group.cpu_limit = cpu
         except OSError as exc:
             for directory in reversed(made):
                 with contextlib.suppress(OSError):
@@ -127,6 +151,7 @@ class CallGroup:
             max_rss_kb=None if memory is None else _peak_kb(memory, self.dirs[memory]),
             pids_peak=None if pids is None else _number(self.dirs[pids] / "pids.peak"),
             oom_killed=memory is not None and _oom_kills(memory, self.dirs[memory]) > 0,
+            cpu_limit=self.cpu_limit,
         )
 
     def remove(self, deadline: float | None = None) -> bool:
@@ -232,6 +257,22 @@ def _set_limits(hierarchy: Hierarchy, directory: Path, processes: int, memory: i
         _write(directory / "memory.limit_in_bytes", str(memory))
         if hierarchy.swap_accounted:  # memory and swap together, set after memory alone
             _write(directory / "memory.memsw.limit_in_bytes", str(memory))
+
+
+def _set_cpu_limit(hierarchy: Hierarchy, directory: Path, cpu: float) -> None:
+    """At most ``cpu`` CPUs' time per period for the group's processes together (the kernel's
+    CFS bandwidth control: past its quota the group waits for the next period)."""
+    quota = cpu_quota_us(cpu)
+    if hierarchy.version == 2:
+        _write(directory / "cpu.max", f"{quota} {CPU_PERIOD_US}")
+    else:
+        _write(directory / "cpu.cfs_period_us", str(CPU_PERIOD_US))
+        _write(directory / "cpu.cfs_quota_us", str(quota))
+
+
+def cpu_quota_us(cpu: float) -> int:
+    """The CPU time per ``CPU_PERIOD_US`` that ``cpu`` CPUs are, at least the kernel's least."""
+    return max(_LEAST_QUOTA_US, round(cpu * CPU_PERIOD_US))
 
 
 def _cpu_ms(hierarchy: Hierarchy, directory: Path) -> int | None:

@@ -2,12 +2,13 @@
 worker may make a group per call, and which job each of them does for calls, v2 first.
 
 The jobs: ``kill`` (find every process of a call and kill them at once), ``cpu`` (account CPU
-time), ``pids`` (the process limit) and ``memory`` (the memory limit, by resident memory with swap
-counted). A v2 group always kills and accounts CPU; it limits processes and memory only when
-those controllers are enabled below the worker's group, which the worker arranges itself at the
-root of the hierarchy or of a container's cgroup namespace. What v2 does not give, a v1 hierarchy
-of that controller does (``freezer``, ``cpuacct``, ``pids``, ``memory``). Call groups are made
-in the worker's own group of each hierarchy, under ``toolq-sandbox``.
+time), ``pids`` (the process limit), ``memory`` (the memory limit, by resident memory with swap
+counted) and ``cpu-limit`` (the CPU bandwidth a run may ask, ``limits.cpu``). A v2 group always
+kills and accounts CPU; it limits processes, memory and CPU only when those controllers are
+enabled below the worker's group, which the worker arranges itself at the root of the hierarchy
+or of a container's cgroup namespace. What v2 does not give, a v1 hierarchy of that controller
+does (``freezer``, ``cpuacct``, ``pids``, ``memory``, ``cpu``). Call groups are made in the
+worker's own group of each hierarchy, under ``toolq-sandbox``.
 """
 
 from __future__ import annotations
@@ -23,11 +24,19 @@ from worker.sandbox.config import CgroupMode
 
 log = logging.getLogger(__name__)
 
-JOBS = ("kill", "cpu", "pids", "memory")
+#: The job that holds a run's CPU limit (CFS bandwidth: a quota of CPU time per period).
+CPU_LIMIT = "cpu-limit"
+JOBS = ("kill", "cpu", "pids", "memory", CPU_LIMIT)
 #: The v1 controller that does each job.
-V1_CONTROLLERS = {"kill": "freezer", "cpu": "cpuacct", "pids": "pids", "memory": "memory"}
-#: The v2 controllers a call group needs enabled; killing and CPU accounting need none.
-V2_CONTROLLERS = ("pids", "memory")
+V1_CONTROLLERS = {
+    "kill": "freezer",
+    "cpu": "cpuacct",
+    "pids": "pids",
+    "memory": "memory",
+    CPU_LIMIT: "cpu",
+}
+#: The v2 controller a call group needs enabled for each job; killing and CPU accounting need none.
+V2_CONTROLLERS = {"pids": "pids", "memory": "memory", CPU_LIMIT: "cpu"}
 #: The folder of call groups in the worker's own group of each hierarchy.
 PARENT_NAME = "toolq-sandbox"
 #: Where a worker moves the processes of a cgroup namespace's root, so that it may enable
@@ -69,6 +78,10 @@ class CgroupLayout:
         """Which cgroup version does ``job``, as ``cgroup v2``; None when none does."""
         hierarchy = self.doing(job)
         return None if hierarchy is None else f"cgroup v{hierarchy.version}"
+
+    def why_not(self, job: str) -> str | None:
+        """Why no hierarchy does ``job`` here; None when one does."""
+        return dict(self.missing).get(job)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,17 +159,17 @@ def _prepare_v2(
     else:
         why["cpu"] = "this kernel's v2 groups have no cpu.stat"
     offered = set(read_or_empty(own / "cgroup.controllers").split())
-    for controller in V2_CONTROLLERS:
+    for job, controller in V2_CONTROLLERS.items():
         if controller not in offered:
-            why[controller] = f"the v2 hierarchy offers no {controller} controller here" + (
+            why[job] = f"the v2 hierarchy offers no {controller} controller here" + (
                 " (a v1 hierarchy holds it)" if controller in held_by_v1 else ""
             )
             continue
         failure = _enable_below(own, controller, own_path) or _enable(parent, controller)
         if failure is None:
-            jobs.append(controller)
+            jobs.append(job)
         else:
-            why[controller] = failure
+            why[job] = failure
     return Hierarchy(2, parent, tuple(jobs)), why
 
 

@@ -64,17 +64,10 @@ class SandboxConfig:
 
     def with_limits(self, limits: RunLimits | None) -> SandboxConfig:
         """This configuration with a run's own memory, process and CPU limits, where it asks."""
-        if limits is None:
+        settings = self.settings.limited(limits)
+        if settings is self.settings:
             return self
-        asked = {
-            "memory_mb": limits.memory_mb,
-            "max_processes": limits.pids,
-            "cpu": limits.cpu,
-        }
-        update = {name: value for name, value in asked.items() if value is not None}
-        if not update:
-            return self
-        return replace(self, settings=self.settings.model_copy(update=update), run_limits=True)
+        return replace(self, settings=settings, run_limits=True)
 
     @property
     def uid_range(self) -> UidRange | None:

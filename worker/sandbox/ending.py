@@ -196,6 +196,7 @@ class Ending:
                 pids_peak=None if peak is None else max(0, peak - self.plan.machinery),
                 killed_processes=self._killed,
                 oom_killed=counted.oom_killed,
+                cpu_limit=counted.cpu_limit,
             )
         rusage = self._rusage
         if rusage is None:

@@ -38,8 +38,11 @@ class Usage:
     #: None for a run without network.
     network_allowed: int | None = None
     network_refused: int | None = None
+    #: The CPUs the command's processes were held to together (a control group's CPU
+    #: bandwidth); None: no CPU limit held, none being asked or none holdable here.
+    cpu_limit: float | None = None
 
-    def as_dict(self) -> dict[str, int | bool | None]:
+    def as_dict(self) -> dict[str, float | bool | None]:
         return asdict(self)
 
 

@@ -107,7 +107,7 @@ class RunBashTool(ExecutableTool):
             before_start=admit_current_call,
             identity=self._workspace.owner,
         )
-        answer = with_applied_limits(command_answer(result), config, timeout_ms)
+        answer = with_applied_limits(result, config, timeout_ms)
         if answer.usage is not None:
             report_usage(answer.usage)
         return answer.model_dump_json()
@@ -133,23 +133,25 @@ def run_limited(config: SandboxConfig, timeout_ms: int) -> tuple[SandboxConfig, 
 
 
 def with_applied_limits(
-    answer: CommandAnswer, config: SandboxConfig, timeout_ms: int
+    result: SandboxResult, config: SandboxConfig, timeout_ms: int
 ) -> CommandAnswer:
-    """``answer`` whose ``usage.limits`` says what the command ran under."""
-    applied = applied_limits(config, timeout_ms)
+    """``result`` as its answer, whose ``usage.limits`` says what the command ran under."""
+    answer = command_answer(result)
+    applied = applied_limits(config, timeout_ms, result.usage.cpu_limit)
     usage = (answer.usage or ResourceUsage()).model_copy(update={"limits": applied})
     return answer.model_copy(update={"usage": usage})
 
 
-def applied_limits(config: SandboxConfig, timeout_ms: int) -> RunLimits:
-    """The limits a command ran under, as its answer tells them. A CPU limit is carried and
-    checked against the fleet's maximum but no control group holds one yet: null says so."""
+def applied_limits(config: SandboxConfig, timeout_ms: int, cpu: float | None) -> RunLimits:
+    """The limits a command ran under, as its answer tells them. ``cpu``: the CPU limit its
+    control group held (null where none was asked, or none could be held here: the worker's
+    ``limits.sandbox.cpu_by`` says why)."""
     settings = config.settings
     return RunLimits(
         timeout_s=timeout_ms / 1000,
         memory_mb=settings.memory_mb,
         pids=settings.max_processes,
-        cpu=None,
+        cpu=cpu,
     )
 
 

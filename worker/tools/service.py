@@ -49,7 +49,6 @@ from worker.retention import remove_held, run_ids
 from worker.sandbox import SandboxConfig
 from worker.sessions.holders import RunSessions
 from worker.tools.bash import (
-    command_answer,
     run_limited,
     with_applied_limits,
     working_directory,
@@ -315,7 +314,7 @@ class ExecTool(ServiceTool[ExecRequest]):
             stdin=decode_content(stdin, "input") if stdin is not None else None,
             identity=self.workspace.owner,
         )
-        answer = with_applied_limits(command_answer(result), config, timeout_ms)
+        answer = with_applied_limits(result, config, timeout_ms)
         return ExecAnswer.model_validate(dict(answer))
 
 

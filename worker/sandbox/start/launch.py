@@ -190,6 +190,7 @@ def launch(plan: Plan, config: SandboxConfig) -> Launch:
         # The plan's own processes in the group do not count against the command.
         max_processes=config.settings.max_processes + plan.machinery,
         memory_bytes=config.settings.memory_mb * _MB,
+        cpu=config.settings.cpu,
     )
     ready = plan.ready_argv if plan.has_init else ()
     started_in = plan.ready_in if plan.ready_in and os.path.isdir(plan.ready_in) else "/"
