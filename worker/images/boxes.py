@@ -28,6 +28,7 @@ from pydantic import BaseModel
 from worker.contract.errors import EnvironmentLost, ImageError
 from worker.contract.image_reference import parse_reference
 from worker.contract.image_sources import ImageSources
+from worker.contract.run_limits import RunLimits
 from worker.contract.sandbox_settings import SandboxSettings
 from worker.exceptions import MountError, RuntimeFailed
 from worker.images.cache import DEFAULT_TAG_TTL_S, CachedImage, ImageCache
@@ -78,6 +79,9 @@ class BoxRecord(BaseModel):
     init_pid: int
     start_ms: int
     pulled: bool
+    #: The limits its group holds (the run's own where it asked, else the worker's); pids
+    #: null under gVisor, whose own threads share the group. None: a box of an older worker.
+    limits: RunLimits | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,18 +132,23 @@ class Boxes:
         *,
         user: str | None = None,
         env: Mapping[str, str] | None = None,
+        limits: RunLimits | None = None,
     ) -> BoxRecord:
         """The run's box from ``image``, started now, or the one it has when it is from the
-        same image and alive. ``ImageError`` (one line) when it cannot be had."""
+        same image, under the same limits (``limits``: the run's own, within the worker's
+        defaults where it names none), and alive. ``ImageError`` (one line) when it cannot be
+        had."""
         ref = parse_reference(image)
         check_source(ref, self.settings.sources)
         runtime = self.runtime(image)
         name = box_name(run_id)
         started = time.monotonic()
         with self.turn(name, deadline, image):
+            held = self._held(limits, runtime)
             existing = self.find(run_id)
             if existing is not None:
-                if existing.image == image and self._healthy(existing, runtime) is None:
+                same = existing.image == image and existing.limits == held
+                if same and self._healthy(existing, runtime) is None:
                     return existing
                 self._end(existing, runtime)
             digest = self.cache.resolve(ref, deadline)
@@ -157,7 +166,7 @@ class Boxes:
             try:
                 record = self._make(
                     name, run_id, image, cached, runtime, workspace, host_ids, user, env,
-                    deadline, pulled, started,
+                    deadline, pulled, started, held,
                 )  # fmt: skip
             except BaseException:
                 self._remove(name, runtime)
@@ -246,9 +255,10 @@ class Boxes:
         deadline: float,
         pulled: bool,
         started: float,
+        limits: RunLimits,
     ) -> BoxRecord:
         settings = self.settings
-        sandbox = settings.sandbox
+        assert limits.memory_mb is not None
         bundle = self.folder / name
         info = os.stat(workspace)
         workdir = box_workdir(cached.record.workdir)
@@ -279,9 +289,10 @@ class Boxes:
             user=inside,
             env=box_env,
             cgroups_path=cgroups_path,
-            memory_bytes=(sandbox.memory_mb + (GVISOR_MEMORY_MB if runtime.gvisor else 0)) << 20,
-            swap_accounted=swap_accounted(sandbox.cgroup_root),
-            max_processes=None if runtime.gvisor else sandbox.max_processes,
+            memory_bytes=(limits.memory_mb + (GVISOR_MEMORY_MB if runtime.gvisor else 0)) << 20,
+            swap_accounted=swap_accounted(settings.sandbox.cgroup_root),
+            max_processes=limits.pids,
+            cpu=limits.cpu,
             etc_files={"/etc/hosts": str(bundle / "hosts"), "/etc/hostname": str(hostname)},
         )
         (bundle / "config.json").write_text(json.dumps(container_config(spec)))
@@ -311,10 +322,20 @@ class Boxes:
             init_pid=init_pid,
             start_ms=round((time.monotonic() - started) * 1000),
             pulled=pulled,
+            limits=limits,
         )
         (bundle / "record.json").write_text(record.model_dump_json())
         (bundle / "claim.json").unlink(missing_ok=True)
         return record
+
+    def _held(self, limits: RunLimits | None, runtime: OciRuntime) -> RunLimits:
+        """The memory, process and CPU limits a box of a run asking ``limits`` gets here."""
+        sandbox = self.settings.sandbox.limited(limits)
+        return RunLimits(
+            memory_mb=sandbox.memory_mb,
+            pids=None if runtime.gvisor else sandbox.max_processes,
+            cpu=sandbox.cpu,
+        )
 
     def _healthy(self, record: BoxRecord, runtime: OciRuntime | None) -> str | None:
         """Why ``record``'s box cannot take calls from this worker, or None when it can."""

@@ -6,6 +6,7 @@ used told, as ``run_sandboxed`` tells it for a command on the worker's own file 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import subprocess
@@ -127,6 +128,10 @@ def box_egress(
 
 def layers(record: BoxRecord) -> tuple[str, ...]:
     """What a command in ``record``'s box runs under, as ``isolation`` names it."""
+    held = record.limits
+    grouped = ["memory"]
+    grouped += [] if held is not None and held.pids is None else ["pids"]
+    grouped += ["cpu"] if held is not None and held.cpu is not None else []
     return (
         f"container:{record.runtime}",
         f"image:{record.digest}",
@@ -137,7 +142,7 @@ def layers(record: BoxRecord) -> tuple[str, ...]:
         "network-namespace",
         "no-new-privileges",
         "rlimits",
-        "cgroup(memory,pids)",
+        f"cgroup({','.join(grouped)})",
     )
 
 
@@ -198,6 +203,9 @@ def _follow(
             f"the container of run {record.run_id} (image {record.image!r}) stopped"
         )
     usage = group.call_usage(before, killed) if not runtime.gvisor else _gvisor_usage(killed)
+    held = record.limits
+    if held is not None:
+        usage = dataclasses.replace(usage, cpu_limit=held.cpu)
     return build_result(
         stdout,
         stderr,
@@ -207,7 +215,7 @@ def _follow(
         started,
         layers(record),
         usage,
-        config.settings.memory_mb,
+        config.settings.memory_mb if held is None or held.memory_mb is None else held.memory_mb,
     )
 
 

@@ -7,7 +7,8 @@ host process uses (as Docker's ``userns-remap`` does), so ``chown`` and ``tar`` 
 Its first process is catatonit (Debian's, bind-mounted read-only): it only waits and reaps,
 so an image needs no program of its own for it. Each call is a process started in the box
 (``runc exec``) as the image's user, under the call's rlimits; the box's control group limits
-memory and processes, and calls of a run take turns, so those limits are each call's.
+memory, processes and (where the run asks) CPU, and calls of a run take turns, so those limits
+are each call's.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import resource
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from worker.sandbox.call_cgroup import CPU_PERIOD_US, cpu_quota_us
 
 #: Where the init is bind-mounted: /dev is the container's own tmpfs, so the image's files
 #: stay as they are.
@@ -106,6 +109,8 @@ class BoxSpec:
     swap_accounted: bool
     #: None: no process limit in the host's group (gVisor's own threads live there).
     max_processes: int | None
+    #: The CPUs the box's processes may use together; None: no limit.
+    cpu: float | None
     #: Files of the bundle bind-mounted read-only: /etc/hosts and /etc/hostname.
     etc_files: Mapping[str, str]
 
@@ -143,6 +148,11 @@ def container_config(box: BoxSpec) -> dict[str, Any]:
                 "memory": memory,
                 # The init is one of them.
                 **({} if box.max_processes is None else {"pids": {"limit": box.max_processes + 1}}),
+                **(
+                    {}
+                    if box.cpu is None
+                    else {"cpu": {"quota": cpu_quota_us(box.cpu), "period": CPU_PERIOD_US}}
+                ),
             },
             "maskedPaths": _MASKED,
             "readonlyPaths": _READ_ONLY,

@@ -26,7 +26,7 @@ from worker.contract.settings import get_worker_settings
 from worker.images.here import worker_boxes
 from worker.sandbox import SandboxConfig
 from worker.tools.interface import ExecutableTool
-from worker.tools.runtime import current_runtime
+from worker.tools.runtime import current_limits, current_runtime
 from worker.tools.service import OperationTool
 from worker.tools.workspace import Workspace
 
@@ -63,6 +63,7 @@ class StartEnvironmentTool(OperationTool[StartEnvironmentRequest]):
                 deadline,
                 user=request.user,
                 env=request.env,
+                limits=current_limits(),
             )
         except ImageError as exc:
             message = str(exc) if exc.image else f"image {image!r}: {exc.cause}"
