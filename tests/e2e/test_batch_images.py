@@ -49,6 +49,21 @@ INSTALL_THEN_USE: list[dict[str, Any]] = [
     {"content": "{last_tool_result}"},
 ]
 
+#: A fixed amount of CPU work in the image's shell, whatever the wall time it takes.
+BUSY: list[dict[str, Any]] = [
+    {
+        "tool_calls": [
+            {
+                "name": "run_bash",
+                "arguments": {
+                    "command": "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; echo counted"
+                },
+            }
+        ]
+    },
+    {"content": "{last_tool_result}"},
+]
+
 
 @pytest.fixture(scope="module")
 def built() -> Iterator[tuple[Path, Images]]:
@@ -66,7 +81,7 @@ def image_fleet(built: tuple[Path, Images]) -> Iterator[WorkerFleet]:
 def model(tmp_path: Path) -> Iterator[ScriptedServer]:
     scripts = tmp_path / "scripts"
     scripts.mkdir()
-    steps = {"os_release": OS_RELEASE, "install": INSTALL_THEN_USE}
+    steps = {"os_release": OS_RELEASE, "install": INSTALL_THEN_USE, "busy": BUSY}
     with scripted_server(scripts, steps, default="Done.") as server:
         yield server
 
@@ -153,6 +168,39 @@ def test_items_with_different_images_each_run_in_their_own(
     # Every container ended with its run.
     boxes = Path(image_fleet.settings.image_cache) / "boxes"
     assert [p for p in boxes.iterdir() if p.is_dir()] == []
+
+
+def test_an_items_own_limits_hold_in_its_container(
+    image_fleet: WorkerFleet, built: tuple[Path, Images], model: ScriptedServer, tmp_path: Path
+) -> None:
+    _, images = built
+    limits = {"cpu": 0.2, "pids": 8, "memory_mb": 32}
+    source = write_items(
+        tmp_path / "in.jsonl",
+        [
+            item(
+                "limited",
+                "busy",
+                image=images.alpha,
+                limits=limits,
+                check="for i in $(seq 30); do sleep 5 & done; wait",
+            )
+        ],
+    )
+    output = tmp_path / "out.jsonl"
+    done = run_batch(source, output, env_for(image_fleet, model), 1)
+    record = next(iter(finished_records(output)))
+
+    assert record["status"] == "ok", (done.stderr, record)
+    busy = json.loads(record["answer"])
+    assert busy["stdout"] == "counted\n", busy
+    assert "cgroup(memory,pids,cpu)" in busy["isolation"]
+    assert busy["usage"]["limits"] | {"timeout_s": None} == limits | {"timeout_s": None}
+    # CPU-seconds per wall-second, as the answer tells both.
+    assert busy["usage"]["cpu_ms"] >= 300, busy
+    assert busy["usage"]["cpu_ms"] / busy["duration_ms"] <= 0.3, busy
+    # The check's fork bomb stopped at the item's 8 processes.
+    assert "can't fork" in record["check"]["stderr"], record["check"]
 
 
 def test_toolq_run_image(
