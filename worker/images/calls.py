@@ -220,8 +220,9 @@ def _follow(
 
 
 def _command_pidfd(proc: subprocess.Popen[bytes], pid_file: Path, deadline: float) -> int | None:
-    """A pidfd of the command runc started (its pid file is written as it starts); None when
-    runc ended first (it could not start it) or the command is already gone."""
+    """A pidfd of the command runc started (its pid file is written as it starts), or one that
+    reads as ended where the command is already gone; None when runc ended first (it could not
+    start it)."""
     while time.monotonic() < deadline and proc.poll() is None:
         with contextlib.suppress(OSError, ValueError):
             text = pid_file.read_text().strip()
@@ -229,9 +230,19 @@ def _command_pidfd(proc: subprocess.Popen[bytes], pid_file: Path, deadline: floa
                 try:
                     return os.pidfd_open(int(text))
                 except ProcessLookupError:
-                    return None
+                    return _ended()
         time.sleep(_PID_FILE_POLL_S)
     return None
+
+
+def _ended() -> int:
+    """A file descriptor that polls readable at once, as an ended command's pidfd does: for a
+    command runc started and reaped before its pidfd was opened (a quick one on a busy machine).
+    Following runc's exit instead would wait for what the command left running, which holds
+    runc's exec open until it is killed: until the call's deadline."""
+    read_end, write_end = os.pipe()
+    os.close(write_end)
+    return read_end
 
 
 def _kill_command(runtime: OciRuntime, record: BoxRecord, pid_file: Path) -> None:

@@ -139,6 +139,24 @@ def test_what_a_command_leaves_running_is_killed_and_counted(host: Host, images:
     assert "sleep" not in run(host, workspace, box, "ps").stdout
 
 
+def test_a_command_reaped_before_it_is_followed_ends_its_call_with_it(
+    host: Host, images: Images, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A quick command on a busy machine can be gone before the worker opens its pidfd: its
+    call ends then, what it left killed, not at the call's deadline (runc's exec, held open by
+    the leftover, never ends by itself)."""
+    workspace, box = host.start("run-quick", images.alpha)
+
+    def reaped_first(pid: int, flags: int = 0) -> int:
+        wait_for(lambda: not Path(f"/proc/{pid}").exists(), what=f"command {pid} reaped")
+        raise ProcessLookupError(pid)
+
+    monkeypatch.setattr(os, "pidfd_open", reaped_first)
+    answer = run(host, workspace, box, "sleep 60 & echo left", timeout_ms=20_000)
+    assert not answer.timed_out and answer.stdout == "left\n"
+    assert answer.usage.killed_processes == 1
+
+
 def test_the_memory_limit_holds_inside(host: Host, images: Images) -> None:
     workspace, box = host.start("run-memory", images.alpha)
     hog = run(host, workspace, box, "dd if=/dev/zero of=/dev/null bs=200M count=1")
