@@ -15,7 +15,7 @@ import pytest_asyncio
 from api.inspect_sandbox import ToolqSandboxEnvironment
 from api.runs.workspace import SESSION_TOOL, call_operation
 from tests.api.inspect_sandbox.evals import INSPECT_WARNINGS
-from tests.conftest import WorkerFleet
+from tests.conftest import WorkerFleet, until
 from tests.worker.sessions.helpers import WAIT_MS, answer_of, processes_with, token
 from worker.contract.wire import ToolCallResult
 from worker.sandbox import SandboxConfig
@@ -106,7 +106,8 @@ async def test_ctrl_c_and_restart_end_what_runs(box: ToolqSandboxEnvironment) ->
     mark = token()
     still = await session(box, "type_submit", f"sleep {mark}", timeout=500)
     assert still["running"] is True, still
-    assert processes_with(f"sleep {mark}")
+    # The shell may not have started it yet on a busy machine: it is still at it.
+    await until(lambda: bool(processes_with(f"sleep {mark}")), f"sleep {mark} to start")
 
     stopped = await session(box, "interrupt")
     assert stopped["running"] is False and stopped["exit_code"] == 130, stopped
@@ -138,7 +139,7 @@ async def test_what_a_session_starts_in_a_session_of_its_own_stays_until_restart
 
     assert processes_with(f"sleep {kept}") and not processes_with(f"sleep {left}")
     await session(box, "restart")
-    assert not processes_with(f"sleep {kept}")
+    await until(lambda: not processes_with(f"sleep {kept}"), "the restart to end it", 10)
 
 
 async def test_the_session_ends_with_its_run(image_task: str) -> None:
