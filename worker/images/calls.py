@@ -206,7 +206,7 @@ def _follow(
     held = record.limits
     if held is not None:
         usage = dataclasses.replace(usage, cpu_limit=held.cpu)
-    return build_result(
+    result = build_result(
         stdout,
         stderr,
         proc.returncode,
@@ -217,6 +217,7 @@ def _follow(
         usage,
         config.settings.memory_mb if held is None or held.memory_mb is None else held.memory_mb,
     )
+    return result if held is None else dataclasses.replace(result, limits_held=held)
 
 
 def _command_pidfd(proc: subprocess.Popen[bytes], pid_file: Path, deadline: float) -> int | None:

@@ -7,6 +7,7 @@ import signal
 import time
 from dataclasses import asdict, dataclass, replace
 
+from worker.contract.run_limits import RunLimits
 from worker.sandbox.output import CappedStream
 
 _SIGNAL_HINTS = {
@@ -62,6 +63,9 @@ class SandboxResult:
     stderr_truncated: bool
     isolation: tuple[str, ...]
     usage: Usage = NO_USAGE
+    #: The memory, process and CPU limits a run's container held (a field null: none held);
+    #: None: the command's configuration's, its CPU limit ``usage.cpu_limit``.
+    limits_held: RunLimits | None = None
 
     def with_network(self, allowed: int, refused: int, notice: str = "") -> SandboxResult:
         """This result with the connections its run's egress proxy allowed and refused in its

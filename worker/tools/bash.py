@@ -138,6 +138,11 @@ def with_applied_limits(
     """``result`` as its answer, whose ``usage.limits`` says what the command ran under."""
     answer = command_answer(result)
     applied = applied_limits(config, timeout_ms, result.usage.cpu_limit)
+    if result.limits_held is not None:  # a run's container: what its group holds
+        held = result.limits_held
+        applied = applied.model_copy(
+            update={"memory_mb": held.memory_mb, "pids": held.pids, "cpu": held.cpu}
+        )
     usage = (answer.usage or ResourceUsage()).model_copy(update={"limits": applied})
     return answer.model_copy(update={"usage": usage})
 

@@ -14,6 +14,7 @@ from tests.worker.images.test_boxes import run
 from worker.contract.run_limits import RunLimits
 from worker.images.boxes import BoxRecord
 from worker.sandbox.call_cgroup import CPU_PERIOD_US
+from worker.tools.bash import with_applied_limits
 from worker.tools.workspace import Workspace
 
 #: Smaller than the hosts' defaults (64 MB, 24 processes, no CPU limit).
@@ -31,20 +32,25 @@ def limited_box(host: Host, images: Images, run_id: str) -> tuple[Workspace, Box
 
 @pytest.mark.parametrize("host", ["runc", "runsc"], indirect=True)
 def test_the_containers_configuration_holds_the_runs_limits(host: Host, images: Images) -> None:
-    _, record = limited_box(host, images, "run-config")
+    workspace, record = limited_box(host, images, "run-config")
     resources = json.loads((host.boxes.folder / record.name / "config.json").read_text())["linux"][
         "resources"
     ]
 
     assert resources["cpu"] == {"quota": CPU_PERIOD_US // 5, "period": CPU_PERIOD_US}
+    answer = with_applied_limits(run(host, workspace, record, "true"), host.sandbox, 10_000)
+    assert answer.usage is not None and answer.usage.limits is not None
     if host.boxes.runtime(record.image).gvisor:
-        # gVisor's own threads live in the box's group: no process limit there.
+        # gVisor's own threads live in the box's group: no process limit there, and the
+        # answer says none held.
         assert "pids" not in resources
-        assert record.limits == RunLimits(memory_mb=16, pids=None, cpu=0.2)
+        assert "cgroup(memory,cpu)" in answer.isolation
+        assert answer.usage.limits == RunLimits(timeout_s=10, memory_mb=16, pids=None, cpu=0.2)
     else:
         assert resources["memory"]["limit"] == 16 << 20
         assert resources["pids"] == {"limit": 8 + 1}  # its init is one of them
-        assert record.limits == RunLimits(memory_mb=16, pids=8, cpu=0.2)
+        assert "cgroup(memory,pids,cpu)" in answer.isolation
+        assert answer.usage.limits == RunLimits(timeout_s=10, memory_mb=16, pids=8, cpu=0.2)
 
 
 def test_a_busy_loop_gets_a_fifth_of_a_cpu_in_a_box_asking_that(host: Host, images: Images) -> None:
