@@ -30,6 +30,7 @@ from worker.tools.interface import ExecutableTool, ToolArgs
 from worker.tools.runtime import (
     admit_current_call,
     current_environment,
+    current_limits,
     current_network,
     report_holder,
 )
@@ -126,10 +127,12 @@ class BashSessionTool(ExecutableTool):
         self.description = _description(self._config.output_cap_bytes)
 
     def sessions(self) -> RunSessions:
-        """The sessions of the call's run: in its box, where it has an image."""
+        """The sessions of the call's run, under the run's own limits where it asked (in its
+        box, where it has an image: the box's group holds them)."""
         home, environment = self._workspace.root, current_environment()
         box = None if environment is None else functools.partial(_box_place, home, environment)
-        return RunSessions(self._config, home, self._idle_s, current_network(), box)
+        config = self._config.with_limits(current_limits())
+        return RunSessions(config, home, self._idle_s, current_network(), box)
 
     def execute(self, args: dict[str, Any]) -> str:
         name, action = args.get("session", "default"), args["action"]

@@ -5,6 +5,7 @@ ends (processes, holder, files, mounts)."""
 
 from __future__ import annotations
 
+import re
 import uuid
 
 import pytest
@@ -21,6 +22,7 @@ from tests.worker.sessions.helpers import (
     token,
 )
 from worker.contract.operations import REMOVE_WORKSPACE
+from worker.contract.run_limits import RunLimits
 
 pytestmark = pytest.mark.integration
 
@@ -84,3 +86,19 @@ async def test_a_session_runs_as_its_runs_uid_with_run_bash(call: Caller) -> Non
 
     assert shell["output"] == json.loads(command.output)["stdout"]
     assert shell["output"].splitlines()[0] != "0"
+
+
+async def test_a_session_holds_its_runs_process_limit(fleet: WorkerFleet) -> None:
+    async with Dispatcher(fleet.settings) as dispatcher:
+        run_id = f"run-{uuid.uuid4().hex[:12]}"
+        dispatcher.limits[run_id] = RunLimits(pids=8)
+        call = Caller(dispatcher, fleet.settings, run_id)
+
+        bomb = await session(call, "type_submit", "for i in $(seq 30); do sleep 5 & done")
+        await session(call, "interrupt")  # bash retries a fork that failed, for a while
+        after = await session(call, "type_submit", "kill $(jobs -p) 2>/dev/null; wait; echo alive")
+
+    started = re.findall(r"^\[\d+\] \d+$", bomb["output"], re.MULTILINE)
+    assert "fork" in bomb["output"] and "Resource temporarily unavailable" in bomb["output"]
+    assert 0 < len(started) < 8, bomb["output"]  # the shell is one of the run's 8
+    assert "alive" in after["output"]
