@@ -60,6 +60,8 @@ def test_a_run_asking_64_mb_is_stopped_where_the_default_lets_200_mb_through(
     # Killed by the group's limit, or refused by the address-space rlimit where no group is.
     assert small.usage is not None
     assert small.usage.oom_killed or "MemoryError" in small.stderr, small
+    if small.usage.oom_killed:  # the answer says which limit killed it
+        assert "the memory limit (64 MB)" in small.stderr, small.stderr
     assert small.usage.limits == RunLimits(
         timeout_s=small.usage.limits.timeout_s if small.usage.limits else None,
         memory_mb=64,
