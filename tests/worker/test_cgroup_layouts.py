@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from worker.sandbox import cgroup_layout as cgroup_detection
+from worker.sandbox.call_cgroup import CallGroup
 from worker.sandbox.cgroup_layout import CPU_LIMIT, CgroupLayout, detect_layout
 
 V1_CONTROLLERS = ("pids", "memory", "cpuacct", "freezer", "cpu")
@@ -166,3 +167,24 @@ def test_a_busy_v2_group_is_left_alone_unless_it_is_a_containers_root(
     assert "delegated group of its own" in dict(in_a_unit.missing)["pids"]
     assert in_a_container.layers == ("cgroup-v2(kill,cpu,pids,memory)",)
     assert (container.v2 / "toolq-worker" / "cgroup.procs").read_text() == "4242"
+
+
+def test_a_calls_cpu_limit_is_written_as_the_kernel_reads_it_in_each_version(
+    tmp_path: Path,
+) -> None:
+    v2 = FakeMachine(tmp_path / "v2", v2_controllers="cpu memory pids", v1=()).layout()
+    v1 = FakeMachine(tmp_path / "v1", v2_controllers=None).layout()
+
+    on_v2 = CallGroup.create(v2, worker="w", max_processes=8, memory_bytes=1 << 26, cpu=0.5)
+    on_v1 = CallGroup.create(v1, worker="w", max_processes=8, memory_bytes=1 << 26, cpu=0.5)
+    unlimited = CallGroup.create(v1, worker="w", max_processes=8, memory_bytes=1 << 26)
+
+    (v2_dir,) = on_v2.dirs.values()
+    assert (v2_dir / "cpu.max").read_text() == "50000 100000"
+    cpu_v1 = on_v1.dirs[next(h for h in v1.hierarchies if CPU_LIMIT in h.jobs)]
+    assert (cpu_v1 / "cpu.cfs_quota_us").read_text() == "50000"
+    assert (cpu_v1 / "cpu.cfs_period_us").read_text() == "100000"
+    assert on_v1.usage().cpu_limit == 0.5
+    # No limit asked: no group in the hierarchy that would only hold one.
+    assert not any(CPU_LIMIT in h.jobs for h in unlimited.dirs)
+    assert unlimited.usage().cpu_limit is None
