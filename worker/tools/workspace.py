@@ -22,10 +22,10 @@ from typing import BinaryIO, NoReturn
 
 from worker.exceptions import PathNotFoundError, WorkspaceError
 from worker.tools.paths import ConfinedPaths, file_kind, shown
+from worker.tools.tree_walk import DIRECTORY_FLAGS, Walked, listing, scan_directory, walk_below
 
 __all__ = ["DirectoryEntry", "PathNotFoundError", "Workspace", "WorkspaceError"]
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: opening a FIFO must never wait for a writer.
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -220,7 +220,7 @@ class Workspace(ConfinedPaths):
         """The entries of the directory ``path``, sorted by name."""
         with self.directory(path) as fd:
             found: list[DirectoryEntry] = []
-            for item in _scandir(fd):
+            for item in scan_directory(fd):
                 try:
                     info = item.stat(follow_symlinks=False)
                     target = os.readlink(item.name, dir_fd=fd) if item.is_symlink() else None
@@ -229,7 +229,7 @@ class Workspace(ConfinedPaths):
                 found.append(DirectoryEntry(item.name, info, target))
         return sorted(found, key=lambda e: e.name)
 
-    def walk(self, path: Path) -> Iterator[tuple[str, int, list[str], list[str]]]:
+    def walk(self, path: Path) -> Iterator[Walked]:
         """Walk the tree at ``path`` top-down without following symlinks.
 
         Yields (directory relative to ``path``, "" for ``path`` itself; its descriptor; sorted
@@ -237,45 +237,20 @@ class Workspace(ConfinedPaths):
         """
         top, _ = self._open_directory(path, create=False)
         try:
-            dirs, files = _listing(top)
+            dirs, files = listing(top)
         except OSError as exc:
             os.close(top)
             raise self.error(exc, self.relative(path)) from None
-        # Only the directories on the way down are held open, however wide the tree.
-        open_dirs: list[tuple[str, int, Iterator[str]]] = [("", top, iter(dirs))]
-        try:
-            yield "", top, dirs, files
-            while open_dirs:
-                rel, fd, names = open_dirs[-1]
-                name = next(names, None)
-                if name is None:
-                    open_dirs.pop()
-                    os.close(fd)
-                    continue
-                try:
-                    child = os.open(name, _DIR_FLAGS, dir_fd=fd)
-                except OSError:
-                    continue  # gone, or swapped for a symlink, since it was listed
-                try:
-                    dirs, files = _listing(child)
-                except OSError:
-                    os.close(child)
-                    continue
-                child_rel = os.path.join(rel, name)
-                open_dirs.append((child_rel, child, iter(dirs)))
-                yield child_rel, child, dirs, files
-        finally:
-            for _, fd, _ in open_dirs:
-                os.close(fd)
+        yield from walk_below(top, dirs, files)
 
     # -- internals ----------------------------------------------------------------------------
 
     def _open_root(self) -> int:
         try:
-            fd = os.open(self._root, _DIR_FLAGS)
+            fd = os.open(self._root, DIRECTORY_FLAGS)
         except FileNotFoundError:
             self._ensure_root(self.root, self.owner)
-            fd = os.open(self._root, _DIR_FLAGS)
+            fd = os.open(self._root, DIRECTORY_FLAGS)
         return fd
 
     def _open_directory(self, path: Path, *, create: bool) -> tuple[int, bool]:
@@ -300,7 +275,7 @@ class Workspace(ConfinedPaths):
     def _step(self, dir_fd: int, name: str, where: str, *, create: bool) -> tuple[int, bool]:
         made = False
         try:
-            return os.open(name, _DIR_FLAGS, dir_fd=dir_fd), made
+            return os.open(name, DIRECTORY_FLAGS, dir_fd=dir_fd), made
         except FileNotFoundError:
             if not create:
                 raise PathNotFoundError(f"{shown(where)} does not exist") from None
@@ -314,7 +289,7 @@ class Workspace(ConfinedPaths):
         except OSError as exc:
             raise self.error(exc, where) from None
         try:
-            fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+            fd = os.open(name, DIRECTORY_FLAGS, dir_fd=dir_fd)
         except OSError as exc:
             raise self._not_a_directory(exc, dir_fd, name, where) from None
         if made:
@@ -376,23 +351,6 @@ class Workspace(ConfinedPaths):
         if reason is None:
             return self.error(exc, f"{source} -> {destination}")
         return WorkspaceError(f"cannot move {shown(source)} to {shown(destination)}: {reason}")
-
-
-def _scandir(fd: int) -> list[os.DirEntry[str]]:
-    with os.scandir(fd) as entries:
-        return list(entries)
-
-
-def _listing(fd: int) -> tuple[list[str], list[str]]:
-    dirs: list[str] = []
-    others: list[str] = []
-    for item in _scandir(fd):
-        try:
-            is_dir = item.is_dir(follow_symlinks=False)
-        except OSError:
-            continue
-        (dirs if is_dir else others).append(item.name)
-    return sorted(dirs), sorted(others)
 
 
 def _write_all(fd: int, data: bytes) -> None:
