@@ -5,6 +5,7 @@ fleet's dead workers' commands. Real files, real locks, real processes and contr
 from __future__ import annotations
 
 import hashlib
+import multiprocessing
 import os
 import secrets
 import shutil
@@ -12,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -375,3 +377,47 @@ def test_a_uid_whose_process_runs_here_is_never_taken_whatever_the_files_say(
         a_process.kill()
         a_process.wait(10)
     assert identity_of(roots[1], "run-b", uids, host.folder) == (uid, uid)
+
+
+def _identities(
+    root: str, host: str, runs: list[str], uids: UidRange, start: Any, told: Any
+) -> None:
+    """One worker process of fleet A: the uid of each run, asked as soon as all are ready."""
+    start.wait(30)
+    try:
+        told.put([identity_of(Path(root), run, uids, host)[0] for run in runs])
+    except IdentityError as exc:
+        told.put(str(exc))
+
+
+def test_a_fleets_processes_claiming_at_once_beside_another_fleet_agree_and_never_refuse(
+    host: HostRegistry, roots: tuple[Path, Path]
+) -> None:
+    # Fleet B holds three uids of every four: most of A's runs first try one of B's, claim it
+    # for the fleet, find it B's here and let it go, while A's other processes ask for the
+    # same runs. None of them may take that passing claim for the run's, nor miss it.
+    uids = UidRange(first=72_000, last=72_063)
+    for uid in range(uids.first, uids.last + 1):
+        if uid % 4:
+            assert host.claim_uid(uid, "fleet-b", f"run-b-{uid}")
+    runs = [f"run-a{i}" for i in range(16)]
+    context = multiprocessing.get_context("fork")
+    start, told = context.Barrier(4), context.Queue()
+    workers = [
+        context.Process(
+            target=_identities, args=(str(roots[0]), str(host.folder), runs, uids, start, told)
+        )
+        for _ in range(4)
+    ]
+    for worker in workers:
+        worker.start()
+    answers = [told.get(timeout=60) for _ in workers]
+    for worker in workers:
+        worker.join(30)
+
+    # Every process found each run's one uid, none of B's; nothing else is claimed.
+    assert answers[0] == answers[1] == answers[2] == answers[3], answers
+    held = answers[0]
+    assert len(set(held)) == len(runs) and all(uid % 4 == 0 for uid in held)
+    claims = sorted(path.name for path in claims_dir(roots[0]).iterdir())
+    assert claims == sorted(str(uid) for uid in held)

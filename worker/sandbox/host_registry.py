@@ -39,6 +39,8 @@ _FLEET_CLAIMS = "uids"
 _WORKERS = "workers"
 _UID_LOCKS = "uid-locks"
 _REGISTRY_LOCK = "lock"
+#: Held while a process makes a fleet's claim of a uid (``HostRegistry.claiming``).
+_CLAIMING_LOCK = "claiming.lock"
 _WORKER_SUFFIX = ".lock"
 #: A worker id: hex digits only, so it can be part of a control group's name.
 WORKER_ID_LENGTH = 16
@@ -217,11 +219,17 @@ class HostRegistry:
             raise HostRegistryError(_unusable(folder, exc.strerror or str(exc))) from exc
         return folder
 
+    def claiming(self) -> contextlib.AbstractContextManager[None]:
+        """Held while a process makes (or gives up) its fleet's claim of a uid and this host's,
+        as one step: another process on this host never takes a claim on its way out (the
+        uid is another fleet's here) for its run's, nor one half written for another run's."""
+        return self._locked(_CLAIMING_LOCK)
+
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _locked(self, name: str = _REGISTRY_LOCK) -> Iterator[None]:
         """Every change of a uid claim here is made under this lock, so that a release never
         removes a claim made meanwhile."""
-        path = self._ensure() / _REGISTRY_LOCK
+        path = self._ensure() / name
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)

@@ -65,30 +65,52 @@ def identity_of(
     for step in range(min(_PROBES, uids.size)):
         uid = uids.first + (start + step) % uids.size
         claim = claims / str(uid)
+        holder = _holder(claim)
+        if holder == wanted and _on_this_host(host, uid, fleet, run_id, root):
+            return uid, uid  # the run's, as every later call finds it
+        if holder not in (None, b"", wanted):
+            continue  # another run's
         try:
-            fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        except FileExistsError:
-            if _holder(claim) != wanted:
-                continue
-            if _on_this_host(host, uid, fleet, run_id, root):
-                return uid, uid
-            raise IdentityError(
-                f"run {run_id} holds uid {uid}, which another fleet holds on this host; run its "
-                "calls on another host, or give the fleets ranges apart (TOOLQ_SANDBOX_UID_RANGE)"
-            ) from None
-        except OSError as exc:
-            raise IdentityError(f"cannot claim a uid for run {run_id} in {claims}: {exc}") from exc
-        try:
-            os.write(fd, wanted)
-        finally:
-            os.close(fd)
-        if _on_this_host(host, uid, fleet, run_id, root):
-            return uid, uid
-        claim.unlink()  # another fleet's on this host: the next one
+            with host.claiming():
+                if _claim(claim, wanted, host, uid, fleet, run_id, root):
+                    return uid, uid
+        except HostRegistryError as exc:
+            raise IdentityError(f"cannot claim uid {uid} for run {run_id} here: {exc}") from exc
     raise IdentityError(
         f"no free uid for run {run_id}: the {min(_PROBES, uids.size)} uids tried from "
         f"TOOLQ_SANDBOX_UID_RANGE={uids} are all taken; widen the range or prune workspaces"
     )
+
+
+def _claim(
+    claim: Path, wanted: bytes, host: HostRegistry, uid: int, fleet: str, run_id: str, root: Path
+) -> bool:
+    """Whether ``uid`` is the run's: claimed now for the fleet and this host, or found claimed
+    so. Made while this host's processes claim nothing else (``HostRegistry.claiming``): a
+    claim let go because another fleet holds the uid here is gone before anyone here reads it.
+    """
+    try:
+        fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        if _holder(claim) != wanted:
+            return False  # another run's, claimed meanwhile
+        if _on_this_host(host, uid, fleet, run_id, root):
+            return True
+        raise IdentityError(
+            f"run {run_id} holds uid {uid}, which another fleet holds on this host; run its "
+            "calls on another host, or give the fleets ranges apart (TOOLQ_SANDBOX_UID_RANGE)"
+        ) from None
+    except OSError as exc:
+        where = claim.parent
+        raise IdentityError(f"cannot claim a uid for run {run_id} in {where}: {exc}") from exc
+    try:
+        os.write(fd, wanted)
+    finally:
+        os.close(fd)
+    if _on_this_host(host, uid, fleet, run_id, root):
+        return True
+    claim.unlink()  # another fleet's on this host: the next one
+    return False
 
 
 def _on_this_host(host: HostRegistry, uid: int, fleet: str, run_id: str, root: Path) -> bool:
