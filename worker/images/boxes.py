@@ -41,7 +41,7 @@ from worker.images.inside import (
     init_binary,
     protect_from_oom,
 )
-from worker.images.locks import lock_by
+from worker.images.locks import lock_file_by
 from worker.images.loopback import loopback_up
 from worker.images.mounts import host_id, image_view, mount_rootfs, remove_bundle
 from worker.images.owner import Owner, current_owner
@@ -210,17 +210,16 @@ class Boxes:
         """The box's lock: a call, a start or an end at a time."""
         if not self.folder.is_dir():
             self._make_folder(image)
-        path = self.lock_path(name)
-        while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            try:
-                _lock(fd, deadline, image)
-                if _same_file(fd, path):
-                    yield
-                    return
-                # The sweep removed this lock file meanwhile: take the one there now.
-            finally:
-                os.close(fd)
+        fd = lock_file_by(self.lock_path(name), deadline, _LOCK_POLL_S)
+        if fd is None:
+            raise ImageError(
+                image,
+                "the run's container was busy with another command until this one's time ran out",
+            )
+        try:
+            yield
+        finally:
+            os.close(fd)
 
     def _make_folder(self, image: str) -> None:
         """The boxes' folder. A box's runtime reaches its bundle as the box's own root, an
@@ -378,21 +377,6 @@ class Boxes:
             return BoxRecord.model_validate_json((folder / "record.json").read_bytes())
         except (OSError, ValueError):
             return None
-
-
-def _lock(fd: int, deadline: float, image: str) -> None:
-    if not lock_by(fd, deadline, _LOCK_POLL_S):
-        raise ImageError(
-            image,
-            "the run's container was busy with another command until this one's time ran out",
-        )
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        return os.path.samestat(os.fstat(fd), os.stat(path))
-    except OSError:
-        return False
 
 
 def box_name(run_id: str) -> str:

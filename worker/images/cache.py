@@ -40,7 +40,7 @@ from worker.exceptions import TooLarge
 from worker.images.fetch import Tools, image_config, image_layers
 from worker.images.layer_store import LayerStore, disk_usage
 from worker.images.layers import readable_size, unpacked_bytes
-from worker.images.locks import lock_by
+from worker.images.locks import lock_file_by
 from worker.images.mounts import image_view, unmount_below
 from worker.images.rootfs import has_shell
 from worker.images.tags import TagResolver
@@ -364,10 +364,10 @@ class ImageCache:
 def _flock(path: Path, deadline: float, ref: ImageReference | None, busy: str) -> Iterator[None]:
     """An exclusive lock on ``path``, waited for until ``deadline``; ``ImageError`` (saying
     ``busy``) when it does not come."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = lock_file_by(path, deadline, _LOCK_POLL_S)
+    if fd is None:
+        raise ImageError(ref.text if ref else str(path), busy)
     try:
-        if not lock_by(fd, deadline, _LOCK_POLL_S):
-            raise ImageError(ref.text if ref else str(path), busy)
         yield
     finally:
         os.close(fd)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import fcntl
+import os
 import time
+from pathlib import Path
 
 
 def lock_by(fd: int, deadline: float, poll_s: float) -> bool:
@@ -17,3 +19,21 @@ def lock_by(fd: int, deadline: float, poll_s: float) -> bool:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(poll_s)
+
+
+def lock_file_by(path: Path, deadline: float, poll_s: float) -> int | None:
+    """A descriptor holding an exclusive lock on the file at ``path`` (made if missing), taken
+    by ``deadline``; None when it did not come. A lock file removed while this waited (a sweep
+    lets a finished one go) is left for the one there now: a lock on a removed file guards
+    nothing."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        if not lock_by(fd, deadline, poll_s):
+            os.close(fd)
+            return None
+        try:
+            if os.path.samestat(os.fstat(fd), os.stat(path)):
+                return fd
+        except OSError:
+            pass
+        os.close(fd)
