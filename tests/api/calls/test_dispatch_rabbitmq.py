@@ -71,7 +71,12 @@ async def test_a_worker_killed_mid_call_over_rabbitmq(
     runs = Path(amqp_fleet.settings.workspace_root) / amqp_call.run_id / "k.runs"
 
     def running_child() -> int:
-        wait_for(lambda: runs.exists() and runs.read_text().strip() != "", what="the call")
+        # The fleet's first call: on a loaded machine its worker may take a while to fork.
+        wait_for(
+            lambda: runs.exists() and runs.read_text().strip() != "",
+            timeout=30,
+            what="the call to start on a worker",
+        )
         return int(runs.read_text().split()[0])
 
     pending = asyncio.ensure_future(amqp_call(tool, {"seconds": 1.5, "marker": "k"}))
