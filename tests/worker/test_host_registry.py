@@ -11,6 +11,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -383,11 +384,11 @@ def _identities(
     root: str, host: str, runs: list[str], uids: UidRange, start: Any, told: Any
 ) -> None:
     """One worker process of fleet A: the uid of each run, asked as soon as all are ready."""
-    start.wait(30)
     try:
+        start.wait(90)
         told.put([identity_of(Path(root), run, uids, host)[0] for run in runs])
-    except IdentityError as exc:
-        told.put(str(exc))
+    except (IdentityError, threading.BrokenBarrierError) as exc:
+        told.put(repr(exc))
 
 
 def test_a_fleets_processes_claiming_at_once_beside_another_fleet_agree_and_never_refuse(
@@ -401,7 +402,8 @@ def test_a_fleets_processes_claiming_at_once_beside_another_fleet_agree_and_neve
         if uid % 4:
             assert host.claim_uid(uid, "fleet-b", f"run-b-{uid}")
     runs = [f"run-a{i}" for i in range(16)]
-    context = multiprocessing.get_context("fork")
+    # Spawned, not forked: a fork of this many-threaded process can inherit a lock held.
+    context = multiprocessing.get_context("spawn")
     start, told = context.Barrier(4), context.Queue()
     workers = [
         context.Process(
@@ -411,7 +413,7 @@ def test_a_fleets_processes_claiming_at_once_beside_another_fleet_agree_and_neve
     ]
     for worker in workers:
         worker.start()
-    answers = [told.get(timeout=60) for _ in workers]
+    answers = [told.get(timeout=100) for _ in workers]
     for worker in workers:
         worker.join(30)
 
