@@ -31,7 +31,7 @@ from worker.exceptions import RuntimeFailed
 from worker.images.boxes import BoxRecord, BoxSettings
 from worker.images.runtime import OciRuntime
 from worker.images.spec import merged_env, process_config
-from worker.plumbing.proc_stat import parent_of, process_alive, session_of
+from worker.plumbing.proc_stat import process_alive, session_and_parent
 
 #: The bundle's folder of session shells' pid files.
 _SHELLS = "session-shells"
@@ -160,8 +160,10 @@ def session_processes(bundle: Path, pids: set[int]) -> set[int]:
 def _in_sessions(leaders: set[int], pids: set[int]) -> set[int]:
     """Those of ``pids`` in a session ``leaders`` lead, and their descendants among ``pids``
     (in whatever session)."""
-    spared = {pid for pid in pids if session_of(pid) in leaders}
-    parents = {pid: parent_of(pid) for pid in pids - spared}
+    # One read of each process's stat: this runs at the end of every call in a box with a session.
+    found = {pid: ids for pid in pids if (ids := session_and_parent(pid)) is not None}
+    spared = {pid for pid, (session, _) in found.items() if session in leaders}
+    parents = {pid: parent for pid, (_, parent) in found.items() if pid not in spared}
     while True:
         children = {pid for pid, parent in parents.items() if parent in spared}
         if not children:

@@ -43,6 +43,14 @@ def parent_of(pid: int) -> int | None:
     return _field_of_running(pid, _PARENT_FIELD)
 
 
+def session_and_parent(pid: int) -> tuple[int, int] | None:
+    """``session_of`` and ``parent_of`` ``pid`` from one read of its stat."""
+    fields = _running_fields(pid, max(_SESSION_FIELD, _PARENT_FIELD))
+    if fields is None:
+        return None
+    return int(fields[_SESSION_FIELD]), int(fields[_PARENT_FIELD])
+
+
 def boot_id() -> str:
     """This boot of the kernel ("" where /proc does not say)."""
     try:
@@ -52,10 +60,16 @@ def boot_id() -> str:
 
 
 def _field_of_running(pid: int, index: int) -> int | None:
+    fields = _running_fields(pid, index)
+    return None if fields is None else int(fields[index])
+
+
+def _running_fields(pid: int, last: int) -> list[str] | None:
+    """``_stat_fields`` of a process that runs (not a zombie), up to ``last`` at least."""
     fields = _stat_fields(pid)
-    if fields is None or fields[0] in ("Z", "X") or len(fields) <= index:
+    if fields is None or fields[0] in ("Z", "X") or len(fields) <= last:
         return None
-    return int(fields[index])
+    return fields
 
 
 def _stat_fields(pid: int) -> list[str] | None:
