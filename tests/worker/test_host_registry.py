@@ -413,9 +413,15 @@ def test_a_fleets_processes_claiming_at_once_beside_another_fleet_agree_and_neve
     ]
     for worker in workers:
         worker.start()
-    answers = [told.get(timeout=100) for _ in workers]
-    for worker in workers:
-        worker.join(30)
+    try:
+        answers = [told.get(timeout=100) for _ in workers]
+    finally:
+        # One that hangs must not hold pytest's exit, which joins every child it has.
+        for worker in workers:
+            worker.join(30)
+            if worker.is_alive():
+                worker.kill()
+                worker.join(10)
 
     # Every process found each run's one uid, none of B's; nothing else is claimed.
     assert answers[0] == answers[1] == answers[2] == answers[3], answers
