@@ -68,7 +68,7 @@ LOOK_EVERY_S = 1.0
 QUIET_S = 0.5
 #: How long ``type`` and ``read`` wait at most for output to settle.
 SETTLE_S = 1.0
-#: How long ``interrupt`` waits at most for the prompt.
+#: How long ``interrupt`` waits for the prompt before a quiet screen also ends its wait.
 INTERRUPT_S = 5.0
 #: How long the shell has to end once its terminal hangs up, before the holder exits anyway.
 END_BOUND_S = 10.0
@@ -273,6 +273,9 @@ class Holder:
             elif request.action == "interrupt":
                 self._type("\x03", deadline)
                 screen.wait(min(deadline, now + INTERRUPT_S), None)
+                # A loaded machine may take longer to bring the shell back; a program that
+                # keeps running past Ctrl-C (a REPL) shows a prompt of its own and waits.
+                screen.wait(deadline, QUIET_S)
             else:  # read
                 screen.wait(min(deadline, now + SETTLE_S), QUIET_S)
         text, cut, at_prompt, exit_code = screen.take()

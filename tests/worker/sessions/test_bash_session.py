@@ -86,6 +86,20 @@ async def test_a_command_past_the_calls_time_keeps_running_until_ctrl_c(call: Ca
     assert after["output"] == "back\n"
 
 
+async def test_ctrl_c_to_a_program_that_keeps_running_answers_with_its_prompt(
+    call: Caller,
+) -> None:
+    started = await session(call, "type_submit", "python3 -q")
+    assert started["running"] is True and started["output"].endswith(">>> ")
+
+    stopped = await session(call, "interrupt")
+
+    assert "KeyboardInterrupt" in stopped["output"] and stopped["output"].endswith(">>> ")
+    assert stopped["running"] is True and stopped["exit_code"] is None
+    left = await session(call, "type_submit", "exit()")
+    assert left["running"] is False and left["exit_code"] == 0
+
+
 async def test_sessions_of_one_run_are_apart_by_name(call: Caller) -> None:
     await session(call, "type_submit", "cd /tmp && export WHERE=one", session="one")
 
