@@ -404,6 +404,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     _HOST.finish()
 
 
+# First: pytest-xdist's own hook (in each process it starts) reads the groups into the tests'
+# ids, and a group given after it is never seen.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     group_shared_fixtures(items)
 
