@@ -15,7 +15,7 @@ from typing import Any, Unpack
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from worker.contract.errors import ToolqError
-from worker.exceptions import DuplicateToolError
+from worker.exceptions import DuplicateToolError, WorkspaceError
 from worker.plumbing.log_context import current_context
 from worker.tools.functions import FunctionTool, ToolTraits, tool
 from worker.tools.interface import ExecutableTool, ProxyTool, ToolOutcome, TruncatedText
@@ -262,11 +262,14 @@ def run_in_daemon_thread(function: Callable[..., Any], *args: Any) -> asyncio.Fu
 
 def _raised(name: str, exc: Exception) -> ToolOutcome:
     """The answer to a tool that raised; the traceback goes to the log with the call's ids,
-    never with its arguments, which can hold whole files."""
-    log.warning(
-        "tool %s raised %s", name, type(exc).__name__, exc_info=exc,
-        extra={"tool": name, **current_context()},
-    )  # fmt: skip
+    never with its arguments, which can hold whole files. A path the tool cannot use is the
+    model's mistake, told to the model: logged in one line, without a traceback (formatting
+    one costs milliseconds, and a model that guesses paths makes thousands)."""
+    extra = {"tool": name, **current_context()}
+    if isinstance(exc, WorkspaceError):
+        log.info("tool %s refused a path: %s", name, type(exc).__name__, extra=extra)
+    else:
+        log.warning("tool %s raised %s", name, type(exc).__name__, exc_info=exc, extra=extra)
     message = str(exc) or type(exc).__name__
     return ToolOutcome(f"Error executing {name}: {message}", "tool_error")
 

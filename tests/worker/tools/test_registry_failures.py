@@ -1,5 +1,6 @@
-"""A tool that raises is logged with its call's ids; a tool past its deadline is answered as
-timed out at the deadline, whether it is a coroutine or a plain function."""
+"""A tool that raises is logged with its call's ids (a path it refuses, in one line); a tool
+past its deadline is answered as timed out at the deadline, whether it is a coroutine or a
+plain function."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 
 import pytest
 
+from worker.exceptions import PathNotFoundError
 from worker.plumbing.log_context import log_context
 from worker.tools.functions import tool
 from worker.tools.registry import ToolRegistry
@@ -47,6 +49,36 @@ async def test_a_raising_tool_is_logged_with_its_ids_and_traceback_not_its_argum
     assert "explode" in record.getMessage()
     assert record.exc_info is not None
     assert 'raise RuntimeError("disk on fire")' in caplog.text  # the traceback
+    assert SECRET not in caplog.text
+
+
+@tool
+def open_missing(path: str) -> str:
+    """Refuses the path it is given, as the file tools refuse a path they cannot use.
+
+    Args:
+        path: A path in the workspace.
+    """
+    raise PathNotFoundError(f"{path!r} does not exist")
+
+
+async def test_a_path_a_tool_refuses_is_told_to_the_model_and_logged_in_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    registry = ToolRegistry()
+    registry.register(open_missing)
+
+    with (
+        caplog.at_level(logging.INFO, logger="worker.tools.registry"),
+        log_context(run_id="run-7", tool_call_id="call_9"),
+    ):
+        answer = await registry.run("open_missing", {"path": SECRET})
+
+    assert answer.output == f"Error executing open_missing: {SECRET!r} does not exist"
+    assert answer.error_kind == "tool_error"
+    [record] = caplog.records
+    assert record.levelno == logging.INFO and record.exc_info is None
+    assert record.getMessage() == "tool open_missing refused a path: PathNotFoundError"
     assert SECRET not in caplog.text
 
 
