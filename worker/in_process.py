@@ -9,15 +9,14 @@ cap, time limit, quota, usage and errors are the fleet's.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Unpack
 
 from worker.call_runner import CallRunner, timed_out
-from worker.contract.deadlines import limited_request
+from worker.contract.deadlines import CallFields, limited_request
 from worker.contract.settings import WorkerSettings
 from worker.contract.wire import (
     ToolCallRequest,
     ToolCallResult,
-    ToolContextSnapshot,
     ToolSpec,
 )
 from worker.manifest import tool_specs
@@ -38,29 +37,14 @@ class LocalCalls:
         """No more calls: the runner's own loop is closed."""
         self._runner.close()
 
-    def build_request(
-        self,
-        spec: ToolSpec,
-        *,
-        task_id: str,
-        run_id: str,
-        tool_call_id: str | None = None,
-        arguments: str | dict[str, Any],
-        context: ToolContextSnapshot | None = None,
-        timeout_ms: int | None = None,
-    ) -> ToolCallRequest:
+    def build_request(self, spec: ToolSpec, **call: Unpack[CallFields]) -> ToolCallRequest:
         """A request whose limit follows the fleet's rule; no queue lies between it and its
         run, so its deadline is its limit."""
         return limited_request(
             self._settings,
             spec,
-            task_id=task_id,
-            run_id=run_id,
-            tool_call_id=tool_call_id,
-            arguments=arguments,
-            context=context,
-            timeout_ms=timeout_ms,
             now=self._runner.clock(),
+            **call,
         )
 
     async def call(self, request: ToolCallRequest, pool: str) -> ToolCallResult:

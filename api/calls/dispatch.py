@@ -22,7 +22,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any
+from typing import Any, Unpack
 
 import redis.asyncio as aioredis
 from celery import Celery
@@ -32,7 +32,7 @@ from api.calls.call_watch import CallWatch, InFlight
 from api.calls.pins import RunPins
 from api.calls.publishing import SEND_BATCH, CallPublisher
 from api.calls.session_pins import SessionPins
-from worker.contract.deadlines import limited_request
+from worker.contract.deadlines import CallFields, limited_request
 from worker.contract.keys import keys
 from worker.contract.network import NetworkChoice
 from worker.contract.run_limits import RunLimits
@@ -40,7 +40,6 @@ from worker.contract.settings import FleetSettings
 from worker.contract.wire import (
     ToolCallRequest,
     ToolCallResult,
-    ToolContextSnapshot,
     ToolSpec,
 )
 from worker.plumbing.jobs.replies import RECONNECT, ReplyReader
@@ -153,31 +152,16 @@ class Dispatcher:
     async def __aexit__(self, *_: object) -> None:
         await self.close()
 
-    def build_request(
-        self,
-        spec: ToolSpec,
-        *,
-        task_id: str,
-        run_id: str,
-        tool_call_id: str | None = None,
-        arguments: str | dict[str, Any],
-        context: ToolContextSnapshot | None = None,
-        timeout_ms: int | None = None,
-    ) -> ToolCallRequest:
+    def build_request(self, spec: ToolSpec, **call: Unpack[CallFields]) -> ToolCallRequest:
         """A request whose deadline follows the tool's limit, clamped to the fleet's maximum,
         with time for the worker's hard limit and for the reply to come back."""
         return limited_request(
             self._settings,
             spec,
-            task_id=task_id,
-            run_id=run_id,
-            tool_call_id=tool_call_id,
-            arguments=arguments,
-            context=context,
-            timeout_ms=timeout_ms,
             now=time.time(),
             wait_beyond_limit_s=self._settings.hard_limit_grace_s + self._settings.reply_margin_s,
             reply_to=self.reply_key,
+            **call,
         )
 
     async def call(self, request: ToolCallRequest, pool: str) -> ToolCallResult:

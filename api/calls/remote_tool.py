@@ -4,10 +4,11 @@ through the fleet's ``Dispatcher`` or, in process, ``worker.in_process.LocalCall
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, Unpack
 
 from pydantic import BaseModel, ConfigDict
 
+from worker.contract.deadlines import CallFields
 from worker.contract.run_limits import RunLimits
 from worker.contract.wire import ToolCallRequest, ToolCallResult, ToolContextSnapshot, ToolSpec
 from worker.tools.interface import ProxyTool, ToolOutcome
@@ -23,17 +24,7 @@ class CallSender(Protocol):
     """Where a run's calls go: the fleet's workers (``api.calls.dispatch.Dispatcher``) or this
     process's own runner (``LocalCalls``); either answers as a worker does."""
 
-    def build_request(
-        self,
-        spec: ToolSpec,
-        *,
-        task_id: str,
-        run_id: str,
-        tool_call_id: str | None = None,
-        arguments: str | dict[str, Any],
-        context: ToolContextSnapshot | None = None,
-        timeout_ms: int | None = None,
-    ) -> ToolCallRequest: ...
+    def build_request(self, spec: ToolSpec, **call: Unpack[CallFields]) -> ToolCallRequest: ...
 
     async def call(self, request: ToolCallRequest, pool: str) -> ToolCallResult: ...
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, Required, TypedDict, Unpack
 
 from worker.contract.run_limits import RunLimits
 from worker.contract.settings import FleetSettings
@@ -59,27 +59,35 @@ def call_limit_ms(
     return min(max(limit, 1), settings.max_timeout_ms)
 
 
+class CallFields(TypedDict, total=False):
+    """What the caller of one call gives: its ids, its arguments, the run's context, and a time
+    limit of its own (``build_request``, wherever the call goes)."""
+
+    task_id: Required[str]
+    run_id: Required[str]
+    arguments: Required[str | dict[str, Any]]
+    tool_call_id: str | None
+    context: ToolContextSnapshot | None
+    timeout_ms: int | None
+
+
 def limited_request(
     settings: FleetSettings,
     spec: ToolSpec,
     *,
-    task_id: str,
-    run_id: str,
-    tool_call_id: str | None,
-    arguments: str | dict[str, Any],
-    context: ToolContextSnapshot | None,
-    timeout_ms: int | None,
     now: float,
     wait_beyond_limit_s: float = 0.0,
     reply_to: str | None = None,
     limits: RunLimits | None = None,
+    **call: Unpack[CallFields],
 ) -> ToolCallRequest:
     """A request for ``spec`` whose limit follows the rule above; nobody waits for its answer
     past ``now`` plus that limit plus ``wait_beyond_limit_s`` (the time a queue and a reply
     take, where there are any)."""
+    arguments = call["arguments"]
     limit = call_limit_ms(
         settings,
-        override=timeout_ms,
+        override=call.get("timeout_ms"),
         timeout_argument=spec.timeout_argument,
         arguments=arguments,
         tool_default_ms=spec.default_timeout_ms,
@@ -88,12 +96,12 @@ def limited_request(
         # The run's time limit bounds each call; a command stops itself at it and reports.
         limit = min(limit, math.ceil(limits.timeout_s * 1000) + REPORT_MARGIN_MS)
     return ToolCallRequest(
-        task_id=task_id,
-        tool_call_id=tool_call_id,
-        run_id=run_id,
+        task_id=call["task_id"],
+        tool_call_id=call.get("tool_call_id"),
+        run_id=call["run_id"],
         tool=spec.name,
         arguments=arguments,
-        context=context or ToolContextSnapshot(),
+        context=call.get("context") or ToolContextSnapshot(),
         timeout_ms=limit,
         deadline=now + limit / 1000 + wait_beyond_limit_s,
         reply_to=reply_to,
