@@ -69,15 +69,13 @@ def _description(cap_bytes: int) -> str:
     )
 
 
-class RunBashTool(ExecutableTool):
-    """Runs a shell command in the workspace, isolated, and reports what it printed."""
+class SandboxCommandTool(ExecutableTool):
+    """What the tools that run the model's commands in the run's box share: the sandbox pool,
+    off unless enabled, never run twice, their own output caps, a ``timeout`` argument."""
 
-    name = "run_bash"
-    description = _description(DEFAULT_OUTPUT_CAP_BYTES)
-    Args: ClassVar[type[BaseModel]] = RunBashArgs
     pool = "sandbox"
     idempotent = False
-    # Its command is handed over last, after the launch and the command line are ready.
+    # The command is handed over last, after the launch and the command line are ready.
     admits_itself = True
     enabled_by_default = False
     caps_own_output = True
@@ -85,6 +83,14 @@ class RunBashTool(ExecutableTool):
     workspace_effect = "adds"
     default_timeout_ms = DEFAULT_TIMEOUT_MS
     timeout_argument = "timeout"
+
+
+class RunBashTool(SandboxCommandTool):
+    """Runs a shell command in the workspace, isolated, and reports what it printed."""
+
+    name = "run_bash"
+    description = _description(DEFAULT_OUTPUT_CAP_BYTES)
+    Args: ClassVar[type[BaseModel]] = RunBashArgs
 
     def __init__(self, workspace: Workspace, config: SandboxConfig | None = None) -> None:
         self._workspace = workspace

@@ -24,9 +24,9 @@ from worker.images.owner import current_owner
 from worker.sandbox import SandboxConfig
 from worker.sessions.holders import MAX_SESSIONS_PER_RUN, RunSessions
 from worker.sessions.wire import Action, HolderAnswer, HolderRequest
-from worker.tools.bash import MAX_TIMEOUT_MS
+from worker.tools.bash import DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS, SandboxCommandTool
 from worker.tools.commands import run_box
-from worker.tools.interface import ExecutableTool, ToolArgs
+from worker.tools.interface import ToolArgs
 from worker.tools.runtime import (
     admit_current_call,
     current_environment,
@@ -36,8 +36,6 @@ from worker.tools.runtime import (
 )
 from worker.tools.workspace import Workspace
 
-#: How long a call waits for the prompt or for output when it gives no time.
-DEFAULT_TIMEOUT_MS = 30_000
 #: The longest input one call types.
 MAX_INPUT_CHARS = 65_536
 SESSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -95,21 +93,12 @@ def _description(cap_bytes: int) -> str:
     )
 
 
-class BashSessionTool(ExecutableTool):
+class BashSessionTool(SandboxCommandTool):
     """Keeps a run's shells alive between calls, each under a pseudo-terminal in the run's box."""
 
     name = "bash_session"
     description = _description(DEFAULT_OUTPUT_CAP_BYTES)
     Args: ClassVar[type[BaseModel]] = BashSessionArgs
-    pool = "sandbox"
-    idempotent = False
-    admits_itself = True
-    enabled_by_default = False
-    caps_own_output = True
-    reads_context = False
-    workspace_effect = "adds"
-    default_timeout_ms = DEFAULT_TIMEOUT_MS
-    timeout_argument = "timeout"
 
     def __init__(
         self,
