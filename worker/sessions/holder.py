@@ -39,6 +39,7 @@ from worker.images.box_shells import (
 from worker.images.boxes import Boxes
 from worker.sandbox import SandboxConfig, SandboxError, run_sandboxed
 from worker.sandbox.layers import plan_for
+from worker.sandbox.start.launch import folder_id
 from worker.sessions.records import SessionRecord
 from worker.sessions.screen import Screen
 from worker.sessions.shell import (
@@ -112,7 +113,7 @@ class Holder:
         self._stopping = threading.Event()
         self._ended_why = ""
         self._last_call = time.monotonic()
-        self._workspace = _folder_id(spec.home)
+        self._workspace = folder_id(spec.home)
 
     def run(self) -> None:
         record = SessionRecord.read(Path(self._spec.record))
@@ -244,7 +245,7 @@ class Holder:
             if time.monotonic() - self._last_call > self._spec.idle_s:
                 self._end(f"no call came for {self._spec.idle_s:g} s (TOOLQ_SESSION_IDLE_S)")
                 return
-            if _folder_id(self._spec.home) != self._workspace:
+            if folder_id(self._spec.home) != self._workspace:
                 self._end("its run's workspace was removed", forget=True)
                 return
 
@@ -342,14 +343,6 @@ def forget_files(record: Path) -> None:
         record.with_suffix(suffix).unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         record.parent.rmdir()
-
-
-def _folder_id(path: str) -> tuple[int, int] | None:
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    return info.st_dev, info.st_ino
 
 
 def _pidfd(pid: int) -> int | None:

@@ -208,7 +208,7 @@ def launch(plan: Plan, config: SandboxConfig) -> Launch:
         except SandboxError:
             group.remove()
             raise
-        bound = _folder_id(_workspace_of(plan)) if plan.keep else None
+        bound = folder_id(_workspace_of(plan)) if plan.keep else None
         return Launch(plan, group, spawned, socket_to_init, started_in, bound=bound)
     channel, its_end = socket.socketpair()
     try:
@@ -254,7 +254,9 @@ def dies_first(pid: int) -> None:
         Path(f"/proc/{pid}/oom_score_adj").write_text(str(OOM_FIRST))
 
 
-def _folder_id(path: str) -> tuple[int, int] | None:
+def folder_id(path: str) -> tuple[int, int] | None:
+    """The folder's identity (device, inode), None once it is gone: a folder removed and made
+    again under the same name is another one."""
     try:
         info = os.stat(path)
     except OSError:
@@ -264,7 +266,7 @@ def _folder_id(path: str) -> tuple[int, int] | None:
 
 def still_bound(made: Launch) -> bool:
     """A launch made for one run still shows that run's workspace as it is now."""
-    return made.bound is None or (made.bound == _folder_id(_workspace_of(made.plan)))
+    return made.bound is None or (made.bound == folder_id(_workspace_of(made.plan)))
 
 
 def _workspace_of(plan: Plan) -> str:
