@@ -48,10 +48,11 @@ $(STAMP): pyproject.toml | $(BIN)/python
 demo: $(CORE_STAMP)
 	$(BIN)/toolq demo
 
-# TEST_PROCESSES=3 runs the suite across 3 processes (pytest-xdist): tests sharing a module's
-# stack stay in one, and those starting local stacks run one at a time (tests/parallel.py). The
-# default, 0, runs it in this process alone: on a 2-core machine that other suites load, the
-# parallel run's local-stack commands overran their bounds.
+# TEST_PROCESSES=2 runs the suite across 2 processes (pytest-xdist): tests sharing a module's
+# stack stay in one, and those starting local stacks run one at a time (tests/parallel.py;
+# tests/test_parallel_groups.py checks it). The default, 0, runs it in this process alone: on a
+# 2-core machine the parallel run took 20 minutes against 26 to 30, and gVisor (runsc) sandboxes
+# failed to start now and then beside the other process's tests.
 TEST_PROCESSES ?= 0
 
 test: install system-packages
