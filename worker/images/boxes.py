@@ -141,7 +141,7 @@ class Boxes:
         ref = parse_reference(image)
         check_source(ref, self.settings.sources)
         runtime = self.runtime(image)
-        name = box_name(run_id)
+        name = self.name_of(run_id)
         started = time.monotonic()
         with self.turn(name, deadline, image):
             held = self._held(limits, runtime)
@@ -173,8 +173,12 @@ class Boxes:
                 raise
             return record
 
+    def name_of(self, run_id: str) -> str:
+        """The name of ``run_id``'s box here: this worker's fleet's, in this cache."""
+        return box_name(run_id, self.settings.cache_root, current_owner().fleet)
+
     def find(self, run_id: str) -> BoxRecord | None:
-        return self._read(self.folder / box_name(run_id))
+        return self._read(self.folder / self.name_of(run_id))
 
     def check(self, record: BoxRecord) -> None:
         """``EnvironmentLost`` unless ``record``'s box can take a call here and now."""
@@ -379,9 +383,12 @@ class Boxes:
             return None
 
 
-def box_name(run_id: str) -> str:
-    """A container name for ``run_id``: any run id, in the characters runtimes take."""
-    return "toolq-" + hashlib.sha256(run_id.encode()).hexdigest()[:24]
+def box_name(run_id: str, cache_root: Path, fleet: str) -> str:
+    """A container name for ``run_id``, in the characters runtimes take: of its fleet and cache
+    too, since the name is also its control group's (``group_path``), one for the whole host,
+    and two fleets on a host may each have a run of the same id."""
+    key = "\0".join((fleet, str(cache_root), run_id))
+    return "toolq-" + hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
 def group_path(name: str) -> str:
