@@ -50,9 +50,9 @@ demo: $(CORE_STAMP)
 
 # TEST_PROCESSES=2 runs the suite across 2 processes (pytest-xdist): tests sharing a module's
 # stack stay in one, and those starting local stacks run one at a time (tests/parallel.py;
-# tests/test_parallel_groups.py checks it). The default, 0, runs it in this process alone: on a
-# 2-core machine the parallel run took 20 minutes against 26 to 30, and gVisor (runsc) sandboxes
-# failed to start now and then beside the other process's tests.
+# tests/test_parallel_groups.py checks it). The default, 0, runs it in this process alone (26 to
+# 30 minutes on a 2-core machine); TEST_PROCESSES=2 took 16 minutes there, with fewer runs behind
+# it so far.
 TEST_PROCESSES ?= 0
 
 test: install system-packages

@@ -149,7 +149,11 @@ class DeployLikeFleet(WorkerFleet):
         found, pending = [], [self._workers[pool].pid]
         while pending:
             pid = pending.pop()
-            for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                tasks = list(Path(f"/proc/{pid}/task").iterdir())
+            except OSError:
+                continue  # it ended since its parent listed it (a start's short-lived helper)
+            for task in tasks:
                 try:
                     children = [int(p) for p in (task / "children").read_text().split()]
                 except OSError:
