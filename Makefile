@@ -48,12 +48,11 @@ $(STAMP): pyproject.toml | $(BIN)/python
 demo: $(CORE_STAMP)
 	$(BIN)/toolq demo
 
-# TEST_PROCESSES=2 runs the suite across 2 processes (pytest-xdist): tests sharing a module's
-# stack stay in one, and those starting local stacks run one at a time (tests/parallel.py;
-# tests/test_parallel_groups.py checks it). The default, 0, runs it in this process alone (26 to
-# 30 minutes on a 2-core machine); TEST_PROCESSES=2 took 16 minutes there, with fewer runs behind
-# it so far.
-TEST_PROCESSES ?= 0
+# The suite runs across TEST_PROCESSES processes (pytest-xdist): tests sharing a module's stack
+# stay in one, and those starting local stacks run one at a time (tests/parallel.py;
+# tests/test_parallel_groups.py checks it). On a 2-core machine, 2 take about 16 minutes where
+# one process alone (TEST_PROCESSES=0) takes 26 to 30.
+TEST_PROCESSES ?= 2
 
 test: install system-packages
 	$(BIN)/pytest -n $(TEST_PROCESSES) --dist loadgroup
