@@ -15,27 +15,17 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 #: A module of quick tests that share a scripted model server through a module-scoped fixture.
 SHARED = "tests/api/scripted/test_server.py"
-#: Its tests that share nothing (a file of their own, a command) left out.
-ARGS = ("-k", "not mistakes and not command_line and not demo_calls", SHARED)
+#: pytest as the Makefile runs it on two processes, over the module's tests that share its
+#: fixture (those with a file of their own, or a command, left out).
+PYTEST = ("-m", "pytest", "-n", "2", "--dist", "loadgroup", "-v", "-p", "no:cacheprovider")
+SELECTED = ("-k", "not mistakes and not command_line and not demo_calls", SHARED)
 
 
 @pytest.mark.integration
 def test_the_tests_of_a_shared_fixture_run_in_one_process() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-n",
-            "2",
-            "--dist",
-            "loadgroup",
-            "-v",
-            "-p",
-            "no:cacheprovider",
-            *ARGS,
-        ],
+        [sys.executable, *PYTEST, *SELECTED],
         cwd=REPO,
         env=env,
         capture_output=True,
