@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from bench.sandbox_parts import EXEC, HANDOVER, IN_PROCESS, PAUSED, TMPFS
 from bench.scaling import deploy_concurrency
+from tests.bench.conftest import QUICK_RUN_TIMEOUT_S
 
-# The quick run takes over two minutes on a small, busy machine.
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(230)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(QUICK_RUN_TIMEOUT_S + 60)]
 
-REPO = Path(__file__).resolve().parents[2]
 CASES = {
     "round_trip",
     "throughput",
@@ -34,21 +31,6 @@ CASES = {
     "batch_throughput",
     "real_items",
 }
-
-
-@pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("bench")
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.run", "--quick", "--out", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=200,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return out
 
 
 def test_every_case_reports_its_baseline_and_ratio(results: Path) -> None:
