@@ -68,10 +68,13 @@ async def test_celery_inspect_shows_no_argument_env_value_or_secret_of_a_running
             await until(
                 lambda: bool(client.exists(keys.started(request.task_id))), "the call to run"
             )
-            shown = {
-                command: await asyncio.to_thread(inspect, fleet, *command)
-                for command in (("active",), ("reserved",), ("query_task", request.task_id))
-            }
+            # At once: each waits its 5 s for replies, and the call (20 s at most on this
+            # fleet) must still run when the last one asks.
+            commands = [("active",), ("reserved",), ("query_task", request.task_id)]
+            outputs = await asyncio.gather(
+                *(asyncio.to_thread(inspect, fleet, *command) for command in commands)
+            )
+            shown = dict(zip(commands, outputs, strict=True))
         finally:
             gate.touch()
         answer = await asyncio.wait_for(pending, 60)
