@@ -231,6 +231,18 @@ def fleet_settings(broker_url: str, workspace_root: Path, **overrides: object) -
     return WorkerSettings(**values)  # type: ignore[arg-type]
 
 
+def unconsumed_settings(
+    redis_server: RedisServer, workspace_root: Path, **overrides: object
+) -> WorkerSettings:
+    """Settings on a database of the shared Redis that no worker consumes from, emptied: what is
+    sent there stays queued, for tests of the orchestrator's side alone."""
+    url = f"redis://127.0.0.1:{redis_server.port}/10"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    client.close()
+    return fleet_settings(url, workspace_root, **overrides)
+
+
 def orchestrator_settings(fleet: FleetSettings, **overrides: object) -> OrchestratorSettings:
     """An orchestrator's settings for the fleet that ``fleet`` describes."""
     values = fleet.model_dump(include=set(FleetSettings.model_fields)) | overrides

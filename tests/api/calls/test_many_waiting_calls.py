@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 from api.calls.call_watch import CallWatch, InFlight
 from api.calls.dispatch import Dispatcher
 from tests.api.calls.test_call_watch import answer_as_worker, queued_requests
-from tests.conftest import RedisServer, fleet_settings, tool_spec, until
+from tests.conftest import RedisServer, tool_spec, unconsumed_settings, until
 from worker.contract.keys import keys
 from worker.contract.settings import WorkerSettings
 from worker.contract.wire import ToolCallRequest, start_mark
@@ -31,12 +31,7 @@ WRITE = tool_spec("write_file")
 
 @pytest.fixture
 def settings(redis_server: RedisServer, tmp_path: Path) -> WorkerSettings:
-    """A database of the shared Redis that no worker consumes from, emptied."""
-    url = f"redis://127.0.0.1:{redis_server.port}/10"
-    client = redis.Redis.from_url(url)
-    client.flushdb()
-    client.close()
-    return fleet_settings(url, tmp_path, resend_after_s=0.5)
+    return unconsumed_settings(redis_server, tmp_path, resend_after_s=0.5)
 
 
 async def test_calls_past_their_deadline_together_are_answered_over_a_small_pool(

@@ -14,7 +14,7 @@ import redis
 import redis.asyncio as aioredis
 
 from api.calls.call_watch import CallWatch, InFlight, resend_pause
-from tests.conftest import RedisServer, fleet_settings
+from tests.conftest import RedisServer, unconsumed_settings
 from worker.contract.settings import WorkerSettings
 from worker.contract.wire import ToolCallRequest
 
@@ -53,12 +53,7 @@ class Watched:
 
 @pytest.fixture
 def settings(redis_server: RedisServer, tmp_path: Path) -> WorkerSettings:
-    """A database of the shared Redis that no worker consumes from, emptied."""
-    url = f"redis://127.0.0.1:{redis_server.port}/10"
-    client = redis.Redis.from_url(url)
-    client.flushdb()
-    client.close()
-    return fleet_settings(url, tmp_path, resend_after_s=RESEND_AFTER_S)
+    return unconsumed_settings(redis_server, tmp_path, resend_after_s=RESEND_AFTER_S)
 
 
 @pytest.fixture
