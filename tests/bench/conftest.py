@@ -16,7 +16,7 @@ QUICK_RUN_TIMEOUT_S = 420
 @pytest.fixture(scope="package")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The folder ``python -m bench.run --quick`` wrote its results to: every case at tiny
-    sizes: under three minutes on a quiet 2-core machine, more beside other work."""
+    sizes, under three minutes on a quiet 2-core machine (more beside other work)."""
     out = tmp_path_factory.mktemp("bench")
     done = subprocess.run(
         [sys.executable, "-m", "bench.run", "--quick", "--out", str(out)],
