@@ -33,6 +33,8 @@ from worker.sandbox import (
 )
 from worker.sandbox import layers as sandbox_layers
 
+#: The fork bomb's process limit: a quarter of the default (256).
+BOMB_PROCESSES = 64
 as_root = pytest.mark.skipif(
     os.geteuid() != 0, reason="commands run as another user, under rlimits, only for a root worker"
 )
@@ -135,7 +137,10 @@ def test_a_fork_bomb_is_stopped_and_the_worker_goes_on(mode: str, sandbox_dir: P
     # The shells on top only exec: once the bomb fills the process limit, nothing can fork.
     bomb = f"exec bash -c ':(){{ :|:& }};: {token}; exec sleep 10'"
 
-    result = run(bomb, sandbox_dir, config_for(mode), timeout_ms=1_000)
+    # The limit is per user, and the tests beside this one run as the same user: the bomb gets
+    # a quarter of the default, so that their commands can still fork while it lives.
+    limited = config_for(mode, max_processes=BOMB_PROCESSES)
+    result = run(bomb, sandbox_dir, limited, timeout_ms=1_000)
 
     assert result.timed_out is True
     assert "fork: retry: Resource temporarily unavailable" in result.stderr
