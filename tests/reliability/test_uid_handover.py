@@ -28,6 +28,7 @@ from tests.reliability.report import Report, Row
 from tests.reliability.userns import deploy_like_stack, userns_unavailable
 from worker.contract.uid_range import DEFAULT_UID_RANGE, UidRange
 from worker.retention import Expired, prune
+from worker.sandbox.host_registry import HostRegistry, default_host_state
 
 pytestmark = pytest.mark.integration
 
@@ -161,6 +162,18 @@ class Fleet:
         return self.report.case("Isolation", f"[{self.mode}] {tried}", expected)
 
 
+def _unheld_uid() -> int:
+    """One uid of the range the deploy-like namespaces map that no fleet on this host holds: the
+    fleets of other tests, and of other suites whose workspaces pytest keeps, hold theirs."""
+    default = UidRange.parse(DEFAULT_UID_RANGE)
+    host = HostRegistry(default_host_state())
+    for _ in range(100):
+        uid = default.first + default.size - 1 - secrets.randbelow(default.size // 2)
+        if host.uid_holder(uid) is None:
+            return uid
+    pytest.fail(f"no uid of {DEFAULT_UID_RANGE}'s upper half free on this host in 100 tries")
+
+
 @pytest.fixture(scope="module", params=MODES)
 def one_uid_stack(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
@@ -169,9 +182,7 @@ def one_uid_stack(
     mode: str = request.param
     if os.geteuid() != 0:
         pytest.skip("per-run uids need a root worker (or root in a user namespace)")
-    # One uid of the range the deploy-like namespaces map, apart from other tests' fleets.
-    default = UidRange.parse(DEFAULT_UID_RANGE)
-    uid = default.first + default.size - 1 - secrets.randbelow(default.size // 2)
+    uid = _unheld_uid()
     if mode.startswith("deploy"):
         reason = userns_unavailable()
         if reason is not None:
