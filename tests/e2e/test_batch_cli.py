@@ -25,9 +25,9 @@ pytestmark = pytest.mark.e2e
 
 TOOLQ = Path(sys.executable).parent / "toolq"
 RUN_TIMEOUT_S = 60
-#: A thousand conversations take about 30 s on this 2-core machine when nothing else runs;
-#: the margin keeps other work on the machine from failing the test.
-THOUSAND_TIMEOUT_S = 90
+#: A thousand conversations take about 30 s on this 2-core machine when nothing else runs, and
+#: took over 90 s beside a CPU burner and the suite's other process: the bound names a hang.
+THOUSAND_TIMEOUT_S = 240
 #: Threads a process may gain under load without one per conversation: asyncio's default
 #: executor (name lookups for new connections) grows up to this many.
 EXECUTOR_THREADS = min(32, (os.cpu_count() or 1) + 4)
@@ -347,6 +347,7 @@ def run_sampling_threads(
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), peak, elapsed
 
 
+@pytest.mark.timeout(RUN_TIMEOUT_S + THOUSAND_TIMEOUT_S + 60)
 def test_a_thousand_conversations_run_at_once_without_a_thread_each(
     fleet: WorkerFleet, start_model: StartModel, tmp_path: Path
 ) -> None:
