@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import REPO
+
 #: The longest the quick run may take; the tests that read it allow it and a minute more.
 QUICK_RUN_TIMEOUT_S = 420
 

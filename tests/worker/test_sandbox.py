@@ -24,6 +24,7 @@ from tests.worker.conftest import (
     sleeps,
 )
 from worker import sandbox
+from worker.contract.sandbox_settings import SandboxSettings
 from worker.sandbox import (
     SandboxConfig,
     SandboxError,
@@ -33,8 +34,9 @@ from worker.sandbox import (
 )
 from worker.sandbox import layers as sandbox_layers
 
-#: The fork bomb's process limit: a quarter of the default (256).
-BOMB_PROCESSES = 64
+#: The fork bomb's process limit: a quarter of the default.
+BOMB_PROCESSES = SandboxSettings.model_fields["max_processes"].default // 4
+
 as_root = pytest.mark.skipif(
     os.geteuid() != 0, reason="commands run as another user, under rlimits, only for a root worker"
 )
