@@ -114,6 +114,9 @@ class HostRegistry:
         (``UidHolder.abandoned``). ``where`` (the fleet's workspace root) is noted for that, and
         for the operator, who may remove the claims of a fleet taken off the host."""
         claim = self._ensure() / _UIDS / str(uid)
+        holder = self.uid_holder(uid)
+        if holder is not None and holder.is_(fleet, run):
+            return True  # the run's already: a claim is replaced whole, so this read is sound
         with self._locked():
             holder = self.uid_holder(uid)
             if holder is not None and holder.fleet != fleet and not holder.abandoned(uid):
@@ -203,18 +206,25 @@ class HostRegistry:
     # -- the folder -------------------------------------------------------------------------
 
     def _ensure(self) -> Path:
+        """The folder, made if missing, checked to be this user's alone, with its parts: on
+        every use, as a worker lives long (a run's claim uses the folder several times)."""
         folder = self.folder
         try:
-            with contextlib.suppress(FileExistsError):
-                folder.mkdir(mode=0o700, parents=True)
-            info = os.stat(folder, follow_symlinks=False)
+            try:
+                info = os.stat(folder, follow_symlinks=False)
+            except FileNotFoundError:
+                with contextlib.suppress(FileExistsError):  # made meanwhile
+                    folder.mkdir(mode=0o700, parents=True)
+                info = os.stat(folder, follow_symlinks=False)
             if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
                 raise HostRegistryError(_unusable(folder, "it is not a folder of this user's own"))
             if info.st_mode & 0o077:
                 raise HostRegistryError(_unusable(folder, f"its mode is {info.st_mode & 0o777:o}"))
-            for part in (_UIDS, _WORKERS, _UID_LOCKS):
-                with contextlib.suppress(FileExistsError):
-                    (folder / part).mkdir(mode=0o700)
+            # The parts are made in this order: where the last is, so are the others.
+            if not os.path.isdir(folder / _UID_LOCKS):
+                for part in (_UIDS, _WORKERS, _UID_LOCKS):
+                    with contextlib.suppress(FileExistsError):
+                        (folder / part).mkdir(mode=0o700)
         except OSError as exc:
             raise HostRegistryError(_unusable(folder, exc.strerror or str(exc))) from exc
         return folder
