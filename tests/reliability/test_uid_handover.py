@@ -123,28 +123,32 @@ print("left", shm, "in", __import__("os").readlink("/proc/self/ns/ipc"))
 """
 
 #: One of several processes: holds $1 MiB, says so in a file, and waits (bounded) until $2 live
-#: processes hold theirs at once.
+#: processes hold theirs at once; once one of them is gone (the limit stopped it), they never
+#: will, and it stops waiting.
 HOG = r"""
 import glob, os, sys, time
+open(f"started-{os.getpid()}", "w").close()
 held = bytearray(int(sys.argv[1]) << 20)
 for at in range(0, len(held), 4096):
     held[at] = 1
 open(f"held-{os.getpid()}", "w").close()
 
-def holding():  # the processes that said they hold theirs and still live
-    alive = []
-    for name in glob.glob("held-*"):
+def alive(pattern):  # how many of the processes that wrote such a file still live
+    count = 0
+    for name in glob.glob(pattern):
         try:
-            os.kill(int(name[5:]), 0)
-            alive.append(name)
+            os.kill(int(name.split("-")[1]), 0)
+            count += 1
         except ProcessLookupError:
             pass
-    return len(alive)
+    return count
 
 until = time.monotonic() + 10
-while holding() < int(sys.argv[2]) and time.monotonic() < until:
+while alive("held-*") < int(sys.argv[2]) and time.monotonic() < until:
+    if alive("started-*") < len(glob.glob("started-*")):
+        break
     time.sleep(0.05)
-print("all held" if holding() >= int(sys.argv[2]) else "alone")
+print("all held" if alive("held-*") >= int(sys.argv[2]) else "alone")
 """
 
 
