@@ -50,8 +50,9 @@ demo: $(CORE_STAMP)
 
 # The suite runs across TEST_PROCESSES processes (pytest-xdist): tests sharing a module's stack
 # stay in one, and those starting local stacks run one at a time (tests/parallel.py;
-# tests/test_parallel_groups.py checks it). On 2-core machines, 2 took 16 to 21 minutes (the
-# machines differ by a fifth) where one process alone (TEST_PROCESSES=0) took 26 to 30.
+# tests/test_parallel_groups.py checks it). On 2-core machines, 2 took 12.5 to 14 minutes on
+# the fastest, 16 to 21 on others, and 16 beside a CPU burner; one process alone
+# (TEST_PROCESSES=0) took 26 to 30.
 TEST_PROCESSES ?= 2
 
 test: install system-packages
