@@ -27,7 +27,7 @@ from tests.conftest import (
 )
 from tests.e2e.test_batch_cli import RUN_TIMEOUT_S, TOOLQ, run_batch, write_items
 from tests.results_file import finished_records
-from tests.worker.images.builders import Images, built_or_skip
+from tests.worker.images.builders import BUSY_LOOP, Images, built_or_skip
 from tests.worker.images.builders import image_fleet as fleet_of_images
 
 pytestmark = pytest.mark.e2e
@@ -55,9 +55,7 @@ BUSY: list[dict[str, Any]] = [
         "tool_calls": [
             {
                 "name": "run_bash",
-                "arguments": {
-                    "command": "i=0; while [ $i -lt 600000 ]; do i=$((i+1)); done; echo counted"
-                },
+                "arguments": {"command": BUSY_LOOP},
             }
         ]
     },
@@ -196,8 +194,7 @@ def test_an_items_own_limits_hold_in_its_container(
     assert busy["stdout"] == "counted\n", busy
     assert "cgroup(memory,pids,cpu)" in busy["isolation"]
     assert busy["usage"]["limits"] | {"timeout_s": None} == limits | {"timeout_s": None}
-    # CPU-seconds per wall-second, as the answer tells both, over enough CPU to tell them (the
-    # loop takes about 0.6 s of CPU on this project's machines, twice the bound).
+    # CPU-seconds per wall-second, as the answer tells both, over enough CPU to tell them.
     assert busy["usage"]["cpu_ms"] >= 300, busy
     assert busy["usage"]["cpu_ms"] / busy["duration_ms"] <= 0.3, busy
     # The check's fork bomb stopped at the item's 8 processes.

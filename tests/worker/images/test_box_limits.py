@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.worker.images.builders import Images
+from tests.worker.images.builders import BUSY_LOOP, Images
 from tests.worker.images.conftest import Host
 from tests.worker.images.test_boxes import run
 from worker.contract.run_limits import RunLimits
@@ -19,9 +19,6 @@ from worker.tools.workspace import Workspace
 
 #: Smaller than the hosts' defaults (64 MB, 24 processes, no CPU limit).
 ASKED = RunLimits(memory_mb=16, pids=8, cpu=0.2)
-#: A fixed amount of CPU work in the image's shell, whatever the wall time it takes: about 0.6 s
-#: of CPU on this project's machines, twice the 300 ms its limit is judged over.
-BUSY = "i=0; while [ $i -lt 600000 ]; do i=$((i+1)); done; echo counted"
 
 
 def limited_box(host: Host, images: Images, run_id: str) -> tuple[Workspace, BoxRecord]:
@@ -57,7 +54,7 @@ def test_the_containers_configuration_holds_the_runs_limits(host: Host, images: 
 def test_a_busy_loop_gets_a_fifth_of_a_cpu_in_a_box_asking_that(host: Host, images: Images) -> None:
     workspace, record = limited_box(host, images, "run-cpu")
 
-    busy = run(host, workspace, record, BUSY, timeout_ms=60_000)
+    busy = run(host, workspace, record, BUSY_LOOP, timeout_ms=60_000)
 
     assert busy.stdout == "counted\n", busy.stderr
     assert busy.usage.cpu_limit == 0.2
