@@ -17,17 +17,15 @@ import re
 import signal
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from worker.exceptions import SandboxError
+from worker.sandbox.bounded import poll_until
 from worker.sandbox.cgroup_layout import CPU_LIMIT, CgroupLayout, Hierarchy, read_or_empty
 from worker.sandbox.config import REAP_BOUND_S
 from worker.sandbox.host_registry import WORKER_ID_LENGTH, HostRegistry
 
-_FIRST_PAUSE_S = 0.0002
-_LONGEST_PAUSE_S = 0.01
 _CALL_ID_LENGTH = 12
 #: The period of a CPU limit, the kernel's default: a command over its share waits at most
 #: this long for more.
@@ -204,18 +202,6 @@ class CallGroup:
                 _write(directory / "cgroup.freeze", "0")
             else:
                 _write(directory / "freezer.state", "THAWED")
-
-
-def poll_until(condition: Callable[[], bool], deadline: float) -> bool:
-    """Check ``condition`` at growing intervals (the kernel is usually done at once) until it
-    holds (True) or ``deadline`` passes (False)."""
-    pause = _FIRST_PAUSE_S
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(pause)
-        pause = min(pause * 2, _LONGEST_PAUSE_S)
-    return True
 
 
 def sweep_groups(layout: CgroupLayout, registry: HostRegistry, fleet: str) -> int:

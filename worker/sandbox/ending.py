@@ -20,7 +20,9 @@ import subprocess
 import time
 from dataclasses import InitVar, dataclass
 
-from worker.sandbox.call_cgroup import CallGroup, poll_until
+from worker.plumbing.proc_stat import process_alive
+from worker.sandbox.bounded import poll_until
+from worker.sandbox.call_cgroup import CallGroup
 from worker.sandbox.cgroup_layout import stat_fields
 from worker.sandbox.config import REAP_BOUND_S
 from worker.sandbox.output import CappedStream
@@ -91,7 +93,7 @@ class Ending:
         # The plan's own processes (unshare and the init) are killed with the rest, not counted.
         machinery = {self.proc.pid, self._init_pid} if self.plan.has_init else set()
         command = self._command_pid
-        if command is not None and self.init_socket is not None and not _running(command):
+        if command is not None and self.init_socket is not None and not process_alive(command):
             # The command has ended: its status is read from the zombie while the init has not
             # reaped it (it may have). What it left running is counted, then the init is told
             # to go: it reaps the command, exits with its status, and the namespace dies with
@@ -252,12 +254,6 @@ def _kill_without_group(proc: LaunchedProcess, plan: Plan, marker: str) -> None:
             os.close(pidfd)
     if plan.sweep_uid is not None:
         sweep_marked(marker, plan.sweep_uid)
-
-
-def _running(pid: int) -> bool:
-    """``pid`` has not exited (a zombie, or reaped and gone, has)."""
-    fields = stat_fields(pid)
-    return bool(fields) and fields[0] not in (b"Z", b"X")
 
 
 def _exit_status(pid: int) -> int | None:

@@ -28,6 +28,7 @@ from pathlib import Path
 from worker.contract import sandbox_settings
 from worker.exceptions import HostRegistryError
 from worker.sandbox.fleet_key import existing_fleet_id
+from worker.sandbox.pidfd_kill import processes
 from worker.state_folder import STATE_DIR
 
 #: Where the registry is unless ``TOOLQ_SANDBOX_HOST_STATE`` says otherwise: a folder of the
@@ -73,7 +74,7 @@ class UidHolder:
         if not self.mounts or self.mounts != _mount_namespace() or not self.where:
             return False
         root = Path(self.where)
-        if not root.is_absolute() or _runs_as(uid):
+        if not root.is_absolute() or any(owner == uid for _, owner in processes()):
             return False  # a process of the uid runs here: whatever the files say, it is held
         if not root.exists():
             return True
@@ -263,17 +264,6 @@ def _dead_lock(path: Path, fleet: str) -> int | None:
         pass
     os.close(fd)
     return None
-
-
-def _runs_as(uid: int) -> bool:
-    """Whether a process of ``uid`` is running (as far as this PID namespace shows)."""
-    with os.scandir("/proc") as entries:
-        for entry in entries:
-            if entry.name.isdigit():
-                with contextlib.suppress(OSError):
-                    if entry.stat(follow_symlinks=False).st_uid == uid:
-                        return True
-    return False
 
 
 def _mount_namespace() -> str:

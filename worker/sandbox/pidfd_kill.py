@@ -1,4 +1,5 @@
-"""Killing a process found by its pid, without ever signalling a process that took the pid over.
+"""Finding processes in /proc by their uid, and killing a process found by its pid without ever
+signalling a process that took the pid over.
 
 A pid read from ``/proc`` may be reused by the time the signal is sent. The process is held by a
 pidfd first, and what marked it as the one to kill is checked again through that hold: a pid
@@ -7,9 +8,22 @@ reused meanwhile fails the check, or its pidfd names the process that died, neve
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+
+from worker.sandbox.bounded import poll_until
+
+
+def processes() -> Iterator[tuple[int, int]]:
+    """(pid, uid) of every process this PID namespace shows but this one."""
+    own = os.getpid()
+    with os.scandir("/proc") as entries:
+        for entry in entries:
+            if entry.name.isdigit() and int(entry.name) != own:
+                with contextlib.suppress(OSError):
+                    yield int(entry.name), entry.stat(follow_symlinks=False).st_uid
 
 
 def kill_checked(pid: int, still_the_one: Callable[[int], bool]) -> bool:
@@ -28,6 +42,23 @@ def kill_checked(pid: int, still_the_one: Callable[[int], bool]) -> bool:
         return False
     finally:
         os.close(pidfd)
+
+
+def kill_until_gone(
+    find: Callable[[], list[int]], still_the_one: Callable[[int], bool], deadline: float
+) -> int:
+    """Kill (``kill_checked``) what ``find`` finds, and look again, until it finds nothing or
+    ``deadline`` passes; returns how many processes were killed."""
+    killed = 0
+
+    def gone() -> bool:
+        nonlocal killed
+        found = find()
+        killed += sum(kill_checked(pid, still_the_one) for pid in found)
+        return not found
+
+    poll_until(gone, deadline)
+    return killed
 
 
 def owned_by(uid: int) -> Callable[[int], bool]:

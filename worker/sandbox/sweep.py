@@ -3,17 +3,16 @@ the leftovers of one command when it ends, and the orphans of worker processes t
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 
 from worker.exceptions import HostRegistryError, SandboxError
 from worker.sandbox.call_cgroup import sweep_groups
 from worker.sandbox.config import MARKER_VARIABLE, REAP_BOUND_S, SandboxConfig
 from worker.sandbox.host_registry import HostRegistry
 from worker.sandbox.layers import plan_for
-from worker.sandbox.pidfd_kill import kill_checked
+from worker.sandbox.pidfd_kill import kill_checked, kill_until_gone, processes
 from worker.sandbox.uid_leftovers import sweep_idle_uids
 
 
@@ -56,7 +55,7 @@ def _sweep(config: SandboxConfig) -> int:
                 if entry.startswith(prefix):
                     owner, _, _ = entry[len(prefix) :].partition(b"-")
                     if owner.decode(errors="replace") in dead:
-                        _kill_if_marked(pid, entry + b"\0")
+                        kill_checked(pid, _carrying(entry + b"\0"))
                         orphans += 1
                     break
     return orphans
@@ -68,28 +67,16 @@ def sweep_marked(marker: str, uid: int) -> None:
     A killed process keeps its environment until it has exited, so the sweep ends when none
     is found: nothing of the command is running any more.
     """
-    needle = f"{MARKER_VARIABLE}={marker}\0".encode()
-    deadline = time.monotonic() + REAP_BOUND_S
-    pause = 0.001
-    while True:
-        found = [pid for pid in _processes_of(uid) if needle in _environ(pid)]
-        if not found or time.monotonic() > deadline:
-            return
-        for pid in found:
-            _kill_if_marked(pid, needle)
-        time.sleep(pause)
-        pause = min(pause * 2, 0.05)
+    carries = _carrying(f"{MARKER_VARIABLE}={marker}\0".encode())
+    kill_until_gone(
+        lambda: [pid for pid in _processes_of(uid) if carries(pid)],
+        carries,
+        time.monotonic() + REAP_BOUND_S,
+    )
 
 
-def _processes_of(uid: int) -> Iterator[int]:
-    own = os.getpid()
-    with os.scandir("/proc") as entries:
-        for entry in entries:
-            if not entry.name.isdigit() or int(entry.name) == own:
-                continue
-            with contextlib.suppress(OSError):
-                if entry.stat(follow_symlinks=False).st_uid == uid:
-                    yield int(entry.name)
+def _processes_of(uid: int) -> list[int]:
+    return [pid for pid, owner in processes() if owner == uid]
 
 
 def _environ(pid: int) -> bytes:
@@ -100,5 +87,6 @@ def _environ(pid: int) -> bytes:
         return b""
 
 
-def _kill_if_marked(pid: int, needle: bytes) -> None:
-    kill_checked(pid, lambda held: needle in _environ(held))
+def _carrying(needle: bytes) -> Callable[[int], bool]:
+    """The check that a process's environment holds ``needle``."""
+    return lambda pid: needle in _environ(pid)

@@ -24,9 +24,10 @@ import os
 import time
 from collections.abc import Iterator
 
+from worker.plumbing.proc_stat import process_alive
 from worker.sandbox.config import REAP_BOUND_S, SandboxConfig
 from worker.sandbox.host_registry import HostRegistry
-from worker.sandbox.pidfd_kill import kill_checked, owned_by
+from worker.sandbox.pidfd_kill import kill_until_gone, owned_by, processes
 from worker.sandbox.plan import Plan
 
 #: Where the runtime puts the control groups of runs' image containers.
@@ -64,7 +65,7 @@ def sweep_idle_uids(config: SandboxConfig) -> int:
         return 0
     registry, fleet = HostRegistry(config.host_state), config.fleet()
     found: set[int] = set()
-    for pid, uid in _processes():
+    for pid, uid in processes():
         if uid in config.uid_range and _sweepable(pid):
             found.add(uid)
     killed = 0
@@ -88,41 +89,16 @@ def sweep_uid(uid: int) -> int:
     """Kill every process of ``uid`` until none is left (within ``REAP_BOUND_S``); returns how
     many processes were killed. What it left in /tmp stays for the run's next call, and goes
     with its workspace (``identity.release``)."""
-    killed = 0
-    deadline = time.monotonic() + REAP_BOUND_S
-    pause = 0.001
-    while True:
-        found = [pid for pid, owner in _processes() if owner == uid and _sweepable(pid)]
-        if not found or time.monotonic() > deadline:
-            break
-        for pid in found:
-            killed += kill_checked(pid, owned_by(uid))
-        time.sleep(pause)
-        pause = min(pause * 2, 0.05)
-    return killed
-
-
-def _processes() -> Iterator[tuple[int, int]]:
-    """(pid, uid) of every process this PID namespace shows but this one."""
-    own = os.getpid()
-    with os.scandir("/proc") as entries:
-        for entry in entries:
-            if entry.name.isdigit() and int(entry.name) != own:
-                with contextlib.suppress(OSError):
-                    yield int(entry.name), entry.stat(follow_symlinks=False).st_uid
+    return kill_until_gone(
+        lambda: [pid for pid, owner in processes() if owner == uid and _sweepable(pid)],
+        owned_by(uid),
+        time.monotonic() + REAP_BOUND_S,
+    )
 
 
 def _sweepable(pid: int) -> bool:
     """Not already dead (a zombie waits for its parent, and no signal ends it) and not in a box."""
-    return not _dead(pid) and not _in_a_box(pid)
-
-
-def _dead(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
-    except (OSError, IndexError):
-        return True
+    return process_alive(pid) and not _in_a_box(pid)
 
 
 def _in_a_box(pid: int) -> bool:

@@ -22,8 +22,9 @@ import shutil
 import time
 from pathlib import Path
 
+from worker.plumbing.proc_stat import process_alive
 from worker.sandbox.keyrings import clear_uid_keyrings
-from worker.sandbox.pidfd_kill import kill_checked, owned_by
+from worker.sandbox.pidfd_kill import kill_until_gone, owned_by, processes
 
 #: The host's folders every uid can write, whose top a run's uid may have left files in.
 WRITABLE_BY_ALL = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue")
@@ -44,7 +45,9 @@ def reset_uid(
     counted too."""
     deadline = time.monotonic() + deadline_s
     # Processes first: a live one could make again what is removed after it.
-    ended = end_processes and _end_processes(uid, deadline)
+    ended = end_processes and bool(_processes_of(uid))
+    if ended:
+        kill_until_gone(lambda: _processes_of(uid), owned_by(uid), deadline)
     for kind, ident in _ipc_objects_of(uid):
         _remove_ipc(kind, ident)
     kept = [f"{folder}/{name}" for folder in WRITABLE_BY_ALL for name in remove_owned(folder, uid)]
@@ -72,33 +75,10 @@ def reset_uid(
     return left
 
 
-def _end_processes(uid: int, deadline: float) -> bool:
-    """End the processes of ``uid`` (until ``deadline``); whether it had any."""
-    found = _processes_of(uid)
-    if not found:
-        return False
-    while found and time.monotonic() < deadline:
-        for pid in found:
-            kill_checked(pid, owned_by(uid))
-        time.sleep(0.01)
-        found = _processes_of(uid)
-    return True
-
-
 def _processes_of(uid: int) -> list[int]:
     """The live processes of ``uid``: a zombie, dead but not yet reaped by its parent, holds
     nothing a run could use."""
-    found = []
-    with os.scandir("/proc") as entries:
-        for entry in entries:
-            if entry.name.isdigit():
-                with contextlib.suppress(OSError, IndexError):
-                    if entry.stat(follow_symlinks=False).st_uid != uid:
-                        continue
-                    with open(f"{entry.path}/stat", "rb") as status:
-                        if status.read().rsplit(b")", 1)[1].split()[0] != b"Z":
-                            found.append(int(entry.name))
-    return found
+    return [pid for pid, owner in processes() if owner == uid and process_alive(pid)]
 
 
 def _ipc_objects_of(uid: int) -> list[tuple[str, int]]:
