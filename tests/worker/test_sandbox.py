@@ -208,7 +208,7 @@ def test_auto_falls_back_to_process_isolation_without_namespaces(
     sandbox_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reason = "unshare: unshare failed: Operation not permitted"
-    monkeypatch.setattr(sandbox_layers, "namespace_failure", lambda argv: reason)
+    monkeypatch.setattr(sandbox_layers, "probe_failure", lambda argv: reason)
     sandbox_layers.plan_for.cache_clear()
     try:
         layers = describe_isolation(SandboxConfig(one_uid(isolation="auto")))

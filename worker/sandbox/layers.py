@@ -19,12 +19,7 @@ from worker.sandbox.config import SAFE_PATH, SHELL, SandboxConfig
 from worker.sandbox.keyrings import session_keyrings_work
 from worker.sandbox.pidfd import tells_exit_after_reaping
 from worker.sandbox.plan import Plan
-from worker.sandbox.programs import (
-    env_restores_signals,
-    require_binary,
-    sandbox_ids,
-    signals_ignored_here,
-)
+from worker.sandbox.programs import require_binary, sandbox_ids, signals_ignored_here
 from worker.sandbox.start.shell_text import HIDE_SCRIPT
 from worker.sandbox.volumes import volumes_unavailable
 
@@ -64,6 +59,9 @@ LAYER_MEMORY_PER_PROCESS = "memory-per-process-only"
 #: not there, their command lines and environments with them.
 LAYER_HIDDEN_PROCESSES = "hidden-processes"
 
+#: ``env``'s option that gives a command SIGINT and SIGQUIT back (not every ``env`` has it).
+_SIGNALS_BACK = "--default-signal=INT,QUIT"
+
 
 def describe_isolation(config: SandboxConfig) -> list[str]:
     """The layers this machine gives commands under ``config``; raises ``SandboxError``."""
@@ -78,11 +76,12 @@ def plan_for(config: SandboxConfig, euid: int) -> Plan:
     layers = [LAYER_PROCESS_GROUP, LAYER_CLEAN_ENV]
     drop_to: tuple[int, int] | None = None
     prlimit = setpriv = ""
-    per_run = as_root and config.uid_range is not None
+    first = None if config.uid_range is None else config.uid_range.first
+    per_run = as_root and first is not None
     if as_root:
         # With per-run uids every call names its own; the first of the range stands in for
         # launches made ahead, which never run a command as it.
-        drop_to = _first_of(config) if per_run else sandbox_ids(config.settings.user)
+        drop_to = (first, first) if first is not None else sandbox_ids(config.settings.user)
         prlimit = require_binary("prlimit", "set resource limits")
         setpriv = require_binary("setpriv", "drop to the command's user")
         user = LAYER_RUN_UID if per_run else f"user:{config.settings.user}"
@@ -95,7 +94,7 @@ def plan_for(config: SandboxConfig, euid: int) -> Plan:
     ipc_argv: tuple[str, ...] = ()
     if config.settings.isolation != "process":
         argv = _namespace_argv(as_root)
-        failure = namespace_failure(argv)
+        failure = probe_failure(argv)
         if failure is None:
             namespace_argv = argv
             layers += [LAYER_PID_NS, LAYER_NET_NS, LAYER_IPC_NS]
@@ -108,10 +107,10 @@ def plan_for(config: SandboxConfig, euid: int) -> Plan:
     hide_argv: tuple[str, ...] = ()
     if per_run and not namespace_argv:
         argv = _hide_argv()
-        if namespace_failure(argv) is None:  # a kernel before 5.8 shares one proc's options
+        if probe_failure(argv) is None:  # a kernel before 5.8 shares one proc's options
             hide_argv = argv
             layers.append(LAYER_HIDDEN_PROCESSES)
-    if as_root and not namespace_argv and namespace_failure(_ipc_argv()) is None:
+    if as_root and not namespace_argv and probe_failure(_ipc_argv()) is None:
         # Without the other namespaces, still the call's own SysV IPC and message queues: made
         # with the mount namespace that hides processes, where there is one (a program less).
         if hide_argv:
@@ -161,7 +160,7 @@ def plan_for(config: SandboxConfig, euid: int) -> Plan:
         sweep_uid=None if collected else (drop_to[0] if drop_to else os.getuid()),
         cgroups=cgroups,
         restores_signals=collected_by_init
-        and (spawned or init_shell != SHELL or env_restores_signals(env_binary)),
+        and (spawned or init_shell != SHELL or probe_failure((env_binary, _SIGNALS_BACK)) is None),
         ready_in=_ready_in(config.workspace_root, drop_to)
         if collected_by_init and not per_run
         else None,
@@ -171,11 +170,6 @@ def plan_for(config: SandboxConfig, euid: int) -> Plan:
         ipc_argv=ipc_argv,
         hide_argv=hide_argv,
     )
-
-
-def _first_of(config: SandboxConfig) -> tuple[int, int]:
-    assert config.uid_range is not None
-    return config.uid_range.first, config.uid_range.first
 
 
 def _namespace_argv(as_root: bool) -> tuple[str, ...]:
@@ -199,9 +193,10 @@ def _hide_argv(ipc: bool = False) -> tuple[str, ...]:
     return (*mounts, SHELL, "-c", HIDE_SCRIPT, "toolq-hide", mount)
 
 
-@functools.lru_cache(maxsize=4)
-def namespace_failure(argv: tuple[str, ...]) -> str | None:
-    """Why ``argv`` cannot make namespaces here, or None when it can; probed once."""
+@functools.lru_cache(maxsize=8)
+def probe_failure(argv: tuple[str, ...]) -> str | None:
+    """Why ``argv`` cannot run a program here (making namespaces, or with ``env`` giving it
+    SIGINT and SIGQUIT back), or None when it can; probed once."""
     try:
         probe = subprocess.run(
             [*argv, "/bin/true"],
@@ -215,7 +210,7 @@ def namespace_failure(argv: tuple[str, ...]) -> str | None:
         return str(exc)
     if probe.returncode != 0:
         reason = probe.stderr.decode("utf-8", "replace").strip()
-        return reason or f"unshare exited with code {probe.returncode}"
+        return reason or f"{os.path.basename(argv[0])} exited with code {probe.returncode}"
     return None
 
 

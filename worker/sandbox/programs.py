@@ -1,34 +1,18 @@
 """What a plan needs from this machine besides namespaces and control groups: the sandbox
-user's ids, the programs that put the layers in place, and whether ``env`` can give a command
-its signals back."""
+user's ids, the programs that put the layers in place, and whether a command's signals need
+giving back."""
 
 from __future__ import annotations
 
 import pwd
 import shutil
 import signal
-import subprocess
 
 from worker.exceptions import SandboxError
 from worker.sandbox.config import SAFE_PATH
 
 #: The signals a shell ignores in its background jobs, which a command gets back.
 _RESTORED = (signal.SIGINT, signal.SIGQUIT)
-
-
-def env_restores_signals(env_binary: str) -> bool:
-    try:
-        probe = subprocess.run(
-            [env_binary, "--default-signal=INT,QUIT", "true"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            env={"PATH": SAFE_PATH},
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return probe.returncode == 0
 
 
 def signals_ignored_here() -> bool:
