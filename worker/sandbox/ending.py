@@ -58,7 +58,7 @@ class Ending:
         self._init_pid = None if forked is None else forked.init_pid
         self._command_pid = None if forked is None else forked.pid
         #: Its pidfd (the pump closes it; the launch, when forked ahead).
-        self._command_pidfd = None if forked is None else forked.pidfd
+        self.command_pidfd = None if forked is None else forked.pidfd
         self._command_status: int | None = None
         self._killed: int | None = None
         #: The command ended alone (``ended_alone``): ``finish`` ends the rest, after the answer.
@@ -76,8 +76,8 @@ class Ending:
             if self._init_pid is not None:
                 self._command_pid = first_child_in_namespace(self._init_pid)
             if self._command_pid is not None:
-                self._command_pidfd = os.pidfd_open(self._command_pid)
-                return self._command_pidfd
+                self.command_pidfd = os.pidfd_open(self._command_pid)
+                return self.command_pidfd
         # Without the command's pid its status cannot be read: let the init wait for it instead.
         self.init_socket.close()
         return None
@@ -143,16 +143,11 @@ class Ending:
         self.group.wait_empty(deadline)
         self.ends_later = False
 
-    @property
-    def command_pidfd(self) -> int | None:
-        """The pidfd of a command forked ahead, whose exit ends the call."""
-        return self._command_pidfd
-
     def _ended_status(self, command: int) -> int | None:
         # Read from the zombie until the init reaps it (dash waits for the worker's word; bash
         # reaps at once), then told by the kernel through the pidfd: it keeps the status from
         # the reaping on. Asked again after the zombie: the reaping may fall in between.
-        pidfd = self._command_pidfd
+        pidfd = self.command_pidfd
         if pidfd is None:
             return _exit_status(command)
         if not zombie_codes_readable():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import signal
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 from worker.contract.run_limits import RunLimits
 from worker.sandbox.output import CappedStream
@@ -42,9 +42,6 @@ class Usage:
     #: The CPUs the command's processes were held to together (a control group's CPU
     #: bandwidth); None: no CPU limit held, none being asked or none holdable here.
     cpu_limit: float | None = None
-
-    def as_dict(self) -> dict[str, float | bool | None]:
-        return asdict(self)
 
 
 NO_USAGE = Usage(cpu_ms=None, max_rss_kb=None, pids_peak=None, killed_processes=None)
