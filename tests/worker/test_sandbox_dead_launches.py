@@ -81,7 +81,7 @@ def test_a_runs_launches_live_though_no_call_had_input_yet(
     for_run = _run_plan(config, workspace)
 
     _answers(run_in_workspace(config, workspace, "echo ran; id -u"), workspace)
-    wait_for(lambda: launcher.has_ready(for_run, config), BOUND_S, "a launch made for the run")
+    wait_for(lambda: bool(launcher.ready(for_run, config)), BOUND_S, "a launch made for the run")
     for made in launcher.ready(for_run, config):  # each one's shell waits for the call
         assert made.forked is not None and not has_exited(made.forked.pidfd)
     result = run_in_workspace(config, workspace, "cat; id -u", stdin=b"ran\n")

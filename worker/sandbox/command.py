@@ -156,7 +156,7 @@ def _run(
         # Its launches bind the folder of the calls' inputs, which must be there before they
         # are made, though no call here had input yet: else each dies as it starts.
         _input_folder()
-    chosen = for_run if for_run is not None and launcher.has_ready(for_run, config) else plan
+    chosen = for_run if for_run is not None and launcher.ready(for_run, config) else plan
     ready = launcher.take(chosen, config)
     if not still_bound(ready):
         ready.abandon()

@@ -67,11 +67,6 @@ class Launcher:
         self._runs: dict[tuple[Plan, SandboxConfig], None] = {}
         self._making: dict[tuple[Plan, SandboxConfig], int] = {}
 
-    def has_ready(self, plan: Plan, config: SandboxConfig) -> bool:
-        with self._lock:
-            self._forget_if_forked()
-            return bool(self._ready.get((plan, config)))
-
     def prepare_for_run(self, plan: Plan, config: SandboxConfig) -> None:
         """Make launches in the background until ``EACH_RUN`` are ready for the run of ``plan``
         (``Plan.for_run``), and let go of those of runs used less recently than the last
@@ -119,6 +114,7 @@ class Launcher:
     def ready(self, plan: Plan, config: SandboxConfig) -> list[Launch]:
         """The launches ready for ``config`` now, oldest first."""
         with self._lock:
+            self._forget_if_forked()
             return list(self._ready.get((plan, config), []))
 
     def prepare(self, plan: Plan, config: SandboxConfig) -> None:
@@ -175,14 +171,13 @@ class Launcher:
                 else:
                     self._making.pop(key, None)
                 ready = self._ready.setdefault(key, [])
-                if plan.keep:  # made for one run: kept while the run is among the recent ones
-                    kept = made is not None and key in self._runs and len(ready) < EACH_RUN
-                else:
-                    kept = made is not None and len(ready) < READY
+                # Made for one run: kept while the run is among the recent ones.
+                recent = key in self._runs or not plan.keep
+                room = recent and len(ready) < (EACH_RUN if plan.keep else READY)
                 # One that died as it was made (its init never said it is ready) is let go:
                 # a call would take it only to abandon it.
-                kept = kept and os.getpid() == self._pid and made is not None and made.waiting
-                if kept and made is not None:
+                kept = made is not None and room and os.getpid() == self._pid and made.waiting
+                if made is not None and kept:
                     ready.append(made)
             if made is not None and not kept:
                 made.abandon()
