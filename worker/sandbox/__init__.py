@@ -22,39 +22,15 @@ counting, or letting a command that ended alone answer before its namespace ends
 """
 
 from worker.contract.sandbox_settings import SandboxSettings
-from worker.contract.wire import LAYER_RUN_UID
 from worker.exceptions import SandboxError
 from worker.sandbox.command import CommandCall, run_sandboxed
-from worker.sandbox.config import MARKER_VARIABLE, SAFE_PATH, SHELL, Isolation, SandboxConfig
-from worker.sandbox.layers import (
-    LAYER_CLEAN_ENV,
-    LAYER_NET_NS,
-    LAYER_NO_NEW_PRIVS,
-    LAYER_PID_NS,
-    LAYER_PRIVATE_TMP,
-    LAYER_PROCESS_GROUP,
-    LAYER_QUOTA_FS,
-    LAYER_RLIMITS,
-    LAYER_TMP_CLEANED,
-    LAYER_USER_NS,
-    describe_isolation,
-)
-from worker.sandbox.result import SandboxResult, Usage
+from worker.sandbox.config import SAFE_PATH, SHELL, Isolation, SandboxConfig
+from worker.sandbox.layers import LAYER_PID_NS, describe_isolation
+from worker.sandbox.result import SandboxResult
 from worker.sandbox.sweep import sweep_orphans
 
 __all__ = [
-    "LAYER_CLEAN_ENV",
-    "LAYER_NET_NS",
-    "LAYER_NO_NEW_PRIVS",
     "LAYER_PID_NS",
-    "LAYER_PRIVATE_TMP",
-    "LAYER_PROCESS_GROUP",
-    "LAYER_QUOTA_FS",
-    "LAYER_RLIMITS",
-    "LAYER_RUN_UID",
-    "LAYER_TMP_CLEANED",
-    "LAYER_USER_NS",
-    "MARKER_VARIABLE",
     "SAFE_PATH",
     "SHELL",
     "CommandCall",
@@ -63,7 +39,6 @@ __all__ = [
     "SandboxError",
     "SandboxResult",
     "SandboxSettings",
-    "Usage",
     "describe_isolation",
     "run_sandboxed",
     "sweep_orphans",
