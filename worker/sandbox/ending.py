@@ -18,7 +18,7 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import InitVar, dataclass
+from dataclasses import InitVar, dataclass, replace
 
 from worker.plumbing.proc_stat import process_alive
 from worker.sandbox.bounded import poll_until
@@ -28,7 +28,7 @@ from worker.sandbox.config import REAP_BOUND_S
 from worker.sandbox.output import CappedStream
 from worker.sandbox.pidfd import exit_status, zombie_codes_readable
 from worker.sandbox.plan import Plan
-from worker.sandbox.result import Usage
+from worker.sandbox.result import NO_USAGE, Usage
 from worker.sandbox.start.proc_lookup import ForkedCommand, children, first_child_in_namespace
 from worker.sandbox.start.spawner_client import LaunchedProcess
 from worker.sandbox.sweep import sweep_marked
@@ -153,14 +153,8 @@ class Ending:
         if not zombie_codes_readable():
             # Its zombie would show 0: the pidfd tells the status once the init has reaped it,
             # which it does at once.
-            told: list[int | None] = [None]
-
-            def reaped() -> bool:
-                told[0] = exit_status(pidfd)
-                return told[0] is not None
-
-            poll_until(reaped, time.monotonic() + REAP_BOUND_S)
-            return told[0]
+            poll_until(lambda: exit_status(pidfd) is not None, time.monotonic() + REAP_BOUND_S)
+            return exit_status(pidfd)
         for status in (exit_status(pidfd), _exit_status(command), exit_status(pidfd)):
             if status is not None:
                 return status
@@ -197,9 +191,8 @@ class Ending:
             )
         rusage = self._rusage
         if rusage is None:
-            return Usage(None, None, None, None)
-        cpu_ms = round((rusage.ru_utime + rusage.ru_stime) * 1000)
-        return Usage(cpu_ms, None, None, None)
+            return NO_USAGE
+        return replace(NO_USAGE, cpu_ms=round((rusage.ru_utime + rusage.ru_stime) * 1000))
 
     def _wait(self) -> int | None:
         """Reap the started process, keeping what the kernel counted for it and what it

@@ -89,10 +89,8 @@ def own_session_keyring() -> Iterator[str | None]:
 
 def session_keyrings_work() -> bool:
     """This machine gives a thread a session keyring of its own."""
-    joined = join_new_session_keyring()
-    if joined:
-        join_new_session_keyring()  # the probe's own goes
-    return joined
+    with own_session_keyring() as failure:  # the probe's own goes after
+        return failure is None
 
 
 def _python() -> str:

@@ -80,10 +80,9 @@ class Pump:
         self._selector = selectors.PollSelector()
         self._buffer = bytearray(_READ_CHUNK)
         self._view = memoryview(self._buffer)
-        self._open = 0
+        self._open = len(streams)
         for stream in streams:
             self._selector.register(stream.fd, selectors.EVENT_READ, stream)
-            self._open += 1
         self._exit_fd: int | None = None
         self._command_fd: int | None = None
         if exit_fd is not None:
