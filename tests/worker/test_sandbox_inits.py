@@ -22,9 +22,8 @@ from tests.worker.conftest import namespaces_unavailable, one_uid
 from worker.sandbox import SHELL, SandboxConfig, run_sandboxed
 from worker.sandbox.cgroup_layout import detect_layout
 from worker.sandbox.host_registry import HostRegistry
-from worker.sandbox.layers import plan_for
+from worker.sandbox.layers import plan_for, signals_ignored_here
 from worker.sandbox.plan import Plan
-from worker.sandbox.programs import signals_ignored_here
 from worker.sandbox.result import SandboxResult
 from worker.sandbox.start.ready_pool import launcher
 

@@ -17,9 +17,8 @@ from tests.worker.conftest import run_in_workspace
 from worker.contract.uid_range import UidRange
 from worker.exceptions import IdentityError
 from worker.sandbox import SandboxConfig
-from worker.sandbox.handover import hand_over
 from worker.sandbox.identity import identity_of, release
-from worker.sandbox.uid_reset import reset_uid
+from worker.sandbox.uid_reset import hand_over, reset_uid
 from worker.sandbox.uid_use import note_used
 from worker.tools.factory import prepare_workspace
 

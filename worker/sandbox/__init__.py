@@ -11,9 +11,9 @@ or see other processes.
 
 The parts: ``config`` (what the sandbox is told), ``cgroup_layout`` (which hierarchy does which
 job on this machine), ``call_cgroup`` (one call's groups), ``start`` (every way a command is
-started, in one folder: see its docstring), ``layers`` (the layers, and which of them this machine
-gives), ``plan`` (the command line that sets them up), ``programs`` (the user and the programs a
-plan needs), ``identity`` (a uid per run), ``uid_leftovers`` (what a run leaves where no namespace
+started, in one folder: see its docstring), ``layers`` (the layers, which of them this machine
+gives, and the user and the programs a plan needs), ``plan`` (the command line that sets them
+up), ``identity`` (a uid per run), ``uid_leftovers`` (what a run leaves where no namespace
 collects it), ``volumes`` (a file system per run), ``output`` (the capped streams and the pump
 reading them), ``pidfd`` (an exit status told through a pidfd), ``ending`` (killing, reaping,
 counting, or letting a command that ended alone answer before its namespace ends), ``result``

@@ -19,7 +19,6 @@ from worker.egress import Egress, NoNetworkNamespace, open_egress
 from worker.exceptions import SandboxError
 from worker.sandbox.config import COMMAND_ENV, INPUT_FOLDER, SHELL, SandboxConfig
 from worker.sandbox.ending import Ending
-from worker.sandbox.handover import hand_over, holder_of
 from worker.sandbox.host_registry import HostRegistry
 from worker.sandbox.layers import plan_for
 from worker.sandbox.names import BOUND
@@ -37,6 +36,7 @@ from worker.sandbox.start.launch import (
 from worker.sandbox.start.ready_pool import launcher
 from worker.sandbox.start.spawner_client import LaunchedProcess
 from worker.sandbox.uid_leftovers import run_guard
+from worker.sandbox.uid_reset import hand_over, holder_of
 from worker.sandbox.volumes import detached_copy
 
 #: How long to keep reading once the command has ended and its leftovers were killed: their

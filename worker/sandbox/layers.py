@@ -1,14 +1,16 @@
 """The isolation layers: their names, as ``describe_isolation`` and every result tell them, and
-which of them this machine gives a command under a configuration (``plan_for``): the programs
-found, namespaces and control groups probed, and from them the plan (``worker.sandbox.plan``)
-that puts the layers in place.
+which of them this machine gives a command under a configuration (``plan_for``): the sandbox
+user and the programs found, namespaces and control groups probed, and from them the plan
+(``worker.sandbox.plan``) that puts the layers in place.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import pwd
 import shutil
+import signal
 import stat
 import subprocess
 
@@ -19,7 +21,6 @@ from worker.sandbox.config import SAFE_PATH, SHELL, SandboxConfig
 from worker.sandbox.keyrings import session_keyrings_work
 from worker.sandbox.pidfd import tells_exit_after_reaping
 from worker.sandbox.plan import Plan
-from worker.sandbox.programs import require_binary, sandbox_ids, signals_ignored_here
 from worker.sandbox.start.shell_text import HIDE_SCRIPT
 from worker.sandbox.volumes import volumes_unavailable
 
@@ -61,6 +62,8 @@ LAYER_HIDDEN_PROCESSES = "hidden-processes"
 
 #: ``env``'s option that gives a command SIGINT and SIGQUIT back (not every ``env`` has it).
 _SIGNALS_BACK = "--default-signal=INT,QUIT"
+#: The signals a shell ignores in its background jobs, which a command gets back.
+_RESTORED = (signal.SIGINT, signal.SIGQUIT)
 
 
 def describe_isolation(config: SandboxConfig) -> list[str]:
@@ -227,3 +230,30 @@ def _ready_in(workspace_root: str | None, drop_to: tuple[int, int] | None) -> st
         stat.S_IXUSR if info.st_uid == uid else stat.S_IXGRP if info.st_gid == gid else stat.S_IXOTH
     )
     return workspace_root if info.st_mode & search else None
+
+
+def signals_ignored_here() -> bool:
+    """This process ignores SIGINT or SIGQUIT (as a program started in the background of a
+    script does), and so would every process it starts unless one gives them back."""
+    return any(signal.getsignal(number) is signal.SIG_IGN for number in _RESTORED)
+
+
+def sandbox_ids(user: str) -> tuple[int, int]:
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        raise SandboxError(
+            f"the sandbox user {user!r} does not exist; create it or set TOOLQ_SANDBOX_USER"
+        ) from None
+    if entry.pw_uid == 0:
+        raise SandboxError(f"the sandbox user {user!r} is root; choose an unprivileged user")
+    return entry.pw_uid, entry.pw_gid
+
+
+def require_binary(name: str, purpose: str) -> str:
+    found = shutil.which(name, path=SAFE_PATH)
+    if found is None:
+        raise SandboxError(
+            f"{name} (util-linux) is needed to {purpose} when the worker runs as root"
+        )
+    return found

@@ -5,23 +5,27 @@ shared memory, semaphores and message queues it owns, POSIX message queues, file
 the host's folders every uid can write (``/tmp``, ``/run/lock``...), and any process a call left.
 A run later given the same uid would own all of it. ``reset_uid`` removes it and then looks again:
 what it cannot show gone is named, and the uid is not handed on (``identity.release`` keeps its
-claim aside; ``handover.hand_over`` refuses the call).
+claim aside; ``hand_over`` refuses the call).
 
 Keyrings and IPC objects belong to the worker's user and IPC namespaces, which the process that
 removes a run's workspace may not share (the deploy's pools each have their own). So the reset
 runs twice: where the workspace is removed (``identity.release``), and in the sandbox worker as
-the first call of another run comes for the uid (``hand_over``).
+the first call of another run comes for the uid (``hand_over``), in the worker's own user and IPC
+namespaces.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import os
 import shutil
+import stat
 import time
 from pathlib import Path
 
+from worker.exceptions import SandboxError
 from worker.plumbing.proc_stat import process_alive
 from worker.sandbox.keyrings import clear_uid_keyrings
 from worker.sandbox.pidfd_kill import kill_until_gone, owned_by, processes
@@ -34,6 +38,9 @@ _SYSVIPC = {"shm": ("shmctl", 0), "msg": ("msgctl", 0), "sem": ("semctl", 1)}
 _IPC_RMID = 0
 #: How long the processes of a uid may take to die, and its shared memory to go with them.
 RESET_BOUND_S = 5.0
+#: The folder, in the host's sandbox state (``TOOLQ_SANDBOX_HOST_STATE``, the workers' alone),
+#: where the sandbox workers note which holder each uid served last on this host.
+HOLDERS = "uid-holders"
 
 
 def reset_uid(
@@ -151,3 +158,52 @@ def _owner(entry: os.DirEntry[str]) -> int | None:
         return entry.stat(follow_symlinks=False).st_uid
     except OSError:
         return None
+
+
+def hand_over(host_state: str, uid: int, holder: str) -> None:
+    """Before a call of ``holder`` (its workspace, as ``holder_of`` names it) runs as ``uid`` on
+    this host (whose sandbox state is in ``host_state``): when the uid last served another
+    holder here, reset it first. Raises ``SandboxError`` when the uid cannot be shown clean: the
+    call does not run."""
+    record = _record(Path(host_state) / HOLDERS, uid)
+    try:
+        fcntl.flock(record, fcntl.LOCK_EX)
+        with os.fdopen(os.dup(record), "rb") as current:
+            served = current.read()
+        if served == holder.encode():
+            return
+        # Its processes stay: those of the old run ended with its calls, and were ended again
+        # where its workspace was removed; any here now may be the new holder's own (the
+        # container of its image, started before this call).
+        left = reset_uid(uid, end_processes=False)
+        if left:
+            raise SandboxError(
+                f"uid {uid} still holds what an earlier run left ({'; '.join(left)}): "
+                "it serves no other run until that is gone"
+            )
+        os.ftruncate(record, 0)
+        os.pwrite(record, holder.encode(), 0)
+    finally:
+        os.close(record)
+
+
+def holder_of(workspace: Path) -> str:
+    """A workspace as a holder of its uid: its path, and which folder is there now (a workspace
+    removed and made again under the same name is another holder)."""
+    try:
+        info = os.stat(workspace)
+    except OSError:
+        return f"{workspace}\0missing"
+    return f"{workspace}\0{info.st_dev}:{info.st_ino}"
+
+
+def _record(holders: Path, uid: int) -> int:
+    """The open file noting which holder ``uid`` served last on this host: in ``holders``, a
+    folder that is the workers' alone, made if missing."""
+    with contextlib.suppress(FileExistsError):
+        holders.mkdir(mode=0o700, parents=True)
+    info = os.lstat(holders)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+        raise SandboxError(f"{holders} is not a folder of the worker's alone; remove it")
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.open(holders / str(uid), flags, 0o600)
