@@ -45,12 +45,12 @@ def exit_status(pidfd: int) -> int | None:
         return None
 
 
-def has_exited(pidfd: int, timeout_s: float = 0.0) -> bool:
+def has_exited(pidfd: int, timeout_s: float | None = 0.0) -> bool:
     """``pidfd``'s process has exited (its pidfd turns readable then), waiting at most
-    ``timeout_s`` for it."""
+    ``timeout_s`` for it (None: until it has)."""
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
-    return bool(poller.poll(timeout_s * 1000))
+    return bool(poller.poll(None if timeout_s is None else timeout_s * 1000))
 
 
 #: The capability without which /proc shows the exit code of another uid's zombie as 0.

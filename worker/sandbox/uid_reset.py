@@ -43,14 +43,12 @@ RESET_BOUND_S = 5.0
 HOLDERS = "uid-holders"
 
 
-def reset_uid(
-    uid: int, *, end_processes: bool = True, deadline_s: float = RESET_BOUND_S
-) -> list[str]:
+def reset_uid(uid: int, *, end_processes: bool = True) -> list[str]:
     """Remove what ``uid`` left in this worker's namespaces and on this host, then look again
     (where a process of the uid could have made something meanwhile); returns what is still
     there (empty: nothing of the uid is left). ``end_processes``: its processes are ended and
     counted too."""
-    deadline = time.monotonic() + deadline_s
+    deadline = time.monotonic() + RESET_BOUND_S
     # Processes first: a live one could make again what is removed after it.
     ended = end_processes and bool(_processes_of(uid))
     if ended:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import selectors
 import signal
 import socket
 import subprocess
@@ -21,7 +20,7 @@ from typing import IO, Protocol
 from worker.exceptions import SandboxError
 from worker.sandbox.bounded import wait_at_most
 from worker.sandbox.config import COMMAND_ENV, REAP_BOUND_S
-from worker.sandbox.pidfd import exit_status
+from worker.sandbox.pidfd import exit_status, has_exited
 from worker.sandbox.start.spawner_process import MAX_MESSAGE
 
 SPAWNER = Path(__file__).with_name("spawner_process.py")
@@ -79,11 +78,7 @@ class SpawnedProcess:
             self._pidfd = None
 
     def _exited(self, timeout: float | None) -> bool:
-        if self._pidfd is None:
-            return True
-        with selectors.PollSelector() as selector:
-            selector.register(self._pidfd, selectors.EVENT_READ)
-            return bool(selector.select(timeout))
+        return self._pidfd is None or has_exited(self._pidfd, timeout)
 
 
 class Spawner:
