@@ -140,8 +140,7 @@ class HostRegistry:
         with self._locked():
             holder = self.uid_holder(uid)
             if holder is not None and holder.is_(fleet, run):
-                with contextlib.suppress(FileNotFoundError):
-                    (self.folder / _UIDS / str(uid)).unlink()
+                (self.folder / _UIDS / str(uid)).unlink(missing_ok=True)
 
     def uid_lock(self, uid: int) -> int:
         """A descriptor of ``uid``'s call lock (``uid_leftovers``), for ``flock``."""
@@ -183,8 +182,7 @@ class HostRegistry:
             dead = set(held)
             yield dead
             for worker in dead & held.keys():
-                with contextlib.suppress(FileNotFoundError):
-                    (self.folder / _WORKERS / f"{worker}{_WORKER_SUFFIX}").unlink()
+                (self.folder / _WORKERS / f"{worker}{_WORKER_SUFFIX}").unlink(missing_ok=True)
         finally:
             for fd in held.values():
                 os.close(fd)

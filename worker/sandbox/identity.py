@@ -149,8 +149,7 @@ def release(root: Path, run_id: str, uid: int, host_state: str | Path = HOST_STA
         if _another_fleets_here(root, uid, host_state):
             # The run held the uid on another host: here the uid and all it has are another
             # fleet's run's, which nothing of this release may touch.
-            with contextlib.suppress(FileNotFoundError):
-                claim.unlink()
+            claim.unlink(missing_ok=True)
             return
         if was_used(root, uid):
             left = reset_uid(uid)
@@ -162,8 +161,7 @@ def release(root: Path, run_id: str, uid: int, host_state: str | Path = HOST_STA
             # Before the claim goes: the uid's next holder notes its own use.
             forget_use(root, uid)
         # Else nothing ever ran as the uid (``uid_use``): the kernel holds nothing of it.
-        with contextlib.suppress(FileNotFoundError):
-            claim.unlink()
+        claim.unlink(missing_ok=True)
         # Where this process cannot reach the host's registry, the claim made there stays
         # until a run of this fleet takes the uid again (``HostRegistry.claim_uid``): other
         # fleets skip it meanwhile, which is the safe side.

@@ -56,5 +56,4 @@ def was_used(root: Path, uid: int) -> bool:
 
 def forget_use(root: Path, uid: int) -> None:
     """Clear ``uid``'s note, once a reset showed that nothing of it is left."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(Path(root) / STATE_DIR / USED / str(uid))
+    (Path(root) / STATE_DIR / USED / str(uid)).unlink(missing_ok=True)

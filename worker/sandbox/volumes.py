@@ -80,10 +80,8 @@ def release_volume(root: Path, name: str, folder: Path | None = None) -> None:
         return
     if folder is not None and os.path.ismount(folder):
         _run(["umount", "--lazy", str(folder)])
-    with contextlib.suppress(FileNotFoundError):
-        image.unlink()
-    with contextlib.suppress(FileNotFoundError):
-        image.with_suffix(".lock").unlink()
+    image.unlink(missing_ok=True)
+    image.with_suffix(".lock").unlink(missing_ok=True)
 
 
 def detached_copy(folder: str) -> int:
