@@ -29,7 +29,7 @@ from worker.sandbox.output import CappedStream
 from worker.sandbox.pidfd import exit_status, zombie_codes_readable
 from worker.sandbox.plan import Plan
 from worker.sandbox.result import NO_USAGE, Usage
-from worker.sandbox.start.proc_lookup import ForkedCommand, children, first_child_in_namespace
+from worker.sandbox.start.proc_lookup import ForkedCommand, children, find_forked
 from worker.sandbox.start.spawner_client import LaunchedProcess
 from worker.sandbox.sweep import sweep_marked
 
@@ -72,12 +72,11 @@ class Ending:
         with contextlib.suppress(OSError):
             if not self.init_socket.recv(16):
                 return None
-            self._init_pid = next(iter(children(self.proc.pid)), None)
-            if self._init_pid is not None:
-                self._command_pid = first_child_in_namespace(self._init_pid)
-            if self._command_pid is not None:
-                self.command_pidfd = os.pidfd_open(self._command_pid)
-                return self.command_pidfd
+            forked = find_forked(self.proc.pid)
+            if forked is not None:
+                self._init_pid, self._command_pid = forked.init_pid, forked.pid
+                self.command_pidfd = forked.pidfd
+                return forked.pidfd
         # Without the command's pid its status cannot be read: let the init wait for it instead.
         self.init_socket.close()
         return None

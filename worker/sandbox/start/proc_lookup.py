@@ -35,8 +35,8 @@ def first_child_in_namespace(init_pid: int) -> int | None:
 
 @dataclass(frozen=True, slots=True)
 class ForkedCommand:
-    """The process an init forked ahead to become the call's command (``Plan.forks_ahead``):
-    the init's pid, and the process's own pid and a pidfd to it."""
+    """The call's command under a namespace's init, forked ahead (``Plan.forks_ahead``) or
+    started as the call came: the init's pid, and the process's own pid and a pidfd to it."""
 
     init_pid: int
     pid: int
@@ -44,7 +44,7 @@ class ForkedCommand:
 
 
 def find_forked(launched: int) -> ForkedCommand | None:
-    """The process forked ahead under the init that ``launched`` (unshare) started, or None
+    """The command's process under the init that ``launched`` (unshare) started, or None
     (gone, or not found)."""
     init = next(iter(children(launched)), None)
     command = None if init is None else first_child_in_namespace(init)
