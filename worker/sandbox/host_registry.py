@@ -222,8 +222,7 @@ class HostRegistry:
             # The parts are made in this order: where the last is, so are the others.
             if not os.path.isdir(folder / _UID_LOCKS):
                 for part in (_UIDS, _WORKERS, _UID_LOCKS):
-                    with contextlib.suppress(FileExistsError):
-                        (folder / part).mkdir(mode=0o700)
+                    (folder / part).mkdir(mode=0o700, exist_ok=True)
         except OSError as exc:
             raise HostRegistryError(_unusable(folder, exc.strerror or str(exc))) from exc
         return folder

@@ -16,7 +16,6 @@ next holder's release reset the uid, the safe side.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
 
@@ -36,8 +35,7 @@ def note_used(root: Path, uid: int) -> None:
         # Made where the uid's claim was not (a folder given an identity of its own): the
         # workers' alone, as the claims' state folder is.
         for folder in (notes.parent, notes):
-            with contextlib.suppress(FileExistsError):
-                folder.mkdir(mode=0o700)
+            folder.mkdir(mode=0o700, exist_ok=True)
         fd = os.open(notes / str(uid), _FLAGS, 0o600)
     os.close(fd)
 
