@@ -116,7 +116,7 @@ class CallGroup:
             # Atomic: a process forking meanwhile takes its child with it.
             members = self.members()
             if members:
-                _write(directory / "cgroup.kill", "1")
+                (directory / "cgroup.kill").write_text("1")
             return members
         # Frozen, the processes cannot fork while they are listed and killed.
         frozen = self._freeze(deadline)
@@ -190,7 +190,7 @@ class CallGroup:
         else:
             return False
         try:
-            _write(control, value)
+            control.write_text(value)
         except OSError:
             return False
         return poll_until(lambda: frozen in read_or_empty(state).split("\n"), deadline)
@@ -199,9 +199,9 @@ class CallGroup:
         directory = self._kill_dir
         with contextlib.suppress(OSError):
             if self._killer.version == 2:
-                _write(directory / "cgroup.freeze", "0")
+                (directory / "cgroup.freeze").write_text("0")
             else:
-                _write(directory / "freezer.state", "THAWED")
+                (directory / "freezer.state").write_text("THAWED")
 
 
 def sweep_groups(layout: CgroupLayout, registry: HostRegistry, fleet: str) -> int:
@@ -231,18 +231,18 @@ def _worker_of(name: str) -> str | None:
 
 def _set_limits(hierarchy: Hierarchy, directory: Path, processes: int, memory: int) -> None:
     if "pids" in hierarchy.jobs:
-        _write(directory / "pids.max", str(processes))
+        (directory / "pids.max").write_text(str(processes))
     if "memory" not in hierarchy.jobs:
         return
     if hierarchy.version == 2:
-        _write(directory / "memory.max", str(memory))
+        (directory / "memory.max").write_text(str(memory))
         swap = directory / "memory.swap.max"
         if swap.exists():  # no swap at all: resident memory is all a command may have
-            _write(swap, "0")
+            swap.write_text("0")
     else:
-        _write(directory / "memory.limit_in_bytes", str(memory))
+        (directory / "memory.limit_in_bytes").write_text(str(memory))
         if hierarchy.swap_accounted:  # memory and swap together, set after memory alone
-            _write(directory / "memory.memsw.limit_in_bytes", str(memory))
+            (directory / "memory.memsw.limit_in_bytes").write_text(str(memory))
 
 
 def _set_cpu_limit(hierarchy: Hierarchy, directory: Path, cpu: float) -> None:
@@ -250,10 +250,10 @@ def _set_cpu_limit(hierarchy: Hierarchy, directory: Path, cpu: float) -> None:
     CFS bandwidth control: past its quota the group waits for the next period)."""
     quota = cpu_quota_us(cpu)
     if hierarchy.version == 2:
-        _write(directory / "cpu.max", f"{quota} {CPU_PERIOD_US}")
+        (directory / "cpu.max").write_text(f"{quota} {CPU_PERIOD_US}")
     else:
-        _write(directory / "cpu.cfs_period_us", str(CPU_PERIOD_US))
-        _write(directory / "cpu.cfs_quota_us", str(quota))
+        (directory / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
+        (directory / "cpu.cfs_quota_us").write_text(str(quota))
 
 
 def cpu_quota_us(cpu: float) -> int:
@@ -290,8 +290,3 @@ def _oom_kills(hierarchy: Hierarchy, directory: Path) -> int:
 def _number(path: Path) -> int | None:
     text = read_or_empty(path).strip()
     return int(text) if text.isdigit() else None
-
-
-def _write(path: Path, value: str) -> None:
-    with open(path, "w") as file:
-        file.write(value)
