@@ -63,7 +63,7 @@ def hardening_refusal(config: SandboxConfig, sysctls: Path = SYSCTL_ROOT) -> str
     low = {name: value for name, value in _read(sysctls).items() if value < NEEDED[name]}
     if not low:
         return None
-    shown = ", ".join(f"{name}={_shown(value)}" for name, value in low.items())
+    shown = ", ".join(f"{name}={'unknown' if value < 0 else value}" for name, value in low.items())
     if config.settings.host_hardening == "set":
         failure = _write(sysctls, low)
         if failure is None:
@@ -110,7 +110,3 @@ def _write(sysctls: Path, low: dict[str, int]) -> str | None:
 
 def _path(sysctls: Path, name: str) -> Path:
     return sysctls.joinpath(*name.split("."))
-
-
-def _shown(value: int) -> str:
-    return "unknown" if value < 0 else str(value)

@@ -120,9 +120,6 @@ def _wait_in_a_shell(channel: socket.socket, request: dict[str, Any]) -> None:
     """The process forked ahead becomes the call's shell before the call comes, with the
     environment and the limits every call has: it reads the rest of the call from the socket
     (as fd 3) and runs it itself (``shell_text.shell_ahead_line``)."""
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
     os.dup2(channel.fileno(), 3)
     for name, (soft, hard) in request["limits"].items():
         resource.setrlimit(_RLIMITS[name], (soft, hard))
@@ -138,15 +135,15 @@ def _run_the_call(
     _name(libc, b"toolq-command")
     for number in (signal.SIGINT, signal.SIGQUIT, signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(number, signal.SIG_DFL)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
     if request["shell"] is not None:
         _wait_in_a_shell(channel, request)
     line, received = _read_line(channel)
     if not line:
         os._exit(0)
     call = json.loads(line)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
     try:
         _bind(libc, covered, call.get("bind") or [])
         if received and call.get("attach") is not None:
