@@ -56,18 +56,15 @@ if left:
 CLEAR_BOUND_S = 30.0
 
 
-def _keyctl(*args: int) -> int:
-    if SYS_KEYCTL is None:
-        return -1
-    libc = ctypes.CDLL(None, use_errno=True)
-    result: int = libc.syscall(SYS_KEYCTL, *(ctypes.c_long(arg) for arg in args))
-    return result
-
-
 def join_new_session_keyring() -> bool:
     """Give the calling thread a new, empty, anonymous session keyring; False where the kernel
     has none to give (no keyrings, or the owner's key quota is used up)."""
-    return _keyctl(KEYCTL_JOIN_SESSION_KEYRING, 0) >= 0
+    if SYS_KEYCTL is None:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    operation = (ctypes.c_long(KEYCTL_JOIN_SESSION_KEYRING), ctypes.c_long(0))
+    joined: int = libc.syscall(SYS_KEYCTL, *operation)
+    return joined >= 0
 
 
 @contextlib.contextmanager

@@ -219,12 +219,7 @@ class Plan:
 
     @property
     def wrapped(self) -> bool:
-        return (
-            self.drop_to is not None
-            or self.namespaced
-            or self.grouped
-            or bool(self.prlimit or self.guard)
-        )
+        return bool(self.drop_to or self.namespaced or self.grouped or self.prlimit or self.guard)
 
     def command_line(
         self,
