@@ -17,7 +17,7 @@ import contextlib
 import errno
 import logging
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from worker.sandbox.config import CgroupMode
@@ -129,10 +129,7 @@ def detect_layout(
         hierarchies += _prepare_v1(found, v1_paths, [j for j in JOBS if j not in done], why)
     if hierarchies and not any("kill" in h.jobs for h in hierarchies):
         # Any group lists its processes: they can be killed one by one, if not all at once.
-        first = hierarchies[0]
-        hierarchies[0] = Hierarchy(
-            first.version, first.parent, ("kill", *first.jobs), first.swap_accounted
-        )
+        hierarchies[0] = replace(hierarchies[0], jobs=("kill", *hierarchies[0].jobs))
     done = {job for h in hierarchies for job in h.jobs}
     missing = tuple(
         (job, "; ".join(why[job]) or "no hierarchy does it") for job in JOBS if job not in done

@@ -4,10 +4,9 @@ The first program of a call is a shell that writes itself into the call's groups
 namespace it then becomes the guard and ``unshare``, whose init waits for the call's command line
 (``Plan.ready_argv``); a bash init has already forked the process that becomes the command, and
 says so (``Launch.confirm``). Without a namespace, the shell waits for the command line itself
-and becomes it. Either
-way the wrappers, the namespaces and every process the command starts are in the groups from
-their first instruction, with nothing to move later. A worker killed at any moment leaves a
-group to sweep, never a command outside one.
+and becomes it. Either way the wrappers, the namespaces and every process the command starts are
+in the groups from their first instruction, with nothing to move later. A worker killed at any
+moment leaves a group to sweep, never a command outside one.
 
 Joining a group takes the kernel's lock on every process's group membership, and the first to
 take it after a pause waits for an RCU grace period (milliseconds on a busy machine); making the
