@@ -47,14 +47,7 @@ def run_guard(call_plan: Plan, config: SandboxConfig) -> Iterator[None]:
         fcntl.flock(fd, fcntl.LOCK_SH)
         yield
     finally:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pass  # another call of the run is running: the last one sweeps
-        else:
-            sweep_uid(uid)
-        finally:
-            os.close(fd)
+        _sweep_if_idle(fd, uid)
 
 
 def sweep_idle_uids(config: SandboxConfig) -> int:
@@ -73,16 +66,21 @@ def sweep_idle_uids(config: SandboxConfig) -> int:
         holder = registry.uid_holder(uid)
         if holder is None or holder.fleet != fleet:
             continue  # another fleet's, or nobody's: nothing proves it this fleet's to end
-        fd = registry.uid_lock(uid)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            continue
-        else:
-            killed += sweep_uid(uid)
-        finally:
-            os.close(fd)
+        killed += _sweep_if_idle(registry.uid_lock(uid), uid)
     return killed
+
+
+def _sweep_if_idle(fd: int, uid: int) -> int:
+    """Sweep ``uid`` if no call of its run holds its lock (``fd``, closed here); returns how
+    many processes were killed."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return 0  # another call of the run is running: the last one sweeps
+    else:
+        return sweep_uid(uid)
+    finally:
+        os.close(fd)
 
 
 def sweep_uid(uid: int) -> int:
