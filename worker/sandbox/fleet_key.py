@@ -31,8 +31,7 @@ def fleet_key(root: Path) -> bytes:
 
     Written aside and linked into place, so two workers making it at once agree on one key and
     no reader ever sees half of it."""
-    state = Path(root) / STATE_DIR
-    key = state / KEY_FILE
+    key = Path(root) / STATE_DIR / KEY_FILE
     with contextlib.suppress(FileNotFoundError):
         return _read(key)
     write_once(key, secrets.token_bytes(_KEY_BYTES))
