@@ -88,17 +88,10 @@ def detached_copy(folder: str) -> int:
     """A detached copy of the mount at ``folder`` (``open_tree``), which a launch made in a
     mount namespace of its own attaches over its copy of the folder."""
     libc = ctypes.CDLL(None, use_errno=True)
-    fd = int(
-        libc.syscall(
-            _SYS_OPEN_TREE,
-            _AT_FDCWD,
-            folder.encode(),
-            _OPEN_TREE_CLONE | _AT_RECURSIVE | _O_CLOEXEC,
-        )
-    )
+    flags = _OPEN_TREE_CLONE | _AT_RECURSIVE | _O_CLOEXEC
+    fd = int(libc.syscall(_SYS_OPEN_TREE, _AT_FDCWD, folder.encode(), flags))
     if fd < 0:
-        errno = ctypes.get_errno()
-        raise SandboxError(f"cannot copy the mount of {folder}: {os.strerror(errno)}")
+        raise SandboxError(f"cannot copy the mount of {folder}: {os.strerror(ctypes.get_errno())}")
     return fd
 
 

@@ -148,17 +148,10 @@ def _run_the_call(
         _bind(libc, covered, call.get("bind") or [])
         if received and call.get("attach") is not None:
             # The run's volume, mounted on the host after this launch copied its mounts.
-            _call(
-                libc.syscall(
-                    _SYS_MOVE_MOUNT,
-                    received[0],
-                    b"",
-                    _AT_FDCWD,
-                    call["attach"].encode(),
-                    _MOVE_MOUNT_F_EMPTY_PATH,
-                ),
-                f"attach the run's volume at {call['attach']}",
-            )
+            where = call["attach"]
+            path, flags = where.encode(), _MOVE_MOUNT_F_EMPTY_PATH
+            moved = libc.syscall(_SYS_MOVE_MOUNT, received[0], b"", _AT_FDCWD, path, flags)
+            _call(moved, f"attach the run's volume at {where}")
     except OSError as exc:
         _fail(CANNOT_ENTER, f"cannot show the call its folders: {exc}")
     for fd in received:
