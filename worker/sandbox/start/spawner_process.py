@@ -238,13 +238,10 @@ def _init(libc: Any, channel: socket.socket, request: dict[str, Any]) -> None:
     then, reaping what ends, the wait for the worker's word that the call is over."""
     _name(libc, b"toolq-init")
     _call(libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None), "mount --make-rprivate /")
-    _call(
-        libc.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None),
-        "mount /proc",
-    )
+    flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+    _call(libc.mount(b"proc", b"/proc", b"proc", flags, None), "mount /proc")
     if os.path.isdir(_MQUEUE) and not os.path.islink(_MQUEUE):
         # The queues of the call's own IPC namespace, not the host's, show there.
-        flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
         _call(libc.mount(b"mqueue", _MQUEUE.encode(), b"mqueue", flags, None), "mount mqueue")
     private = request.get("private")
     covered = _cover(libc, private) if private is not None else {}
