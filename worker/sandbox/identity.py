@@ -28,7 +28,7 @@ from worker.contract.uid_range import UidRange
 from worker.exceptions import HostRegistryError, IdentityError
 from worker.sandbox.fleet_key import first_uid_offset, fleet_id
 from worker.sandbox.host_registry import HOST_STATE, HostRegistry
-from worker.sandbox.names import names_folder, remove_run_names
+from worker.sandbox.names import names_folder
 from worker.sandbox.uid_reset import reset_uid
 from worker.sandbox.uid_use import forget_use, was_used
 from worker.state_folder import STATE_DIR
@@ -143,7 +143,7 @@ def release(root: Path, run_id: str, uid: int, host_state: str | Path = HOST_STA
     where anything ran as the uid since its last reset (``uid_use``).
     A uid kept aside stays claimed on this host too: what is left of it is this host's."""
     shutil.rmtree(run_tmp(root, run_id), ignore_errors=True)
-    remove_run_names(names_folder(Path(root) / STATE_DIR, run_id))
+    shutil.rmtree(names_folder(Path(root) / STATE_DIR, run_id), ignore_errors=True)
     claim = claims_dir(root) / str(uid)
     if _holder(claim) == run_id.encode():
         if _another_fleets_here(root, uid, host_state):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 from pathlib import Path
 
 #: The name a run's uid and gid have inside the run's view.
@@ -68,10 +67,6 @@ def make_run_names(folder: Path, uid: int, gid: int, home: str) -> tuple[tuple[s
         os.chmod(partial, 0o644)
         os.replace(partial, path)
     return tuple((str(folder / name), target) for target, name in BOUND.items())
-
-
-def remove_run_names(folder: Path) -> None:
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _read(path: Path) -> str:
