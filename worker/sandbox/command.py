@@ -108,7 +108,7 @@ def _run(
     call: CommandCall,
 ) -> SandboxResult:
     cwd, home, config, timeout_ms = call["cwd"], call["home"], call["config"], call["timeout_ms"]
-    before_start = call.get("before_start") or _nothing
+    before_start = call.get("before_start") or (lambda: None)
     # The marker names the worker process too (its id in the host's registry, not a pid, which
     # means nothing in another PID namespace), so a later sweep can tell an orphan (its worker
     # was killed mid-call) from a command still running for a live worker.
@@ -287,10 +287,6 @@ def _follow(
         ending.usage(),
         config.settings.memory_mb,
     )
-
-
-def _nothing() -> None:
-    pass
 
 
 def _as_argv(command: str | Sequence[str]) -> list[str]:

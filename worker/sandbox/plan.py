@@ -242,6 +242,7 @@ class Plan:
             # A spawned command's process drops to the user and sets the variables itself.
             return shell, {**base_env, **requested}
         argv: list[str] = []
+        pairs = [path for pair in keep for path in pair]
         # The shell ignores SIGINT and SIGQUIT in the background jobs of a namespace's init
         # and cannot give them back: ``env`` does, at the last step.
         restore = []
@@ -254,19 +255,19 @@ class Plan:
             if self.guard:
                 argv += [self.guard, "--pdeathsig", "KILL", "--"]
             if self.prlimit:
-                argv += [self.prlimit, *self._rlimits(timeout_ms, config), "--"]
+                limits = self.limits(timeout_ms, config).items()
+                flags = [f"--{name}={soft}:{hard}" for name, (soft, hard) in limits]
+                argv += [self.prlimit, *flags, "--"]
             argv += self.namespace_argv
             argv += self.ipc_argv
             argv += self.hide_argv
             if self.hide_argv and keep:
                 # Still root, in the mount namespace that hides processes: the run's uid's name.
-                pairs = [path for pair in keep for path in pair]
                 argv += [SHELL, "-c", BIND_FILES_SCRIPT, "toolq-names", self.hide_argv[-1]]
                 argv += [*pairs, "--"]
         if self.per_run and self.namespaced:
             # Still root, in the call's mount namespace: its own /tmp and the like.
             size = str(config.settings.memory_mb * 1024 * 1024)
-            pairs = [path for pair in keep for path in pair]
             argv += [SHELL, "-c", PRIVATE_SCRIPT, "toolq-private", size, *pairs, "--"]
         if not self.init_drops:
             argv += self._drop()
@@ -307,12 +308,6 @@ class Plan:
         if self.cgroups.doing("pids") is None:
             limits["nproc"] = (config.settings.max_processes,) * 2
         return limits
-
-    def _rlimits(self, timeout_ms: int, config: SandboxConfig) -> list[str]:
-        return [
-            f"--{name}={soft}:{hard}"
-            for name, (soft, hard) in self.limits(timeout_ms, config).items()
-        ]
 
     def limits_ahead(self, config: SandboxConfig) -> dict[str, tuple[int, int]]:
         """The limits that do not depend on the call, which a shell started ahead has from its

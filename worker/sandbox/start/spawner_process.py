@@ -188,7 +188,7 @@ def _cover(libc: Any, private: dict[str, Any]) -> dict[str, int]:
     for folder in private["folders"]:
         if os.path.islink(folder) or not os.path.isdir(folder):
             continue
-        covered[folder] = _open_path(folder)
+        covered[folder] = os.open(folder, _O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         mode = b"mode=0755," if folder == "/run" else b"mode=1777,"
         _call(
             libc.mount(b"tmpfs", folder.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, mode + size),
@@ -215,10 +215,6 @@ def _bind(libc: Any, covered: dict[str, int], pairs: list[list[str]]) -> None:
             _bind_at(libc, fd, target)
         finally:
             os.close(fd)
-
-
-def _open_path(path: str) -> int:
-    return os.open(path, _O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
 
 
 def _below(path: str, covered: dict[str, int]) -> str | None:
