@@ -207,7 +207,6 @@ class CallGroup:
 def sweep_groups(layout: CgroupLayout, registry: HostRegistry, fleet: str) -> int:
     """Kill the commands of ``fleet``'s worker processes that died and remove their groups;
     how many groups were found."""
-    found = 0
     with registry.dead_workers(fleet) as dead:
         names: set[str] = set()
         for hierarchy in layout.hierarchies:
@@ -219,8 +218,7 @@ def sweep_groups(layout: CgroupLayout, registry: HostRegistry, fleet: str) -> in
             group.kill(deadline)
             if not group.remove(deadline):
                 dead.discard(_worker_of(name) or "")  # its lock stays, for the next sweep
-        found = len(names)
-    return found
+        return len(names)
 
 
 def _worker_of(name: str) -> str | None:
