@@ -194,38 +194,28 @@ class OciRuntime:
 
     def _run(self, arguments: Sequence[str], deadline: float, output: Path | None = None) -> bytes:
         try:
-            if output is None:
+            with open(output, "w+b") if output is not None else contextlib.nullcontext() as log:
                 done = subprocess.run(
                     [*self._base(), *arguments],
                     stdin=subprocess.DEVNULL,
-                    capture_output=True,
+                    stdout=log or subprocess.PIPE,
+                    stderr=log or subprocess.PIPE,
                     timeout=max(deadline - time.monotonic(), 0.1),
                     check=False,
                     # The box outlives this process and its session: a worker process
                     # replaced (or a terminal's signal) must not reach it.
                     start_new_session=True,
                 )
-                returncode, out, err = done.returncode, done.stdout, done.stderr
-            else:
-                with open(output, "w+b") as log:
-                    returncode = subprocess.run(
-                        [*self._base(), *arguments],
-                        stdin=subprocess.DEVNULL,
-                        stdout=log,
-                        stderr=log,
-                        timeout=max(deadline - time.monotonic(), 0.1),
-                        check=False,
-                        start_new_session=True,
-                    ).returncode
+                if log is not None:
                     log.seek(0)
-                    out, err = b"", log.read(65536)
+                    done.stdout, done.stderr = b"", log.read(65536)
         except subprocess.TimeoutExpired:
             raise RuntimeFailed(f"{self.name} {arguments[0]} did not finish in time") from None
         except OSError as exc:
             raise RuntimeFailed(f"{self.name} could not run: {exc}") from None
-        if returncode != 0:
-            raise RuntimeFailed(f"{self.name} {arguments[0]}: {complaint(err)}")
-        return out
+        if done.returncode != 0:
+            raise RuntimeFailed(f"{self.name} {arguments[0]}: {complaint(done.stderr)}")
+        return done.stdout
 
 
 def _exited(pid: int) -> bool:
