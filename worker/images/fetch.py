@@ -13,7 +13,6 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,7 +58,7 @@ class Tools:
         """The image's digest (of its manifest, or of its index for a multi-platform image):
         what the run records, and what is pulled."""
         flags = self._source_flags(ref, "")
-        raw = self._skopeo(ref, ["inspect", "--raw", *flags, ref.for_skopeo()], deadline)
+        raw = _skopeo(ref, ["inspect", "--raw", *flags, ref.for_skopeo()], deadline)
         try:
             json.loads(raw)
         except ValueError:
@@ -69,7 +68,7 @@ class Tools:
     def copy(self, ref: ImageReference, digest: str, layout: Path, deadline: float) -> None:
         """The image, as resolved, into the OCI layout ``layout`` (tagged ``LAYOUT_TAG``)."""
         source = ref.for_skopeo(digest if ref.transport == "docker" else None)
-        self._skopeo(
+        _skopeo(
             ref,
             [
                 "copy",
@@ -102,10 +101,6 @@ class Tools:
         if ref.registry in self.insecure_registries:
             flags.append(f"--{prefix}tls-verify=false")
         return flags
-
-    @staticmethod
-    def _skopeo(ref: ImageReference, arguments: list[str], deadline: float) -> bytes:
-        return _run(ref, [_binary(ref, "skopeo"), *arguments], deadline, what=None)
 
 
 def image_manifest(layout: Path) -> dict[str, Any]:
@@ -183,51 +178,44 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _binary(ref: ImageReference, name: str) -> str:
-    found = shutil.which(name)
-    if found is None:
+def _skopeo(ref: ImageReference, arguments: list[str], deadline: float) -> bytes:
+    binary = shutil.which("skopeo")
+    if binary is None:
         raise ImageError(
-            ref.text,
-            f"{name} is not installed on the sandbox worker (Debian's {name} package)",
+            ref.text, "skopeo is not installed on the sandbox worker (Debian's skopeo package)"
         )
-    return found
-
-
-def _run(ref: ImageReference, argv: Sequence[str], deadline: float, what: str | None) -> bytes:
     left = deadline - time.monotonic()
     if left <= 0:
         raise ImageError(ref.text, "no time was left to fetch it")
     try:
         done = subprocess.run(
-            list(argv),
+            [binary, *arguments],
             stdin=subprocess.DEVNULL,
             capture_output=True,
             timeout=left,
             check=False,
         )
     except subprocess.TimeoutExpired:
-        late = f"{Path(argv[0]).name} did not finish in time ({left:.0f} s)"
-        if ref.transport == "docker" and what is None:
+        late = f"skopeo did not finish in time ({left:.0f} s)"
+        if ref.transport == "docker":
             raise RegistryUnreachable(
                 ref.text, f"the registry {ref.registry} did not answer: {late}"
             ) from None
         raise ImageError(ref.text, late) from None
     except OSError as exc:
-        raise ImageError(ref.text, f"{Path(argv[0]).name} could not run: {exc}") from None
+        raise ImageError(ref.text, f"skopeo could not run: {exc}") from None
     if done.returncode != 0:
-        why = cause(ref, done.stderr.decode("utf-8", "replace"), what)
-        if what is None and why.startswith(f"the registry {ref.registry} cannot be reached"):
+        why = cause(ref, done.stderr.decode("utf-8", "replace"))
+        if why.startswith(f"the registry {ref.registry} cannot be reached"):
             raise RegistryUnreachable(ref.text, why)
         raise ImageError(ref.text, why)
     return done.stdout
 
 
-def cause(ref: ImageReference, stderr: str, what: str | None = None) -> str:
+def cause(ref: ImageReference, stderr: str) -> str:
     """What a tool's complaint means for ``ref``, with the complaint's own words at the end."""
     detail = _detail(stderr)
     lowered = detail.lower()
-    if what is not None:
-        return f"{what}: {detail}"
     if ref.transport == "docker":
         if any(word in lowered for word in _UNREACHABLE):
             return f"the registry {ref.registry} cannot be reached: {detail}"
