@@ -19,7 +19,8 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from worker.contract.image_reference import parse_reference
 from worker.contract.image_sources import ImageSources
 from worker.contract.run_limits import RunLimits
 from worker.contract.sandbox_settings import SandboxSettings
+from worker.egress.netns import bring_loopback_up, in_network_of
 from worker.exceptions import MountError, RuntimeFailed
 from worker.images.cache import DEFAULT_TAG_TTL_S, CachedImage, ImageCache
 from worker.images.fetch import Tools
@@ -41,8 +43,7 @@ from worker.images.inside import (
     init_binary,
     protect_from_oom,
 )
-from worker.images.locks import lock_file_by
-from worker.images.loopback import loopback_up
+from worker.images.locks import held_lock
 from worker.images.mounts import host_id, image_view, mount_rootfs, remove_bundle
 from worker.images.owner import Owner, current_owner
 from worker.images.rootfs import resolve_in_root
@@ -151,7 +152,7 @@ class Boxes:
                 if same and self._healthy(existing, runtime) is None:
                     return existing
                 self._end(existing, runtime)
-            digest = self.cache.resolve(ref, deadline)
+            digest = self.cache.tags.resolve(ref, deadline)
             bundle = self.folder / name
             claimed: list[CachedImage] = []
 
@@ -209,21 +210,12 @@ class Boxes:
             return []
         return [r for e in self.folder.iterdir() if (r := self._read(e)) is not None]
 
-    @contextlib.contextmanager
-    def turn(self, name: str, deadline: float, image: str) -> Iterator[None]:
+    def turn(self, name: str, deadline: float, image: str) -> AbstractContextManager[None]:
         """The box's lock: a call, a start or an end at a time."""
         if not self.folder.is_dir():
             self._make_folder(image)
-        fd = lock_file_by(self.lock_path(name), deadline, _LOCK_POLL_S)
-        if fd is None:
-            raise ImageError(
-                image,
-                "the run's container was busy with another command until this one's time ran out",
-            )
-        try:
-            yield
-        finally:
-            os.close(fd)
+        busy = "the run's container was busy with another command until this one's time ran out"
+        return held_lock(self.lock_path(name), deadline, _LOCK_POLL_S, image, busy)
 
     def _make_folder(self, image: str) -> None:
         """The boxes' folder. A box's runtime reaches its bundle as the box's own root, an
@@ -305,7 +297,9 @@ class Boxes:
             init_pid = int(pid_file.read_text().strip())
             protect_from_oom(init_pid)
             if not runtime.gvisor:
-                loopback_up(init_pid)
+                # A box has no network, but ``localhost`` works in it, as in Docker's
+                # ``--network none`` (runsc's own network stack brings it up itself).
+                in_network_of(init_pid, bring_loopback_up)
             runtime.start(name, deadline)
         except (RuntimeFailed, OSError, ValueError) as exc:
             raise ImageError(image, f"its container could not start: {exc}") from None

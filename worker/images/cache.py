@@ -29,7 +29,8 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -40,7 +41,7 @@ from worker.exceptions import TooLarge
 from worker.images.fetch import Tools, image_config, image_layers
 from worker.images.layer_store import LayerStore, disk_usage
 from worker.images.layers import readable_size, unpacked_bytes
-from worker.images.locks import lock_file_by
+from worker.images.locks import held_lock
 from worker.images.mounts import image_view, unmount_below
 from worker.images.rootfs import has_shell
 from worker.images.tags import TagResolver
@@ -97,12 +98,8 @@ class ImageCache:
         self.tools = tools
         self._in_use = in_use
         self.layers = LayerStore(root)
+        #: The digest a reference names: from the cache where it can tell, else its registry.
         self.tags = TagResolver(root, tag_ttl_s, tools, self._present)
-
-    def resolve(self, ref: ImageReference, deadline: float) -> str:
-        """The digest ``ref`` names: from the cache where it can tell (``worker.images.tags``),
-        else from the registry."""
-        return self.tags.resolve(ref, deadline)
 
     def acquire(
         self,
@@ -126,12 +123,14 @@ class ImageCache:
                 return image, pulled
         raise ImageError(ref.text, "it was evicted from the image cache as soon as it was pulled")
 
-    @contextlib.contextmanager
-    def locked(self, deadline: float, ref: ImageReference | None = None) -> Iterator[None]:
+    def locked(
+        self, deadline: float, ref: ImageReference | None = None
+    ) -> AbstractContextManager[None]:
         """The cache's lock: counting, claiming and evicting happen under it."""
         self.root.mkdir(parents=True, exist_ok=True)
-        with _flock(self.root / "lock", deadline, ref, "the image cache is busy"):
-            yield
+        lock = self.root / "lock"
+        image = ref.text if ref else str(lock)
+        return held_lock(lock, deadline, _LOCK_POLL_S, image, "the image cache is busy")
 
     def images(self) -> list[CachedImage]:
         folder = self.root / "images"
@@ -151,7 +150,7 @@ class ImageCache:
                 continue
             lock = pulls / f"{entry.name.split('.', 1)[0]}.lock"
             try:
-                with _flock(lock, time.monotonic(), None, ""):
+                with held_lock(lock, time.monotonic(), _LOCK_POLL_S, str(lock), ""):
                     unmount_below(entry)
                     shutil.rmtree(entry, ignore_errors=True)
                     removed += 1
@@ -159,7 +158,7 @@ class ImageCache:
                 continue  # a pull of that digest is under way
         with contextlib.suppress(ImageError):  # the cache is busy: the next sweep collects
             self.collect(time.monotonic() + _COLLECT_WAIT_S)
-        _empty(self.root / "trash")
+        _empty(self.layers.trash)
         return removed
 
     def _pull(self, ref: ImageReference, digest: str, deadline: float) -> bool:
@@ -167,7 +166,8 @@ class ImageCache:
         pulls = self.root / "pulls"
         pulls.mkdir(mode=0o700, parents=True, exist_ok=True)
         (self.root / "images").mkdir(mode=0o700, exist_ok=True)
-        with _flock(pulls / f"{hex_digest}.lock", deadline, ref, "another pull of it is slow"):
+        busy = "another pull of it is slow"
+        with held_lock(pulls / f"{hex_digest}.lock", deadline, _LOCK_POLL_S, ref.text, busy):
             if self._present(digest):
                 return False  # another process pulled it while this one waited
             work = pulls / f"{hex_digest}.{uuid.uuid4().hex[:8]}"
@@ -247,7 +247,7 @@ class ImageCache:
             (image / "used").touch()
             target = self._folder(digest)
             if target.exists():
-                self._discard(target)  # an image of a cache from before layers were shared
+                self.layers.discard(target)  # an image of a cache from before layers were shared
             image.rename(target)
 
     def _check_fits(
@@ -290,7 +290,7 @@ class ImageCache:
             key=lambda i: _mtime(i.folder / "used"),
         )
         for image in idle:
-            self._discard(image.folder)
+            self.layers.discard(image.folder)
             self._collect(keep)
             total = sum(self.layers.sizes().values())
             if total + size <= self.bound:
@@ -310,7 +310,7 @@ class ImageCache:
             used = self._in_use()
             for image in self.images():
                 if not image.record.layers and image.record.digest not in used:
-                    self._discard(image.folder)
+                    self.layers.discard(image.folder)
             return self._collect(set())
 
     def _collect(self, keep: set[str]) -> int:
@@ -330,13 +330,6 @@ class ImageCache:
 
     def _bytes_of(self, diff_ids: set[str]) -> int:
         return sum(size for d, size in self.layers.sizes().items() if d in diff_ids)
-
-    def _discard(self, folder: Path) -> None:
-        trash = self.root / "trash"
-        trash.mkdir(exist_ok=True)
-        aside = trash / f"{folder.name}.{uuid.uuid4().hex[:8]}"
-        folder.rename(aside)
-        shutil.rmtree(aside, ignore_errors=True)
 
     def _folder(self, digest: str) -> Path:
         return self.root / "images" / digest.partition(":")[2]
@@ -358,19 +351,6 @@ class ImageCache:
         except (OSError, ValueError):
             return None
         return CachedImage(folder, record, [self.layers.root(d) for d in record.layers])
-
-
-@contextlib.contextmanager
-def _flock(path: Path, deadline: float, ref: ImageReference | None, busy: str) -> Iterator[None]:
-    """An exclusive lock on ``path``, waited for until ``deadline``; ``ImageError`` (saying
-    ``busy``) when it does not come."""
-    fd = lock_file_by(path, deadline, _LOCK_POLL_S)
-    if fd is None:
-        raise ImageError(ref.text if ref else str(path), busy)
-    try:
-        yield
-    finally:
-        os.close(fd)
 
 
 def _mtime(path: Path) -> float:

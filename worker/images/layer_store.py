@@ -77,7 +77,7 @@ class LayerStore:
         target = self._folder(diff_id)
         self.folder.mkdir(mode=0o700, exist_ok=True)
         if target.exists():
-            self._discard(target)  # a layer folder a killed pull left without its record
+            self.discard(target)  # a layer folder a killed pull left without its record
         unpacked.rename(target)
 
     def link_blobs(self, layout: Path) -> int:
@@ -104,11 +104,13 @@ class LayerStore:
     def remove(self, diff_id: str) -> None:
         target = self._folder(diff_id)
         if target.exists():
-            self._discard(target)
+            self.discard(target)
 
-    def _discard(self, target: Path) -> None:
+    def discard(self, target: Path) -> None:
+        """Remove the folder ``target`` of the cache (a layer's, or an image's): renamed into
+        ``trash`` first, so that it is whole or gone."""
         self.trash.mkdir(exist_ok=True)
-        aside = self.trash / f"layer-{target.name}.{uuid.uuid4().hex[:8]}"
+        aside = self.trash / f"{target.name}.{uuid.uuid4().hex[:8]}"
         target.rename(aside)
         shutil.rmtree(aside, ignore_errors=True)
 

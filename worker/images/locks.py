@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+from worker.contract.errors import ImageError
 
 
 def lock_by(fd: int, deadline: float, poll_s: float) -> bool:
@@ -36,4 +40,17 @@ def lock_file_by(path: Path, deadline: float, poll_s: float) -> int | None:
                 return fd
         except OSError:
             pass
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def held_lock(path: Path, deadline: float, poll_s: float, image: str, busy: str) -> Iterator[None]:
+    """The lock file at ``path`` held while the block runs (``lock_file_by``); ``ImageError``
+    about ``image``, saying ``busy``, when it does not come by ``deadline``."""
+    fd = lock_file_by(path, deadline, poll_s)
+    if fd is None:
+        raise ImageError(image, busy)
+    try:
+        yield
+    finally:
         os.close(fd)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import time
 from pathlib import Path
 
@@ -100,5 +99,4 @@ def _forgotten(boxes: Boxes, known: set[str]) -> int:
         with contextlib.suppress(ImageError), boxes.turn(lock.stem, time.monotonic(), ""):
             if not (boxes.folder / lock.stem).exists():
                 lock.unlink(missing_ok=True)
-    shutil.rmtree(boxes.settings.cache_root / "trash", ignore_errors=True)
     return ended
