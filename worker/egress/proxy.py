@@ -68,32 +68,27 @@ class Served:
     server: asyncio.Server | None = None
 
 
-class _Loop:
+_loop_lock = threading.Lock()
+_loop: asyncio.AbstractEventLoop | None = None
+
+
+def _proxy_loop() -> asyncio.AbstractEventLoop:
     """The worker process's proxy loop, started on the first call that needs it."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def get(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._loop is None or not self._loop.is_running():
-                loop = asyncio.new_event_loop()
-                started = threading.Event()
-                loop.call_soon(started.set)
-                threading.Thread(target=loop.run_forever, name="toolq-egress", daemon=True).start()
-                started.wait()
-                self._loop = loop
-            return self._loop
-
-
-_loop = _Loop()
+    global _loop
+    with _loop_lock:
+        if _loop is None or not _loop.is_running():
+            _loop = asyncio.new_event_loop()
+            started = threading.Event()
+            _loop.call_soon(started.set)
+            threading.Thread(target=_loop.run_forever, name="toolq-egress", daemon=True).start()
+            started.wait()
+        return _loop
 
 
 def serve(listener: socket.socket, policy: NetworkPolicy, guard: Guard) -> Served:
     """Serve ``listener`` (listening, made in the call's namespace) for a run of ``policy``."""
     served = Served(policy, guard)
-    loop = _loop.get()
+    loop = _proxy_loop()
 
     async def start() -> None:
         served.server = await asyncio.start_server(
@@ -113,7 +108,7 @@ def stop(served: Served) -> Counts:
         for writer in list(served.writers):
             writer.transport.abort()
 
-    asyncio.run_coroutine_threadsafe(close(), _loop.get()).result()
+    asyncio.run_coroutine_threadsafe(close(), _proxy_loop()).result()
     return served.counts
 
 

@@ -52,7 +52,7 @@ class Egress:
         return self._counts
 
 
-def open_egress(policy: NetworkPolicy, pid: int, guard: Guard | None = None) -> Egress:
+def open_egress(policy: NetworkPolicy, pid: int) -> Egress:
     """A proxy for a run of ``policy`` listening in the network namespace of process ``pid``
     (the call's, or its box's); ``NoNetworkNamespace`` where that is the worker's own."""
     if not separate_namespace(pid):
@@ -64,7 +64,7 @@ def open_egress(policy: NetworkPolicy, pid: int, guard: Guard | None = None) -> 
     listener = listener_in(pid)
     port = listener.getsockname()[1]
     try:
-        served = serve(listener, policy, guard or worker_guard())
+        served = serve(listener, policy, worker_guard())
     except BaseException:
         listener.close()
         raise
