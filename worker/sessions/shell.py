@@ -11,8 +11,9 @@ import logging
 import os
 import shlex
 import struct
-import subprocess
 import termios
+
+from worker.egress.netns import bring_loopback_up, in_network_of, separate_namespace
 
 #: The shell's variables: no prompt text, and the word that it waits at its prompt.
 PROMPT_WORD = "printf '\\033]9;toolq-%s:%%d\\007' \"$?\""
@@ -21,8 +22,6 @@ PROMPT_WORD = "printf '\\033]9;toolq-%s:%%d\\007' \"$?\""
 SH_PROMPT = "\033]9;toolq-%s:$?\007"
 #: The terminal's size: wide, so that lines are seldom wrapped.
 ROWS, COLUMNS = 50, 200
-#: How long bringing the loopback up may take.
-LOOPBACK_BOUND_S = 60.0
 
 log = logging.getLogger("toolq.session")
 
@@ -61,19 +60,13 @@ def loopback_up(master: int) -> None:
     next. Nothing else of the network: the namespace has no other interface."""
     try:
         shell = os.tcgetpgrp(master)
-        theirs = os.readlink(f"/proc/{shell}/ns/net")
+        if not separate_namespace(shell):
+            return  # the host's network: its loopback is up already
     except OSError:
         return
-    if theirs == os.readlink("/proc/self/ns/net"):
-        return  # the host's network: its loopback is up already
     try:
-        subprocess.run(
-            ["nsenter", f"--net=/proc/{shell}/ns/net", "ip", "link", "set", "lo", "up"],
-            check=True,
-            capture_output=True,
-            timeout=LOOPBACK_BOUND_S,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
+        in_network_of(shell, bring_loopback_up)
+    except OSError as exc:
         log.warning("the session's loopback could not be brought up: %s", exc)
 
 
