@@ -52,7 +52,6 @@ from worker.sessions.shell import (
 from worker.sessions.wire import (
     HolderAnswer,
     HolderRequest,
-    parse_request,
     read_line,
     send_line,
 )
@@ -129,7 +128,7 @@ class Holder:
             if self._spec.box is None:
                 loopback_up(self._master)  # a box's is up from its start
             if record is not None:
-                record.with_holder(os.getpid()).write(Path(self._spec.record))
+                record.model_copy(update={"holder_pid": os.getpid()}).write(Path(self._spec.record))
             self._serve(watch)
         finally:
             os.close(watch)
@@ -252,7 +251,7 @@ class Holder:
     def _answer(self, conn: socket.socket) -> bool:
         """Answer one call; whether the holder is to end."""
         conn.settimeout(CONNECTION_S)
-        request = parse_request(read_line(conn))
+        request = HolderRequest.model_validate_json(read_line(conn))
         if request.action == "end":
             self._end("it was ended", conn)
             return True
@@ -320,7 +319,7 @@ class Holder:
         if forget:
             forget_files(path)
         elif record is not None and not lost:
-            record.ended_because(why).write(path)
+            record.model_copy(update={"ended": why}).write(path)
         self._listener.close()
         self._stopping.set()
         if self._reader is not None:

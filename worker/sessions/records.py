@@ -37,12 +37,6 @@ class SessionRecord(BaseModel):
         except (OSError, ValidationError):
             return None
 
-    def with_holder(self, pid: int) -> SessionRecord:
-        return self.model_copy(update={"holder_pid": pid})
-
-    def ended_because(self, why: str) -> SessionRecord:
-        return self.model_copy(update={"ended": why})
-
     def write(self, path: Path) -> None:
         """Written whole or not at all: a reader never sees half of it."""
         part = path.with_name(f".{path.name}.{os.getpid()}")

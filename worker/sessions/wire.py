@@ -3,7 +3,6 @@ way over the holder's unix socket."""
 
 from __future__ import annotations
 
-import json
 import socket
 from typing import Literal
 
@@ -11,7 +10,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 #: What a call does with the session, as Inspect's ``bash_session()`` names it.
 Action = Literal["type_submit", "type", "read", "interrupt", "restart"]
-ACTIONS: tuple[Action, ...] = ("type_submit", "type", "read", "interrupt", "restart")
 #: What the holder is asked: a call's action (``restart`` aside, which the worker's side does by
 #: ending the holder and starting another), or ``end``.
 HolderAction = Literal["type_submit", "type", "read", "interrupt", "end"]
@@ -68,7 +66,3 @@ def read_line(conn: socket.socket) -> bytes:
         size += len(chunk)
         if size > MAX_LINE_BYTES:
             raise ConnectionError("a line longer than any holder sends")
-
-
-def parse_request(raw: bytes) -> HolderRequest:
-    return HolderRequest.model_validate(json.loads(raw))
