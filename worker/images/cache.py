@@ -134,12 +134,8 @@ class ImageCache:
 
     def images(self) -> list[CachedImage]:
         folder = self.root / "images"
-        found = []
-        for entry in sorted(folder.iterdir()) if folder.is_dir() else []:
-            image = self._load_folder(entry)
-            if image is not None:
-                found.append(image)
-        return found
+        entries = sorted(folder.iterdir()) if folder.is_dir() else []
+        return [image for e in entries if (image := self._load_folder(e)) is not None]
 
     def remove_leftover_pulls(self) -> int:
         """Remove pulls that a process killed mid-pull left (their lock is free)."""
@@ -258,7 +254,9 @@ class ImageCache:
         containers use); ``ImageError`` naming the limit when they are past it, before anything
         is unpacked."""
         with self.locked(deadline, ref):
-            held = self._bytes_of(self._layers_in_use())
+            used = self._in_use()
+            in_use = {d for i in self.images() if i.record.digest in used for d in i.record.layers}
+            held = sum(size for d, size in self.layers.sizes().items() if d in in_use)
         room = max(self.bound - held, 0)
         try:
             unpacked_bytes(ref.text, layout, room, present)
@@ -323,13 +321,6 @@ class ImageCache:
                 self.layers.remove(diff_id)
                 removed += 1
         return removed
-
-    def _layers_in_use(self) -> set[str]:
-        used = self._in_use()
-        return {d for i in self.images() if i.record.digest in used for d in i.record.layers}
-
-    def _bytes_of(self, diff_ids: set[str]) -> int:
-        return sum(size for d, size in self.layers.sizes().items() if d in diff_ids)
 
     def _folder(self, digest: str) -> Path:
         return self.root / "images" / digest.partition(":")[2]

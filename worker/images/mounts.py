@@ -61,7 +61,7 @@ def mount_rootfs(
     layer_roots: Sequence[Path], bundle: Path, uids: Sequence[IdMap], gids: Sequence[IdMap]
 ) -> Path:
     """``bundle/rootfs``: ``layer_roots`` (bottom first) seen with the container's id mappings,
-    read-only, beneath the writable ``bundle/upper``. Undo with ``unmount_rootfs``."""
+    read-only, beneath the writable ``bundle/upper``. Undone by ``remove_bundle``."""
     upper, work, rootfs = (bundle / n for n in ("upper", "work", "rootfs"))
     for folder in (upper, work, rootfs):
         folder.mkdir(mode=0o700, exist_ok=True)
@@ -110,20 +110,15 @@ def image_view(layer_roots: Sequence[Path], at: Path) -> Iterator[Path]:
         _libc.umount2(os.fsencode(at), _MNT_DETACH)
 
 
-def unmount_rootfs(bundle: Path) -> None:
-    """Undo ``mount_rootfs`` and ``image_view`` (what of them was made); the folders stay for
-    the caller to remove. ``lower`` is where a worker of before shared layers had its image."""
+def remove_bundle(bundle: Path) -> None:
+    """Undo ``mount_rootfs`` and ``image_view`` (what of them was made) and delete a
+    container's folder; its layer goes with it. ``lower`` is where a worker of before shared
+    layers had its image."""
     for name in ("rootfs", "view", "lower"):
-        path = bundle / name
         # A mount made twice (a retried start) is undone as often as it was made.
         for _ in range(4):
-            if _libc.umount2(os.fsencode(path), _MNT_DETACH) != 0:
+            if _libc.umount2(os.fsencode(bundle / name), _MNT_DETACH) != 0:
                 break
-
-
-def remove_bundle(bundle: Path) -> None:
-    """Unmount and delete a container's folder; its layer goes with it."""
-    unmount_rootfs(bundle)
     if not any(is_mount(bundle / name) for name in ("rootfs", "view", "lower")):
         shutil.rmtree(bundle, ignore_errors=True)
 
