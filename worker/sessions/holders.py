@@ -37,12 +37,6 @@ _END_WAIT_S = 20.0
 _STARTING_S = 30.0
 
 
-def worker_main_pid() -> int:
-    """The worker process whose end ends a session: the Celery worker's main process (which
-    its pool processes inherit), else this process."""
-    return current_owner().pid
-
-
 def sessions_folder(config: SandboxConfig) -> Path:
     """The folder of every session of this host's workers: the host state's, root's alone."""
     folder = Path(config.host_state) / "sessions"
@@ -178,8 +172,11 @@ class RunSessions:
             record_path = self._record(name)
             self._socket(name).unlink(missing_ok=True)
             listener = _bound(self._socket(name))
+            # The worker process whose end ends the session: the Celery worker's main process
+            # (which its pool processes inherit), else this process.
+            worker_pid = current_owner().pid
             try:
-                SessionRecord.new(name, worker_main_pid(), str(self._home)).write(record_path)
+                SessionRecord.new(name, worker_pid, str(self._home)).write(record_path)
                 spec = HolderSpec(
                     listen_fd=listener.fileno(),
                     record=str(record_path),
@@ -187,7 +184,7 @@ class RunSessions:
                     cwd=str(cwd),
                     identity=identity,
                     config=self._config,
-                    watch_pid=worker_main_pid(),
+                    watch_pid=worker_pid,
                     network=self._network,
                     idle_s=self._idle_s,
                     box=place,
