@@ -92,13 +92,12 @@ def start_box_shell(
     record = place.record
     runtime = OciRuntime.find(place.settings.runtime, place.settings.cache_root)
     bundle = place.settings.cache_root / "boxes" / record.name
-    mb = 1024 * 1024
     process = process_config(
         _SHELL_ARGV,
         user=(record.user[0], record.user[1]),
         cwd=place.cwd,
         env=merged_env(record.env, variables),
-        rlimits={"RLIMIT_FSIZE": (file_size_mb * mb, file_size_mb * mb)},
+        file_size_mb=file_size_mb,
     )
     process["terminal"] = True
     process["consoleSize"] = {"height": 50, "width": 200}

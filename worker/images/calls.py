@@ -67,20 +67,13 @@ def run_in_box(
             env = {**env, **egress.env}
         bundle = boxes.folder / record.name
         argv = [SHELL, "-c", command] if isinstance(command, str) else list(command)
-        cpu_s = -(-timeout_ms // 1000) + 1
-        mb = 1024 * 1024
         process = process_config(
             argv,
             user=tuple(record.user),  # type: ignore[arg-type]
             cwd=inside_path(record, cwd),
             env=merged_env(record.env, env),
-            rlimits={
-                "RLIMIT_CPU": (cpu_s, cpu_s + 1),
-                "RLIMIT_FSIZE": (
-                    config.settings.file_size_mb * mb,
-                    config.settings.file_size_mb * mb,
-                ),
-            },
+            file_size_mb=config.settings.file_size_mb,
+            cpu_s=-(-timeout_ms // 1000) + 1,
         )
         call = uuid.uuid4().hex[:12]
         process_file = bundle / f"call-{call}.json"

@@ -166,10 +166,14 @@ def process_config(
     user: tuple[int, int],
     cwd: str,
     env: Sequence[str],
-    rlimits: Mapping[str, tuple[int, int]],
+    file_size_mb: int,
+    cpu_s: int | None = None,
 ) -> dict[str, Any]:
-    """A call's process, as ``runc exec --process`` takes it."""
+    """A call's process, as ``runc exec --process`` takes it: files it writes are at most
+    ``file_size_mb``, and it may use ``cpu_s`` seconds of CPU (a second more past its warning)."""
     uid, gid = user
+    file_size = _rlimit("RLIMIT_FSIZE", file_size_mb << 20, file_size_mb << 20)
+    cpu = [] if cpu_s is None else [_rlimit("RLIMIT_CPU", cpu_s, cpu_s + 1)]
     return {
         "terminal": False,
         "user": {"uid": uid, "gid": gid},
@@ -177,10 +181,7 @@ def process_config(
         "env": list(env),
         "cwd": cwd,
         "capabilities": _capabilities(ROOT_CAPABILITIES if uid == 0 else []),
-        "rlimits": [
-            _open_files(),
-            *(_rlimit(name, *limit) for name, limit in rlimits.items()),
-        ],
+        "rlimits": [_open_files(), *cpu, file_size],
         "noNewPrivileges": True,
     }
 
