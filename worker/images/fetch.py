@@ -105,19 +105,11 @@ class Tools:
 
 def image_manifest(layout: Path) -> dict[str, Any]:
     """The manifest of the image tagged ``LAYOUT_TAG`` in the layout skopeo wrote."""
-    index = _read_json(layout / "index.json")
-    manifests = index.get("manifests") or []
-    found = next(
-        (
-            m
-            for m in manifests
-            if (m.get("annotations") or {}).get("org.opencontainers.image.ref.name") == LAYOUT_TAG
-        ),
-        None,
-    )
-    if found is None:
-        raise ValueError("the copied layout has no image tagged for toolq")
-    return _read_json(layout_blob(layout, found["digest"]))
+    for manifest in _read_json(layout / "index.json").get("manifests") or []:
+        annotations = manifest.get("annotations") or {}
+        if annotations.get("org.opencontainers.image.ref.name") == LAYOUT_TAG:
+            return _read_json(layout_blob(layout, manifest["digest"]))
+    raise ValueError("the copied layout has no image tagged for toolq")
 
 
 def image_config(layout: Path) -> dict[str, Any]:
