@@ -4,7 +4,6 @@ holder answering says "session lost" (or why it ended), never starts a new shell
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from pathlib import Path
@@ -44,5 +43,4 @@ class SessionRecord(BaseModel):
             part.write_text(self.model_dump_json())
             os.replace(part, path)
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                part.unlink()
+            part.unlink(missing_ok=True)
