@@ -255,8 +255,7 @@ def _kill_leftovers(boxes: Boxes, runtime: OciRuntime, record: BoxRecord, group:
             time.monotonic() + _END_S,
             lambda pids: session_processes(bundle, pids),
         )
-    pids = runtime.processes(record.name) or []
-    others = [pid for pid in pids if pid != 1]
+    others = [pid for pid in runtime.processes(record.name) if pid != 1]
     for pid in others:
         runtime.kill_process(record.name, pid)
     return len(others)

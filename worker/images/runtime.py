@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.exceptions import RuntimeFailed
+from worker.plumbing.proc_stat import process_alive
 
 #: How long a runtime's own bookkeeping command (state, kill, delete) may take.
 _QUICK_S = 30.0
@@ -55,11 +56,6 @@ class OciRuntime:
     def gvisor(self) -> bool:
         return self.name.startswith("runsc")
 
-    @property
-    def layer(self) -> str:
-        """How ``isolation`` names it."""
-        return f"container:{self.name}"
-
     def _base(self) -> list[str]:
         argv = [self.binary, "--root", str(self.root)]
         if self.gvisor:
@@ -86,14 +82,7 @@ class OciRuntime:
 
     def state(self, name: str) -> dict[str, Any] | None:
         """The runtime's view of ``name`` (``status``, ``pid``...); None when it has none."""
-        try:
-            out = self._run(["state", name], time.monotonic() + _QUICK_S)
-        except RuntimeFailed:
-            return None
-        try:
-            found = json.loads(out)
-        except ValueError:
-            return None
+        found = self._quick_json(["state", name])
         return found if isinstance(found, dict) else None
 
     def running(self, name: str) -> bool:
@@ -102,26 +91,16 @@ class OciRuntime:
 
     def names(self) -> list[str]:
         """Every container in this runtime's state folder."""
-        if not self.root.is_dir():
-            return []
-        try:
-            out = self._run(["list", "--format", "json"], time.monotonic() + _QUICK_S)
-            found = json.loads(out or b"null") or []
-        except (RuntimeFailed, ValueError):
-            return []
-        return [str(c.get("id")) for c in found if isinstance(c, dict) and c.get("id")]
+        found = self._quick_json(["list", "--format", "json"]) if self.root.is_dir() else None
+        listed = found if isinstance(found, list) else []
+        return [str(c.get("id")) for c in listed if isinstance(c, dict) and c.get("id")]
 
-    def processes(self, name: str) -> list[int] | None:
+    def processes(self, name: str) -> list[int]:
         """The pids of ``name``'s processes (as the host sees them with runc, as the box does
-        with runsc); None when they cannot be listed."""
-        try:
-            out = self._run(["ps", "--format", "json", name], time.monotonic() + _QUICK_S)
-            found = json.loads(out or b"null") or []
-        except (RuntimeFailed, ValueError):
-            return None
-        if not isinstance(found, list):
-            return None
-        pids = [p.get("PID") if isinstance(p, dict) else p for p in found]
+        with runsc); none when they cannot be listed."""
+        found = self._quick_json(["ps", "--format", "json", name])
+        listed = found if isinstance(found, list) else []
+        pids = [p.get("PID") if isinstance(p, dict) else p for p in listed]
         return [int(p) for p in pids if isinstance(p, int)]
 
     def kill_process(self, name: str, pid: int) -> None:
@@ -160,9 +139,9 @@ class OciRuntime:
             self.delete(name)  # not running (or not known): nothing to wait for
             return
         waited_until = time.monotonic() + _END_WAIT_S
-        while not _exited(sandbox_pid) and time.monotonic() < waited_until:
+        while process_alive(sandbox_pid) and time.monotonic() < waited_until:
             time.sleep(_END_POLL_S)
-        if not _exited(sandbox_pid):
+        if process_alive(sandbox_pid):
             self.delete(name)
             return
         try:
@@ -192,6 +171,13 @@ class OciRuntime:
         """``exec --detach`` with ``arguments``: returns once the process started."""
         self._run(["exec", *arguments], deadline)
 
+    def _quick_json(self, arguments: list[str]) -> Any:
+        """What a bookkeeping command prints, read as JSON; None when it fails."""
+        try:
+            return json.loads(self._run(arguments, time.monotonic() + _QUICK_S) or b"null")
+        except (RuntimeFailed, ValueError):
+            return None
+
     def _run(self, arguments: Sequence[str], deadline: float, output: Path | None = None) -> bytes:
         try:
             with open(output, "w+b") if output is not None else contextlib.nullcontext() as log:
@@ -216,16 +202,6 @@ class OciRuntime:
         if done.returncode != 0:
             raise RuntimeFailed(f"{self.name} {arguments[0]}: {complaint(done.stderr)}")
         return done.stdout
-
-
-def _exited(pid: int) -> bool:
-    """Whether ``pid`` has exited: gone, or a zombie waiting to be reaped."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return True
-    fields = stat.rsplit(b")", 1)[-1].split()
-    return not fields or fields[0] in (b"Z", b"X")
 
 
 def complaint(stderr: bytes) -> str:
