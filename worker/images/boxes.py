@@ -215,7 +215,7 @@ class Boxes:
         if not self.folder.is_dir():
             self._make_folder(image)
         busy = "the run's container was busy with another command until this one's time ran out"
-        return held_lock(self.lock_path(name), deadline, _LOCK_POLL_S, image, busy)
+        return held_lock(self.folder / f"{name}.lock", deadline, _LOCK_POLL_S, image, busy)
 
     def _make_folder(self, image: str) -> None:
         """The boxes' folder. A box's runtime reaches its bundle as the box's own root, an
@@ -232,9 +232,6 @@ class Boxes:
                     f"{folder} lets no other user through (chmod o+x {folder}, or choose "
                     "another folder)",
                 )
-
-    def lock_path(self, name: str) -> Path:
-        return self.folder / f"{name}.lock"
 
     def _make(
         self,
