@@ -11,8 +11,8 @@ import fcntl
 import os
 import socket
 import struct
-import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
@@ -35,28 +35,20 @@ def separate_namespace(pid: int) -> bool:
 def in_network_of(pid: int, action: Callable[[], T]) -> T:
     """``action()`` run in the network namespace of process ``pid``; ``OSError`` if it cannot
     be joined, or what ``action`` raised."""
-    outcome: list[T] = []
-    failed: list[BaseException] = []
 
-    def join_and_act() -> None:
+    def join_and_act() -> T:
+        fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         try:
-            fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                if _libc.setns(fd, _CLONE_NEWNET) != 0:
-                    errno = ctypes.get_errno()
-                    raise OSError(errno, f"setns: {os.strerror(errno)}")
-            finally:
-                os.close(fd)
-            outcome.append(action())
-        except BaseException as exc:  # handed to the caller's thread
-            failed.append(exc)
+            if _libc.setns(fd, _CLONE_NEWNET) != 0:
+                errno = ctypes.get_errno()
+                raise OSError(errno, f"setns: {os.strerror(errno)}")
+        finally:
+            os.close(fd)
+        return action()
 
-    thread = threading.Thread(target=join_and_act, name="toolq-netns")
-    thread.start()
-    thread.join()
-    if failed:
-        raise failed[0]
-    return outcome[0]
+    # A pool of its own: its one thread ends with it, never to serve anything else.
+    with ThreadPoolExecutor(1, "toolq-netns") as pool:
+        return pool.submit(join_and_act).result()
 
 
 def bring_loopback_up() -> None:
