@@ -154,25 +154,22 @@ class Boxes:
                 self._end(existing, runtime)
             digest = self.cache.tags.resolve(ref, deadline)
             bundle = self.folder / name
-            claimed: list[CachedImage] = []
 
             def claim(cached: CachedImage) -> None:
                 # Written under the cache's lock: from now on the image is in use.
                 shutil.rmtree(bundle, ignore_errors=True)
                 bundle.mkdir(parents=True, mode=0o700)
                 (bundle / "claim.json").write_text(json.dumps({"digest": digest}))
-                claimed.append(cached)
 
             cached, pulled = self.cache.acquire(ref, digest, deadline, claim)
             try:
-                record = self._make(
+                return self._make(
                     name, run_id, image, cached, runtime, workspace, host_ids, user, env,
                     deadline, pulled, started, held,
                 )  # fmt: skip
             except BaseException:
                 self._remove(name, runtime)
                 raise
-            return record
 
     def name_of(self, run_id: str) -> str:
         """The name of ``run_id``'s box here: this worker's fleet's, in this cache."""
