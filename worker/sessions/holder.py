@@ -110,7 +110,6 @@ class Holder:
         self._box: threading.Thread | None = None
         self._reader: threading.Thread | None = None
         self._stopping = threading.Event()
-        self._ended_why = ""
         self._last_call = time.monotonic()
         self._workspace = folder_id(spec.home)
 
@@ -312,7 +311,6 @@ class Holder:
         box to end, and say why the session ended where the next call finds it: unless it is
         ``lost`` (its worker stopped), which the next call tells by the record alone, or its
         run is over (``forget``): then nothing of it is left."""
-        self._ended_why = why
         log.info("the session ends: %s", why)
         path = Path(self._spec.record)
         record = SessionRecord.read(path)
