@@ -69,10 +69,7 @@ class BoxGroup:
         )
 
     def kill_all_but(
-        self,
-        keep: int,
-        deadline: float,
-        spared: Callable[[set[int]], set[int]] = lambda pids: set(),
+        self, keep: int, deadline: float, spared: Callable[[set[int]], set[int]]
     ) -> int:
         """SIGKILL every process of the box but ``keep`` (its init) and those ``spared`` says
         of its members, frozen first so that none forks meanwhile; how many there were."""
