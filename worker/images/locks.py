@@ -25,31 +25,23 @@ def lock_by(fd: int, deadline: float, poll_s: float) -> bool:
             time.sleep(poll_s)
 
 
-def lock_file_by(path: Path, deadline: float, poll_s: float) -> int | None:
-    """A descriptor holding an exclusive lock on the file at ``path`` (made if missing), taken
-    by ``deadline``; None when it did not come. A lock file removed while this waited (a sweep
-    lets a finished one go) is left for the one there now: a lock on a removed file guards
-    nothing."""
+@contextlib.contextmanager
+def held_lock(path: Path, deadline: float, poll_s: float, image: str, busy: str) -> Iterator[None]:
+    """An exclusive lock on the file at ``path`` (made if missing) while the block runs, taken
+    by ``deadline``; ``ImageError`` about ``image``, saying ``busy``, when it does not come. A
+    lock file removed while this waited (a sweep lets a finished one go) is left for the one
+    there now: a lock on a removed file guards nothing."""
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         if not lock_by(fd, deadline, poll_s):
             os.close(fd)
-            return None
+            raise ImageError(image, busy)
         try:
             if os.path.samestat(os.fstat(fd), os.stat(path)):
-                return fd
+                break
         except OSError:
             pass
         os.close(fd)
-
-
-@contextlib.contextmanager
-def held_lock(path: Path, deadline: float, poll_s: float, image: str, busy: str) -> Iterator[None]:
-    """The lock file at ``path`` held while the block runs (``lock_file_by``); ``ImageError``
-    about ``image``, saying ``busy``, when it does not come by ``deadline``."""
-    fd = lock_file_by(path, deadline, poll_s)
-    if fd is None:
-        raise ImageError(image, busy)
     try:
         yield
     finally:
