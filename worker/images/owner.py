@@ -54,21 +54,18 @@ class Owner(BaseModel):
 _worker: list[Owner] = []
 
 
-def set_worker(node: str, config: SandboxConfig | None = None) -> None:
+def set_worker(node: str, config: SandboxConfig) -> None:
     """Called in the worker's main process, before its pool processes fork: they inherit it
     (and its lock in ``config``'s host registry, held while any of them lives)."""
     pid = os.getpid()
-    lock = registry = fleet = ""
-    if config is not None:
-        registry, fleet = config.host_state, config.fleet()
-        lock = HostRegistry(registry).worker_id(fleet)
+    registry, fleet = config.host_state, config.fleet()
     _worker[:] = [
         Owner(
             worker=node,
             boot_id=boot_id(),
             pid=pid,
             started=start_time(pid) or 0,
-            lock=lock,
+            lock=HostRegistry(registry).worker_id(fleet),
             registry=registry,
             fleet=fleet,
         )
