@@ -45,12 +45,12 @@ def plain(address: IpAddress) -> IpAddress:
     return address
 
 
-def host_addresses(proc_net: Path = Path("/proc/self/net")) -> frozenset[IpAddress]:
+def host_addresses() -> frozenset[IpAddress]:
     """Every address of this host's (the worker's namespace's) interfaces."""
     found: set[IpAddress] = set()
     last = ""
     try:
-        for line in (proc_net / "fib_trie").read_text().splitlines():
+        for line in Path("/proc/self/net/fib_trie").read_text().splitlines():
             stripped = line.strip()
             if stripped.startswith("|--"):
                 last = stripped[3:].strip()
@@ -59,7 +59,7 @@ def host_addresses(proc_net: Path = Path("/proc/self/net")) -> frozenset[IpAddre
     except (OSError, ValueError):
         pass
     try:
-        for line in (proc_net / "if_inet6").read_text().splitlines():
+        for line in Path("/proc/self/net/if_inet6").read_text().splitlines():
             hexed = line.split()[0]
             found.add(ipaddress.ip_address(":".join(hexed[i : i + 4] for i in range(0, 32, 4))))
     except (OSError, ValueError, IndexError):
