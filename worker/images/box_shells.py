@@ -94,7 +94,7 @@ def start_box_shell(
     bundle = place.settings.cache_root / "boxes" / record.name
     process = process_config(
         _SHELL_ARGV,
-        user=(record.user[0], record.user[1]),
+        user=record.user,
         cwd=place.cwd,
         env=merged_env(record.env, variables),
         file_size_mb=file_size_mb,

@@ -69,7 +69,7 @@ def run_in_box(
         argv = [SHELL, "-c", command] if isinstance(command, str) else list(command)
         process = process_config(
             argv,
-            user=tuple(record.user),  # type: ignore[arg-type]
+            user=record.user,
             cwd=inside_path(record, cwd),
             env=merged_env(record.env, env),
             file_size_mb=config.settings.file_size_mb,
