@@ -28,23 +28,13 @@ def process_alive(pid: int) -> bool:
 def start_time(pid: int) -> int | None:
     """When ``pid`` started (clock ticks after boot); None when it does not run (a zombie has
     ended: only its exit status is left for its parent)."""
-    return _field_of_running(pid, _STARTED_FIELD)
-
-
-def session_of(pid: int) -> int | None:
-    """The session ``pid`` is in (its leader's pid, as this /proc's namespace sees it); None
-    when it does not run."""
-    return _field_of_running(pid, _SESSION_FIELD)
-
-
-def parent_of(pid: int) -> int | None:
-    """The pid of ``pid``'s parent (as this /proc's namespace sees it: 0 for one outside it);
-    None when it does not run."""
-    return _field_of_running(pid, _PARENT_FIELD)
+    fields = _running_fields(pid, _STARTED_FIELD)
+    return None if fields is None else int(fields[_STARTED_FIELD])
 
 
 def session_and_parent(pid: int) -> tuple[int, int] | None:
-    """``session_of`` and ``parent_of`` ``pid`` from one read of its stat."""
+    """The session ``pid`` is in (its leader's pid) and its parent's pid (0 for one outside
+    this /proc's namespace), from one read of its stat; None when it does not run."""
     fields = _running_fields(pid, max(_SESSION_FIELD, _PARENT_FIELD))
     if fields is None:
         return None
@@ -57,11 +47,6 @@ def boot_id() -> str:
         return _BOOT_ID.read_text().strip()
     except OSError:
         return ""
-
-
-def _field_of_running(pid: int, index: int) -> int | None:
-    fields = _running_fields(pid, index)
-    return None if fields is None else int(fields[index])
 
 
 def _running_fields(pid: int, last: int) -> list[str] | None:
