@@ -68,11 +68,3 @@ class ToolContext:
             session_context=[dict(m) for m in self._session_context],
             session_context_file_path=self._session_context_file_path,
         )
-
-    @classmethod
-    def from_snapshot(cls, snapshot: ToolContextSnapshot) -> ToolContext:
-        return cls(
-            snapshot.system_prompt,
-            snapshot.session_context,
-            snapshot.session_context_file_path,
-        )

@@ -60,9 +60,6 @@ from worker.tools.runtime import current_runtime
 from worker.tools.search import Glob
 from worker.tools.workspace import Workspace
 
-#: The prefix of every service operation's name.
-SERVICE_PREFIX = "toolq."
-
 RequestT = TypeVar("RequestT", bound=OperationRequest)
 
 
