@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict
 from pathlib import Path
@@ -18,7 +17,7 @@ from worker.contract.wire import CommandAnswer, ResourceUsage, StreamsCut
 from worker.exceptions import WorkspaceError
 from worker.sandbox import SandboxConfig, SandboxResult
 from worker.tools.commands import run_command
-from worker.tools.interface import ExecutableTool, ToolArgs
+from worker.tools.interface import JsonAnswerTool, ToolArgs
 from worker.tools.paths import shown
 from worker.tools.runtime import admit_current_call, current_limits, report_usage
 from worker.tools.workspace import Workspace
@@ -69,7 +68,7 @@ def _description(cap_bytes: int) -> str:
     )
 
 
-class SandboxCommandTool(ExecutableTool):
+class SandboxCommandTool(JsonAnswerTool):
     """What the tools that run the model's commands in the run's box share: the sandbox pool,
     off unless enabled, never run twice, their own output caps, a ``timeout`` argument."""
 
@@ -117,16 +116,6 @@ class RunBashTool(SandboxCommandTool):
         if answer.usage is not None:
             report_usage(answer.usage)
         return answer.model_dump_json()
-
-    def with_notice(self, output: str, notice: str) -> str:
-        try:
-            answer = json.loads(output)
-        except ValueError:  # an error, in words
-            return super().with_notice(output, notice)
-        if not isinstance(answer, dict):
-            return super().with_notice(output, notice)
-        answer["notice"] = notice
-        return json.dumps(answer, ensure_ascii=False)
 
 
 def run_limited(config: SandboxConfig, timeout_ms: int) -> tuple[SandboxConfig, int]:

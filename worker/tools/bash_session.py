@@ -138,16 +138,6 @@ class BashSessionTool(SandboxCommandTool):
         request = HolderRequest(action=action, input=args.get("input") or "", wait_ms=timeout)
         return _answer(name, sessions.ask(name, request, cwd=cwd, identity=identity), timeout)
 
-    def with_notice(self, output: str, notice: str) -> str:
-        try:
-            answer = json.loads(output)
-        except ValueError:
-            return super().with_notice(output, notice)
-        if not isinstance(answer, dict):
-            return super().with_notice(output, notice)
-        answer["notice"] = notice
-        return json.dumps(answer, ensure_ascii=False)
-
 
 def _box_place(home: Path, environment: str) -> BoxPlace:
     """Where a session of the run whose workspace is ``home`` starts: its box, in its working

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -125,6 +126,19 @@ class ExecutableTool(ABC):
         """The arguments ``execute`` receives, or every problem as ``'parameter': reason``."""
         checked = check_against_model(cls.Args, args)
         return checked if isinstance(checked, list) else checked.model_dump()
+
+
+class JsonAnswerTool(ExecutableTool):
+    """A tool that answers with a JSON object: a notice from the worker is a field of it."""
+
+    def with_notice(self, output: str, notice: str) -> str:
+        try:
+            answer = json.loads(output)
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):  # an error, in words
+            return super().with_notice(output, notice)
+        return json.dumps({**answer, "notice": notice}, ensure_ascii=False)
 
 
 class ProxyTool(ExecutableTool):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
-import json
 import os
 import stat
 from abc import abstractmethod
@@ -54,7 +53,7 @@ from worker.tools.bash import (
     working_directory,
 )
 from worker.tools.commands import run_command
-from worker.tools.interface import ExecutableTool
+from worker.tools.interface import ExecutableTool, JsonAnswerTool
 from worker.tools.paths import shown
 from worker.tools.runtime import current_runtime
 from worker.tools.search import Glob
@@ -89,7 +88,7 @@ def encode_content(data: bytes, *, cut: bool = False) -> tuple[str, Literal["utf
         return base64.b64encode(data).decode("ascii"), "base64"
 
 
-class OperationTool(ExecutableTool, Generic[RequestT]):
+class OperationTool(JsonAnswerTool, Generic[RequestT]):
     """A tool that serves one service operation: its name, pool and arguments are the
     operation's, and it answers with one of the operation's answers."""
 
@@ -110,14 +109,6 @@ class OperationTool(ExecutableTool, Generic[RequestT]):
     @abstractmethod
     def serve(self, request: RequestT) -> WireAnswer:
         """Carry out the operation; a refusal is an answer, any other failure raises."""
-
-    def with_notice(self, output: str, notice: str) -> str:
-        # A field of the answer: callers read the answer as JSON.
-        try:
-            answer = json.loads(output)
-        except ValueError:  # an error, in words
-            return super().with_notice(output, notice)
-        return json.dumps({**answer, "notice": notice}, ensure_ascii=False)
 
 
 class ServiceTool(OperationTool[RequestT]):
