@@ -76,7 +76,7 @@ def build_registry(
     sandbox = SandboxConfig.from_settings(settings)
     for tool in service_tools(workspace, sandbox, settings.transfer_max_bytes):
         registry.register(tool)
-    for tool in image_tools(workspace):
+    for tool in image_tools():
         registry.register(tool)
     for tool in hosted_tools(settings, pools):
         registry.register(tool)

@@ -28,7 +28,6 @@ from worker.sandbox import SandboxConfig
 from worker.tools.interface import ExecutableTool
 from worker.tools.runtime import current_limits, current_runtime
 from worker.tools.service import OperationTool
-from worker.tools.workspace import Workspace
 
 
 class StartEnvironmentTool(OperationTool[StartEnvironmentRequest]):
@@ -42,9 +41,6 @@ class StartEnvironmentTool(OperationTool[StartEnvironmentRequest]):
     default_timeout_ms = START_ENVIRONMENT_TIMEOUT_MS
     # The image's WorkingDir comes into the workspace.
     workspace_effect = "adds"
-
-    def __init__(self, workspace: Workspace) -> None:
-        self.workspace = workspace
 
     def serve(self, request: StartEnvironmentRequest) -> StartEnvironmentAnswer | ImageRefusal:
         deadline = time.monotonic() + request.timeout_ms / 1000
@@ -89,9 +85,6 @@ class EndEnvironmentTool(OperationTool[NoArguments]):
     description = "End the run's container and remove its writable layer."
     idempotent = True
 
-    def __init__(self, workspace: Workspace) -> None:
-        self.workspace = workspace
-
     def serve(self, request: NoArguments) -> EndEnvironmentAnswer | ImageRefusal:
         run_id = current_runtime().workspace.root.name
         try:
@@ -101,9 +94,10 @@ class EndEnvironmentTool(OperationTool[NoArguments]):
         return EndEnvironmentAnswer(ended=ended is not None)
 
 
-def image_tools(workspace: Workspace) -> list[ExecutableTool]:
-    """The box's service operations, for a worker's registry."""
-    return [StartEnvironmentTool(workspace), EndEnvironmentTool(workspace)]
+def image_tools() -> list[ExecutableTool]:
+    """The box's service operations, for a worker's registry: each acts on the running call's
+    run."""
+    return [StartEnvironmentTool(), EndEnvironmentTool()]
 
 
 def _note_used(folder: Path, uid: int, image: str) -> None:
