@@ -170,7 +170,7 @@ def test_the_workers_serve_exactly_the_contracts_operations(settings: WorkerSett
 
 
 def test_a_quota_notice_is_a_field_of_the_answer() -> None:
-    tool = PutFilesTool(cast(Any, None), 1024)
+    tool = PutFilesTool(cast(Any, None), 1024, cast(Any, None))
     output = json.dumps(ops.PutFilesAnswer(written={}).wire())
     answer = ops.PUT_FILES.read_answer(tool.with_notice(output, "past its quota"))
     assert answer == ops.PutFilesAnswer(written={}, notice="past its quota")

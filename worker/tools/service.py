@@ -116,9 +116,12 @@ class ServiceTool(OperationTool[RequestT]):
 
     idempotent = True
 
-    def __init__(self, workspace: Workspace, transfer_max_bytes: int) -> None:
+    def __init__(
+        self, workspace: Workspace, transfer_max_bytes: int, sandbox: SandboxConfig
+    ) -> None:
         self.workspace = workspace
         self.transfer_max_bytes = transfer_max_bytes
+        self._sandbox = sandbox
 
 
 class PutFilesTool(ServiceTool[PutFilesRequest]):
@@ -242,12 +245,6 @@ class RemoveWorkspaceTool(ServiceTool[NoArguments]):
     description = "Remove the run's whole workspace, unless another call of the run is in flight."
     workspace_effect = "frees"  # measured after: a quota mark goes with the workspace
 
-    def __init__(
-        self, workspace: Workspace, transfer_max_bytes: int, sandbox: SandboxConfig
-    ) -> None:
-        super().__init__(workspace, transfer_max_bytes)
-        self._sandbox = sandbox
-
     def serve(self, request: NoArguments) -> RemoveWorkspaceAnswer:
         runtime = current_runtime()
         if runtime.workspace_lock is None:
@@ -278,12 +275,6 @@ class ExecTool(ServiceTool[ExecRequest]):
     timeout_argument = "timeout_ms"
     workspace_effect = "adds"
 
-    def __init__(
-        self, workspace: Workspace, transfer_max_bytes: int, sandbox: SandboxConfig
-    ) -> None:
-        super().__init__(workspace, transfer_max_bytes)
-        self._sandbox = sandbox
-
     def serve(self, request: ExecRequest) -> ExecAnswer:
         argv, command, stdin = request.argv, request.command, request.input
         if (argv is None) == (command is None):
@@ -311,11 +302,11 @@ def service_tools(
 ) -> list[ExecutableTool]:
     """Every service operation on a run's workspace, for a worker's registry."""
     return [
-        PutFilesTool(workspace, transfer_max_bytes),
-        ReadWholeFileTool(workspace, transfer_max_bytes),
-        CollectFilesTool(workspace, transfer_max_bytes),
+        PutFilesTool(workspace, transfer_max_bytes, sandbox),
+        ReadWholeFileTool(workspace, transfer_max_bytes, sandbox),
+        CollectFilesTool(workspace, transfer_max_bytes, sandbox),
         RemoveWorkspaceTool(workspace, transfer_max_bytes, sandbox),
-        ListWorkspacesTool(workspace, transfer_max_bytes),
+        ListWorkspacesTool(workspace, transfer_max_bytes, sandbox),
         ExecTool(workspace, transfer_max_bytes, sandbox),
     ]
 
