@@ -5,7 +5,7 @@ from __future__ import annotations
 import codecs
 import os
 import stat
-from typing import Any, BinaryIO
+from typing import Any
 
 from pydantic import Field
 
@@ -77,7 +77,7 @@ class ReadFileTool(WorkspaceTool):
         budget = answer_budget(self.output_cap_bytes)
         with self.workspace.open_for_reading(target) as (file, info):
             try:
-                head = _read_at_most(file, budget + 1)
+                head = file.read(budget + 1)  # buffered: reads until it has as much, or the end
             except OSError as exc:
                 raise self.workspace.error(exc, where) from None
         if not head:
@@ -111,18 +111,6 @@ def text_codec(encoding: str) -> str:
             "'cp1252' or 'utf-16'"
         ) from None
     return name
-
-
-def _read_at_most(file: BinaryIO, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    remaining = limit
-    while remaining > 0:
-        chunk = file.read(remaining)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(chunks)
 
 
 def _decode(data: bytes, codec: str, *, final: bool, where: str) -> str:
