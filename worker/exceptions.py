@@ -3,7 +3,7 @@ raised and what catches what. All derive from ``worker.contract.errors.ToolqErro
 holds the exceptions that cross between the two sides (``ImageError``, ``EnvironmentLost``, ...);
 these reach the orchestrator only as an answer's error kind and text, but for the tool
 model's (``DuplicateToolError``), which it runs too. (Private exceptions stay in the modules they
-never leave: ``tools.registry._DeadlinePassed``, ``images.cache._LayerGone``.)
+never leave: ``images.cache._LayerGone``.)
 
 ::
 

@@ -14,7 +14,6 @@ from typing import Any, Unpack
 
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-from worker.contract.errors import ToolqError
 from worker.exceptions import DuplicateToolError, WorkspaceError
 from worker.plumbing.log_context import current_context
 from worker.tools.functions import FunctionTool, ToolTraits, tool
@@ -132,15 +131,14 @@ class ToolRegistry:
             return found
         tool, validated = found
         try:
-            if timeout_ms is None:
-                result = await self._call(tool, validated)
-            else:
-                result = await self._call_by_deadline(tool, validated, timeout_ms)
-        except _DeadlinePassed:
-            return ToolOutcome(
-                f"Error: {name} timed out after {timeout_ms} ms and was stopped.", "timeout"
-            )
+            async with asyncio.timeout(None if timeout_ms is None else timeout_ms / 1000) as limit:
+                result = await self._call(tool, validated, by_deadline=timeout_ms is not None)
         except Exception as exc:
+            # Only the deadline's own TimeoutError: one the tool raised is an error of the tool.
+            if isinstance(exc, TimeoutError) and limit.expired():
+                return ToolOutcome(
+                    f"Error: {name} timed out after {timeout_ms} ms and was stopped.", "timeout"
+                )
             return self._error_answer(name, exc)
         return serialise_result(name, result)
 
@@ -193,40 +191,22 @@ class ToolRegistry:
             raise exc
         return _raised(name, exc)
 
-    async def _call(self, tool: ExecutableTool, args: dict[str, Any]) -> Any:
+    async def _call(self, tool: ExecutableTool, args: dict[str, Any], *, by_deadline: bool) -> Any:
+        """``tool.execute(args)``; a plain function runs in a thread of its own when it has a
+        deadline (``run_in_daemon_thread``), else in a pooled one (``sync_in_thread``) or here."""
         if inspect.iscoroutinefunction(tool.execute):
-            return await tool.execute(args)
-        if self._sync_in_thread:
+            result: Any = tool.execute(args)
+        elif by_deadline:
+            result = await run_in_daemon_thread(tool.execute, args)
+        elif self._sync_in_thread:
             result = await asyncio.to_thread(tool.execute, args)
         else:
             result = tool.execute(args)
-        if inspect.isawaitable(result):
-            return await result
-        return result
-
-    async def _call_by_deadline(
-        self, tool: ExecutableTool, args: dict[str, Any], timeout_ms: int
-    ) -> Any:
-        try:
-            async with asyncio.timeout(timeout_ms / 1000) as limit:
-                if inspect.iscoroutinefunction(tool.execute):
-                    return await tool.execute(args)
-                result = await run_in_daemon_thread(tool.execute, args)
-                if inspect.isawaitable(result):
-                    return await result
-                return result
-        except TimeoutError:
-            if limit.expired():
-                raise _DeadlinePassed from None
-            raise  # the tool's own TimeoutError: an error of the tool, not of its deadline
+        return await result if inspect.isawaitable(result) else result
 
     def _require(self, name: str) -> None:
         if name not in self._tools:
             raise KeyError(f"No tool named {name!r} is registered")
-
-
-class _DeadlinePassed(ToolqError):
-    """A tool run here was still running at its deadline."""
 
 
 def run_in_daemon_thread(function: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
