@@ -85,28 +85,21 @@ def prune(
     """Remove the run workspaces under ``root`` no call touched for ``older_than_s`` seconds."""
     now = time.time() if now is None else now
     found: list[Expired] = []
-    try:
-        with os.scandir(root) as entries:
-            candidates = [
-                e for e in entries if _RUN_ID.match(e.name) and e.is_dir(follow_symlinks=False)
-            ]
-    except FileNotFoundError:
-        return found  # a root no call has made yet holds no workspace
-    for entry in sorted(candidates, key=lambda e: e.name):
+    for name in run_ids(root):
         try:
-            idle = now - entry.stat(follow_symlinks=False).st_mtime
+            idle = now - os.stat(root / name, follow_symlinks=False).st_mtime
         except FileNotFoundError:
             continue
         if idle < older_than_s:
             continue
-        size = measure(Path(entry.path)).used_bytes if sizes else None
+        size = measure(root / name).used_bytes if sizes else None
         if dry_run:
-            found.append(Expired(entry.name, idle, size, removed=False))
+            found.append(Expired(name, idle, size, removed=False))
             continue
-        skipped = _remove(root, entry.name, older_than_s, now)
+        skipped = _remove(root, name, older_than_s, now)
         if skipped is None and quota is not None:
-            quota.forget(entry.name)
-        found.append(Expired(entry.name, idle, size, removed=skipped is None, skipped=skipped))
+            quota.forget(name)
+        found.append(Expired(name, idle, size, removed=skipped is None, skipped=skipped))
     return found
 
 
@@ -177,7 +170,8 @@ def _delete(root: Path, name: str, aside: Path, gid: int) -> None:
 
 
 def run_ids(root: Path, prefix: str = "") -> list[str]:
-    """The runs that have a workspace under ``root`` and an id starting with ``prefix``."""
+    """The runs that have a workspace under ``root`` and an id starting with ``prefix``, sorted
+    (none under a root no call has made yet)."""
     with contextlib.suppress(FileNotFoundError), os.scandir(root) as entries:
         return sorted(
             e.name
