@@ -6,7 +6,7 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -190,12 +190,7 @@ def parameters_schema(model: type[BaseModel]) -> dict[str, Any]:
         schema.setdefault("properties", {})
         schema["additionalProperties"] = False
         cached = _SCHEMA_CACHE[model] = schema
-    return _deep_copy(cached)
-
-
-def _deep_copy(value: dict[str, Any]) -> dict[str, Any]:
-    copied: dict[str, Any] = _copy(value)
-    return copied
+    return cast(dict[str, Any], _copy(cached))
 
 
 def _copy(value: Any) -> Any:
