@@ -10,6 +10,7 @@ acknowledges the message; it is never retried, so delivery stays at most once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -218,9 +219,6 @@ def _goodbye(**_: Any) -> None:
     # A consumer lost for good withdraws the worker at once, from a thread of its own, while
     # the main thread may be stopping it: each heartbeat and chore is stopped by one of them.
     for started in (_heartbeat, _housekeeping):
-        while True:
-            try:
-                item = started.pop()
-            except IndexError:
-                break
-            item.stop()
+        with contextlib.suppress(IndexError):  # popped, each at most once, until none is left
+            while True:
+                started.pop().stop()
