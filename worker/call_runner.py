@@ -68,8 +68,7 @@ def build_registry(
     # So is a call whose run's container is gone (``environment_lost``), or its shell session
     # (``session_lost``).
     registry = ToolRegistry(
-        passthrough=(*passthrough, NotAdmitted, EnvironmentLost, SessionLost),
-        sync_in_thread=False,
+        passthrough=(*passthrough, NotAdmitted, EnvironmentLost, SessionLost), sync_in_thread=False
     )
     workspace = CurrentWorkspace()
     create_fleet_tool_registry(settings, current_context(), workspace, registry)

@@ -14,11 +14,7 @@ from typing import Unpack
 from worker.call_runner import CallRunner, timed_out
 from worker.contract.deadlines import CallFields, limited_request
 from worker.contract.settings import WorkerSettings
-from worker.contract.wire import (
-    ToolCallRequest,
-    ToolCallResult,
-    ToolSpec,
-)
+from worker.contract.wire import ToolCallRequest, ToolCallResult, ToolSpec
 from worker.manifest import tool_specs
 from worker.tools.registry import run_in_daemon_thread
 
@@ -40,12 +36,7 @@ class LocalCalls:
     def build_request(self, spec: ToolSpec, **call: Unpack[CallFields]) -> ToolCallRequest:
         """A request whose limit follows the fleet's rule; no queue lies between it and its
         run, so its deadline is its limit."""
-        return limited_request(
-            self._settings,
-            spec,
-            now=self._runner.clock(),
-            **call,
-        )
+        return limited_request(self._settings, spec, now=self._runner.clock(), **call)
 
     async def call(self, request: ToolCallRequest, pool: str) -> ToolCallResult:
         """Run one call in a thread of its own and answer it; at its time limit it is answered

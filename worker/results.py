@@ -67,11 +67,7 @@ class ResultStore:
         self._begin = client.register_script(_BEGIN)
 
     def store(
-        self,
-        result: ToolCallResult,
-        reply_to: str | None,
-        *,
-        deadline: float | None = None,
+        self, result: ToolCallResult, reply_to: str | None, *, deadline: float | None = None
     ) -> ToolCallResult:
         """Keep the first result of this call, sealed with its key, and send the kept one
         to ``reply_to`` (a redelivered call that ran again still answers with its first

@@ -101,10 +101,7 @@ class BashSessionTool(SandboxCommandTool):
     Args: ClassVar[type[BaseModel]] = BashSessionArgs
 
     def __init__(
-        self,
-        workspace: Workspace,
-        config: SandboxConfig | None = None,
-        idle_s: float | None = None,
+        self, workspace: Workspace, config: SandboxConfig | None = None, idle_s: float | None = None
     ) -> None:
         if config is None or idle_s is None:
             settings = get_worker_settings()

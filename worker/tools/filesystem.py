@@ -9,12 +9,7 @@ from typing import Any
 
 from pydantic import Field
 
-from worker.contract.limits import (
-    DEFAULT_OUTPUT_CAP_BYTES,
-    answer_budget,
-    cap_in_words,
-    fit_utf8,
-)
+from worker.contract.limits import DEFAULT_OUTPUT_CAP_BYTES, answer_budget, cap_in_words, fit_utf8
 from worker.exceptions import PathNotFoundError, WorkspaceError
 from worker.tools.interface import ExecutableTool, ToolArgs, TruncatedText
 from worker.tools.paths import counted, file_kind, printable, shown

@@ -24,12 +24,7 @@ from jsonschema.protocols import Validator
 from pydantic import BaseModel, ConfigDict, Field, PydanticUserError, create_model
 
 from worker.contract.wire import Pool, function_tool
-from worker.tools.interface import (
-    ExecutableTool,
-    ToolArgs,
-    check_against_model,
-    parameters_schema,
-)
+from worker.tools.interface import ExecutableTool, ToolArgs, check_against_model, parameters_schema
 
 #: What the chat APIs accept as a tool's name.
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")

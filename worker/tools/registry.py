@@ -34,10 +34,7 @@ class ToolRegistry:
     """
 
     def __init__(
-        self,
-        *,
-        passthrough: tuple[type[BaseException], ...] = (),
-        sync_in_thread: bool = True,
+        self, *, passthrough: tuple[type[BaseException], ...] = (), sync_in_thread: bool = True
     ) -> None:
         self._tools: dict[str, ExecutableTool] = {}
         self._enabled: dict[str, bool] = {}

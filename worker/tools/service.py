@@ -47,11 +47,7 @@ from worker.exceptions import PathNotFoundError, WorkspaceError
 from worker.retention import remove_held, run_ids
 from worker.sandbox import SandboxConfig
 from worker.sessions.holders import RunSessions
-from worker.tools.bash import (
-    run_limited,
-    with_applied_limits,
-    working_directory,
-)
+from worker.tools.bash import run_limited, with_applied_limits, working_directory
 from worker.tools.commands import run_command
 from worker.tools.interface import ExecutableTool, JsonAnswerTool
 from worker.tools.paths import shown
