@@ -20,15 +20,6 @@ HEARTBEAT_INTERVAL_S = 5.0
 HEARTBEAT_TTL_S = 15
 
 
-def publish_manifest(client: redis.Redis, specs: Iterable[ToolSpec], pools: Iterable[str]) -> None:
-    served = set(pools)
-    pipe = client.pipeline(transaction=False)
-    for spec in specs:
-        if spec.pool in served:
-            pipe.hset(keys.MANIFEST, spec.name, spec.model_dump_json())
-    pipe.execute()
-
-
 class Heartbeat:
     """Keeps ``toolq:worker:<pool>:<name>`` and the manifest alive while the worker runs.
 
@@ -69,10 +60,12 @@ class Heartbeat:
         self._thread.start()
 
     def beat(self) -> None:
-        # The manifest goes out with every beat: a Redis that restarted empty gets it back.
-        publish_manifest(self._redis, self._specs, self._pools)
         info = self._info.model_copy(update={"beat_at": time.time()}).model_dump_json()
         pipe = self._redis.pipeline(transaction=False)
+        # The manifest goes out with every beat: a Redis that restarted empty gets it back.
+        for spec in self._specs:
+            if spec.pool in self._pools:
+                pipe.hset(keys.MANIFEST, spec.name, spec.model_dump_json())
         for pool in self._pools:
             pipe.set(keys.worker_heartbeat(pool, self._worker), info, ex=HEARTBEAT_TTL_S)
         pipe.execute()
