@@ -130,36 +130,26 @@ def run_limited(config: SandboxConfig, timeout_ms: int) -> tuple[SandboxConfig, 
 def with_applied_limits(
     result: SandboxResult, config: SandboxConfig, timeout_ms: int
 ) -> CommandAnswer:
-    """``result`` as its answer, whose ``usage.limits`` says what the command ran under."""
-    answer = command_answer(result)
-    applied = applied_limits(config, timeout_ms, result.usage.cpu_limit)
+    """``result`` as the wire contract has it (its fields by name, but for which streams were
+    cut), whose ``usage.limits`` says what the command ran under. Its ``cpu`` is the CPU limit
+    its control group held (null where none was asked, or none could be held here: the worker's
+    ``limits.sandbox.cpu_by`` says why)."""
+    settings = config.settings
+    applied = RunLimits(
+        timeout_s=timeout_ms / 1000,
+        memory_mb=settings.memory_mb,
+        pids=settings.max_processes,
+        cpu=result.usage.cpu_limit,
+    )
     if result.limits_held is not None:  # a run's container: what its group holds
         held = result.limits_held
         applied = applied.model_copy(
             update={"memory_mb": held.memory_mb, "pids": held.pids, "cpu": held.cpu}
         )
+    truncated = StreamsCut(stdout=result.stdout_truncated, stderr=result.stderr_truncated)
+    answer = CommandAnswer.model_validate({**asdict(result), "truncated": truncated})
     usage = (answer.usage or ResourceUsage()).model_copy(update={"limits": applied})
     return answer.model_copy(update={"usage": usage})
-
-
-def applied_limits(config: SandboxConfig, timeout_ms: int, cpu: float | None) -> RunLimits:
-    """The limits a command ran under, as its answer tells them. ``cpu``: the CPU limit its
-    control group held (null where none was asked, or none could be held here: the worker's
-    ``limits.sandbox.cpu_by`` says why)."""
-    settings = config.settings
-    return RunLimits(
-        timeout_s=timeout_ms / 1000,
-        memory_mb=settings.memory_mb,
-        pids=settings.max_processes,
-        cpu=cpu,
-    )
-
-
-def command_answer(result: SandboxResult) -> CommandAnswer:
-    """A sandboxed command's result as the wire contract has it: its fields by name, but for
-    which streams were cut."""
-    truncated = StreamsCut(stdout=result.stdout_truncated, stderr=result.stderr_truncated)
-    return CommandAnswer.model_validate({**asdict(result), "truncated": truncated})
 
 
 def working_directory(workspace: Workspace, cwd: str | None) -> Path:
