@@ -150,12 +150,9 @@ class ToolRegistry:
             return found
         tool, validated = found
         try:
-            if inspect.iscoroutinefunction(tool.execute):
-                result = loop.run_until_complete(tool.execute(validated))
-            else:
-                result = tool.execute(validated)
-                if inspect.isawaitable(result):
-                    result = loop.run_until_complete(result)
+            result = tool.execute(validated)  # a coroutine tool's coroutine, run next
+            if inspect.isawaitable(result):
+                result = loop.run_until_complete(result)
         except Exception as exc:
             return self._error_answer(name, exc)
         return serialise_result(name, result)
