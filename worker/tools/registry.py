@@ -180,10 +180,21 @@ class ToolRegistry:
 
     def _error_answer(self, name: str, exc: Exception) -> ToolOutcome:
         """The answer to tool ``name``, which raised ``exc``; an exception to pass through
-        (``passthrough``) goes on to the caller instead."""
+        (``passthrough``) goes on to the caller instead.
+
+        The traceback goes to the log with the call's ids, never with its arguments, which can
+        hold whole files. A path the tool cannot use is the model's mistake, told to the model:
+        logged in one line, without a traceback (formatting one costs milliseconds, and a model
+        that guesses paths makes thousands)."""
         if isinstance(exc, self._passthrough):
             raise exc
-        return _raised(name, exc)
+        extra = {"tool": name, **current_context()}
+        if isinstance(exc, WorkspaceError):
+            log.info("tool %s refused a path: %s", name, type(exc).__name__, extra=extra)
+        else:
+            log.warning("tool %s raised %s", name, type(exc).__name__, exc_info=exc, extra=extra)
+        message = str(exc) or type(exc).__name__
+        return ToolOutcome(f"Error executing {name}: {message}", "tool_error")
 
     async def _call(self, tool: ExecutableTool, args: dict[str, Any], *, by_deadline: bool) -> Any:
         """``tool.execute(args)``; a plain function runs in a thread of its own when it has a
@@ -232,20 +243,6 @@ def run_in_daemon_thread(function: Callable[..., Any], *args: Any) -> asyncio.Fu
 
     threading.Thread(target=work, name="toolq-local-tool", daemon=True).start()
     return future
-
-
-def _raised(name: str, exc: Exception) -> ToolOutcome:
-    """The answer to a tool that raised; the traceback goes to the log with the call's ids,
-    never with its arguments, which can hold whole files. A path the tool cannot use is the
-    model's mistake, told to the model: logged in one line, without a traceback (formatting
-    one costs milliseconds, and a model that guesses paths makes thousands)."""
-    extra = {"tool": name, **current_context()}
-    if isinstance(exc, WorkspaceError):
-        log.info("tool %s refused a path: %s", name, type(exc).__name__, extra=extra)
-    else:
-        log.warning("tool %s raised %s", name, type(exc).__name__, exc_info=exc, extra=extra)
-    message = str(exc) or type(exc).__name__
-    return ToolOutcome(f"Error executing {name}: {message}", "tool_error")
 
 
 def validate_arguments(
