@@ -24,7 +24,6 @@ class LocalCalls:
     serves, answering as ``worker_name``."""
 
     def __init__(self, settings: WorkerSettings, worker_name: str) -> None:
-        self._settings = settings
         self._runner = CallRunner(settings, worker_name)
         #: The tools as a worker publishes them, service operations included.
         self.specs: list[ToolSpec] = tool_specs(self._runner.registry, settings)
@@ -36,7 +35,7 @@ class LocalCalls:
     def build_request(self, spec: ToolSpec, **call: Unpack[CallFields]) -> ToolCallRequest:
         """A request whose limit follows the fleet's rule; no queue lies between it and its
         run, so its deadline is its limit."""
-        return limited_request(self._settings, spec, now=self._runner.clock(), **call)
+        return limited_request(self._runner.settings, spec, now=self._runner.clock(), **call)
 
     async def call(self, request: ToolCallRequest, pool: str) -> ToolCallResult:
         """Run one call in a thread of its own and answer it; at its time limit it is answered
