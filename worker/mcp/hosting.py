@@ -38,9 +38,8 @@ def start_hosting(settings: WorkerSettings, pools: Iterable[Pool]) -> McpHost | 
     wanted = (os.getpid(), frozenset(pools))
     if _host is not None and _owner == wanted:
         return _host
-    if _host is not None and _owner is not None and _owner[0] == os.getpid():
-        _host.stop()  # the same process, other pools
-    # A host made before a fork belongs to the parent: its thread is not here to stop.
+    # This process's host of other pools stops; one made before a fork is the parent's to stop.
+    stop_hosting()
     try:
         from worker.mcp.host import McpHost
     except ImportError as exc:
