@@ -8,7 +8,7 @@ import os
 import stat
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -295,25 +295,11 @@ class SearchFilesTool(SearchTool):
         deadline = time.monotonic() + self.time_budget_s
         hits: list[str] = []
         timed_out = False
-        states = {"": glob.start()}
         try:
-            for rel, _fd, dirs, files in self.workspace.walk(base):
-                _remaining(deadline)
-                here = states.pop(rel)
-                entered: list[str] = []
-                for name in dirs:
-                    matched, below = glob.step(here, name)
-                    if matched:
-                        hits.append(self.workspace.relative(base / rel / name) + "/")
-                    if below:
-                        entered.append(name)
-                        states[os.path.join(rel, name)] = below
-                dirs[:] = entered  # only directories the rest of the pattern can match
-                if glob.dirs_only:
-                    continue
-                for name in files:
-                    if glob.step(here, name)[0]:
-                        hits.append(self.workspace.relative(base / rel / name))
+            for rel, _fd, name, is_dir in glob_walk(self.workspace, base, [glob], deadline):
+                if is_dir or not glob.dirs_only:
+                    where = self.workspace.relative(base / rel / name)
+                    hits.append(f"{where}/" if is_dir else where)
         except SearchTimeUp:
             timed_out = True
         return self._answer(sorted(hits), pattern, base, timed_out)
@@ -384,6 +370,33 @@ class Glob:
                 index += 1
                 closed.add(index)
         return frozenset(closed)
+
+
+def glob_walk(
+    workspace: Workspace, base: Path, globs: list[Glob], deadline: float | None = None
+) -> Iterator[tuple[str, int, str, bool]]:
+    """The entries below ``base`` that one of ``globs`` matches, as a walk meets them: the
+    directory holding each (relative to ``base``) and its descriptor, its name, and whether it
+    is a directory. Only directories the rest of a pattern can match are entered; past
+    ``deadline`` (``time.monotonic``) the walk raises ``SearchTimeUp``."""
+    states = {"": [glob.start() for glob in globs]}
+    for rel, fd, dirs, files in workspace.walk(base):
+        if deadline is not None:
+            _remaining(deadline)
+        here = states.pop(rel)
+        entered: list[str] = []
+        for name in dirs:
+            steps = [glob.step(state, name) for glob, state in zip(globs, here, strict=True)]
+            if any(matched for matched, _ in steps):
+                yield rel, fd, name, True
+            below = [states_below for _, states_below in steps]
+            if any(below):
+                entered.append(name)
+                states[os.path.join(rel, name)] = below
+        dirs[:] = entered
+        for name in files:
+            if any(glob.step(state, name)[0] for glob, state in zip(globs, here, strict=True)):
+                yield rel, fd, name, False
 
 
 def _is_literal(segment: str) -> bool:

@@ -52,7 +52,7 @@ from worker.tools.commands import run_command
 from worker.tools.interface import ExecutableTool, JsonAnswerTool
 from worker.tools.paths import shown
 from worker.tools.runtime import current_runtime
-from worker.tools.search import Glob
+from worker.tools.search import Glob, glob_walk
 from worker.tools.workspace import Workspace
 
 RequestT = TypeVar("RequestT", bound=OperationRequest)
@@ -199,7 +199,11 @@ class CollectFilesTool(ServiceTool[CollectFilesRequest]):
     def serve(self, request: CollectFilesRequest) -> CollectFilesAnswer:
         globs = [Glob.parse(pattern) for pattern in request.patterns]
         cap = min(request.max_file_bytes, self.transfer_max_bytes)
-        matched = sorted(self._matching(globs))
+        matched = sorted(
+            os.path.join(rel, name)
+            for rel, fd, name, is_dir in glob_walk(self.workspace, self.workspace.root, globs)
+            if not is_dir and _is_regular_at(fd, name)
+        )
         files: dict[str, CollectedFile] = {}
         for path in matched[: request.max_files]:
             try:
@@ -215,25 +219,6 @@ class CollectFilesTool(ServiceTool[CollectFilesRequest]):
                 truncated=info.st_size > len(data),
             )
         return CollectFilesAnswer(files=files, matched=len(matched))
-
-    def _matching(self, globs: list[Glob]) -> set[str]:
-        found: set[str] = set()
-        root = self.workspace.root
-        states = {"": [glob.start() for glob in globs]}
-        for rel, fd, dirs, names in self.workspace.walk(root):
-            here = states.pop(rel)
-            entered = []
-            for name in dirs:
-                below = [glob.step(s, name)[1] for glob, s in zip(globs, here, strict=True)]
-                if any(below):
-                    entered.append(name)
-                    states[os.path.join(rel, name)] = below
-            dirs[:] = entered
-            for name in names:
-                wanted = any(g.step(s, name)[0] for g, s in zip(globs, here, strict=True))
-                if wanted and _is_regular_at(fd, name):
-                    found.add(os.path.join(rel, name))
-        return found
 
 
 class RemoveWorkspaceTool(ServiceTool[NoArguments]):
