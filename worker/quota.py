@@ -32,24 +32,22 @@ class Measurement:
 
     used_bytes: int
     complete: bool
-    entries: int
 
 
 def measure(root: Path, bound_s: float = MEASURE_BOUND_S) -> Measurement:
     """Disk space under ``root``, symbolic links not followed, each hard-linked file once."""
     deadline = time.monotonic() + bound_s
-    used = entries = 0
+    used = 0
     seen: set[tuple[int, int]] = set()
     pending = [str(root)]
     while pending:
         if time.monotonic() > deadline:
-            return Measurement(used, False, entries)
+            return Measurement(used, False)
         directory = pending.pop()
         with contextlib.suppress(OSError), os.scandir(directory) as listing:
             for entry in listing:
                 with contextlib.suppress(OSError):
                     info = entry.stat(follow_symlinks=False)
-                    entries += 1
                     if info.st_nlink > 1 and not stat.S_ISDIR(info.st_mode):
                         if (info.st_dev, info.st_ino) in seen:
                             continue
@@ -57,7 +55,7 @@ def measure(root: Path, bound_s: float = MEASURE_BOUND_S) -> Measurement:
                     used += info.st_blocks * _BLOCK
                     if stat.S_ISDIR(info.st_mode):
                         pending.append(entry.path)
-    return Measurement(used, True, entries)
+    return Measurement(used, True)
 
 
 #: What a model can do past the quota with the tools on by default: write_file runs when it can
