@@ -31,11 +31,11 @@ from worker.contract.operations import AnswerT, Operation, RequestT
 from worker.contract.settings import FleetSettings
 from worker.contract.wire import CommandAnswer, ToolCallResult, ToolSpec
 
-#: Between two tries at removing a workspace another call of the run holds.
 #: The built-in tool that keeps a run's shells (``worker.tools.bash_session``).
 SESSION_TOOL = "bash_session"
 #: The run's session kept for programs that must outlive their call (``keep_running``).
 KEPT_SESSION = "kept"
+#: Between two tries at removing a workspace another call of the run holds.
 _FIRST_PAUSE_S = 0.1
 _LONGEST_PAUSE_S = 2.0
 
@@ -161,29 +161,10 @@ class RunWorkspace:
         run_bash's commands, until the run ends (``bash_session``, session ``KEPT_SESSION``).
         Its answer as a command's: its exit status (-1 while it still runs), the terminal's
         output as its stdout."""
-        spec = self._fleet.tools.get(SESSION_TOOL)
-        if spec is None:
-            raise ServiceCallError(
-                f"no worker of this fleet offers {SESSION_TOOL} (workers of an older toolq?)",
-                "unknown_tool",
-            )
         argv = [*(f"{name}={value}" for name, value in (env or {}).items()), *command]
         line = shlex.join(["cd", "-P", "--", cwd or "."]) + " && " + shlex.join(["env", *argv])
-        result = await call_operation(
-            self._dispatcher,
-            spec,
-            self.run_id,
-            {
-                "action": "type_submit",
-                "input": line,
-                "session": KEPT_SESSION,
-                "timeout": timeout_ms,
-            },
-            pool=spec.pool,
-            timeout_ms=timeout_ms,
-        )
-        if result.is_error:
-            raise ServiceCallError(result.output, result.error_kind)
+        arguments = {"action": "type_submit", "input": line, "session": KEPT_SESSION}
+        result = await self._result(SESSION_TOOL, {**arguments, "timeout": timeout_ms}, timeout_ms)
         answer = json.loads(result.output)
         exit_code = answer["exit_code"] if answer["exit_code"] is not None else -1
         return CommandResult(
@@ -232,28 +213,30 @@ class RunWorkspace:
         timeout_ms: int | None,
     ) -> tuple[AnswerT, str | None]:
         """The operation's answer, and the worker that gave it."""
-        spec = self._fleet.tools.get(operation.name)
-        if spec is None:
-            raise ServiceCallError(
-                f"no worker of this fleet offers {operation.name} (workers of an older toolq?)",
-                "unknown_tool",
-            )
-        result = await call_operation(
-            self._dispatcher,
-            spec,
-            self.run_id,
-            operation.arguments(request),
-            pool=spec.pool,
-            timeout_ms=timeout_ms,
-        )
-        if result.is_error:
-            raise ServiceCallError(result.output, result.error_kind)
+        result = await self._result(operation.name, operation.arguments(request), timeout_ms)
         # An answer of another form (a worker of another version) is no refusal: its
         # ValueError goes up as the fault it is.
         answer = operation.read_answer(result.output)
         if isinstance(answer, operations.FileRefusal):
             raise FileProblemError(answer.error, answer.message)
         return answer, result.worker
+
+    async def _result(
+        self, tool: str, arguments: dict[str, Any], timeout_ms: int | None
+    ) -> ToolCallResult:
+        """The call of ``tool`` for the run; ``ServiceCallError`` when it failed."""
+        spec = self._fleet.tools.get(tool)
+        if spec is None:
+            raise ServiceCallError(
+                f"no worker of this fleet offers {tool} (workers of an older toolq?)",
+                "unknown_tool",
+            )
+        result = await call_operation(
+            self._dispatcher, spec, self.run_id, arguments, pool=spec.pool, timeout_ms=timeout_ms
+        )
+        if result.is_error:
+            raise ServiceCallError(result.output, result.error_kind)
+        return result
 
 
 @contextlib.contextmanager
