@@ -54,6 +54,15 @@ class Pin:
         )
 
 
+async def announces_itself(redis: aioredis.Redis, pool: str, worker: str) -> bool:
+    """Whether ``worker`` of ``pool`` has a heartbeat; True when the store cannot say, as the
+    call's own sending will tell what is wrong with it."""
+    try:
+        return bool(await redis.exists(keys.worker_heartbeat(pool, worker)))
+    except RedisError:
+        return True
+
+
 class RunPins:
     """The pins of one dispatcher's runs."""
 
@@ -77,11 +86,7 @@ class RunPins:
         pin = self._pins.get(request.run_id)
         if pin is None or pool != PINNED_POOL:
             return request, pool
-        try:
-            alive = await redis.exists(keys.worker_heartbeat(PINNED_POOL, pin.worker))
-        except RedisError:
-            alive = 1  # the call's own sending will tell what is wrong with the store
-        if not alive:
+        if not await announces_itself(redis, PINNED_POOL, pin.worker):
             return pin.lost(request, "is gone: its worker no longer announces itself")
         return request.model_copy(update={"environment": pin.environment}), pin.queue
 

@@ -16,10 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
+from api.calls.pins import announces_itself
 from worker.contract.errors import RESTART_HINT
-from worker.contract.keys import keys
 from worker.contract.wire import ToolCallRequest, ToolCallResult
 
 #: The tool whose answers pin a run, and whose calls a lost session answers.
@@ -67,11 +66,7 @@ class SessionPins:
             return request, pool
         self._holders.move_to_end(request.run_id)
         if not found.lost:
-            try:
-                alive = await redis.exists(keys.worker_heartbeat(_POOL, found.node))
-            except RedisError:
-                alive = 1  # the call's own sending will tell what is wrong with the store
-            found.lost = not alive
+            found.lost = not await announces_itself(redis, _POOL, found.node)
         if not found.lost:
             return request, found.queue
         if request.tool != SESSION_TOOL:
