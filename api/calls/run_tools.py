@@ -55,15 +55,11 @@ class RunTools:
         for name in enable:
             self.enable(name)
         for name in disable:
-            self.disable(name)
+            self.registry.disable(name)
 
     def enable(self, name: str) -> None:
         """Switch a tool on; ``ValueError`` when no worker, or no live worker, serves it."""
         enable_tool(self.registry, self._fleet, name)
-
-    def disable(self, name: str) -> None:
-        """Switch a tool off; ``KeyError`` when there is no such tool."""
-        self.registry.disable(name)
 
     def next_task_id(self) -> str:
         """The next call's id on the wire (its Celery task id), distinct per attempt."""
