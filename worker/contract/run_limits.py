@@ -89,11 +89,9 @@ class LimitsMax(BaseModel):
             return None
         return f"the run asks more than {whose}: {', '.join(over)}"
 
-    def narrowed(self, other: LimitsMax | None) -> LimitsMax:
+    def narrowed(self, other: LimitsMax) -> LimitsMax:
         """The lower of each maximum ``other`` names: a tenant's own within the fleet's (a
         field the tenant leaves out stays the fleet's)."""
-        if other is None:
-            return self
         return self.model_copy(
             update={
                 name: min(getattr(self, name), getattr(other, name))

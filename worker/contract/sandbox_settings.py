@@ -99,15 +99,9 @@ class SandboxSettings(BaseModel):
 
     def limited(self, limits: RunLimits | None) -> SandboxSettings:
         """These settings with a run's own memory, process and CPU limits, where it asks."""
-        asked = (
-            {}
-            if limits is None
-            else {
-                "memory_mb": limits.memory_mb,
-                "max_processes": limits.pids,
-                "cpu": limits.cpu,
-            }
-        )
+        if limits is None:
+            return self
+        asked = {"memory_mb": limits.memory_mb, "max_processes": limits.pids, "cpu": limits.cpu}
         update = {name: value for name, value in asked.items() if value is not None}
         return self.model_copy(update=update) if update else self
 
