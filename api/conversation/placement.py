@@ -25,7 +25,7 @@ from api.settings import OrchestratorSettings
 from worker.contract.errors import LimitsRefused, NetworkRefused
 from worker.contract.run_limits import RunLimits
 from worker.contract.settings import FleetSettings, WorkerSettings, get_worker_settings
-from worker.contract.wire import AGENTS_QUEUE, POOLS, ToolContextSnapshot
+from worker.contract.wire import ToolContextSnapshot
 from worker.tools.registry import ToolRegistry
 
 
@@ -68,12 +68,6 @@ class Placement:
     @property
     def on_agents_pool(self) -> bool:
         return self.conversation is ConversationSite.AGENTS_POOL
-
-    @property
-    def local_pools(self) -> tuple[str, ...]:
-        """The pools a local stack for this placement starts: with the agents queue when the
-        conversations run on the agents pool."""
-        return (*POOLS, AGENTS_QUEUE) if self.on_agents_pool else POOLS
 
     @property
     def starts_agents_worker(self) -> bool:

@@ -21,7 +21,7 @@ from api.conversation.placement import (
 from api.settings import OrchestratorSettings
 from tests.conftest import tool_spec
 from worker.contract.settings import WorkerSettings
-from worker.contract.wire import AGENTS_QUEUE, POOLS, Served, ToolContextSnapshot, WorkerInfo
+from worker.contract.wire import Served, ToolContextSnapshot, WorkerInfo
 from worker.tools.registry import ToolRegistry
 
 NO_BROKER = OrchestratorSettings(broker_url=None)
@@ -48,7 +48,6 @@ def test_with_no_broker_the_tools_run_on_a_local_stack_of_the_tool_pools() -> No
     placement = place(NO_BROKER)
 
     assert placement == Placement(ConversationSite.HERE, ToolSite.LOCAL_STACK)
-    assert placement.local_pools == POOLS
     assert not placement.starts_agents_worker
 
 
@@ -88,7 +87,6 @@ def test_required_with_no_broker_the_local_stack_has_an_agents_worker() -> None:
     placement = place(NO_BROKER, agents_pool=AgentsPool.REQUIRED)
 
     assert placement == Placement(ConversationSite.AGENTS_POOL, ToolSite.LOCAL_STACK)
-    assert placement.local_pools == (*POOLS, AGENTS_QUEUE)
     assert placement.starts_agents_worker
 
 
