@@ -106,13 +106,9 @@ class RetryPolicy:
         """``llm_max_retries`` counts retries, so one more attempt than that."""
         return cls(attempts=settings.llm_max_retries + 1)
 
-    @property
-    def backoff(self) -> Backoff:
-        return Backoff(self.base_delay, self.max_delay, self.jitter)
-
     def delay(self, failures: int) -> float:
         """Seconds to wait after the ``failures``-th broken answer of a turn."""
-        return self.backoff.delay(failures)
+        return Backoff(self.base_delay, self.max_delay, self.jitter).delay(failures)
 
 
 #: Idle connections are dropped before common servers drop them (uvicorn, and so vLLM and

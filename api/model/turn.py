@@ -13,7 +13,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from openai.types import CompletionUsage
 from openai.types.chat import ChatCompletionChunk
 from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCall
 
@@ -32,12 +31,6 @@ class Usage:
             self.completion_tokens + other.completion_tokens,
             self.total_tokens + other.total_tokens,
         )
-
-    @classmethod
-    def from_openai(cls, usage: CompletionUsage | None) -> Usage:
-        if usage is None:
-            return cls()
-        return cls(usage.prompt_tokens, usage.completion_tokens, usage.total_tokens)
 
 
 @dataclass(frozen=True)
@@ -164,8 +157,8 @@ class StreamAssembler:
             raise UnusableAnswer(f"a stream chunk is not well formed ({exc})") from exc
 
     def _add(self, chunk: ChatCompletionChunk) -> str:
-        if chunk.usage is not None:
-            self._usage = Usage.from_openai(chunk.usage)
+        if (usage := chunk.usage) is not None:
+            self._usage = Usage(usage.prompt_tokens, usage.completion_tokens, usage.total_tokens)
         text = ""
         for choice in chunk.choices:
             delta = choice.delta
