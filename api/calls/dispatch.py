@@ -67,14 +67,10 @@ class Dispatcher:
     """Sends ``ToolCallRequest``s as Celery tasks and resolves their results."""
 
     def __init__(
-        self,
-        settings: FleetSettings,
-        *,
-        celery_app: Celery | None = None,
-        redis_connections: int = REDIS_CONNECTIONS,
+        self, settings: FleetSettings, *, redis_connections: int = REDIS_CONNECTIONS
     ) -> None:
         self._settings = settings
-        self._app = celery_app or _fail_fast(producer_app(settings))
+        self._app = _fail_fast(producer_app(settings))
         self._redis = result_store_client(settings.redis_url, redis_connections)
         self.id = uuid.uuid4().hex
         self.reply_key = keys.reply(self.id)

@@ -72,26 +72,19 @@ def load_fleet(redis_url: str) -> Fleet:
 
 
 class CachedFleet:
-    """The fleet as ``load`` reads it, read again once older than ``ttl_s``: for a process that
-    starts many conversations, each of which needs the fleet's tools."""
+    """The fleet as ``load`` reads it, read again once older than ``FLEET_TTL_S``: for a process
+    that starts many conversations, each of which needs the fleet's tools."""
 
-    def __init__(
-        self,
-        redis_url: str,
-        *,
-        load: Callable[[str], Fleet] = load_fleet,
-        ttl_s: float = FLEET_TTL_S,
-    ) -> None:
+    def __init__(self, redis_url: str, *, load: Callable[[str], Fleet] = load_fleet) -> None:
         self._redis_url = redis_url
         self._load = load
-        self._ttl_s = ttl_s
         self._fleet: Fleet | None = None
         self._loaded_at = 0.0
         self._lock = asyncio.Lock()
 
     async def get(self) -> Fleet:
         async with self._lock:
-            if self._fleet is None or time.monotonic() - self._loaded_at > self._ttl_s:
+            if self._fleet is None or time.monotonic() - self._loaded_at > FLEET_TTL_S:
                 self._fleet = await asyncio.to_thread(self._load, self._redis_url)
                 self._loaded_at = time.monotonic()
             return self._fleet
