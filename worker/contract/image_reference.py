@@ -71,10 +71,9 @@ class ImageReference:
         """The reference in skopeo's words; with ``digest``, a registry image pinned to it, so
         that what is pulled is what was resolved."""
         if self.transport == "docker":
-            if digest is not None:
-                return f"docker://{self.location}@{digest}"
-            if self.digest is not None:
-                return f"docker://{self.location}@{self.digest}"
+            pinned = digest if digest is not None else self.digest
+            if pinned is not None:
+                return f"docker://{self.location}@{pinned}"
             return f"docker://{self.location}:{self.tag or 'latest'}"
         suffix = f":{self.tag}" if self.tag else ""
         return f"{self.transport}:{self.location}{suffix}"
