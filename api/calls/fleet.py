@@ -60,15 +60,12 @@ class Fleet:
 
 
 def load_fleet(redis_url: str) -> Fleet:
-    client = redis.Redis.from_url(redis_url)
-    try:
+    with redis.Redis.from_url(redis_url) as client:
         return Fleet(
             tools=read_manifest(client),
             workers={pool: live_workers(client, pool) for pool in POOLS},
             agents=live_workers(client, AGENTS_QUEUE),
         )
-    finally:
-        client.close()
 
 
 class CachedFleet:
@@ -110,13 +107,10 @@ def queue_depths(settings: FleetSettings, queues: Iterable[str] = POOLS) -> dict
     broker = settings.effective_broker_url
     if broker.startswith(("redis", "rediss")):
         # Kombu keeps a Redis queue as a list named after it (plus one list per priority step).
-        client = redis.Redis.from_url(broker)
-        try:
+        with redis.Redis.from_url(broker) as client:
             return {
                 pool: sum(int(client.llen(name)) for name in queue_lists(pool)) for pool in queues
             }
-        finally:
-            client.close()
     depths: dict[str, int] = {}
     with producer_app(settings).connection_for_write() as conn:
         for pool in queues:
@@ -155,11 +149,8 @@ def calls_in_flight(settings: FleetSettings) -> int:
     """Calls taken by a worker and not yet acknowledged."""
     broker = settings.effective_broker_url
     if broker.startswith(("redis", "rediss")):
-        client = redis.Redis.from_url(broker)
-        try:
+        with redis.Redis.from_url(broker) as client:
             return int(client.hlen(UNACKED_HASH))
-        finally:
-            client.close()
     active = producer_app(settings).control.inspect(timeout=1.0).active() or {}
     # Agents workers answer too: their conversations are no tool calls.
     return sum(1 for tasks in active.values() for task in tasks if task.get("name") == TASK_NAME)
