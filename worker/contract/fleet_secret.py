@@ -128,10 +128,8 @@ def write_once(path: Path, content: bytes) -> None:
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     draft = path.parent / f".{path.name}.{secrets.token_hex(8)}"
     fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        os.write(fd, content)
-    finally:
-        os.close(fd)
+    with os.fdopen(fd, "wb") as draft_file:
+        draft_file.write(content)
     try:
         with contextlib.suppress(FileExistsError):
             os.link(draft, path)
