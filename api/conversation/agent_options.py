@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from pydantic import ConfigDict, Field
@@ -77,19 +77,10 @@ class ToolCallRecord:
     truncated: bool = False
 
     def finished_event(self) -> ToolCallFinished:
-        """The event that tells this call's end to whoever watches the conversation."""
-        return ToolCallFinished(
-            self.id,
-            self.name,
-            self.output,
-            self.is_error,
-            self.error_kind,
-            self.duration_ms,
-            self.worker,
-            self.pool,
-            self.usage,
-            self.truncated,
-        )
+        """The event that tells this call's end to whoever watches the conversation: each field
+        of the event is the record's own, by name."""
+        names = [field.name for field in fields(ToolCallFinished) if field.name != "type"]
+        return ToolCallFinished(**{name: getattr(self, name) for name in names})
 
 
 def stopped_call(call: ModelToolCall, turn: int) -> ToolCallRecord:
