@@ -6,7 +6,7 @@ the run ends. Used by batch tasks, ``toolq run --image``, the Agent, Inspect and
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass, field, fields
 from typing import Any
 
 from pydantic import ValidationError
@@ -133,16 +133,10 @@ class RunEnvironment:
         # A start goes to any sandbox worker; the one that answers holds the container.
         self.dispatcher.pins.unpin(self.run_id)
         answer = await self._call(START_ENVIRONMENT, request, spec.pool)
+        # The image as the run names it; all else as the worker answered, field by field.
+        answered = [each.name for each in fields(StartedEnvironment) if each.name != "image"]
         started = StartedEnvironment(
-            image=self.image,
-            digest=answer.digest,
-            worker=answer.worker,
-            queue=answer.queue,
-            environment=answer.environment,
-            runtime=answer.runtime,
-            workdir=answer.workdir,
-            start_ms=answer.start_ms,
-            pulled=answer.pulled,
+            image=self.image, **{name: getattr(answer, name) for name in answered}
         )
         self.started = started
         self.dispatcher.pins.pin(self._pin(started))
