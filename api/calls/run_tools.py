@@ -39,7 +39,6 @@ class RunTools:
         self.run_id = run_id
         #: The run's tools: the fleet's proxies, beside whatever ``registry`` held already.
         self.registry = registry if registry is not None else ToolRegistry()
-        self._fleet = fleet
         # Calls of two attempts at one run must not share task ids, or a rerun would be answered
         # with the first attempt's stored results.
         self._attempt = uuid.uuid4().hex[:8]
@@ -53,13 +52,9 @@ class RunTools:
             if not spec.enabled_by_default:
                 self.registry.disable(spec.name)
         for name in enable:
-            self.enable(name)
+            enable_tool(self.registry, fleet, name)
         for name in disable:
             self.registry.disable(name)
-
-    def enable(self, name: str) -> None:
-        """Switch a tool on; ``ValueError`` when no worker, or no live worker, serves it."""
-        enable_tool(self.registry, self._fleet, name)
 
     def next_task_id(self) -> str:
         """The next call's id on the wire (its Celery task id), distinct per attempt."""
