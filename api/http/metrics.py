@@ -13,7 +13,6 @@ and a batch) never share or double-register series.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from functools import lru_cache
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -210,10 +209,6 @@ class RunObserver:
         self._metrics = metrics
         self._open = 0
 
-    @property
-    def calls_open(self) -> int:
-        return self._open
-
     def __call__(self, event: AgentEvent) -> None:
         if isinstance(event, ToolCallStarted):
             self._open += 1
@@ -225,14 +220,3 @@ class RunObserver:
         if self._open > 0:
             self._metrics.tool_calls_in_flight.dec(self._open)
         self._open = 0
-
-
-@lru_cache(maxsize=1)
-def default_metrics() -> ApiMetrics:
-    """The metrics of a process that is not an API server, such as ``toolq batch``."""
-    return ApiMetrics()
-
-
-def record_event(event: AgentEvent, metrics: ApiMetrics | None = None) -> None:
-    """Count one agent event into ``metrics`` (default: this process's ``default_metrics()``)."""
-    (metrics or default_metrics()).record_event(event)

@@ -11,13 +11,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api.conversation.events import (
     AgentEvent,
-    FinalAnswer,
     TextDelta,
     ToolCallFinished,
     ToolCallStarted,
 )
 from api.http.app import create_app
-from api.http.metrics import ApiMetrics, default_metrics, record_event
+from api.http.metrics import ApiMetrics
 from api.settings import OrchestratorSettings
 from tests.api.http.conftest import AUTH, StubExecutor, api_settings
 
@@ -196,16 +195,6 @@ def test_queue_depths_show_the_last_reading_and_nothing_stale() -> None:
     assert sample(text, "toolq_queue_depth", pool="sandbox") == 0
     metrics.set_queue_depths(None)
     assert sample(scrape(metrics), "toolq_queue_depth", pool="tools") is None
-
-
-def test_record_event_without_an_app_counts_into_the_process_default() -> None:
-    default_metrics().know_tools(["t1"])
-    before = sample(scrape(default_metrics()), "toolq_tool_calls_total", tool="t1", outcome="ok")
-    record_event(started("a", "t1"))
-    record_event(finished("a", "t1"))
-    record_event(FinalAnswer("done", "answered"))
-    after = sample(scrape(default_metrics()), "toolq_tool_calls_total", tool="t1", outcome="ok")
-    assert after == (before or 0) + 1
 
 
 async def scrape_app(queue_depths: object) -> httpx.Response:
