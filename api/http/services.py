@@ -1,10 +1,11 @@
-"""What every route is given: its app's services, and the fleet checks runs and batches share."""
+"""What every route is given: its app's services, and the fleet checks runs and batches share:
+the tools they ask for, and their ``network`` against what the operator lets runs ask for."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -20,6 +21,7 @@ from api.http.tenants import Tenants
 from api.settings import OrchestratorSettings
 from api.state.store import ApiStore
 from api.state.tenant_caps import Cap, CapReached, Holding, TenantCaps
+from worker.contract.network import NetworkChoice
 
 log = logging.getLogger(__name__)
 
@@ -117,4 +119,23 @@ def tool_errors(
     for index, name in enumerate(disable):
         if name not in fleet.model_tools and (reason := fleet.unserved(name)):
             refuse("disable", index, reason)
+    return errors
+
+
+def network_errors(
+    networks: Iterable[tuple[tuple[str | int, ...], NetworkChoice]],
+    settings: OrchestratorSettings,
+    tenant: str | None,
+    *,
+    fleet: bool = True,
+) -> list[dict[str, Any]]:
+    """Validation errors (422, so nothing of a run asking for more is started) for each network
+    asking for more than the fleet (``TOOLQ_NETWORK_ALLOWED``), or ``tenant`` (None: no tenants;
+    ``TOOLQ_TENANT_NETWORK_ALLOWED``), allows; ``fleet=False``: the tenant's narrowing alone
+    (where the fleet's was checked already)."""
+    errors = []
+    for where, network in networks:
+        refused = settings.network_refusal(network, tenant, fleet=fleet)
+        if refused is not None:
+            errors.append({"loc": where, "msg": refused, "type": "value_error"})
     return errors

@@ -23,10 +23,16 @@ from api.http.bodies import (
     Problem,
     refusal,
 )
-from api.http.network_checks import network_errors
 from api.http.routes.paging import ListParams
 from api.http.runner import BatchSubmission
-from api.http.services import Svc, require_model, take_places, tool_errors, working_fleet
+from api.http.services import (
+    Svc,
+    network_errors,
+    require_model,
+    take_places,
+    tool_errors,
+    working_fleet,
+)
 from api.images.sources import tenant_image_errors
 from api.state.batches import BatchState, BatchStatus, BatchSummary
 from api.state.tenant_caps import RUNS
@@ -64,16 +70,16 @@ async def _create_batch(
         for index, item in enumerate(body.items)
         for name, problem in limits.problems(item)
     ]
-    if services.tenants.scoped:  # a token's runs: images only from where tenants may take them
+    if services.tenants.scoped:
+        # A token's runs: images only from where tenants may take them; the tenant's own network
+        # and limits (the fleet's TOOLQ_NETWORK_ALLOWED and maximums are among the limits above).
+        settings = services.settings
         images = [(("body", "items", i, "image"), item.image) for i, item in enumerate(body.items)]
-        errors += await tenant_image_errors(images, services.settings)
-    if services.tenants.scoped:  # the fleet's TOOLQ_NETWORK_ALLOWED is among the limits above
+        errors += await tenant_image_errors(images, settings)
         networks = [
             (("body", "items", i, "network"), it.network) for i, it in enumerate(body.items)
         ]
-        errors += network_errors(networks, services.settings, tenant, fleet=False)
-    if services.tenants.scoped:  # the fleet's maximums are among the limits above
-        settings = services.settings
+        errors += network_errors(networks, settings, tenant, fleet=False)
         errors += [
             {"loc": ("body", "items", index, "limits"), "msg": over, "type": "value_error"}
             for index, item in enumerate(body.items)

@@ -22,9 +22,15 @@ from api.http.bodies import (
     RunList,
     RunRequest,
 )
-from api.http.network_checks import network_errors
 from api.http.routes.paging import ListParams
-from api.http.services import Svc, require_model, take_places, tool_errors, working_fleet
+from api.http.services import (
+    Svc,
+    network_errors,
+    require_model,
+    take_places,
+    tool_errors,
+    working_fleet,
+)
 from api.http.sse import event_stream_response
 from api.images.sources import tenant_image_errors
 from api.state.runs import RunState, RunStatus
