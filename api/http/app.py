@@ -45,8 +45,7 @@ from api.http.viewer.viewer import Viewer
 from api.model.client import ChatModel
 from api.settings import OrchestratorSettings, get_settings
 from api.state.redis_clients import own_connection, store_client
-from api.state.replicas import ReplicaLease
-from api.state.store import ApiStore
+from api.state.store import ApiStore, ReplicaLease
 from api.state.tenant_caps import TenantCaps
 from worker.contract.keys import DEFAULT_TENANT
 from worker.contract.wire import AGENTS_QUEUE, POOLS

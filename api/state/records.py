@@ -136,9 +136,6 @@ class RecordStore:
         raw = await self.redis.hgetall(key)
         return {text(name): text(value) for name, value in raw.items()}
 
-    async def _members(self, key: str) -> list[str]:
-        return [text(member) for member in await self.redis.smembers(key)]
-
     async def _lease_expired(self, replica: str) -> bool:
         return not await self.redis.exists(replica_lease_key(replica))
 

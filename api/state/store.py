@@ -1,14 +1,21 @@
 """The API's state store, shared by every replica: runs, batches, and replicas' leases.
 
-Each replica holds a lease (``toolq:api:replica:<id>``); the runs and batches of a replica whose
-lease expired are marked failed, by whichever replica notices first.
+Each replica holds a lease (``toolq:api:replica:<id>``), kept alive in the background; the runs
+and batches of a replica whose lease expired are marked failed, by whichever replica notices
+first.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 
+from redis.exceptions import RedisError
+
 from api.state.batches import BatchStore
+from api.state.periodic import Periodic
+from api.state.records import text
 from api.state.runs import RunStore
 from api.state.statuses import ACTIVE
 from worker.contract.keys import (
@@ -19,6 +26,8 @@ from worker.contract.keys import (
     run_state_key,
 )
 
+log = logging.getLogger(__name__)
+
 
 class ApiStore(RunStore, BatchStore):
     """Reads and writes runs, their events, batches and replica leases."""
@@ -28,9 +37,6 @@ class ApiStore(RunStore, BatchStore):
             replica_lease_key(replica), repr(time.time()), px=int(self.lease_ttl_s * 1000)
         )
 
-    async def drop_lease(self, replica: str) -> None:
-        await self.redis.delete(replica_lease_key(replica))
-
     async def reap_orphans(self) -> int:
         """Fail the runs and batches of replicas whose lease expired; returns how many."""
         reaped = 0
@@ -39,10 +45,36 @@ class ApiStore(RunStore, BatchStore):
             (ACTIVE_BATCHES, batch_state_key, self._reap_batch),
         )
         for active_set, state_key, reap in kinds:
-            for record_id in await self._members(active_set):
+            for record_id in map(text, await self.redis.smembers(active_set)):
                 fields = await self._hash(state_key(record_id))
                 if not fields:
                     await self.redis.srem(active_set, record_id)  # expired or deleted by hand
                 elif fields["status"] in ACTIVE:
                     reaped += await reap(record_id, fields["replica"])
         return reaped
+
+
+class ReplicaLease:
+    """Keeps this replica's lease alive, and fails the work of replicas whose lease expired."""
+
+    def __init__(self, store: ApiStore, replica: str) -> None:
+        self._store = store
+        self.replica = replica
+        self._keeper = Periodic(
+            self._renew, store.lease_ttl_s / 3, name="toolq-lease", failing="replica lease"
+        )
+
+    async def start(self) -> None:
+        await self._store.renew_lease(self.replica)
+        self._keeper.start()
+
+    async def stop(self) -> None:
+        await self._keeper.stop()
+        with contextlib.suppress(RedisError, OSError):  # it expires by itself
+            await self._store.redis.delete(replica_lease_key(self.replica))
+
+    async def _renew(self) -> None:
+        await self._store.renew_lease(self.replica)
+        reaped = await self._store.reap_orphans()
+        if reaped:
+            log.warning("marked %d runs or batches of stopped replicas as failed", reaped)
