@@ -116,9 +116,9 @@ class BodySizeLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = _content_length(scope)
-        if declared is not None and declared > self.limit:
-            await _send_413(send, self.limit)
+        declared = Headers(scope=scope).get("content-length", "")
+        if declared.isdecimal() and int(declared) > self.limit:
+            await _refuse(scope, receive, send, self.limit)
             return
         received = 0
 
@@ -143,31 +143,10 @@ class BodySizeLimit:
         except BodyTooLarge:
             if started:
                 raise
-            await _send_413(send, self.limit)
+            await _refuse(scope, receive, send, self.limit)
 
 
-def _content_length(scope: Scope) -> int | None:
-    for name, value in scope.get("headers", []):
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
-
-
-async def _send_413(send: Send, limit: int) -> None:
-    body = BodyTooLarge(limit).detail.encode()
-    payload = b'{"detail":"' + body + b'"}'
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 413,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(payload)).encode()),
-                (b"connection", b"close"),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": payload})
+async def _refuse(scope: Scope, receive: Receive, send: Send, limit: int) -> None:
+    detail = BodyTooLarge(limit).detail
+    response = JSONResponse({"detail": detail}, 413, headers={"Connection": "close"})
+    await response(scope, receive, send)
