@@ -151,17 +151,9 @@ class RunStore(RecordStore):
 
     async def finish_run(self, run_id: str, ending: RunEnd) -> bool:
         """End an active run and append its ``done`` event; False if it had already ended."""
-        fields: dict[str, str] = {"status": ending.status}
-        if ending.orchestrator is not None:
-            fields["orchestrator"] = ending.orchestrator
-        if ending.attempts is not None:
-            fields["attempts"] = str(ending.attempts)
-        if ending.error is not None:
-            fields["error"] = ending.error
-        if ending.answer is not None:
-            fields["answer"] = ending.answer
-        if ending.stop_reason is not None:
-            fields["stop_reason"] = ending.stop_reason
+        kept = {"status", "orchestrator", "attempts", "error", "answer", "stop_reason"}
+        given = ending.model_dump(include=kept, exclude_none=True)
+        fields = {name: str(value) for name, value in given.items()}
         if ending.transcript is not None:
             fields["transcript"] = json.dumps(ending.transcript)
         done = {
