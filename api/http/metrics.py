@@ -12,6 +12,7 @@ and a batch) never share or double-register series.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -61,33 +62,27 @@ class ApiMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
-        self.command_cpu_seconds = Histogram(
+        # What one command used, by pool (the orchestrator's own calls under "orchestrator").
+        by_pool = functools.partial(Histogram, labelnames=["pool"], registry=self.registry)
+        self.command_cpu_seconds = by_pool(
             "toolq_command_cpu_seconds",
             "CPU time (user and system) of a command and every process it started.",
-            ["pool"],
             buckets=CPU_BUCKETS,
-            registry=self.registry,
         )
-        self.command_memory_peak_bytes = Histogram(
+        self.command_memory_peak_bytes = by_pool(
             "toolq_command_memory_peak_bytes",
             "The most memory a command's processes held at once.",
-            ["pool"],
             buckets=MEMORY_BUCKETS,
-            registry=self.registry,
         )
-        self.command_processes_peak = Histogram(
+        self.command_processes_peak = by_pool(
             "toolq_command_processes_peak",
             "The most processes a command had at once.",
-            ["pool"],
             buckets=PROCESS_BUCKETS,
-            registry=self.registry,
         )
-        self.command_killed_processes = Histogram(
+        self.command_killed_processes = by_pool(
             "toolq_command_killed_processes",
             "Processes a command left running (or had at its timeout), killed by the sandbox.",
-            ["pool"],
             buckets=PROCESS_BUCKETS,
-            registry=self.registry,
         )
         self.command_oom_kills = Counter(
             "toolq_command_oom_kills",
