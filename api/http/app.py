@@ -9,6 +9,7 @@ restart. The routes are in ``api.http.routes``, a router per resource; the web v
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -35,7 +36,7 @@ from api.http.bodies import UNAUTHORIZED, FieldProblem, refusal
 from api.http.event_hub import EventHub
 from api.http.metrics import ApiMetrics
 from api.http.routes import batches, runs, service
-from api.http.runner import AgentExecutor, RunExecutor, RunExecutorFactory
+from api.http.runner import AgentExecutor, RunExecutorFactory
 from api.http.services import Services
 from api.http.tenants import Tenants
 from api.http.viewer.routes import mount_viewer
@@ -90,14 +91,19 @@ def create_app(
                 "then start toolq serve again"
             )
             log.warning("%s (/mcp, the viewer and the fleet pages work)", model_problem)
-    make_executor = executor or _agent_executor(settings, model)
+    run_executor = (
+        executor(store, metrics, replica)
+        if executor is not None
+        else AgentExecutor(settings, store, metrics, model, replica=replica)
+    )
     services = Services(
         settings,
         store,
-        make_executor(store, metrics, replica),
+        run_executor,
         metrics,
         replica,
-        queue_depths or _every_queue_depth,
+        # The tool pools' queues and the agents queue.
+        queue_depths or functools.partial(fleet_module.queue_depths, queues=(*POOLS, AGENTS_QUEUE)),
         tenants,
         EventHub(client),
         own_connection(client),
@@ -180,18 +186,6 @@ async def _no_mcp(scope: Scope, receive: Receive, send: Send) -> None:
         {"detail": "this server has no MCP endpoint: install toolq[mcp] where it runs"}, 501
     )
     await response(scope, receive, send)
-
-
-def _every_queue_depth(settings: OrchestratorSettings) -> Mapping[str, int]:
-    """The tool pools' queues and the agents queue."""
-    return fleet_module.queue_depths(settings, (*POOLS, AGENTS_QUEUE))
-
-
-def _agent_executor(settings: OrchestratorSettings, model: ChatModel | None) -> RunExecutorFactory:
-    def make(store: ApiStore, metrics: ApiMetrics, replica: str) -> RunExecutor:
-        return AgentExecutor(settings, store, metrics, model, replica=replica)
-
-    return make
 
 
 async def _invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
