@@ -86,15 +86,18 @@ def record_tags(fields: dict[str, str]) -> list[str]:
     return [str(tag) for tag in tags] if isinstance(tags, list) else []
 
 
-async def list_records(
+async def list_current(
     redis: aioredis.Redis,
     index: str,
     state_key: Callable[[str], str],
     query: ListQuery,
     tenant: str,
+    current: Callable[[str], Awaitable[dict[str, str] | None]],
 ) -> Listed[dict[str, str]]:
     """The page of ``index``'s records (their fields) that ``query`` asks for, newest first;
-    records that expired leave the index."""
+    records that expired leave the index. Each record still going is read again by ``current``
+    (given its id), which may find its replica gone; one that expired meanwhile (None) is left
+    out."""
     lowest = "-inf" if query.created_after is None else repr(query.created_after)
     highest = "+inf" if query.created_before is None else f"({query.created_before!r}"
     indexed = cast(
@@ -120,30 +123,14 @@ async def list_records(
     matching.sort(reverse=True)
     start = _start(matching, query.cursor)
     page = matching[start : start + query.limit]
-    rows = await _whole(redis, state_key, [record_id for _, record_id in page])
-    more = start + query.limit < len(matching)
-    next_cursor = encode_cursor(*page[-1]) if page and more else None
-    return Listed(rows, len(matching), start, next_cursor)
-
-
-async def list_current(
-    redis: aioredis.Redis,
-    index: str,
-    state_key: Callable[[str], str],
-    query: ListQuery,
-    tenant: str,
-    current: Callable[[str], Awaitable[dict[str, str] | None]],
-) -> Listed[dict[str, str]]:
-    """As ``list_records``, each record still going read again by ``current`` (given its id),
-    which may find its replica gone; one that expired meanwhile (None) is left out."""
-    listed = await list_records(redis, index, state_key, query, tenant)
     rows = [
         # Only a record still going may need its replica's lease looked at.
         await current(fields["id"]) if fields["status"] in ACTIVE else fields
-        for fields in listed.rows
+        for fields in await _whole(redis, state_key, [record_id for _, record_id in page])
     ]
-    kept = [fields for fields in rows if fields is not None]
-    return Listed(kept, listed.total, listed.start, listed.next_cursor)
+    more = start + query.limit < len(matching)
+    next_cursor = encode_cursor(*page[-1]) if page and more else None
+    return Listed([row for row in rows if row is not None], len(matching), start, next_cursor)
 
 
 def _matches(fields: dict[str, str], query: ListQuery, tenant: str) -> bool:
