@@ -32,16 +32,10 @@ STORED_READ_COUNT = 500
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def event_stream_response(
-    store: RunStore, hub: EventHub, run_id: str, after: str, *, ended: bool
-) -> StreamingResponse:
-    """The events of ``run_id`` after the stream id ``after`` ("0" for all); ``ended`` says the
-    run had ended before the stream began."""
-    return StreamingResponse(
-        run_event_stream(store, hub, run_id, after, ended=ended),
-        media_type="text/event-stream",
-        headers=STREAM_HEADERS,
-    )
+def sse_response(frames: AsyncIterator[bytes]) -> StreamingResponse:
+    """A stream of server-sent events (the API's and the viewer's), which proxies pass on as
+    it comes."""
+    return StreamingResponse(frames, media_type="text/event-stream", headers=STREAM_HEADERS)
 
 
 async def run_event_stream(

@@ -31,7 +31,7 @@ from api.http.services import (
     tool_errors,
     working_fleet,
 )
-from api.http.sse import event_stream_response
+from api.http.sse import run_event_stream, sse_response
 from api.images.sources import tenant_image_errors
 from api.state.runs import RunState, RunStatus
 from api.state.statuses import ACTIVE
@@ -164,9 +164,9 @@ async def _run_events(
     state = await services.store.get_run(run_id, tenant=tenant)
     if state is None:
         raise HTTPException(404, f"no run {run_id!r}")
-    ended = state.status not in ACTIVE
-    return event_stream_response(
-        services.store, services.event_hub, run_id, last_event_id or "0", ended=ended
+    after, ended = last_event_id or "0", state.status not in ACTIVE
+    return sse_response(
+        run_event_stream(services.store, services.event_hub, run_id, after, ended=ended)
     )
 
 

@@ -21,7 +21,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from starlette.responses import Response
 
-from api.http.sse import STREAM_HEADERS
+from api.http.sse import KEEP_ALIVE, sse_response
 from api.http.viewer import pages
 from api.http.viewer.viewer import STATIC_DIR, Page, Viewer, render, templates
 from api.state.statuses import ACTIVE
@@ -138,8 +138,7 @@ async def _run_stream(
     if viewer.runs is None or run is None:
         raise HTTPException(404, f"no run {run_id!r}")
     ended = run.status not in ACTIVE
-    stream = viewer.runs.stream(run_id, last_event_id or after, ended=ended)
-    return StreamingResponse(stream, media_type="text/event-stream", headers=STREAM_HEADERS)
+    return sse_response(viewer.runs.stream(run_id, last_event_id or after, ended=ended))
 
 
 async def _batch_stream(
@@ -150,9 +149,7 @@ async def _batch_stream(
     viewer = _check_ticket(request, ticket)
     if await viewer.batches.batch(batch_id) is None:
         raise HTTPException(404, f"no batch {batch_id!r}")
-    return StreamingResponse(
-        _batch_events(viewer, batch_id), media_type="text/event-stream", headers=STREAM_HEADERS
-    )
+    return sse_response(_batch_events(viewer, batch_id))
 
 
 async def _batch_events(viewer: Viewer, batch_id: str) -> AsyncIterator[bytes]:
@@ -170,7 +167,7 @@ async def _batch_events(viewer: Viewer, batch_id: str) -> AsyncIterator[bytes]:
             yield _frame("progress", {"status": batch.status, "done": batch.done})
         elif quiet >= KEEP_ALIVE_S:
             quiet = 0.0
-            yield b": keep-alive\n\n"
+            yield KEEP_ALIVE
         await asyncio.sleep(BATCH_POLL_S)
         quiet += BATCH_POLL_S
 
