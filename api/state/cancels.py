@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Collection
 
@@ -31,21 +32,19 @@ async def watch_cancels(
         try:
             async with store.redis.pubsub() as pubsub:
                 await pubsub.subscribe(CANCEL_CHANNEL)
-                for run_id in await store.cancels_requested(list(running())):
-                    cancel(run_id)
-                checked = time.monotonic()
+                checked = -math.inf  # the flags are looked at once subscribed, then every poll_s
                 delay = 0.1
                 while not closing():
+                    if time.monotonic() - checked >= poll_s:
+                        for run_id in await store.cancels_requested(list(running())):
+                            cancel(run_id)
+                        checked = time.monotonic()
                     message = await pubsub.get_message(
                         ignore_subscribe_messages=True, timeout=poll_s
                     )
                     if message is not None:
                         data = message["data"]
                         cancel(data.decode() if isinstance(data, bytes) else data)
-                    if time.monotonic() - checked >= poll_s:
-                        for run_id in await store.cancels_requested(list(running())):
-                            cancel(run_id)
-                        checked = time.monotonic()
         except (RedisError, OSError) as exc:
             log.warning("cancel watcher: %s; retrying in %.1fs", exc, delay)
             await asyncio.sleep(delay)
