@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -87,16 +88,18 @@ def templates() -> Jinja2Templates:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(
-        segment=lambda value: quote(str(value), safe=""),
-        num=lambda value: "—" if value is None else f"{value:,}",
-        seconds=_seconds,
-        ms=lambda value: "—" if value is None else f"{value:,.1f} ms",
-        bytes=_bytes,
-        when=_when,
-        ago=_ago,
-        percent=lambda value: "—" if value is None else f"{value:.0%}",
-    )
+    shown: dict[str, Callable[[Any], str]] = {
+        "num": lambda value: f"{value:,}",
+        "seconds": _seconds,
+        "ms": lambda value: f"{value:,.1f} ms",
+        "bytes": _bytes,
+        "when": lambda value: datetime.fromtimestamp(value, UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "ago": _ago,
+        "percent": lambda value: f"{value:.0%}",
+    }
+    # A value that is not there shows as a dash, whatever the filter.
+    env.filters.update({name: _or_dash(show) for name, show in shown.items()})
+    env.filters["segment"] = lambda value: quote(str(value), safe="")
     return Jinja2Templates(env=env)
 
 
@@ -114,17 +117,17 @@ def render(
     )
 
 
-def _seconds(value: float | None) -> str:
-    if value is None:
-        return "—"
+def _or_dash(show: Callable[[Any], str]) -> Callable[[Any], str]:
+    return lambda value: "—" if value is None else show(value)
+
+
+def _seconds(value: float) -> str:
     if value < 60:
         return f"{value:.2f} s"
     return f"{int(value // 60)} min {value % 60:.0f} s"
 
 
-def _bytes(value: int | None) -> str:
-    if value is None:
-        return "—"
+def _bytes(value: int) -> str:
     if value < 1024:
         return f"{value:,} bytes"
     if value < 1024 * 1024:
@@ -132,15 +135,7 @@ def _bytes(value: int | None) -> str:
     return f"{value / 1024 / 1024:,.1f} MB"
 
 
-def _when(value: float | None) -> str:
-    if value is None:
-        return "—"
-    return datetime.fromtimestamp(value, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def _ago(value: float | None) -> str:
-    if value is None:
-        return "—"
+def _ago(value: float) -> str:
     seconds = max(time.time() - value, 0.0)
     if seconds < 90:
         return f"{seconds:.0f} s ago"
