@@ -21,6 +21,8 @@ TOOL_LISTS = (
     ("AgentOptions", "disable", "known"),
     ("BatchItem", "enable", "served"),
 )
+#: What each kind of list takes, as its description says.
+_TAKES = {"served": "a tool a live worker serves", "known": "a tool some worker has published"}
 
 
 #: (component, property): a run's network, as TOOLQ_NETWORK_ALLOWED permits it.
@@ -75,13 +77,8 @@ def with_fleet_tools(
         else:
             field["maxItems"] = 0  # an empty enum is not valid JSON Schema: no item at all
         field["description"] = (
-            f"{field.get('description', '').rstrip('.')}: "
-            + (
-                "a tool a live worker serves"
-                if which == "served"
-                else "a tool some worker has published"
-            )
-            + " (the names as this server found them when it gave this document)."
+            f"{field.get('description', '').rstrip('.')}: {_TAKES[which]} (the names as this "
+            "server found them when it gave this document)."
         )
     return document
 
