@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -163,7 +162,4 @@ class TenantCaps:
         """Every place this replica holds stays taken for another lease."""
         for key, holders in list(self._held.items()):
             if holders:
-                await self._renew(key, sorted(holders))
-
-    async def _renew(self, key: str, holders: Sequence[str]) -> None:
-        await self._redis.eval(_RENEW, 1, key, self._lease_ms, *holders)
+                await self._redis.eval(_RENEW, 1, key, self._lease_ms, *sorted(holders))
