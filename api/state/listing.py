@@ -67,18 +67,6 @@ def is_cursor(value: str) -> bool:
     return _CURSOR.match(value) is not None
 
 
-def encode_cursor(created_at: float, record_id: str) -> str:
-    return f"{created_at!r}~{record_id}"
-
-
-def decode_cursor(cursor: str) -> tuple[float, str]:
-    """The (creation time, id) of a cursor; ``ValueError`` for what is not one."""
-    if not is_cursor(cursor):
-        raise ValueError(f"{cursor!r} is not a cursor of this list (a next_cursor it gave)")
-    created_at, record_id = cursor.split("~", 1)
-    return float(created_at), record_id
-
-
 def record_tags(fields: dict[str, str]) -> list[str]:
     """A record's tags, from its ``tags`` field (none: records written before tags)."""
     raw = fields.get("tags")
@@ -129,7 +117,7 @@ async def list_current(
         for fields in await _whole(redis, state_key, [record_id for _, record_id in page])
     ]
     more = start + query.limit < len(matching)
-    next_cursor = encode_cursor(*page[-1]) if page and more else None
+    next_cursor = f"{page[-1][0]!r}~{page[-1][1]}" if page and more else None
     return Listed([row for row in rows if row is not None], len(matching), start, next_cursor)
 
 
@@ -142,10 +130,14 @@ def _matches(fields: dict[str, str], query: ListQuery, tenant: str) -> bool:
 
 
 def _start(matching: Sequence[tuple[float, str]], cursor: str | None) -> int:
-    """How many records come before the first one after ``cursor``."""
+    """How many records come before the first one after ``cursor``; ``ValueError`` for what
+    is not a cursor."""
     if cursor is None:
         return 0
-    after = decode_cursor(cursor)
+    if not is_cursor(cursor):
+        raise ValueError(f"{cursor!r} is not a cursor of this list (a next_cursor it gave)")
+    created_at, record_id = cursor.split("~", 1)
+    after = (float(created_at), record_id)
     return next((n for n, place in enumerate(matching) if place < after), len(matching))
 
 
