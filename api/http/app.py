@@ -45,7 +45,7 @@ from api.http.viewer.tickets import StreamTickets
 from api.http.viewer.viewer import Viewer
 from api.model.client import ChatModel
 from api.settings import OrchestratorSettings, get_settings
-from api.state.redis_clients import own_connection, store_client
+from api.state.redis_clients import store_client
 from api.state.store import ApiStore, ReplicaLease
 from api.state.tenant_caps import TenantCaps
 from worker.contract.keys import DEFAULT_TENANT
@@ -106,7 +106,8 @@ def create_app(
         queue_depths or functools.partial(fleet_module.queue_depths, queues=(*POOLS, AGENTS_QUEUE)),
         tenants,
         EventHub(client),
-        own_connection(client),
+        # One connection of the pool kept to itself: the health probe's PING never waits.
+        aioredis.Redis(connection_pool=client.connection_pool, single_connection_client=True),
         TenantCaps(client, settings),
         model_problem,
     )

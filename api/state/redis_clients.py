@@ -1,5 +1,5 @@
-"""The HTTP app's Redis connections: a bounded pool that requests wait their turn for, a
-connection of its own for the health probe, and how long a blocking read may wait on either.
+"""The HTTP app's Redis connections: a bounded pool that requests wait their turn for, and how
+long a blocking read may wait on it.
 """
 
 from __future__ import annotations
@@ -26,12 +26,6 @@ def store_client(
         redis_url, max_connections=connections, timeout=wait_s, health_check_interval=30
     )
     return aioredis.Redis.from_pool(pool)  # closing the client closes its pool
-
-
-def own_connection(client: aioredis.Redis) -> aioredis.Redis:
-    """A client that keeps one connection of ``client``'s pool to itself, so that what it sends
-    never waits behind a busy pool: the health probe's PING."""
-    return aioredis.Redis(connection_pool=client.connection_pool, single_connection_client=True)
 
 
 def bounded_block_ms(client: aioredis.Redis, wanted_ms: int) -> int:
