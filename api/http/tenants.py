@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -38,9 +38,6 @@ DIGEST_CHARS = 16
 #: The settings that give tenants, as messages name them.
 FILE_VARIABLE = "TOOLQ_API_TOKENS_FILE"
 TOKEN_VARIABLE = "TOOLQ_API_TOKEN"  # noqa: S105 - a variable's name, not a secret
-
-#: What the workers call the workspace of a run_id of one tenant.
-WorkspaceNames = Callable[[str], str]
 
 
 def read_tokens_file(path: Path, taken: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -152,10 +149,6 @@ class Tenants:
         digest = hashlib.sha256(run_id.encode()).hexdigest()[:DIGEST_CHARS]
         kept = run_id[: RUN_ID_CHARS - len(tenant) - 2 - DIGEST_CHARS]
         return f"{tenant}.{kept}-{digest}"
-
-    def workspaces(self, tenant: str) -> WorkspaceNames:
-        """``workspace`` for one tenant."""
-        return lambda run_id: self.workspace(tenant, run_id)
 
     @cached_property
     def _digests(self) -> dict[str, bytes]:

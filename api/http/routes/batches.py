@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
 from dataclasses import replace
 from typing import Annotated
@@ -110,7 +111,7 @@ async def _create_batch(
             body.items,
             body.concurrency,
             body.model,
-            workspace_of=services.tenants.workspaces(tenant),
+            workspace_of=functools.partial(services.tenants.workspace, tenant),
             on_end=lambda: services.caps.give_back(holding),
         )
     )
