@@ -106,19 +106,17 @@ class RecordStore:
         fields = dict(fields)
         if now is not None:
             fields[now] = repr(time.time())
-        ending = active is not None
         args: list[str | int] = [
             "," + ",".join(allowed) + ",",
             active[1] if active else "",
-            self.retention_s if ending else 0,
+            self.retention_s if active else 0,
             json.dumps(event) if event is not None else "",
             self.events_maxlen,
         ]
         for name, value in fields.items():
             args += [name, value]
         set_key = active[0] if active else ACTIVE_RUNS
-        applied = await self._transition(keys=[key, companion, set_key, *expiring], args=args)
-        return bool(applied)
+        return bool(await self._transition(keys=[key, companion, set_key, *expiring], args=args))
 
     async def _current(
         self, key: str, reap: Callable[[str], Awaitable[bool]], tenant: str | None = None
