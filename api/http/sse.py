@@ -16,8 +16,8 @@ from fastapi.responses import StreamingResponse
 from redis.exceptions import RedisError
 
 from api.http.event_hub import EventHub
+from api.state.records import ACTIVE, DONE
 from api.state.runs import RunStore
-from api.state.statuses import ACTIVE, DONE
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,7 @@ from pydantic import BaseModel, Field
 
 from api.batch.summary import ItemSummary
 from api.state.listing import Listed, ListQuery, list_current, record_tags
-from api.state.records import HashFields, RecordStore, lost_error, optional_float
-from api.state.statuses import ACTIVE
+from api.state.records import ACTIVE, HashFields, RecordStore, lost_error, optional_float
 from worker.contract.keys import (
     ACTIVE_BATCHES,
     DEFAULT_TENANT,

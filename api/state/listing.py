@@ -18,8 +18,7 @@ from typing import Generic, TypeVar, cast
 
 import redis.asyncio as aioredis
 
-from api.state.records import owned_by, text
-from api.state.statuses import ACTIVE
+from api.state.records import ACTIVE, owned_by, text
 
 #: A cursor: the creation time (epoch seconds) and the id of the last record of a page.
 CURSOR_PATTERN = r"^\d{1,12}(\.\d{1,20})?~[A-Za-z0-9._-]{1,200}$"

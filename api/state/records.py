@@ -17,9 +17,12 @@ import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 from redis.typing import EncodableT, FieldT
 
-from api.state.statuses import ACTIVE
 from worker.contract.keys import ACTIVE_RUNS, DEFAULT_TENANT, replica_lease_key
 
+#: The statuses of work not yet ended, runs and batches alike.
+ACTIVE: tuple[str, ...] = ("queued", "running")
+#: The type of the event that ends a run's stream.
+DONE = "done"
 #: A hash's fields and values, as redis-py writes them.
 HashFields = dict[FieldT, EncodableT]
 

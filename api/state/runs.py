@@ -16,6 +16,8 @@ from pydantic import BaseModel, Field
 
 from api.state.listing import Listed, ListQuery, list_current, record_tags
 from api.state.records import (
+    ACTIVE,
+    DONE,
     HashFields,
     RecordStore,
     lost_error,
@@ -24,7 +26,6 @@ from api.state.records import (
 )
 from api.state.redis_clients import bounded_block_ms
 from api.state.run_end import RunEnd
-from api.state.statuses import ACTIVE, DONE
 from worker.contract.keys import (
     ACTIVE_RUNS,
     CANCEL_CHANNEL,

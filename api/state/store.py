@@ -15,9 +15,8 @@ from redis.exceptions import RedisError
 
 from api.state.batches import BatchStore
 from api.state.periodic import Periodic
-from api.state.records import text
+from api.state.records import ACTIVE, text
 from api.state.runs import RunStore
-from api.state.statuses import ACTIVE
 from worker.contract.keys import (
     ACTIVE_BATCHES,
     ACTIVE_RUNS,

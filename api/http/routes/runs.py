@@ -33,8 +33,8 @@ from api.http.services import (
 )
 from api.http.sse import run_event_stream, sse_response
 from api.images.sources import tenant_image_errors
+from api.state.records import ACTIVE
 from api.state.runs import RunState, RunStatus
-from api.state.statuses import ACTIVE
 from api.state.tenant_caps import RUNS
 
 #: How long ``POST /cancel`` waits for the run to stop before answering 202 "cancelling".

@@ -26,7 +26,7 @@ from api.http.viewer.table import (
 )
 from api.http.viewer.viewer import Page, Viewer, not_found
 from api.state.listing import Listed, ListQuery
-from api.state.statuses import ACTIVE
+from api.state.records import ACTIVE
 
 #: The item fields the item page shows on their own; the rest of a record is in "more fields".
 SHOWN_FIELDS = {

@@ -24,7 +24,7 @@ from starlette.responses import Response
 from api.http.sse import KEEP_ALIVE, sse_response
 from api.http.viewer import pages
 from api.http.viewer.viewer import STATIC_DIR, Page, Viewer, render, templates
-from api.state.statuses import ACTIVE
+from api.state.records import ACTIVE
 
 #: How often a live batch page's stream looks for new results.
 BATCH_POLL_S = 1.0

@@ -16,9 +16,8 @@ from api.http.sse import run_event_stream
 from api.http.viewer.sources import BatchView, FleetView, PoolView, RunEvents, WorkerView
 from api.state.batches import ScoredBatch
 from api.state.listing import Listed, ListQuery
-from api.state.records import EVENTS_MAXLEN
+from api.state.records import ACTIVE, EVENTS_MAXLEN
 from api.state.runs import RunState, RunSummary
-from api.state.statuses import ACTIVE
 from worker.contract.wire import POOLS
 
 #: Batches whose summaries are kept in memory, for filtering and sorting all of their items.
