@@ -134,7 +134,14 @@ class AgentExecutor:
 
     async def start(self) -> None:
         await self._dispatcher.start()
-        self._watcher = asyncio.create_task(self._watch_cancels(), name="toolq-cancels")
+        watching = watch_cancels(
+            self._store,
+            lambda: list(self._runs),
+            self._cancel_here,
+            closing=lambda: self._closing,
+            poll_s=self._cancel_poll_s,
+        )
+        self._watcher = asyncio.create_task(watching, name="toolq-cancels")
 
     async def close(self) -> None:
         """Stop every run and batch of this replica (recorded as failed), then the clients."""
@@ -378,12 +385,3 @@ class AgentExecutor:
         stopper = asyncio.create_task(self._stop(run_id, task), name=f"cancel-{run_id}")
         self._stoppers.add(stopper)
         stopper.add_done_callback(self._stoppers.discard)
-
-    async def _watch_cancels(self) -> None:
-        await watch_cancels(
-            self._store,
-            lambda: list(self._runs),
-            self._cancel_here,
-            closing=lambda: self._closing,
-            poll_s=self._cancel_poll_s,
-        )
