@@ -109,16 +109,12 @@ def tool_errors(
 ) -> list[dict[str, Any]]:
     """Tools asked for that the fleet does not have, as validation errors."""
     errors: list[dict[str, Any]] = []
-
-    def refuse(option: str, index: int, msg: str) -> None:
-        errors.append({"loc": ("body", *field, option, index), "msg": msg, "type": "value_error"})
-
-    for index, name in enumerate(enable):
-        if reason := fleet.unserved(name):
-            refuse("enable", index, reason)
-    for index, name in enumerate(disable):
-        if name not in fleet.model_tools and (reason := fleet.unserved(name)):
-            refuse("disable", index, reason)
+    for option, names in (("enable", enable), ("disable", disable)):
+        for index, name in enumerate(names):
+            offered = option == "disable" and name in fleet.model_tools  # off, whoever serves it
+            if not offered and (reason := fleet.unserved(name)):
+                where = ("body", *field, option, index)
+                errors.append({"loc": where, "msg": reason, "type": "value_error"})
     return errors
 
 
