@@ -57,16 +57,24 @@ def with_fleet_tools(
     document = copy.deepcopy(schema)
     components = document.get("components", {}).get("schemas", {})
     if limits is not None:
-        for component, prop in COMMAND_TIMEOUTS:
+        # A run's limits up to what the operator lets a run ask, as the server checks them.
+        run_most = {
+            "timeout_s": round(limits.max_call_s * 1000) / 1000,
+            "memory_mb": limits.limits_max.memory_mb,
+            "pids": limits.limits_max.pids,
+            "cpu": limits.limits_max.cpu,
+        }
+        capped = [(component, prop, limits.max_command_s) for component, prop in COMMAND_TIMEOUTS]
+        capped += [(RUN_LIMITS, name, maximum) for name, maximum in run_most.items()]
+        for component, prop, maximum in capped:
             field = components.get(component, {}).get("properties", {}).get(prop)
             for choice in field.get("anyOf", [field]) if field is not None else []:
-                if choice.get("type") == "number":
-                    choice["maximum"] = limits.max_command_s
+                if choice.get("type") in ("integer", "number"):
+                    choice["maximum"] = maximum
         for component, prop in NETWORKS:
             field = components.get(component, {}).get("properties", {}).get(prop)
             if field is not None:
                 components[component]["properties"][prop] = _network_schema(field, limits)
-        _cap_run_limits(components.get(RUN_LIMITS, {}).get("properties", {}), limits)
     for component, prop, which in TOOL_LISTS:
         field = components.get(component, {}).get("properties", {}).get(prop)
         if field is None:
@@ -97,17 +105,3 @@ def _network_schema(field: dict[str, Any], limits: ItemLimits) -> dict[str, Any]
         choices.append({"type": "array", "items": item, "maxItems": MAX_DESTINATIONS})
     described = {k: v for k, v in field.items() if k not in ("anyOf", "type", "items")}
     return {**described, "anyOf": choices}
-
-
-def _cap_run_limits(fields: dict[str, Any], limits: ItemLimits) -> None:
-    """A run's ``limits`` up to what the operator lets a run ask, as the server checks them."""
-    most = {
-        "timeout_s": round(limits.max_call_s * 1000) / 1000,
-        "memory_mb": limits.limits_max.memory_mb,
-        "pids": limits.limits_max.pids,
-        "cpu": limits.limits_max.cpu,
-    }
-    for name, maximum in most.items():
-        for choice in fields[name].get("anyOf", [fields[name]]) if name in fields else []:
-            if choice.get("type") in ("integer", "number"):
-                choice["maximum"] = maximum
