@@ -64,7 +64,6 @@ def create_app(
     executor: RunExecutorFactory | None = None,
     model: ChatModel | None = None,
     queue_depths: Callable[[OrchestratorSettings], Mapping[str, int]] | None = None,
-    lease_ttl_s: float = 15.0,
     tenants: Tenants | None = None,
 ) -> FastAPI:
     """The API app on a configured fleet (``settings`` with a broker).
@@ -78,7 +77,7 @@ def create_app(
     tenants = tenants if tenants is not None else Tenants.from_settings(settings)
     owns_redis = redis is None
     client = redis or store_client(settings.redis_url)
-    store = ApiStore(client, retention_s=settings.result_ttl_s, lease_ttl_s=lease_ttl_s)
+    store = ApiStore(client, retention_s=settings.result_ttl_s)
     metrics = ApiMetrics()
     replica = uuid.uuid4().hex[:12]
     model_problem = None

@@ -67,8 +67,6 @@ class RecordStore:
     redis: aioredis.Redis
     _: KW_ONLY
     retention_s: int
-    lease_ttl_s: float = 15.0
-    events_maxlen: int = EVENTS_MAXLEN
     _transition: AsyncScript = field(init=False)
 
     def __post_init__(self) -> None:
@@ -114,7 +112,7 @@ class RecordStore:
             active[1] if active else "",
             self.retention_s if active else 0,
             json.dumps(event) if event is not None else "",
-            self.events_maxlen,
+            EVENTS_MAXLEN,
         ]
         for name, value in fields.items():
             args += [name, value]

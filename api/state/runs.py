@@ -18,6 +18,7 @@ from api.state.listing import Listed, ListQuery, list_current, record_tags
 from api.state.records import (
     ACTIVE,
     DONE,
+    EVENTS_MAXLEN,
     HashFields,
     RecordStore,
     lost_error,
@@ -145,7 +146,7 @@ class RunStore(RecordStore):
         entry = await self.redis.xadd(
             run_events_key(run_id),
             {"event": json.dumps(event)},
-            maxlen=self.events_maxlen,
+            maxlen=EVENTS_MAXLEN,
             approximate=True,
         )
         return text(entry)

@@ -27,13 +27,16 @@ from worker.contract.keys import (
 
 log = logging.getLogger(__name__)
 
+#: Seconds a replica's lease lasts unless renewed (it is, every third of that).
+LEASE_TTL_S = 15.0
+
 
 class ApiStore(RunStore, BatchStore):
     """Reads and writes runs, their events, batches and replica leases."""
 
     async def renew_lease(self, replica: str) -> None:
         await self.redis.set(
-            replica_lease_key(replica), repr(time.time()), px=int(self.lease_ttl_s * 1000)
+            replica_lease_key(replica), repr(time.time()), px=int(LEASE_TTL_S * 1000)
         )
 
     async def reap_orphans(self) -> int:
@@ -60,7 +63,7 @@ class ReplicaLease:
         self._store = store
         self.replica = replica
         self._keeper = Periodic(
-            self._renew, store.lease_ttl_s / 3, name="toolq-lease", failing="replica lease"
+            self._renew, LEASE_TTL_S / 3, name="toolq-lease", failing="replica lease"
         )
 
     async def start(self) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import time
-from collections.abc import Callable
 
 from pydantic import SecretStr
 
@@ -23,24 +22,20 @@ TICKET_TTL_S = 600
 class StreamTickets:
     """Signs and checks tickets for stream paths."""
 
-    def __init__(
-        self, token: SecretStr, ttl_s: int = TICKET_TTL_S, clock: Callable[[], float] = time.time
-    ) -> None:
+    def __init__(self, token: SecretStr) -> None:
         self._key = hmac.new(
             token.get_secret_value().encode(), b"toolq viewer stream tickets", hashlib.sha256
         ).digest()
-        self._ttl_s = ttl_s
-        self._clock = clock
 
     def mint(self, path: str) -> str:
-        expires = int(self._clock()) + self._ttl_s
+        expires = int(time.time()) + TICKET_TTL_S
         return f"{expires}.{self._sign(path, expires)}"
 
     def admits(self, path: str, ticket: str | None) -> bool:
         if not ticket or "." not in ticket:
             return False
         expires_text, signature = ticket.split(".", 1)
-        if not expires_text.isdigit() or int(expires_text) < self._clock():
+        if not expires_text.isdigit() or int(expires_text) < time.time():
             return False
         return hmac.compare_digest(signature, self._sign(path, int(expires_text)))
 
