@@ -68,11 +68,10 @@ class BatchSubmission:
     batch_id: str
     items: Sequence[BatchItem]
     concurrency: int
-    default_model: str | None = None
-    #: What the workers call each item's workspace (its run_id, by default): the tenant's own
-    #: name of it.
-    workspace_of: Callable[[str], str] | None = None
-    on_end: OnEnd | None = None
+    default_model: str | None
+    #: What the workers call each item's workspace (given its run_id): the tenant's own name of it.
+    workspace_of: Callable[[str], str]
+    on_end: OnEnd
 
 
 class RunExecutor(Protocol):
@@ -85,7 +84,7 @@ class RunExecutor(Protocol):
     async def fleet(self) -> Fleet: ...
 
     def submit_run(
-        self, run_id: str, prompt: str, options: AgentOptions, on_end: OnEnd | None = None
+        self, run_id: str, prompt: str, options: AgentOptions, on_end: OnEnd
     ) -> None: ...
 
     def submit_batch(self, batch: BatchSubmission) -> None: ...
@@ -183,19 +182,15 @@ class AgentExecutor:
 
     # -- runs ----------------------------------------------------------------------------------
 
-    def submit_run(
-        self, run_id: str, prompt: str, options: AgentOptions, on_end: OnEnd | None = None
-    ) -> None:
+    def submit_run(self, run_id: str, prompt: str, options: AgentOptions, on_end: OnEnd) -> None:
         task = asyncio.create_task(self._execute_run(run_id, prompt, options), name=run_id)
         self._runs[run_id] = task
         task.add_done_callback(lambda _: self._runs.pop(run_id, None))
         self._when_ended(task, on_end)
 
-    def _when_ended(self, task: asyncio.Task[None], on_end: OnEnd | None) -> None:
+    def _when_ended(self, task: asyncio.Task[None], on_end: OnEnd) -> None:
         """``on_end`` once ``task`` is done, in a task of its own: cancelling a run that is
         winding down cannot cancel it."""
-        if on_end is None:
-            return
 
         def ended(_: asyncio.Task[None]) -> None:
             ender = asyncio.create_task(on_end(), name=f"{task.get_name()}-ended")
@@ -311,9 +306,7 @@ class AgentExecutor:
 
         async def run_one(item: BatchItem) -> dict[str, Any]:
             await self._store.batch_item_started(batch_id)
-            run_id = batch_run_id(tag, item.id)
-            if batch.workspace_of is not None:
-                run_id = batch.workspace_of(run_id)
+            run_id = batch.workspace_of(batch_run_id(tag, item.id))
             fleet = await self.fleet()
             if self._on_agents_pool(fleet):
                 try:

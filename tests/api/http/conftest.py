@@ -87,12 +87,9 @@ class StubExecutor:
     async def fleet(self) -> Fleet:
         return self._fleet
 
-    def submit_run(
-        self, run_id: str, prompt: str, options: AgentOptions, on_end: OnEnd | None = None
-    ) -> None:
+    def submit_run(self, run_id: str, prompt: str, options: AgentOptions, on_end: OnEnd) -> None:
         self.runs.append((run_id, prompt, options))
-        if on_end is not None:
-            self.run_ends[run_id] = on_end
+        self.run_ends[run_id] = on_end
 
     def submit_batch(self, batch: BatchSubmission) -> None:
         self.batches.append((batch.batch_id, list(batch.items), batch.concurrency))
