@@ -27,15 +27,7 @@ async def _list_tools(services: Svc) -> list[ToolInfo]:
     """The fleet's tools and how many live workers serve each one's pool."""
     fleet = await reachable_fleet(services)
     return [
-        ToolInfo(
-            name=spec.name,
-            pool=spec.pool,
-            description=spec.description,
-            parameters=spec.parameters,
-            enabled_by_default=spec.enabled_by_default,
-            idempotent=spec.idempotent,
-            live_workers=len(fleet.workers.get(spec.pool, [])),
-        )
+        ToolInfo(**spec.model_dump(), live_workers=len(fleet.workers.get(spec.pool, [])))
         for spec in fleet.model_tools.values()
     ]
 
