@@ -74,9 +74,6 @@ class ResultsFile:
     def reading(self) -> bool:
         return not self._indexed.is_set()
 
-    def size(self) -> int:
-        return self.path.stat().st_size
-
     def index(self) -> None:
         """Index what was added since the last call, up to the last whole line."""
         with self._lock:
@@ -183,20 +180,17 @@ class ResultsFileSource:
         self._indexing: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        """Begin indexing in the background; pages are answered meanwhile."""
-        self._catch_up()
+        """Index what the file gained, in the background (pages are answered meanwhile), unless
+        indexing is already under way."""
+        if self._indexing is None or self._indexing.done():
+            self._indexing = asyncio.get_running_loop().create_task(
+                asyncio.to_thread(self.file.index)
+            )
 
     async def close(self) -> None:
         self.file.close()
         if self._indexing is not None:
             await self._indexing
-
-    def _catch_up(self) -> None:
-        """Index what the file gained, unless indexing is already under way."""
-        if self._indexing is None or self._indexing.done():
-            self._indexing = asyncio.get_running_loop().create_task(
-                asyncio.to_thread(self.file.index)
-            )
 
     async def _indexed(self) -> None:
         """Until every whole line the file had when asked is indexed."""
@@ -204,8 +198,8 @@ class ResultsFileSource:
         # Shielded: a reader who gives up does not stop the index everyone shares.
         if self._indexing is not None and not self._indexing.done():
             await asyncio.shield(self._indexing)
-        if self.file.indexed_bytes < self.file.size():
-            self._catch_up()
+        if self.file.indexed_bytes < self.file.path.stat().st_size:
+            self.start()
             assert self._indexing is not None
             await asyncio.shield(self._indexing)
 
@@ -222,7 +216,7 @@ class ResultsFileSource:
         info = file.path.stat()  # one look at the file for its size, its growth and its end
         size = info.st_size
         if not file.reading and file.indexed_bytes < size:
-            self._catch_up()
+            self.start()
         growing = time.time() - info.st_mtime < GROWING_S
         if file.reading:
             shown = f"{file.indexed_bytes / size:.0%}" if size else "0%"
