@@ -172,10 +172,6 @@ class ApiMetrics:
             self.tool_call_seconds.labels(tool=tool).observe(duration_ms / 1000)
         self.recent.add(tool, outcome == "ok", duration_ms / 1000, refused=refused)
 
-    def observer(self) -> RunObserver:
-        """An observer for one conversation that can give back the calls it left in flight."""
-        return RunObserver(self)
-
     def record_run(self, status: str) -> None:
         self.runs.labels(status=status).inc()
 

@@ -36,7 +36,7 @@ from api.calls.fleet import CachedFleet, Fleet, load_fleet
 from api.conversation.agent import Agent, AgentOptions
 from api.conversation.placement import AgentsPool, place
 from api.exceptions import ImageUnavailable, ModelError, NoAgentsError
-from api.http.metrics import ApiMetrics
+from api.http.metrics import ApiMetrics, RunObserver
 from api.model.client import ChatModel
 from api.process.logs import log_context
 from api.settings import OrchestratorSettings
@@ -200,7 +200,7 @@ class AgentExecutor:
         task.add_done_callback(ended)
 
     async def _execute_run(self, run_id: str, prompt: str, options: AgentOptions) -> None:
-        observer = self._metrics.observer()
+        observer = RunObserver(self._metrics)
         agent: Agent | None = None
         remote = False
         with log_context(run_id=run_id):

@@ -16,7 +16,7 @@ from api.conversation.events import (
     ToolCallStarted,
 )
 from api.http.app import create_app
-from api.http.metrics import ApiMetrics
+from api.http.metrics import ApiMetrics, RunObserver
 from api.settings import OrchestratorSettings
 from tests.api.http.conftest import AUTH, StubExecutor, api_settings
 
@@ -70,7 +70,7 @@ def test_tool_calls_are_counted_by_tool_and_outcome_with_their_latency() -> None
 
 def test_a_run_cut_short_gives_back_the_calls_it_left_in_flight() -> None:
     metrics = ApiMetrics()
-    first, second = metrics.observer(), metrics.observer()
+    first, second = RunObserver(metrics), RunObserver(metrics)
     first(started("x", "slow_read"))
     first(started("y", "noop"))
     first(finished("y", "noop"))
