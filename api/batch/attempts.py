@@ -126,10 +126,6 @@ class AttemptLog(AppendedLog):
             run_id=attempt_run_id(first_run_id, number),
             on_fleet=on_fleet,
         )
-        self._append(attempt)
+        self._write(attempt.model_dump(mode="json"))
         started.append(attempt)
         return Attempt(number, attempt.run_id, earlier, on_fleet)
-
-    def _append(self, attempt: StartedAttempt) -> None:
-        """One line in one system call, as ``ResultLog.append`` writes a result."""
-        self._write(attempt.model_dump(mode="json"))

@@ -3,6 +3,8 @@ that the fleet it needs answers; each failure is one line on stderr and an exit 
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 import typer
 from rich.console import Console
 
@@ -17,6 +19,12 @@ err = Console(stderr=True, highlight=False)
 EXIT_UNREACHABLE = 1
 #: The exit status when something must be installed or set up on this host first.
 EXIT_MISSING_DEPENDENCY = 3
+
+
+def _refuse(message: str, status: int = 2) -> NoReturn:
+    """``error: <message>`` in one line on stderr, and the command ends with ``status``."""
+    err.print(f"error: {message}", markup=False, soft_wrap=True, highlight=False)
+    raise typer.Exit(status)
 
 
 def checked_settings() -> None:
@@ -39,8 +47,7 @@ def reachable_fleet(*, local_too: bool = False) -> None:
     try:
         check_connections(settings)
     except FleetUnreachableError as exc:
-        err.print(f"error: {exc}", markup=False, soft_wrap=True, highlight=False)
-        raise typer.Exit(EXIT_UNREACHABLE) from None
+        _refuse(str(exc), EXIT_UNREACHABLE)
 
 
 def checked_image(image: str | None) -> None:
@@ -53,8 +60,7 @@ def checked_image(image: str | None) -> None:
     try:
         parse_reference(image)
     except ImageError as exc:
-        err.print(f"error: {exc}", markup=False)
-        raise typer.Exit(2) from None
+        _refuse(str(exc))
 
 
 def checked_limits(limits: str | None) -> RunLimits | None:
@@ -63,18 +69,14 @@ def checked_limits(limits: str | None) -> RunLimits | None:
     status 2, before anything runs."""
     if limits is None:
         return None
-    from api.settings import get_settings
-
     try:
         parsed = RunLimits.parse(limits)
     except ValueError as exc:
-        err.print(f"error: --limits: {exc}", markup=False, soft_wrap=True, highlight=False)
-        raise typer.Exit(2) from None
+        _refuse(f"--limits: {exc}")
     settings = get_settings()
     over = settings.limits_max.refusal(parsed, settings.max_timeout_ms)
     if over is not None:
-        err.print(f"error: {over}", markup=False, soft_wrap=True, highlight=False)
-        raise typer.Exit(2)
+        _refuse(over)
     return parsed
 
 
@@ -83,9 +85,6 @@ def checked_network(network: str | None) -> None:
     ask for, stops the command in one line, exit status 2, before anything runs."""
     if network is None:
         return
-    from api.settings import get_settings
-
     refused = get_settings().network_refusal(network)
     if refused is not None:
-        err.print(f"error: {refused}", markup=False, soft_wrap=True, highlight=False)
-        raise typer.Exit(2)
+        _refuse(refused)

@@ -73,10 +73,6 @@ class _Session:
     called: bool = False
     #: The run's container, with an image.
     environment: RunEnvironment | None = None
-    #: Its run has a network (``Dispatcher.networks``), let go when the session ends.
-    networked: bool = False
-    #: Its run has limits of its own (``Dispatcher.limits``), let go when the session ends.
-    limited: bool = False
 
 
 @dataclass(eq=False)
@@ -119,12 +115,11 @@ class SessionRuns:
                     raise ValueError(refused)
                 tools = await self.preview(choice)
                 known = _Session(tools, now)
+                # Its run's own limits and network (``Dispatcher``), let go when it ends.
                 if choice.limits is not None:
                     self.dispatcher.limits[tools.run_id] = choice.limits
-                    known.limited = True
                 if choice.network != "none":
                     self.dispatcher.networks[tools.run_id] = choice.network
-                    known.networked = True
                 if choice.image is not None:
                     fleet = await self.fleet()
                     known.environment = RunEnvironment(
@@ -160,13 +155,13 @@ class SessionRuns:
         """The session ended: its run's workspace is removed in the background, once no call
         of the run is in flight (waiting up to ``removal_wait_s`` for those that are)."""
         ended = self._sessions.pop(session, None)
-        if ended is not None and ended.networked:
-            self.dispatcher.networks.pop(ended.tools.run_id, None)
-        if ended is not None and ended.limited:
-            self.dispatcher.limits.pop(ended.tools.run_id, None)
-        if ended is None or not ended.called:
+        if ended is None:
             return
         run_id = ended.tools.run_id
+        self.dispatcher.networks.pop(run_id, None)
+        self.dispatcher.limits.pop(run_id, None)
+        if not ended.called:
+            return
         removal = asyncio.create_task(
             self._remove(run_id, self.removal_wait_s, ended.environment),
             name=f"toolq-mcp-remove-{run_id}",

@@ -16,6 +16,9 @@ from tests.api.http.conftest import FLEET
 class IdleDispatcher:
     """Sends nothing: these tests make sessions and never call a tool."""
 
+    networks: dict[str, object] = {}
+    limits: dict[str, object] = {}
+
     async def start(self) -> None:
         pass
 
