@@ -47,7 +47,7 @@ from api.mcp.tenancy import (
 from api.runs.workspace import calls_end_within_s
 from api.settings import OrchestratorSettings
 from api.state.tenant_caps import MCP_SESSIONS, CapReached, Holding, TenantCaps
-from worker.contract.errors import ImageError, NetworkRefused
+from worker.contract.errors import ImageError
 from worker.contract.image_reference import parse_reference
 from worker.contract.network import NetworkChoice, NetworkPolicy
 from worker.contract.run_limits import RunLimits
@@ -208,16 +208,16 @@ class McpEndpoint:
             self._give_back(place)
 
     def _network_refusal(self, network: NetworkChoice, tenant: str | None) -> str | None:
-        """A session's network against the fleet's allowance, and its tenant's where tokens
-        name tenants."""
-        scoped = tenant if self._settings.api_tokens_file else None
-        return self._settings.network_refusal(network, scoped)
+        """A session's network against the fleet's allowance, and its tenant's (``_scoped``)."""
+        return self._settings.network_refusal(network, self._scoped(tenant))
 
     def _limits_refusal(self, limits: RunLimits, tenant: str | None) -> str | None:
-        """A session's limits against the fleet's maximums, and its tenant's where tokens name
-        tenants."""
-        scoped = tenant if self._settings.api_tokens_file else None
-        return self._settings.limits_refusal(limits, scoped)
+        """A session's limits against the fleet's maximums, and its tenant's (``_scoped``)."""
+        return self._settings.limits_refusal(limits, self._scoped(tenant))
+
+    def _scoped(self, tenant: str | None) -> str | None:
+        """The session's tenant where tokens name tenants, else None: the fleet's rules alone."""
+        return tenant if self._settings.api_tokens_file else None
 
     def _give_back(self, place: Holding) -> None:
         task = asyncio.create_task(self._caps.give_back(place), name="toolq-mcp-place")
@@ -244,21 +244,14 @@ def tool_choice(query: QueryParams) -> ToolChoice:
             message=f"unknown query parameter(s) {', '.join(unknown)} in the MCP URL "
             f"(known: {', '.join(QUERY_PARAMETERS)})",
         )
-    limits_text = query.get("limits")
+    limits_text, image = query.get("limits"), query.get("image")
     try:
         limits = RunLimits.parse(limits_text) if limits_text is not None else None
-    except ValueError as exc:
-        raise MCPError(code=INVALID_PARAMS, message=str(exc)) from None
-    try:
         network = NetworkPolicy.parse(query.get("network")).wire()
-    except NetworkRefused as exc:
-        raise MCPError(code=INVALID_PARAMS, message=str(exc)) from None
-    image = query.get("image")
-    if image is not None:
-        try:
+        if image is not None:
             parse_reference(image)
-        except ImageError as exc:
-            raise MCPError(code=INVALID_PARAMS, message=str(exc)) from None
+    except (ValueError, ImageError) as exc:  # NetworkRefused is a ValueError
+        raise MCPError(code=INVALID_PARAMS, message=str(exc)) from None
     timeout = query.get("tool_timeout_ms")
     if timeout is not None and not (timeout.isdigit() and int(timeout) > 0):
         raise MCPError(
