@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -88,15 +88,7 @@ class BatchStats:
         return f"{self.passed}/{self.scored} passed" if self.scored else ""
 
 
-class ProgressDisplay(Protocol):
-    def start(self) -> None: ...
-
-    def update(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-
-def progress_display(stats: BatchStats, console: Console) -> ProgressDisplay:
+def progress_display(stats: BatchStats, console: Console) -> PlainProgress | BarProgress:
     """A bar when ``console`` is a terminal, plain lines every few seconds when not."""
     if console.is_terminal:
         return BarProgress(stats, console)

@@ -24,7 +24,6 @@ from api.batch.items import BadLine, BatchItem, ItemLimits
 from api.batch.progress import (
     BatchOutcome,
     BatchStats,
-    ProgressDisplay,
     progress_display,
     summary_lines,
 )
@@ -85,11 +84,11 @@ def run_batch_command(
         results = ResultLog.open(output)
     except (OSError, OutputBusyError) as exc:
         return _usage_error(err, f"cannot use {output} for results: {_reason(exc)}")
+    where = attempts_path(output)
     try:
-        attempts = AttemptLog.open(attempts_path(output))
+        attempts = AttemptLog.open(where)
     except OSError as exc:
         results.close()
-        where = attempts_path(output)
         return _usage_error(err, f"cannot use {where} for the attempts: {_reason(exc)}")
     with results, attempts:
         _report_output(results, err)
@@ -181,7 +180,7 @@ class _BatchRun:
                 name="batch",
             )
             on_fleet = self.placement.on_agents_pool
-            with _signals_cancel(work, self.err, display, on_fleet) as stopped:
+            with _signals_cancel(work, self.err, on_fleet) as stopped:
                 self.stats.begin()
                 display.start()
                 try:
@@ -246,9 +245,7 @@ class _Stop:
 
 
 @contextlib.contextmanager
-def _signals_cancel(
-    work: asyncio.Task[None], err: Console, display: ProgressDisplay, on_fleet: bool
-) -> Iterator[_Stop]:
+def _signals_cancel(work: asyncio.Task[None], err: Console, on_fleet: bool) -> Iterator[_Stop]:
     """SIGINT and SIGTERM cancel ``work``: conversations in flight stop (on the fleet, this batch
     stops waiting for them), finished ones stay."""
     loop = asyncio.get_running_loop()
