@@ -32,18 +32,46 @@ FSYNC_INTERVAL_S = 5.0
 _T = TypeVar("_T")
 
 
-class LineAppender:
-    """A file of JSON lines open for appending (``O_APPEND``): each line written in one system
-    call, so no reader sees half of it; forced to disk at most every ``fsync_interval_s``, and
-    once when closed."""
+class AppendedLog:
+    """A file of JSON lines open for appending (``O_APPEND``), opened by ``open``, which reads
+    what it holds: each line written in one system call, so no reader sees half of it; forced
+    to disk at most every ``fsync_interval_s``, and once when closed (once, or as a context
+    manager)."""
 
-    def __init__(self, path: Path, fd: int, fsync_interval_s: float) -> None:
+    def __init__(self, path: Path, *, fsync_interval_s: float = FSYNC_INTERVAL_S) -> None:
         self.path = path
-        self._fd: int | None = fd
+        #: What ``open`` cut off the end: the partial line of a write a kill interrupted.
+        self.truncated_bytes = 0
         self._fsync_interval_s = fsync_interval_s
+        self._fd: int | None = None
         self._last_sync = time.monotonic()
 
-    def write(self, record: object) -> None:
+    @classmethod
+    def open(cls, path: Path, *, fsync_interval_s: float = FSYNC_INTERVAL_S) -> Self:
+        """The log at ``path`` (made if missing), its partial last line dropped and its lines
+        read, open for appending."""
+        opened = cls(path, fsync_interval_s=fsync_interval_s)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            opened._claim(fd)
+            opened.truncated_bytes = truncate_partial_line(fd)
+            opened._read()
+        except BaseException:
+            os.close(fd)
+            raise
+        opened._fd = fd
+        opened._last_sync = time.monotonic()
+        return opened
+
+    def _claim(self, fd: int) -> None:
+        """Runs before anything in the file is touched: a log that must be its only writer
+        locks it here."""
+
+    def _read(self) -> None:
+        """Takes in the lines already in the file, for a log that keeps what they say."""
+
+    def _write(self, record: object) -> None:
+        """One line in one system call, so no reader sees half of it."""
         if self._fd is None:
             raise ValueError(f"{self.path} is not open")
         line = (json.dumps(record, ensure_ascii=False, default=str) + "\n").encode()
@@ -62,51 +90,6 @@ class LineAppender:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-
-
-class AppendedLog:
-    """A log whose lines a ``LineAppender`` writes: opened by ``open``, which reads what it
-    holds; closed once, or as a context manager."""
-
-    def __init__(self, path: Path, *, fsync_interval_s: float = FSYNC_INTERVAL_S) -> None:
-        self.path = path
-        #: What ``open`` cut off the end: the partial line of a write a kill interrupted.
-        self.truncated_bytes = 0
-        self._fsync_interval_s = fsync_interval_s
-        self._lines: LineAppender | None = None
-
-    @classmethod
-    def open(cls, path: Path, *, fsync_interval_s: float = FSYNC_INTERVAL_S) -> Self:
-        """The log at ``path`` (made if missing), its partial last line dropped and its lines
-        read, open for appending."""
-        opened = cls(path, fsync_interval_s=fsync_interval_s)
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            opened._claim(fd)
-            opened.truncated_bytes = truncate_partial_line(fd)
-            opened._read()
-        except BaseException:
-            os.close(fd)
-            raise
-        opened._lines = LineAppender(path, fd, opened._fsync_interval_s)
-        return opened
-
-    def _claim(self, fd: int) -> None:
-        """Runs before anything in the file is touched: a log that must be its only writer
-        locks it here."""
-
-    def _read(self) -> None:
-        """Takes in the lines already in the file, for a log that keeps what they say."""
-
-    def _write(self, record: object) -> None:
-        """One line in one system call, so no reader sees half of it."""
-        if self._lines is None:
-            raise ValueError(f"{self.path} is not open")
-        self._lines.write(record)
-
-    def close(self) -> None:
-        if self._lines is not None:
-            self._lines.close()
 
     def __enter__(self) -> Self:
         return self
