@@ -206,7 +206,7 @@ def _record(
         earlier_run_ids=list(earlier_run_ids),
         orchestrator=process_name(),
         usage=transcript["usage"],
-        **results.fields(),
+        **vars(results),
         metadata=item.metadata,
         tool_calls=transcript["tool_calls"],
         messages=transcript["messages"],

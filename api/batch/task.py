@@ -34,7 +34,8 @@ CHECK_NOT_RUN = "the check could not run"
 
 @dataclass
 class TaskResults:
-    """What the task adds to the item's result line."""
+    """What the task adds to the item's result line: each field the line's field of that name
+    (``vars``, not ``asdict``, which would copy the artifacts)."""
 
     setup: dict[str, Any] | None = None
     check: dict[str, Any] | None = None
@@ -43,18 +44,6 @@ class TaskResults:
     artifacts_matched: int | None = None
     #: The run's image: its reference and the digest it resolved to (``api.images``).
     image: dict[str, Any] | None = None
-
-    def fields(self) -> dict[str, Any]:
-        """The results by name, each the result line's field of that name (not copied, as
-        ``asdict`` would copy the artifacts)."""
-        return {
-            "image": self.image,
-            "score": self.score,
-            "setup": self.setup,
-            "check": self.check,
-            "artifacts": self.artifacts,
-            "artifacts_matched": self.artifacts_matched,
-        }
 
 
 @dataclass(eq=False)
