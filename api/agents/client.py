@@ -72,8 +72,8 @@ NO_WORKERS = (
 )
 
 
-#: The record of a conversation the pool never answered: (why, runs started, the worker of the
-#: last run, seconds waited).
+#: The record of a conversation the pool never answered: (its error, runs started, the worker of
+#: the last run, seconds waited).
 FailedRecord = Callable[[str, int, str | None, float], dict[str, Any]]
 
 
@@ -179,9 +179,8 @@ class ConversationClient:
         model = item.model or default_model or self._settings.model
 
         def failed(why: str, attempts: int, ran_on: str | None, waited_s: float) -> dict[str, Any]:
-            error = f"no answer from the agents pool: {why}"
             return failed_record(
-                item, run_id, model, error, attempts=attempts, ran_on=ran_on, waited_s=waited_s
+                item, run_id, model, why, attempts=attempts, ran_on=ran_on, waited_s=waited_s
             )
 
         body = {
@@ -195,8 +194,7 @@ class ConversationClient:
         transcript to the run's record; its end (``api/agents/live_run.py``)."""
 
         def failed(why: str, attempts: int, ran_on: str | None, _: float) -> dict[str, Any]:
-            error = f"no answer from the agents pool: {why}"
-            return run_record("failed", error=error, attempts=attempts, orchestrator=ran_on)
+            return run_record("failed", error=why, attempts=attempts, orchestrator=ran_on)
 
         body = {"run": LiveRun(prompt=prompt, options=options.model_dump(mode="json"))}
         return await self._converse(run_id, body, failed)
@@ -356,7 +354,8 @@ class ConversationClient:
         flight: _Flight, holder: str | None, attempts: int, why: str, now: float
     ) -> dict[str, Any]:
         ran_on = _worker_of(holder) if holder else None
-        return flight.failed(why, attempts, ran_on, now - flight.sent_at)
+        error = f"no answer from the agents pool: {why}"
+        return flight.failed(error, attempts, ran_on, now - flight.sent_at)
 
 
 def _resolve(flight: _Flight, record: dict[str, Any]) -> None:

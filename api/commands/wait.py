@@ -69,7 +69,7 @@ def wait_for_fleet(
             unreachable = None
             missing = [tool for tool in tools if not _served(load_fleet(settings.redis_url), tool)]
             if not missing:
-                served = f": {_names(list(tools))} served" if tools else ""
+                served = f": {', '.join(tools)} served" if tools else ""
                 return Waited(EXIT_READY, f"the fleet is ready{served}")
         if clock() >= deadline:
             break
@@ -78,7 +78,7 @@ def wait_for_fleet(
         return Waited(EXIT_NOT_READY, f"error: after {timeout_s:g} s, {unreachable}")
     return Waited(
         EXIT_NOT_READY,
-        f"error: after {timeout_s:g} s no live worker serves {_names(missing)}; start one "
+        f"error: after {timeout_s:g} s no live worker serves {', '.join(missing)}; start one "
         "(toolq worker --pool POOL) and see what it printed",
     )
 
@@ -86,7 +86,3 @@ def wait_for_fleet(
 def _served(fleet: Fleet, tool: str) -> bool:
     spec = fleet.tools.get(tool)
     return spec is not None and bool(fleet.workers.get(spec.pool))
-
-
-def _names(tools: list[str]) -> str:
-    return ", ".join(tools)
