@@ -16,10 +16,13 @@ import errno
 from api.exceptions import FileProblemError
 from api.inspect_sandbox.contract import file_error
 from api.runs.workspace import CommandResult, RunWorkspace
+from worker.contract.operations import FileProblem
 
 SHELL = "/bin/sh"
-#: The exit codes of the scripts below, each standing for the exception it is turned into.
-_NOT_FOUND, _IS_DIRECTORY, _DENIED, _TOO_LARGE = 3, 4, 5, 6
+#: The exit codes of the scripts below: the file problem each stands for (``file_error`` makes
+#: Inspect's exception of it), and a permission denied.
+_PROBLEMS: dict[int, FileProblem] = {3: "not_found", 4: "is_a_directory", 6: "too_large"}
+_DENIED = 5
 
 _READ = """
 f=$1
@@ -50,7 +53,7 @@ async def read_outside(workspace: RunWorkspace, file: str, limit: int, timeout_m
     )
     _raise_for(result, file, "read")
     if result.truncated.stdout:  # the fleet's transfer limit is below Inspect's
-        _raise_too_large(file)
+        raise file_error(FileProblemError("too_large", f"{file!r} is too large"), file)
     return base64.b64decode(result.stdout)
 
 
@@ -72,16 +75,8 @@ def _raise_for(result: CommandResult, file: str, verb: str) -> None:
     code = result.exit_code
     if code == 0:
         return
-    if code == _NOT_FOUND:
-        raise FileNotFoundError(errno.ENOENT, "No such file or directory", file)
-    if code == _IS_DIRECTORY:
-        raise IsADirectoryError(errno.EISDIR, "Is a directory", file)
+    if code in _PROBLEMS:
+        raise file_error(FileProblemError(_PROBLEMS[code], f"{file!r}"), file)
     if code == _DENIED:
         raise PermissionError(errno.EACCES, "Permission denied", file)
-    if code == _TOO_LARGE:
-        _raise_too_large(file)
     raise OSError(errno.EIO, f"could not {verb} it in the sandbox: {result.stderr.strip()}", file)
-
-
-def _raise_too_large(file: str) -> None:
-    raise file_error(FileProblemError("too_large", f"{file!r} is too large"), file)
