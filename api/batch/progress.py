@@ -78,10 +78,6 @@ class BatchStats:
     def eta_s(self) -> float | None:
         return (self.total - self.done) / self.rate if self.rate > 0 else None
 
-    def percentile(self, fraction: float) -> float | None:
-        """Nearest-rank percentile of conversation time."""
-        return nearest_rank(self.durations, fraction)
-
     @property
     def scores_text(self) -> str:
         """``3/4 passed`` once items have been scored, else nothing."""
@@ -216,7 +212,7 @@ def summary_lines(stats: BatchStats, outcome: BatchOutcome) -> list[str]:
     ]
     if outcome.scored:
         lines.append(pass_rate_line(outcome.passed, outcome.scored))
-    p50, p95 = stats.percentile(0.50), stats.percentile(0.95)
+    p50, p95 = nearest_rank(stats.durations, 0.50), nearest_rank(stats.durations, 0.95)
     if p50 is not None and p95 is not None:
         lines.append(f"Conversation time: p50 {p50:.2f} s, p95 {p95:.2f} s")
     error_rate = 100 * stats.tool_errors / stats.tool_calls if stats.tool_calls else 0.0

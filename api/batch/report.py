@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -91,9 +91,6 @@ class _Failures:
         self.count += 1
         if len(self.ids) < IDS_LISTED:
             self.ids.append(item_id)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"count": self.count, "ids": self.ids}
 
 
 def build_report(path: Path) -> dict[str, Any]:
@@ -207,9 +204,9 @@ def _commands(items: list[_Item], which: str) -> dict[str, Any]:
             not_run.add(item.id)
     return {
         "ran": ran,
-        "exited_nonzero": nonzero.as_dict(),
-        "timed_out": timed_out.as_dict(),
-        "could_not_run": not_run.as_dict(),
+        "exited_nonzero": asdict(nonzero),
+        "timed_out": asdict(timed_out),
+        "could_not_run": asdict(not_run),
     }
 
 

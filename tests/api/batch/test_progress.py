@@ -63,13 +63,16 @@ def test_before_any_time_has_passed_there_is_no_rate_and_no_estimate() -> None:
     assert (stats.rate, stats.tool_rate, stats.eta_s) == (0.0, 0.0, None)
 
 
-def test_percentiles_are_nearest_rank() -> None:
-    stats = stats_over(1.0, 20, *reversed(range(1, 21)))
-    assert stats.percentile(0.50) == 10
-    assert stats.percentile(0.95) == 19
-    assert stats.percentile(1.0) == 20
-    assert stats_over(1.0, 1, 4.2).percentile(0.95) == 4.2
-    assert stats_over(1.0, 1).percentile(0.5) is None
+def test_the_summary_gives_nearest_rank_percentiles_of_conversation_time() -> None:
+    def times(stats: BatchStats) -> list[str]:
+        lines = summary_lines(stats, BatchOutcome(output="out.jsonl"))
+        return [line for line in lines if line.startswith("Conversation time")]
+
+    assert times(stats_over(1.0, 20, *reversed(range(1, 21)))) == [
+        "Conversation time: p50 10.00 s, p95 19.00 s"
+    ]
+    assert times(stats_over(1.0, 1, 4.2)) == ["Conversation time: p50 4.20 s, p95 4.20 s"]
+    assert times(stats_over(1.0, 1)) == []
 
 
 def test_the_clock_starts_with_the_first_conversation_and_stops_once() -> None:
