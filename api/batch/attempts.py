@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from api.batch.input_scan import numbered_lines
 from api.batch.record import BatchLine, BatchRecord
-from api.batch.results import FSYNC_INTERVAL_S, AppendedLog
+from api.batch.results import AppendedLog
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +87,8 @@ class AttemptLog(AppendedLog):
     on the same output, and so on this log, away.
     """
 
-    def __init__(self, path: Path, *, fsync_interval_s: float = FSYNC_INTERVAL_S) -> None:
-        super().__init__(path, fsync_interval_s=fsync_interval_s)
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
         #: Each item's attempts, oldest first.
         self.started: dict[str, list[StartedAttempt]] = {}
 

@@ -35,22 +35,21 @@ _T = TypeVar("_T")
 class AppendedLog:
     """A file of JSON lines open for appending (``O_APPEND``), opened by ``open``, which reads
     what it holds: each line written in one system call, so no reader sees half of it; forced
-    to disk at most every ``fsync_interval_s``, and once when closed (once, or as a context
+    to disk at most every ``FSYNC_INTERVAL_S``, and once when closed (once, or as a context
     manager)."""
 
-    def __init__(self, path: Path, *, fsync_interval_s: float = FSYNC_INTERVAL_S) -> None:
+    def __init__(self, path: Path) -> None:
         self.path = path
         #: What ``open`` cut off the end: the partial line of a write a kill interrupted.
         self.truncated_bytes = 0
-        self._fsync_interval_s = fsync_interval_s
         self._fd: int | None = None
         self._last_sync = time.monotonic()
 
     @classmethod
-    def open(cls, path: Path, *, fsync_interval_s: float = FSYNC_INTERVAL_S) -> Self:
+    def open(cls, path: Path) -> Self:
         """The log at ``path`` (made if missing), its partial last line dropped and its lines
         read, open for appending."""
-        opened = cls(path, fsync_interval_s=fsync_interval_s)
+        opened = cls(path)
         fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             opened._claim(fd)
@@ -79,7 +78,7 @@ class AppendedLog:
         while written < len(line):  # only a full disk or a quota stops a file write short
             written += os.write(self._fd, line[written:])
         now = time.monotonic()
-        if now - self._last_sync >= self._fsync_interval_s:
+        if now - self._last_sync >= FSYNC_INTERVAL_S:
             os.fsync(self._fd)
             self._last_sync = now
 
@@ -110,8 +109,8 @@ class ResultLog(AppendedLog):
     partial last line left by a kill mid-write, and reads the ids already there.
     """
 
-    def __init__(self, path: Path, *, fsync_interval_s: float = FSYNC_INTERVAL_S) -> None:
-        super().__init__(path, fsync_interval_s=fsync_interval_s)
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
         #: Each id's status, from its last line.
         self.done: dict[str, RecordStatus] = {}
         #: Whether each scored id passed, from its last line.

@@ -43,6 +43,8 @@ from api.scripted.script import (
 
 MODEL_PREFIX = "scripted:"
 DEFAULT_MODEL = "scripted"
+#: How long ``ScriptedServer.start`` waits for the server to answer.
+STARTUP_TIMEOUT_S = 10.0
 
 
 # --- Answers that fail ---------------------------------------------------------------------------
@@ -274,15 +276,8 @@ def _uvicorn_config(app: FastAPI, **options: Any) -> uvicorn.Config:
 class ScriptedServer(Background):
     """The scripted model on 127.0.0.1 and a free port, served from a background thread."""
 
-    def __init__(
-        self,
-        script: Script | None = None,
-        *,
-        scripts_dir: Path | None = None,
-        startup_timeout_s: float = 10.0,
-    ) -> None:
+    def __init__(self, script: Script | None = None, *, scripts_dir: Path | None = None) -> None:
         self._app = create_scripted_app(script, scripts_dir)
-        self._startup_timeout_s = startup_timeout_s
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._socket: socket.socket | None = None
@@ -310,7 +305,7 @@ class ScriptedServer(Background):
             target=server.run, kwargs={"sockets": [sock]}, name="scripted-llm", daemon=True
         )
         self._thread.start()
-        deadline = time.monotonic() + self._startup_timeout_s
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while not server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 self.stop()
