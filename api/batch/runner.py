@@ -9,7 +9,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from api.batch.items import BatchItem, ItemLimits
@@ -214,7 +214,7 @@ def _record(
 
 
 async def run_items(
-    items: AsyncIterable[BatchItem] | Iterable[BatchItem],
+    items: Iterable[BatchItem],
     *,
     concurrency: int,
     runner: Callable[[BatchItem], Awaitable[dict[str, Any]]],
@@ -228,10 +228,10 @@ async def run_items(
     """
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, not {concurrency}")
-    next_item = _puller(items)
+    iterator = iter(items)
 
     async def work() -> None:
-        while (item := await next_item()) is not None:
+        while (item := next(iterator, None)) is not None:
             result = await runner(item)
             handled = on_result(result)
             if inspect.isawaitable(handled):
@@ -244,26 +244,3 @@ async def run_items(
         for worker in workers:
             worker.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
-
-
-def _puller(
-    items: AsyncIterable[BatchItem] | Iterable[BatchItem],
-) -> Callable[[], Awaitable[BatchItem | None]]:
-    """The next item, or None at the end, safe to await from many coroutines at once."""
-    if isinstance(items, AsyncIterable):
-        iterator = aiter(items)
-        # An async generator refuses a second anext() while the first is suspended.
-        lock = asyncio.Lock()
-
-        async def pull_async() -> BatchItem | None:
-            async with lock:
-                return await anext(iterator, None)
-
-        return pull_async
-
-    sync_iterator = iter(items)
-
-    async def pull() -> BatchItem | None:
-        return next(sync_iterator, None)
-
-    return pull

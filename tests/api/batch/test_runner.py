@@ -8,7 +8,7 @@ import json
 import os
 import re
 import socket
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -363,12 +363,7 @@ async def test_exactly_concurrency_conversations_are_in_flight() -> None:
     assert sorted(int(r["id"]) for r in results) == list(range(13))
 
 
-async def test_async_items_and_an_async_result_handler_work_too() -> None:
-    async def source() -> AsyncIterator[BatchItem]:
-        for item in items(20):
-            await asyncio.sleep(0)
-            yield item
-
+async def test_an_async_result_handler_works_too() -> None:
     async def runner(item: BatchItem) -> dict[str, Any]:
         await asyncio.sleep(0)
         return {"id": item.id}
@@ -379,7 +374,7 @@ async def test_async_items_and_an_async_result_handler_work_too() -> None:
         await asyncio.sleep(0)
         seen.append(result["id"])
 
-    await run_items(source(), concurrency=3, runner=runner, on_result=on_result)
+    await run_items(items(20), concurrency=3, runner=runner, on_result=on_result)
     assert sorted(seen, key=int) == [str(n) for n in range(20)]
 
 
