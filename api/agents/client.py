@@ -31,7 +31,6 @@ from typing import Any
 from celery import Celery
 from redis.exceptions import RedisError
 
-from api.agents.live_run import run_record
 from api.agents.messages import (
     CONVERSATION_TASK,
     MAX_ATTEMPTS,
@@ -47,6 +46,7 @@ from api.calls.fleet import read_queue_depths
 from api.conversation.agent_options import AgentOptions
 from api.exceptions import NoAgentsError
 from api.settings import OrchestratorSettings
+from api.state.run_end import RunEnd
 from worker.contract.keys import keys
 from worker.contract.wire import AGENTS_QUEUE
 from worker.plumbing.heartbeat import HEARTBEAT_TTL_S
@@ -194,7 +194,7 @@ class ConversationClient:
         transcript to the run's record; its end (``api/agents/live_run.py``)."""
 
         def failed(why: str, attempts: int, ran_on: str | None, _: float) -> dict[str, Any]:
-            return run_record("failed", error=why, attempts=attempts, orchestrator=ran_on)
+            return RunEnd(status="failed", error=why, attempts=attempts, orchestrator=ran_on).line()
 
         body = {"run": LiveRun(prompt=prompt, options=options.model_dump(mode="json"))}
         return await self._converse(run_id, body, failed)

@@ -31,29 +31,6 @@ from api.state.runs import CANCELLED_ERROR, RunStore
 log = logging.getLogger(__name__)
 
 
-def run_record(
-    outcome: RunOutcome,
-    *,
-    attempts: int,
-    orchestrator: str | None,
-    answer: str | None = None,
-    stop_reason: str | None = None,
-    error: str | None = None,
-    tool_calls: list[dict[str, Any]] | None = None,
-) -> RunEndLine:
-    """What a run's conversation answers its replica."""
-    end = RunEnd(
-        status=outcome,
-        answer=answer,
-        stop_reason=stop_reason,
-        error=error,
-        attempts=attempts,
-        orchestrator=orchestrator,
-        tool_calls=tool_calls or [],
-    )
-    return end.line()
-
-
 async def run_live(
     run_id: str,
     prompt: str,
@@ -70,12 +47,13 @@ async def run_live(
     cancelled: asyncio.Event,
 ) -> RunEndLine:
     """Run the conversation into the run's record until it ends, ``timeout_s`` passes or
-    ``cancelled`` is set; its end as ``run_record``. Raises only ``CancelledError``."""
+    ``cancelled`` is set; its end as a ``RunEnd`` line. Raises only ``CancelledError``."""
     try:
         agent_options = AgentOptions.model_validate(options)
     except ValidationError as exc:
         unreadable = f"the agents worker cannot read the run's options: {exc}"
-        return run_record("failed", error=unreadable, attempts=attempt, orchestrator=orchestrator)
+        end = RunEnd(status="failed", error=unreadable, attempts=attempt, orchestrator=orchestrator)
+        return end.line()
     if attempt > 1:  # its followers saw an earlier run's text, which this one replaces
         again = f"the agents worker running it stopped; it runs again from the start ({attempt})"
         await _keep(store.add_event(run_id, event_to_dict(TextDiscarded(again))), run_id)
@@ -97,15 +75,15 @@ async def run_live(
     transcript = agent.transcript()
     # The whole conversation, a round cut short included: the last word on the record.
     await _keep(store.save_transcript(run_id, transcript, final=True), run_id)
-    return run_record(
-        outcome,
+    return RunEnd(
+        status=outcome,
         answer=answer,
         stop_reason=agent.stop_reason if outcome == "succeeded" else None,
         error=error,
         tool_calls=transcript["tool_calls"],
         attempts=attempt,
         orchestrator=orchestrator,
-    )
+    ).line()
 
 
 async def _converse(

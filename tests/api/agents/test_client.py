@@ -11,13 +11,13 @@ import pytest
 import redis.asyncio as aioredis
 
 from api.agents.client import ConversationClient
-from api.agents.live_run import run_record
 from api.agents.messages import ConversationRequest, ConversationResult
 from api.agents.store import ConversationStore
 from api.batch.items import BatchItem
 from api.conversation.agent_options import AgentOptions
 from api.exceptions import NoAgentsError
 from api.settings import OrchestratorSettings
+from api.state.run_end import RunEnd
 from tests.conftest import RedisServer, until
 from worker.contract.keys import conversation_keys as k
 from worker.contract.keys import keys
@@ -216,7 +216,7 @@ async def test_a_run_of_the_http_api_is_sent_as_a_run_and_its_end_returned(
         assert AgentOptions.model_validate(request.run.options) == options
         claim = await worker_store.claim(request, "host:1")
         assert claim.holder is not None
-        ended = run_record("succeeded", answer="hi", attempts=1, orchestrator="host:1")
+        ended = RunEnd(status="succeeded", answer="hi", attempts=1, orchestrator="host:1").line()
         result = answer(request, 1).model_copy(update={"record": ended})
         await worker_store.finish(request, claim.holder, result)
         assert await asyncio.wait_for(running, 5) == ended
