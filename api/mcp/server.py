@@ -105,7 +105,7 @@ class SessionRuns:
         call of a tool."""
         async with self._lock:
             now = self.clock()
-            self._end_idle(now)
+            self.end_idle(now)
             known = self._sessions.get(session)
             if known is None:
                 refused = self.network_refusal(choice.network, choice.tenant)
@@ -169,9 +169,13 @@ class SessionRuns:
         self._removals[removal] = run_id
         removal.add_done_callback(lambda done: self._removals.pop(done, None))
 
-    def end_idle(self) -> None:
-        """End the sessions unused for longer than ``idle_timeout_s``."""
-        self._end_idle(self.clock())
+    def end_idle(self, now: float | None = None) -> None:
+        """End the sessions unused for longer than ``idle_timeout_s`` (at ``now``, or the
+        clock's time)."""
+        now = self.clock() if now is None else now
+        idle = [k for k, s in self._sessions.items() if now - s.last_used > self.idle_timeout_s]
+        for key in idle:
+            self.end(key)
 
     async def close(self) -> None:
         """Every session ends (the server stops). Their workspaces are removed now, but for
@@ -189,11 +193,6 @@ class SessionRuns:
     @property
     def open_sessions(self) -> int:
         return len(self._sessions)
-
-    def _end_idle(self, now: float) -> None:
-        idle = [k for k, s in self._sessions.items() if now - s.last_used > self.idle_timeout_s]
-        for key in idle:
-            self.end(key)
 
     async def _remove(
         self, run_id: str, wait_s: float, environment: RunEnvironment | None = None
