@@ -180,36 +180,26 @@ def _record(
     attempt: int,
     earlier_run_ids: Sequence[str] = (),
 ) -> BatchRecord:
-    """The output line: what the item's conversation said and did, as far as it got, and how
-    the task went."""
-    transcript = (
-        agent.transcript()
-        if agent is not None
-        else {
-            "model": model_name,
-            "stop_reason": None,
-            "messages": [],
-            "tool_calls": [],
-            "usage": TokenUsage(),
-        }
-    )
+    """The output line: what the item's conversation said and did, as far as it got (nothing,
+    and no tokens, when it never began), and how the task went."""
+    transcript = agent.transcript() if agent is not None else {}
     return BatchRecord(
         id=item.id,
         status="ok" if error is None else "error",
         answer=answer,
         error=error,
-        stop_reason=transcript["stop_reason"],
+        stop_reason=transcript.get("stop_reason"),
         run_id=run_id,
-        model=transcript["model"],
+        model=transcript.get("model", model_name),
         duration_s=round(time.perf_counter() - started, 3),
         attempts=attempt,
         earlier_run_ids=list(earlier_run_ids),
         orchestrator=process_name(),
-        usage=transcript["usage"],
+        usage=transcript.get("usage", TokenUsage()),
         **vars(results),
         metadata=item.metadata,
-        tool_calls=transcript["tool_calls"],
-        messages=transcript["messages"],
+        tool_calls=transcript.get("tool_calls", []),
+        messages=transcript.get("messages", []),
     )
 
 

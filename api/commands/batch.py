@@ -107,7 +107,7 @@ def run_batch_command(
             scan, results, stats, placement, chat_model, model, concurrency, err, attempts
         )
         resume = _resume_command(input_path, output, concurrency, model, retry_errors, on_fleet)
-        broken: BaseException | None = None
+        error: str | None = None
         interrupted = False
         try:
             if scan.pending:
@@ -123,13 +123,12 @@ def run_batch_command(
         # toolq's own refusals (no workers, no agents worker, a local stack that would not
         # start), then what the broker's and the system's libraries raise.
         except (ToolqError, RedisError, OperationalError, OSError, ValueError) as exc:
-            _say(err, f"error: {_reason(exc)}")
-            broken = exc
+            error = _reason(exc)
+            _say(err, f"error: {error}")
         finally:
             stats.stop()
-    error = None if broken is None else _reason(broken)
     _print_summary(err, stats, scan, results, resume=resume, interrupted=interrupted, error=error)
-    if broken is not None:
+    if error is not None:
         return EXIT_FAILURES
     if interrupted:
         return EXIT_INTERRUPTED
