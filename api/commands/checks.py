@@ -73,8 +73,7 @@ def checked_limits(limits: str | None) -> RunLimits | None:
         parsed = RunLimits.parse(limits)
     except ValueError as exc:
         _refuse(f"--limits: {exc}")
-    settings = get_settings()
-    over = settings.limits_max.refusal(parsed, settings.max_timeout_ms)
+    over = get_settings().limits_refusal(parsed)
     if over is not None:
         _refuse(over)
     return parsed

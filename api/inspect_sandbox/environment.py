@@ -92,7 +92,7 @@ class ToolqSandboxEnvironment(SandboxEnvironment):
         await LINK.open()
         settings = LINK.settings
         refused = settings.network_refusal(options.network) or (
-            options.limits and settings.limits_max.refusal(options.limits, settings.max_timeout_ms)
+            options.limits and settings.limits_refusal(options.limits)
         )
         if refused:  # as a bad configuration: before any sample runs
             # Inspect calls no task_cleanup for a task whose task_init raised: let go here, or
