@@ -294,10 +294,7 @@ class ScriptedServer(Background):
         """Start serving; returns once the server answers, or raises after the start-up timeout."""
         if self._thread is not None:
             return
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
-        self._socket = sock
+        sock = self._socket = listen("127.0.0.1", 0)
         self.port = sock.getsockname()[1]
         server = uvicorn.Server(_uvicorn_config(self._app, log_level="warning", access_log=False))
         self._server = server
