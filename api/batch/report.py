@@ -19,6 +19,7 @@ from rich.console import Console
 from api.batch.figures import nearest_rank, pass_rate_line, wilson_interval
 from api.batch.record import BatchRecord, CommandRun
 from api.batch.results import read_latest
+from api.batch.summary import as_text
 from api.batch.task import CHECK_NOT_RUN, SETUP_FAILED
 
 #: How many of the slowest items, and of the ids of each kind of failure, are listed.
@@ -66,10 +67,8 @@ class _Item:
 
 def _image(record: BatchRecord) -> tuple[str, str | None] | None:
     image = record.image or {}
-    reference, digest = image.get("reference"), image.get("digest")
-    if not isinstance(reference, str):
-        return None
-    return reference, digest if isinstance(digest, str) else None
+    reference = as_text(image.get("reference"))
+    return None if reference is None else (reference, as_text(image.get("digest")))
 
 
 def _result_item(record: BatchRecord) -> _Item | None:
