@@ -20,6 +20,7 @@ from tests.conftest import REPO, wait_for
 from tests.worker.conftest import config_for, one_uid, sleeps
 from worker import sandbox
 from worker.contract.sandbox_settings import SandboxSettings
+from worker.plumbing.proc_stat import process_alive
 from worker.sandbox import SandboxConfig, SandboxError, describe_isolation, run_sandboxed
 from worker.sandbox.cgroup_layout import CgroupLayout, detect_layout
 from worker.sandbox.host_registry import HostRegistry
@@ -247,6 +248,7 @@ send = Launch.start
 
 def start_and_die(self, *args, **kwargs):
     send(self, *args, **kwargs)
+    print(getattr(self.proc, "pid", ""), flush=True)  # the launch's first process
     os.kill(os.getpid(), signal.SIGKILL)  # before the command's parent-death signal is set
 
 Launch.start = start_and_die
@@ -278,17 +280,25 @@ def test_a_worker_killed_as_it_spawns_leaves_nothing_after_the_sweep(
         check=False,
     )
     assert worker.returncode == -signal.SIGKILL, worker.stderr
+    worker_id, first = worker.stdout.split()
     orphans = [
         d
         for h in grouped.hierarchies
         for d in h.parent.iterdir()
-        if d.name.startswith(f"{worker.stdout.strip()}-")
+        if d.name.startswith(f"{worker_id}-")
     ]
     if plan_for(config, os.geteuid()).forks_ahead:
         wait_for(lambda: not sleeps(tag), 10, "the command to die with its worker")
     else:
-        # The command runs on without its worker: nothing but its group can find it now.
-        wait_for(lambda: bool(sleeps(tag)), 10, "the orphaned command to start")
+        # The command runs on without its worker: nothing but its group can find it now. On a
+        # busy machine the shell may read the line and set the parent-death signal before the
+        # worker is gone (the guard wins the race): then the command dies with the worker, and
+        # only the empty group is left for the sweep.
+        wait_for(
+            lambda: bool(sleeps(tag)) or not process_alive(int(first)),
+            10,
+            "the orphaned command to start, or its shell to die with the worker",
+        )
 
     swept = sandbox.sweep_orphans(config)
 
