@@ -49,10 +49,10 @@ from worker.sandbox import SandboxConfig
 from worker.sessions.holders import RunSessions
 from worker.tools.bash import run_limited, with_applied_limits, working_directory
 from worker.tools.commands import run_command
+from worker.tools.globs import Glob, glob_walk
 from worker.tools.interface import ExecutableTool, JsonAnswerTool
 from worker.tools.paths import shown
 from worker.tools.runtime import current_runtime
-from worker.tools.search import Glob, glob_walk
 from worker.tools.workspace import Workspace
 
 RequestT = TypeVar("RequestT", bound=OperationRequest)
