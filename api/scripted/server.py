@@ -261,8 +261,18 @@ def create_scripted_app(script: Script | None = None, scripts_dir: Path | None =
             Route("/v1/chat/completions", model.answer, methods=["POST"]),
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/stats", stats, methods=["GET"]),
-        ]
+        ],
+        exception_handlers={404: _not_served, 405: _not_served},
     )
+
+
+async def _not_served(request: Request, exc: Exception) -> Response:
+    """A route or method the scripted model does not serve, said as the chat API says errors,
+    so that a client reading ``error.message`` learns what it asked for and what is served."""
+    status = getattr(exc, "status_code", 404)
+    asked = f"{request.method} {request.url.path}"
+    served = "POST /v1/chat/completions, GET /v1/models, GET /stats"
+    return _error(status, f"the scripted model does not serve {asked}; it serves {served}")
 
 
 # --- Running it ----------------------------------------------------------------------------------

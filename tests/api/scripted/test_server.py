@@ -170,6 +170,19 @@ async def test_an_unknown_script_is_a_404_naming_the_known_ones(
     assert "scripted:two_answers" in caught.value.message
 
 
+async def test_a_route_it_does_not_serve_is_an_openai_error_naming_what_it_serves(
+    client: openai.AsyncOpenAI, http: httpx.AsyncClient
+) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        await client.embeddings.create(model="scripted", input="hi")
+    wrong_method = await http.get("/chat/completions")
+
+    assert "POST /v1/embeddings" in caught.value.message
+    assert "POST /v1/chat/completions" in caught.value.message
+    assert wrong_method.status_code == 405
+    assert "GET /v1/chat/completions" in wrong_method.json()["error"]["message"]
+
+
 async def test_models_lists_every_loaded_script(client: openai.AsyncOpenAI) -> None:
     names = {model.id async for model in client.models.list()}
 
