@@ -272,7 +272,11 @@ async def _not_served(request: Request, exc: Exception) -> Response:
     status = getattr(exc, "status_code", 404)
     asked = f"{request.method} {request.url.path}"
     served = "POST /v1/chat/completions, GET /v1/models, GET /stats"
-    return _error(status, f"the scripted model does not serve {asked}; it serves {served}")
+    # A 405's Allow header (the methods the path takes) goes with it, as Starlette sends it.
+    headers = getattr(exc, "headers", None) or {}
+    return _error(
+        status, f"the scripted model does not serve {asked}; it serves {served}", **headers
+    )
 
 
 # --- Running it ----------------------------------------------------------------------------------
@@ -285,7 +289,7 @@ def _uvicorn_config(app: Starlette, **options: Any) -> uvicorn.Config:
         ws="none",
         backlog=4096,
         timeout_graceful_shutdown=1,
-        # Served on a loopback for a local client: no proxy in front whose headers to trust.
+        # Nothing it answers depends on the client's address: no proxy's headers to read.
         proxy_headers=False,
         **options,
     )

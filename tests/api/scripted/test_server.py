@@ -180,6 +180,7 @@ async def test_a_route_it_does_not_serve_is_an_openai_error_naming_what_it_serve
     assert "POST /v1/embeddings" in caught.value.message
     assert "POST /v1/chat/completions" in caught.value.message
     assert wrong_method.status_code == 405
+    assert wrong_method.headers["allow"] == "POST"
     assert "GET /v1/chat/completions" in wrong_method.json()["error"]["message"]
 
 
