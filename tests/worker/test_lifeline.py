@@ -44,11 +44,14 @@ def test_the_workers_app_serves_or_exits() -> None:
     assert LoopTurns in app.steps["consumer"]
 
 
-@pytest.mark.integration
-def test_a_heartbeat_beats_only_while_the_worker_serves(
-    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def quick_beats(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(heartbeat, "HEARTBEAT_INTERVAL_S", 0.02)
+
+
+@pytest.mark.integration
+@pytest.mark.usefixtures("quick_beats")
+def test_a_heartbeat_beats_only_while_the_worker_serves(redis_client: redis.Redis) -> None:
     serves = threading.Event()
     refused = threading.Semaphore(0)
 
@@ -73,3 +76,31 @@ def test_a_heartbeat_beats_only_while_the_worker_serves(
     finally:
         beat.stop()
     assert redis_client.get(key) is None
+
+
+@pytest.mark.integration
+@pytest.mark.usefixtures("quick_beats")
+def test_a_stopped_heartbeat_leaves_no_thread_behind(redis_client: redis.Redis) -> None:
+    """Its owner closes the Redis client once stop() returns: a beat on its way must be over."""
+    in_turn = threading.Event()
+    stop_asked = threading.Event()
+
+    def serving() -> bool:
+        # A turn holds here until stop() is on its way: its beat goes out as stop() runs.
+        in_turn.set()
+        assert stop_asked.wait(10)
+        return True
+
+    class Watched(Heartbeat):
+        def stop(self) -> None:
+            stop_asked.set()
+            super().stop()
+
+    before = set(threading.enumerate())
+    beat = Watched(redis_client, "stop-test@host", ["tools"], [], serving=serving)
+    beat.start()
+    (thread,) = set(threading.enumerate()) - before
+    assert in_turn.wait(10)
+    beat.stop()
+    assert not thread.is_alive()
+    assert redis_client.get(keys.worker_heartbeat("tools", "stop-test@host")) is None

@@ -18,6 +18,8 @@ from worker.contract.wire import Served, ToolSpec, WorkerInfo, WorkerLimits
 log = logging.getLogger(__name__)
 HEARTBEAT_INTERVAL_S = 5.0
 HEARTBEAT_TTL_S = 15
+#: How long ``stop()`` waits for a beat on its way (a Redis that stopped answering holds it).
+STOP_WAIT_S = 2.0
 
 
 class Heartbeat:
@@ -71,7 +73,17 @@ class Heartbeat:
         pipe.execute()
 
     def stop(self) -> None:
+        """Ends the beats and withdraws the worker's keys.
+
+        It waits for a beat on its way: its thread must not write after the keys are gone, nor
+        use the client after its owner closes it once ``stop()`` returns.
+        """
         self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(STOP_WAIT_S)
+        self._withdraw()
+
+    def _withdraw(self) -> None:
         with contextlib.suppress(redis.RedisError):  # it expires by itself
             self._redis.delete(*(keys.worker_heartbeat(p, self._worker) for p in self._pools))
 
@@ -89,5 +101,6 @@ class Heartbeat:
             except redis.RedisError as exc:
                 log.warning("heartbeat failed: %s", exc)
             if self._stop.is_set():
-                # Stopped while this beat was on its way: it must not outlive the stop.
-                self.stop()
+                # Stopped while this beat was on its way and stop() gave up waiting for it: the
+                # beat must not outlive the stop.
+                self._withdraw()
