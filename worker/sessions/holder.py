@@ -48,6 +48,7 @@ from worker.sessions.shell import (
     set_modes,
     shell_command,
     shell_env,
+    type_into,
 )
 from worker.sessions.wire import (
     HolderAnswer,
@@ -289,15 +290,7 @@ class Holder:
 
     def _type(self, text: str, deadline: float) -> None:
         self._screen.typed()
-        data = text.encode()
-        while data:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return  # the terminal takes no more: the program does not read its input
-            _, writable, _ = select.select([], [self._master], [], left)
-            if writable:
-                written = os.write(self._master, data[:512])
-                data = data[written:]
+        type_into(self._master, text.encode(), deadline)
 
     def _end(
         self,

@@ -9,9 +9,11 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import select
 import shlex
 import struct
 import termios
+import time
 
 from worker.egress.netns import bring_loopback_up, in_network_of, separate_namespace
 
@@ -22,6 +24,8 @@ PROMPT_WORD = "printf '\\033]9;toolq-%s:%%d\\007' \"$?\""
 SH_PROMPT = "\033]9;toolq-%s:$?\007"
 #: The terminal's size: wide, so that lines are seldom wrapped.
 ROWS, COLUMNS = 50, 200
+#: What one write to the terminal hands over at most.
+TYPE_CHUNK = 512
 
 log = logging.getLogger("toolq.session")
 
@@ -76,3 +80,19 @@ def set_modes(terminal: int) -> None:
     modes = termios.tcgetattr(terminal)
     modes[3] &= ~termios.ECHO
     termios.tcsetattr(terminal, termios.TCSANOW, modes)
+
+
+def type_into(terminal: int, data: bytes, deadline: float) -> int:
+    """Type ``data`` on the terminal (its holder's end); the bytes left untyped.
+
+    What the terminal takes at once is always typed, however late: a call whose wait the
+    shell's start used up still runs its command. Only a terminal that takes no more (a
+    program that does not read its input) is waited for, until ``deadline``."""
+    while data:
+        left = max(0.0, deadline - time.monotonic())
+        _, writable, _ = select.select([], [terminal], [], left)
+        if not writable:
+            break
+        written = os.write(terminal, data[:TYPE_CHUNK])
+        data = data[written:]
+    return len(data)

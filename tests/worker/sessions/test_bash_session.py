@@ -86,6 +86,20 @@ async def test_a_command_past_the_calls_time_keeps_running_until_ctrl_c(call: Ca
     assert after["output"] == "back\n"
 
 
+async def test_a_first_command_whose_wait_the_shells_start_used_up_still_runs(
+    call: Caller,
+) -> None:
+    """The shell's start counts in the call's wait: with 1 ms, none is left to type in."""
+    mark = token()
+
+    first = await session(call, "type_submit", f"sleep {mark}", timeout=1)
+
+    assert first["running"] is True
+    wait_for(lambda: bool(processes_with(f"sleep {mark}")), 30, f"sleep {mark} to start")
+    stopped = await session(call, "interrupt")
+    assert stopped["running"] is False and stopped["exit_code"] == 130
+
+
 async def test_ctrl_c_to_a_program_that_keeps_running_answers_with_its_prompt(
     call: Caller,
 ) -> None:
