@@ -49,16 +49,17 @@ def kill_until_gone(
 ) -> int:
     """Kill (``kill_checked``) what ``find`` finds, and look again, until it finds nothing or
     ``deadline`` passes; returns how many processes were killed."""
-    killed = 0
+    # A process killed runs on until the kernel ends it (longer on a loaded machine): the next
+    # look finds it again and signals it again, and it counts once.
+    killed: set[int] = set()
 
     def gone() -> bool:
-        nonlocal killed
         found = find()
-        killed += sum(kill_checked(pid, still_the_one) for pid in found)
+        killed.update(pid for pid in found if kill_checked(pid, still_the_one))
         return not found
 
     poll_until(gone, deadline)
-    return killed
+    return len(killed)
 
 
 def owned_by(uid: int) -> Callable[[int], bool]:
