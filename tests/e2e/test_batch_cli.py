@@ -341,8 +341,15 @@ def run_sampling_threads(
         stdout, stderr = proc.communicate(timeout=max(deadline - time.monotonic(), 1))
     except subprocess.TimeoutExpired:
         proc.kill()
-        proc.communicate(timeout=30)
-        pytest.fail(f"the batch at concurrency {concurrency} took over {timeout} s")
+        _, stderr = proc.communicate(timeout=30)
+        # What it logged, without its progress lines: why its calls waited (the first lines
+        # say what went wrong, the last what it was doing at the end).
+        logged = [line for line in stderr.splitlines() if not line.startswith("batch: ")]
+        shown = logged if len(logged) <= 40 else [*logged[:20], "...", *logged[-20:]]
+        pytest.fail(
+            f"the batch at concurrency {concurrency} took over {timeout} s; it logged:\n"
+            + "\n".join(shown)
+        )
     elapsed = time.monotonic() - started
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), peak, elapsed
 
