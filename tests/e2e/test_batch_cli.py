@@ -318,14 +318,14 @@ def run_sampling_threads(
     source: Path, output: Path, env: dict[str, str], concurrency: int, timeout: float
 ) -> tuple[subprocess.CompletedProcess[str], int, float]:
     """Run the batch; the most threads its process had, and how long it took."""
+    # Its output goes to files: a pipe nobody reads while the threads are sampled would stop
+    # the batch at its first write past the pipe's 64 KB (a loaded fleet's log lines).
+    out_path, err_path = output.with_suffix(".stdout"), output.with_suffix(".stderr")
     started = time.monotonic()
-    proc = subprocess.Popen(
-        batch_argv(source, output, concurrency),
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    with out_path.open("w") as out, err_path.open("w") as err:
+        proc = subprocess.Popen(
+            batch_argv(source, output, concurrency), env=env, stdout=out, stderr=err
+        )
     peak = 0
     deadline = started + timeout
     status = Path(f"/proc/{proc.pid}/status")
@@ -338,19 +338,21 @@ def run_sampling_threads(
             peak = max(peak, int(threads.group(1)))
         time.sleep(0.02)
     try:
-        stdout, stderr = proc.communicate(timeout=max(deadline - time.monotonic(), 1))
+        proc.wait(timeout=max(deadline - time.monotonic(), 1))
     except subprocess.TimeoutExpired:
         proc.kill()
-        _, stderr = proc.communicate(timeout=30)
+        proc.wait(timeout=30)
         # What it logged, without its progress lines: why its calls waited (the first lines
         # say what went wrong, the last what it was doing at the end).
-        logged = [line for line in stderr.splitlines() if not line.startswith("batch: ")]
+        lines = err_path.read_text().splitlines()
+        logged = [line for line in lines if not line.startswith("batch: ")]
         shown = logged if len(logged) <= 40 else [*logged[:20], "...", *logged[-20:]]
         pytest.fail(
             f"the batch at concurrency {concurrency} took over {timeout} s; it logged:\n"
             + "\n".join(shown)
         )
     elapsed = time.monotonic() - started
+    stdout, stderr = out_path.read_text(), err_path.read_text()
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), peak, elapsed
 
 
