@@ -148,7 +148,8 @@ async def test_the_session_ends_with_its_run(image_task: str) -> None:
     assert isinstance(sandbox, ToolqSandboxEnvironment)
     mark = token()
     await session(sandbox, "type_submit", f"sleep {mark} &")
-    assert processes_with(f"sleep {mark}")
+    # The prompt may come back before the background job's shell has become sleep.
+    await until(lambda: bool(processes_with(f"sleep {mark}")), f"sleep {mark} to start")
 
     await ToolqSandboxEnvironment.sample_cleanup(TASK, image_task, environments, False)
 
@@ -161,6 +162,7 @@ async def test_another_run_reaches_neither_the_socket_nor_the_processes(
     workers, _ = image_env
     mark = token()
     await session(box, "type_submit", f"echo secret > /tmp/mine; sleep {mark} &")
+    await until(lambda: bool(processes_with(f"sleep {mark}")), f"sleep {mark} to start")
     [victim] = processes_with(f"sleep {mark}")
     sessions = sessions_folder(SandboxConfig.from_settings(workers.settings))
 

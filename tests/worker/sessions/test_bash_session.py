@@ -127,7 +127,8 @@ async def test_sessions_of_one_run_are_apart_by_name(call: Caller) -> None:
 async def test_restart_ends_the_shell_and_all_it_started(call: Caller) -> None:
     mark = token()
     await session(call, "type_submit", f"export X=1; sleep {mark} &")
-    assert processes_with(f"sleep {mark}")
+    # The prompt may come back before the background job's shell has become sleep.
+    wait_for(lambda: bool(processes_with(f"sleep {mark}")), 30, f"sleep {mark} to start")
 
     restarted = await session(call, "restart")
 
