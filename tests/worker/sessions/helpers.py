@@ -9,7 +9,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import Caller
+from tests.conftest import Caller, wait_for
 from worker.contract.settings import WorkerSettings
 from worker.contract.wire import ToolCallResult
 from worker.sandbox import SandboxConfig
@@ -55,6 +55,12 @@ def holder_pids(settings: WorkerSettings, run_id: str) -> list[int]:
         if record.get("holder_pid"):
             pids.append(int(record["holder_pid"]))
     return pids
+
+
+def wait_for_sleep(mark: str) -> None:
+    """Until ``sleep {mark}`` runs: the prompt may come back before a background job's shell
+    has become sleep."""
+    wait_for(lambda: bool(processes_with(f"sleep {mark}")), 30, f"sleep {mark} to start")
 
 
 def token() -> str:

@@ -14,6 +14,7 @@ from tests.worker.sessions.helpers import (
     session,
     session_result,
     token,
+    wait_for_sleep,
 )
 
 pytestmark = pytest.mark.integration
@@ -95,7 +96,7 @@ async def test_a_first_command_whose_wait_the_shells_start_used_up_still_runs(
     first = await session(call, "type_submit", f"sleep {mark}", timeout=1)
 
     assert first["running"] is True
-    wait_for(lambda: bool(processes_with(f"sleep {mark}")), 30, f"sleep {mark} to start")
+    wait_for_sleep(mark)
     stopped = await session(call, "interrupt")
     assert stopped["running"] is False and stopped["exit_code"] == 130
 
@@ -127,8 +128,7 @@ async def test_sessions_of_one_run_are_apart_by_name(call: Caller) -> None:
 async def test_restart_ends_the_shell_and_all_it_started(call: Caller) -> None:
     mark = token()
     await session(call, "type_submit", f"export X=1; sleep {mark} &")
-    # The prompt may come back before the background job's shell has become sleep.
-    wait_for(lambda: bool(processes_with(f"sleep {mark}")), 30, f"sleep {mark} to start")
+    wait_for_sleep(mark)
 
     restarted = await session(call, "restart")
 

@@ -16,7 +16,14 @@ import pytest
 from api.calls.dispatch import Dispatcher
 from tests.conftest import Caller, RedisServer, wait_for
 from tests.reliability.test_deaf_workers import LoneWorker, lone_worker, settings_for  # noqa: F401
-from tests.worker.sessions.helpers import alive, holder_pids, processes_with, session, token
+from tests.worker.sessions.helpers import (
+    alive,
+    holder_pids,
+    processes_with,
+    session,
+    token,
+    wait_for_sleep,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -35,8 +42,7 @@ async def test_a_session_outliving_its_worker_answers_session_lost(
         await session(call, "type_submit", f"export KEPT=1; sleep {mark} &")
         holders = holder_pids(settings, run_id)
         assert holders
-        # The prompt may come back before the background job's shell has become sleep.
-        wait_for(lambda: bool(processes_with(f"sleep {mark}")), 30, f"sleep {mark} to start")
+        wait_for_sleep(mark)
 
         os.kill(first.pid, signal.SIGKILL)
         first.wait_exit()
