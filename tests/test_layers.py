@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.syntax_trees import trees_under
+
 ROOT = Path(__file__).resolve().parent.parent
 #: What a tool is, a registry of tools, tools made of functions, the conversation a tool reads.
 TOOL_MODEL = (
@@ -54,7 +56,7 @@ def is_module(name: str) -> bool:
         return False
 
 
-def imported_modules(path: Path) -> list[tuple[int, str, bool]]:
+def imported_modules(tree: ast.Module) -> list[tuple[int, str, bool]]:
     """Every module a file imports, with its line and whether the import runs only when a
     function is called (a lazy import), at any depth."""
     found: list[tuple[int, str, bool]] = []
@@ -72,7 +74,7 @@ def imported_modules(path: Path) -> list[tuple[int, str, bool]]:
         for child in ast.iter_child_nodes(node):
             visit(child, lazy or in_function)
 
-    visit(ast.parse(path.read_text(), filename=str(path)), False)
+    visit(tree, False)
     return found
 
 
@@ -82,8 +84,8 @@ def breaches(
     """``file:line module`` for each import of ``forbidden`` outside ``allowed`` (and, for an
     import inside a function, outside ``at_run_time``)."""
     found = []
-    for path in sorted((ROOT / folder).rglob("*.py")):
-        for line, module, lazy in imported_modules(path):
+    for path, tree in trees_under(ROOT / folder).items():
+        for line, module, lazy in imported_modules(tree):
             if not inside(module, (forbidden,)) or inside(module, allowed):
                 continue
             if lazy and inside(module, at_run_time):
@@ -230,12 +232,12 @@ def folder_imports(top: str, root: Path = ROOT) -> dict[str, dict[str, str]]:
     """Which folders of ``top`` each folder imports, from its import statements at any depth
     (a lazy import is an arrow too), with the first ``file:line`` that makes each arrow."""
     arrows: dict[str, dict[str, str]] = {}
-    for path in sorted((root / top).rglob("*.py")):
+    for path, tree in trees_under(root / top).items():
         parts = path.relative_to(root).with_suffix("").parts
         source = folder_of(".".join(parts), root)
         if source is None:
             continue
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -344,8 +346,8 @@ def exception_bases() -> dict[str, tuple[str, list[str]]]:
     """Each class of ``api`` and ``worker`` by name: where it is, and its bases' last names."""
     classes: dict[str, tuple[str, list[str]]] = {}
     for folder in ("api", "worker"):
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text())):
+        for path, tree in trees_under(ROOT / folder).items():
+            for node in ast.walk(tree):
                 if isinstance(node, ast.ClassDef):
                     bases = [ast.unparse(base).rsplit(".", 1)[-1] for base in node.bases]
                     where = f"{path.relative_to(ROOT)}:{node.lineno}"
@@ -409,9 +411,10 @@ def test_every_toolq_exception_is_in_its_sides_exceptions_module() -> None:
         and where.split(":")[0] not in (*EXCEPTION_MODULES, DEFINED_APART.get(name))
     ]
     assert elsewhere == []
-    drawn_for_api = ast.get_docstring(ast.parse((ROOT / "api/exceptions.py").read_text())) or ""
+    trees = {**trees_under(ROOT / "api"), **trees_under(ROOT / "worker")}
+    drawn_for_api = ast.get_docstring(trees[ROOT / "api/exceptions.py"]) or ""
     assert [name for name in DEFINED_APART if name not in drawn_for_api] == []
     for path in EXCEPTION_MODULES:
-        drawn = ast.get_docstring(ast.parse((ROOT / path).read_text())) or ""
+        drawn = ast.get_docstring(trees[ROOT / path]) or ""
         defined = [name for name, (where, _) in classes.items() if where.startswith(path + ":")]
         assert [name for name in defined if name not in drawn] == [], path

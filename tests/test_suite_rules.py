@@ -8,6 +8,8 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.syntax_trees import parse_apart, trees_under
+
 TESTS = Path(__file__).resolve().parent
 #: A line may carry this comment, followed by what bounds the wait (a cancel, an enclosing
 #: wait_for, a deadline in the loop); the scan then lets it be.
@@ -17,9 +19,8 @@ RUNNERS = {"run", "check_output", "check_call", "call"}
 BLOCKING_IN_LOOPS = {"sleep", "accept", "recv", "wait", "poll", "readline", "select"}
 
 
-def unbounded_waits(source: str) -> Iterator[tuple[int, str]]:
-    """(line, what) for each wait in ``source`` that nothing bounds."""
-    tree = ast.parse(source)
+def unbounded_waits(source: str, tree: ast.Module) -> Iterator[tuple[int, str]]:
+    """(line, what) for each wait in ``source`` (parsed into ``tree``) that nothing bounds."""
     lines = source.splitlines()
     bounded = _awaited_with_a_bound(tree)
     for node in ast.walk(tree):
@@ -86,13 +87,17 @@ def _zero(args: list[ast.expr]) -> bool:
 def test_every_wait_in_the_suite_has_a_bound() -> None:
     found = [
         f"{path.relative_to(TESTS.parent)}:{line}: {what}"
-        for path in sorted(TESTS.rglob("*.py"))
-        for line, what in unbounded_waits(path.read_text())
+        for path, tree in trees_under(TESTS).items()
+        for line, what in unbounded_waits(path.read_text(), tree)
     ]
     assert not found, (
         f"unbounded waits (give each a timeout, or say what bounds it after '{EXEMPT}'):\n"
         + "\n".join(found)
     )
+
+
+def scan(source: str) -> list[tuple[int, str]]:
+    return list(unbounded_waits(source, parse_apart({"probe.py": source})["probe.py"]))
 
 
 def test_the_scan_finds_each_kind_of_unbounded_wait() -> None:
@@ -107,7 +112,7 @@ def test_the_scan_finds_each_kind_of_unbounded_wait() -> None:
         "os.waitpid(pid, 0)\n"
         "while True:\n    time.sleep(1)\n"
     )
-    assert sorted(line for line, _ in unbounded_waits(source)) == list(range(1, 10))
+    assert sorted(line for line, _ in scan(source)) == list(range(1, 10))
 
 
 def test_the_scan_lets_bounded_waits_be() -> None:
@@ -121,4 +126,4 @@ def test_the_scan_lets_bounded_waits_be() -> None:
         "deadline = 1\n"
         "while True:\n    if now() > deadline: break\n    time.sleep(1)\n"
     )
-    assert list(unbounded_waits(source)) == []
+    assert scan(source) == []
