@@ -303,8 +303,12 @@ def test_toolq_view_opens_a_results_file(
         page.goto(url)
         expect(page.get_by_role("heading", name="Sign in")).to_be_hidden()
         expect(page.locator("table.items tbody tr")).to_have_count(50)
-        page.get_by_role("link", name="Tool errors").click()
-        page.get_by_role("link", name="Tool errors").click()  # a second click: most first
+        tool_errors = page.get_by_role("columnheader", name="Tool errors")
+        # Each click loads a page: the second is on the page the first brought (most first).
+        tool_errors.get_by_role("link").click()
+        expect(tool_errors).to_have_attribute("aria-sort", "ascending")
+        tool_errors.get_by_role("link").click()
+        expect(tool_errors).to_have_attribute("aria-sort", "descending")
         expect(page.locator("table.items tbody tr").first.locator("td.bad")).to_have_text("1")
         screenshots.take(page, "view")
     finally:
