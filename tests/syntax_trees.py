@@ -1,13 +1,14 @@
 """Python sources parsed into syntax trees in a fresh interpreter, for the tests that read the
 project's code (its layers, the suite's own rules).
 
-CPython 3.11 counts the depth of the tree ``ast.parse`` builds in one counter per interpreter,
-shared by its threads, and checks at the end that the count came back to where it started. A
-parse in another thread at the same moment moves it, and the check raises ``SystemError: AST
-constructor recursion depth mismatch``. A test process has such threads: the garbage collector
-runs in whichever thread is allocating, and pytest's hook then formats the warning of a socket
-left unclosed there, parsing each line of its traceback for the carets. A fresh interpreter
-runs no thread of anyone else's; its trees come back pickled.
+CPython 3.11 counts the depth of the tree ``ast.parse`` builds in one counter per interpreter
+and checks at the end that the count came back to where it started; a parse that begins while
+another is building its tree moves the count, and the first raises ``SystemError: AST
+constructor recursion depth mismatch``. In a test process that happens: the garbage collector
+runs in the middle of a parse (building the tree allocates), finds a socket an earlier test left
+unclosed, and pytest's hook formats its warning, parsing each line of the traceback for the
+carets; in the same thread, or in another of the process's threads at the same moment. A fresh
+interpreter holds no one else's garbage or threads; its trees come back pickled.
 """
 
 from __future__ import annotations
