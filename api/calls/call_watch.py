@@ -41,6 +41,8 @@ from worker.contract.wire import (
 )
 
 log = logging.getLogger(__name__)
+#: The calls a log line of calls sent again names; it counts the rest.
+SHOWN_TASK_IDS = 5
 
 
 @dataclass(slots=True)
@@ -190,6 +192,7 @@ class CallWatch:
             log.warning("cannot read the depth of the %s queues: %s", ", ".join(pools), exc)
             return
         now = time.monotonic()
+        sent_again: dict[str, list[str]] = {}
         for flight in unstarted:
             left = flight.request.deadline - time.time()
             if flight.answer.done() or left < self.settings.resend_after_s:
@@ -204,13 +207,20 @@ class CallWatch:
             assert flight.sent_at is not None
             late = now - flight.sent_at >= left
             if depths.get(flight.pool, 0) == 0 or late:
-                log.info(
-                    "call %s: no worker started it, and the %r queue is empty or half its time "
-                    "is gone: sending it again",
-                    flight.request.task_id,
-                    flight.pool,
-                )
                 self.send_again(flight)
+                sent_again.setdefault(flight.pool, []).append(flight.request.task_id)
+        # A line per pool and look, not per call: a broker that lost a thousand messages would
+        # otherwise bury the log (and fill a pipe nobody reads).
+        for pool, task_ids in sent_again.items():
+            more = len(task_ids) - SHOWN_TASK_IDS
+            log.info(
+                "sent %d call(s) again that no worker started, the %r queue empty or half "
+                "their time gone: %s%s",
+                len(task_ids),
+                pool,
+                ", ".join(task_ids[:SHOWN_TASK_IDS]),
+                f" and {more} more" if more > 0 else "",
+            )
 
     async def last_word(self, flight: InFlight, waited: float) -> ToolCallResult:
         """The answer to a call whose deadline passed without one: its stored answer, else what

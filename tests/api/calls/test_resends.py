@@ -4,6 +4,7 @@ time to run it, after growing pauses; never once too soon, never once too late."
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -13,7 +14,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from api.calls.call_watch import CallWatch, InFlight, resend_pause
+from api.calls.call_watch import SHOWN_TASK_IDS, CallWatch, InFlight, resend_pause
 from tests.conftest import RedisServer, unconsumed_settings
 from worker.contract.settings import WorkerSettings
 from worker.contract.wire import ToolCallRequest
@@ -125,3 +126,20 @@ async def test_a_call_with_too_little_time_left_to_run_is_not_sent_again(
     watched.call("late", send_number=3, sent_s_ago=30.0, left_s=RESEND_AFTER_S / 2)
     await watched.watch.look()
     assert watched.sent_again == []
+
+
+async def test_calls_sent_again_in_one_look_make_one_log_line_that_counts_them(
+    watched: Watched, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A broker that lost many messages at once: the log says so once, not once a call."""
+    lost = [f"lost-{n:02}" for n in range(12)]
+    for task_id in lost:
+        watched.call(task_id, send_number=1, sent_s_ago=RESEND_AFTER_S * 1.5, left_s=30)
+
+    with caplog.at_level(logging.INFO, logger="api.calls.call_watch"):
+        await watched.watch.look()
+
+    assert sorted(watched.sent_again) == lost
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "api.calls.call_watch"]
+    assert line.startswith("sent 12 call(s) again that no worker started, the 'sandbox' queue")
+    assert line.endswith(f"{', '.join(lost[:SHOWN_TASK_IDS])} and {12 - SHOWN_TASK_IDS} more")
