@@ -84,7 +84,11 @@ def breaches(
     """``file:line module`` for each import of ``forbidden`` outside ``allowed`` (and, for an
     import inside a function, outside ``at_run_time``)."""
     found = []
-    for path, tree in trees_under(ROOT / folder).items():
+    # A folder's trees come from its floor's, parsed once for every check of that floor.
+    floor = trees_under(ROOT / folder.split("/")[0])
+    for path, tree in floor.items():
+        if not path.is_relative_to(ROOT / folder):
+            continue
         for line, module, lazy in imported_modules(tree):
             if not inside(module, (forbidden,)) or inside(module, allowed):
                 continue
